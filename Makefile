@@ -1,0 +1,91 @@
+# kvbridge: plain Makefile, pkg-config for every library (design.md rule 12).
+# Binaries go to build/.  `make deps` installs missing Debian packages.
+
+CC       ?= cc
+PKGS     := libzmq msgpack libnats yaml-0.1 libxxhash libmicrohttpd libsystemd
+OPT      ?= -O2 -g
+# Third-party headers come in through -isystem (pkg-config), so -Werror only
+# applies to our own code.
+CPPFLAGS += -Iinclude -D_GNU_SOURCE
+CFLAGS   += -std=c11 $(OPT) -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+            -Wmissing-prototypes -MMD -MP \
+            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
+CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
+CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
+
+B        := build
+LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
+TOOLS    := $(B)/kvbridge-inspect $(patsubst tools/%.c,$(B)/%,$(filter-out tools/inspect.c,$(wildcard tools/*.c)))
+PROGS    := $(if $(wildcard src/main.c),$(B)/kvbridge) $(TOOLS)
+UNIT_SRC := $(wildcard tests/unit/check_*.c)
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/tests/%)
+ITEST    := $(sort $(wildcard tests/integration/test_*.sh))
+
+DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
+            check libxxhash-dev libmicrohttpd-dev libsystemd-dev nats-server valgrind
+
+.PHONY: all check unit integration check-valgrind deps clean demo
+all: $(PROGS) $(UNIT_BIN)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+
+$(B)/obj/tests/%.o: tests/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(CHECK_CFLAGS) -c -o $@ $<
+
+$(B)/libkvb.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(B)/kvbridge: $(B)/obj/src/main.o $(B)/libkvb.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/kvbridge-inspect: $(B)/obj/tools/inspect.o $(B)/libkvb.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/%: $(B)/obj/tools/%.o $(B)/libkvb.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tests/%: $(B)/obj/tests/unit/%.o $(B)/libkvb.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CHECK_LIBS)
+
+# Unit tests run from the project root (they read tests/data/).
+unit: $(UNIT_BIN)
+	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
+
+integration: $(PROGS)
+	@set -e; for t in $(ITEST); do echo "== $$t"; timeout 300 bash $$t; done
+
+check: all
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory integration
+
+# Every unit test under memcheck: any leak or error fails.
+check-valgrind: $(UNIT_BIN)
+	@set -e; for t in $(UNIT_BIN); do echo "== valgrind $$t"; \
+	  CK_FORK=no valgrind -q --error-exitcode=99 --leak-check=full \
+	    --errors-for-leak-kinds=definite,indirect,possible $$t; done
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	bash tools/demo.sh
+
+clean:
+	rm -rf $(B)
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

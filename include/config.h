@@ -1,0 +1,110 @@
+/* config: the YAML file (shared spec config.md), parsed through libyaml.
+ *
+ * One table in config.c (key, type, offset, default, limits, reloadable, help)
+ * drives parsing, defaults, validation, --check and the commented example
+ * (conf/kvbridge.yaml is kvb_config_write_example()'s output; a unit test keeps
+ * them equal).  Unknown keys and bad values are errors reported as
+ * "FILE:LINE:COLUMN: message".
+ *
+ * Ownership: kvb_config_load() allocates the config and everything in it; the
+ * caller frees it with kvb_config_free(), which accepts NULL and sets the
+ * pointer to NULL.  A config is immutable once loaded: SIGHUP loads a new one
+ * and swaps pointers.
+ */
+#ifndef KVB_CONFIG_H
+#define KVB_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVB_EX_CONFIG 78      /* sysexits EX_CONFIG */
+#define KVB_EX_UNAVAILABLE 69 /* sysexits EX_UNAVAILABLE */
+
+enum kvb_source_mode { KVB_MODE_CONNECT = 0, KVB_MODE_BIND = 1 };
+enum kvb_format { KVB_FORMAT_DYNAMO_JSON = 0, KVB_FORMAT_DYNAMO_MSGPACK, KVB_FORMAT_RAW };
+enum kvb_log_level { KVB_LOG_ERROR = 0, KVB_LOG_WARN, KVB_LOG_INFO, KVB_LOG_DEBUG };
+
+struct kvb_source_cfg {
+    char *endpoint;         /* required, e.g. tcp://127.0.0.1:5557 */
+    char *replay_endpoint;  /* "" when none */
+    char *topic;            /* subscription prefix, "" = everything */
+    int mode;               /* enum kvb_source_mode */
+    uint32_t dp_size;       /* >= 1; N > 1 expands to ports base+0..base+N-1 */
+    uint32_t dp_rank;       /* rank when a batch carries none (first of the expansion) */
+    uint32_t rcvhwm;        /* ZMQ_RCVHWM of the SUB (messages) */
+};
+
+struct kvb_config {
+    char *path;               /* the file it came from */
+
+    uint64_t worker_id;       /* required */
+    uint32_t block_size;      /* 0 = "auto" */
+    bool lora_salt;
+    uint32_t forward_tiers;   /* bitmask of (1u << enum kvb_tier) */
+
+    struct kvb_source_cfg *sources;
+    size_t n_sources;         /* >= 1 */
+
+    struct {
+        char **servers;       /* >= 1 */
+        size_t n_servers;
+        char *subject;        /* template: {namespace} {component} {worker_id} {dp_rank} */
+        char *namespace_;
+        char *component;
+        int format;           /* enum kvb_format */
+        char *credentials;    /* "" = none */
+        uint32_t connect_timeout_ms;     /* 0 = wait for NATS forever at start */
+        uint64_t reconnect_buffer_bytes; /* nats.c reconnect buffer */
+        uint32_t reconnect_wait_ms;      /* first backoff step */
+        uint32_t reconnect_wait_max_ms;  /* backoff ceiling */
+        uint32_t flush_timeout_ms;       /* drain at shutdown */
+        struct {
+            bool enabled;
+            char *stream;     /* "" = namespace-{namespace}-component-{component}-kv-events */
+        } jetstream;
+    } nats;
+
+    struct {
+        uint32_t timeout_ms;    /* whole replay request, then barrier */
+    } replay;
+
+    struct {
+        char *listen;         /* "" disables; default 127.0.0.1:9464 */
+    } metrics;
+
+    struct {
+        int level;            /* enum kvb_log_level */
+    } log;
+
+    struct {
+        char *dir;            /* "" = no persistence */
+    } state;
+
+    struct {
+        uint64_t max_payload_bytes;
+        uint32_t max_events_per_batch;
+        uint32_t max_hashes_per_event;
+        uint32_t max_tokens_per_event;
+        uint32_t max_depth;
+    } limits;
+};
+
+/* Parse and validate PATH.  On success returns 0 and sets *out.  On failure
+ * returns -EINVAL (bad content) or -errno (unreadable), leaves *out untouched,
+ * and writes every error found, one "FILE:LINE:COLUMN: message" per line, to
+ * err (may be NULL). */
+int kvb_config_load(const char *path, struct kvb_config **out, FILE *err);
+
+void kvb_config_free(struct kvb_config **cfg);
+
+/* Write the commented example (every key, its default and help) to f. */
+int kvb_config_write_example(FILE *f);
+
+/* SIGHUP: 0 when NEW may replace OLD in a running process; -EINVAL with a
+ * message on err when a key that needs a restart changed. */
+int kvb_config_check_reload(const struct kvb_config *old_cfg,
+                            const struct kvb_config *new_cfg, FILE *err);
+
+#endif

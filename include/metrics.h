@@ -1,0 +1,119 @@
+/* metrics: every counter kvbridge keeps, defined once (design.md rule 10).
+ *
+ * KVB_METRICS is the one list: (kind, name, label, values, help).  Each row is a
+ * family; a family with a label has one series per value of its value list,
+ * indexed by the matching enum (KVB_DROP_NON_MAIN_GROUP, ...).  The exposition
+ * (Prometheus text), the man page and the Grafana board all come from it.
+ *
+ * Writers: only the loop thread (and the pure stages it calls, through a
+ * pointer it hands them).  Readers: any thread (HTTP).  Values are _Atomic and
+ * written with relaxed single-writer increments (kvb_inc): plain loads and
+ * stores on x86-64, no locked instructions, no locks.
+ *
+ * Ownership: struct kvb_metrics is a plain struct embedded in (or allocated
+ * by) its owner; nothing in it needs freeing.
+ */
+#ifndef KVB_METRICS_H
+#define KVB_METRICS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* Label value lists.  X(enum_suffix, "label value") */
+#define KVB_EVENT_TYPES(X)                                                     \
+    X(STORED, "stored") X(REMOVED, "removed") X(CLEARED, "cleared")            \
+    X(UNKNOWN, "unknown") X(MALFORMED, "malformed")
+
+#define KVB_REV_TYPES(X) X(STORED, "stored") X(REMOVED, "removed") X(CLEARED, "cleared")
+
+/* router-events.md section 4: reasons an engine event publishes nothing. */
+#define KVB_DROP_REASONS(X)                                                    \
+    X(NON_MAIN_GROUP, "non_main_group")                                        \
+    X(NON_FULL_ATTENTION, "non_full_attention")                                \
+    X(TIER_FILTERED, "tier_filtered")                                          \
+    X(BLOCK_SIZE_MISMATCH, "block_size_mismatch")                              \
+    X(UNSUPPORTED_TOKENS, "unsupported_tokens")                                \
+    X(NO_COMPLETE_BLOCK, "no_complete_block")                                  \
+    X(EMPTY_REMOVE, "empty_remove")                                            \
+    X(UNKNOWN_EVENT_TYPE, "unknown_event_type")                                \
+    X(MALFORMED_EVENT, "malformed_event")
+
+/* Messages that could not be used at all, by kind. */
+#define KVB_MALFORMED_KINDS(X)                                                 \
+    X(FRAMES, "frames") X(SEQ_FRAME, "seq_frame") X(BATCH, "malformed_batch")  \
+    X(REPLAY_REPLY, "replay_reply")
+
+/* router-events.md section 6: why a "cleared" barrier was published. */
+#define KVB_BARRIER_CAUSES(X)                                                  \
+    X(START, "start") X(GAP, "gap") X(RESTART, "restart")                      \
+    X(MALFORMED, "malformed_batch")
+
+#define KVB_TIERS(X)                                                           \
+    X(DEVICE, "device") X(HOST_PINNED, "host_pinned") X(DISK, "disk")          \
+    X(EXTERNAL, "external")
+
+#define KVB_NO_LABEL(X) X(ALL, "")
+
+/* kind, name, label name, value list, help */
+#define KVB_METRICS(X)                                                         \
+    X(counter, batches_received_total, "", KVB_NO_LABEL,                       \
+      "Engine batches received with a valid frame")                            \
+    X(counter, events_received_total, "type", KVB_EVENT_TYPES,                 \
+      "Engine events decoded, by type")                                        \
+    X(counter, router_events_published_total, "type", KVB_REV_TYPES,           \
+      "Router events handed to the sink, by type")                             \
+    X(counter, events_dropped_total, "reason", KVB_DROP_REASONS,               \
+      "Engine events that published nothing, by reason")                       \
+    X(counter, unknown_medium_total, "", KVB_NO_LABEL,                         \
+      "Events whose medium was not recognised (forwarded as device)")          \
+    X(counter, malformed_messages_total, "kind", KVB_MALFORMED_KINDS,          \
+      "Messages that could not be used, by kind")                              \
+    X(counter, barriers_total, "cause", KVB_BARRIER_CAUSES,                    \
+      "\"cleared\" barriers published, by cause (one per dp_rank)")            \
+    X(counter, seq_gaps_total, "", KVB_NO_LABEL,                               \
+      "Sequence gaps seen on engine streams")                                  \
+    X(counter, engine_restarts_total, "", KVB_NO_LABEL,                        \
+      "Engine restarts detected (sequence went back)")
+
+#define KVB_ENUM_ITEM(prefix, suffix, str) prefix##suffix,
+#define KVB_DROP_ITEM(s, str) KVB_DROP_##s,
+#define KVB_EVT_ITEM(s, str) KVB_EVT_##s,
+#define KVB_REVT_ITEM(s, str) KVB_REVT_##s,
+#define KVB_MAL_ITEM(s, str) KVB_MAL_##s,
+#define KVB_BAR_ITEM(s, str) KVB_BAR_##s,
+#define KVB_TIER_ITEM(s, str) KVB_TIER_##s,
+#define KVB_ALL_ITEM(s, str) KVB_LBL_##s,
+enum kvb_drop_reason { KVB_DROP_REASONS(KVB_DROP_ITEM) KVB_DROP__COUNT };
+enum kvb_evt_label { KVB_EVENT_TYPES(KVB_EVT_ITEM) KVB_EVT__COUNT };
+enum kvb_revt_label { KVB_REV_TYPES(KVB_REVT_ITEM) KVB_REVT__COUNT };
+enum kvb_malformed_kind { KVB_MALFORMED_KINDS(KVB_MAL_ITEM) KVB_MAL__COUNT };
+enum kvb_barrier_cause { KVB_BARRIER_CAUSES(KVB_BAR_ITEM) KVB_BAR__COUNT };
+enum kvb_tier { KVB_TIERS(KVB_TIER_ITEM) KVB_TIER__COUNT };
+enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };
+
+#define KVB_COUNT_OF(list) (0 list(KVB_COUNT_ONE))
+#define KVB_COUNT_ONE(s, str) +1
+
+#define KVB_METRIC_FIELD(kind, name, label, list, help)                        \
+    _Atomic uint64_t name[KVB_COUNT_OF(list)];
+struct kvb_metrics {
+    KVB_METRICS(KVB_METRIC_FIELD)
+};
+
+/* Single-writer increment: relaxed load + store, no lock prefix. */
+static inline void kvb_add(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+static inline void kvb_inc(_Atomic uint64_t *c) { kvb_add(c, 1); }
+static inline uint64_t kvb_get(const _Atomic uint64_t *c)
+{
+    return atomic_load_explicit((_Atomic uint64_t *)c, memory_order_relaxed);
+}
+
+/* Label value strings, for exposition and names in logs. */
+const char *kvb_tier_name(int tier);
+const char *kvb_drop_reason_name(int reason);
+
+#endif

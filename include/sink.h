@@ -1,0 +1,53 @@
+/* sink: router events out to NATS (nats.c), core publish.
+ *
+ * The loop thread owns the sink and is the only caller of its functions.
+ * nats.c runs its own I/O threads; its callbacks only touch atomics in the
+ * sink and write one byte to the wake fd so the loop notices state changes.
+ *
+ * Ownership: kvb_sink_create() returns a sink the caller frees with
+ * kvb_sink_destroy(&s) (accepts NULL / half-built, sets NULL).  The config and
+ * metrics passed to create must outlive the sink.  Publish copies the data
+ * (nats.c buffers it), so the caller's buffer can be reused at once.
+ */
+#ifndef KVB_SINK_H
+#define KVB_SINK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvb_config;
+struct kvb_metrics;
+struct kvb_sink;
+
+/* Expand a subject template: {namespace} {component} {worker_id} {dp_rank}.
+ * Returns the length written (NUL-terminated), or -ENAMETOOLONG / -EINVAL
+ * (unknown {placeholder}). */
+int kvb_subject_expand(const char *tmpl, const char *ns, const char *component,
+                       uint64_t worker_id, uint32_t dp_rank, char *out, size_t cap);
+
+/* Create and start connecting.  wake_fd: the write end of the loop's wake pipe
+ * (or an eventfd), -1 for none.  Returns 0 or a negative errno; when
+ * cfg->nats.connect_timeout_ms is 0 the sink keeps retrying in the background
+ * (publishes are buffered by nats.c up to reconnect_buffer_bytes), otherwise
+ * -ETIMEDOUT if no server answered in time. */
+int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wake_fd,
+                    struct kvb_sink **out);
+
+/* Publish one message.  0, or -EAGAIN when nats.c's buffer is full
+ * (counted as a publish error), or another negative errno. */
+int kvb_sink_publish(struct kvb_sink *s, const char *subject, const void *data,
+                     size_t len);
+
+/* True once connected (and not currently reconnecting). Any thread. */
+bool kvb_sink_connected(const struct kvb_sink *s);
+
+/* Bytes waiting in nats.c's buffers (pending). */
+uint64_t kvb_sink_pending_bytes(const struct kvb_sink *s);
+
+/* Flush everything published so far, waiting at most timeout_ms. */
+int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms);
+
+void kvb_sink_destroy(struct kvb_sink **s);
+
+#endif
