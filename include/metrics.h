@@ -73,7 +73,23 @@
     X(counter, seq_gaps_total, "", KVB_NO_LABEL,                               \
       "Sequence gaps seen on engine streams")                                  \
     X(counter, engine_restarts_total, "", KVB_NO_LABEL,                        \
-      "Engine restarts detected (sequence went back)")
+      "Engine restarts detected (sequence went back)")                         \
+    X(counter, replays_requested_total, "", KVB_NO_LABEL,                      \
+      "Replay requests sent to engines")                                       \
+    X(counter, replays_filled_total, "", KVB_NO_LABEL,                         \
+      "Replays that filled their gap completely")                              \
+    X(counter, replays_failed_total, "", KVB_NO_LABEL,                         \
+      "Replays that could not fill their gap (barrier published)")             \
+    X(counter, nats_reconnects_total, "", KVB_NO_LABEL,                        \
+      "Reconnections to NATS")                                                 \
+    X(counter, nats_disconnects_total, "", KVB_NO_LABEL,                       \
+      "Disconnections from NATS")                                              \
+    X(counter, nats_publish_errors_total, "", KVB_NO_LABEL,                    \
+      "Publishes refused by the NATS client (buffer full, closed)")            \
+    X(gauge, nats_connected, "", KVB_NO_LABEL,                                 \
+      "1 while connected to a NATS server")                                    \
+    X(gauge, nats_pending_bytes, "", KVB_NO_LABEL,                             \
+      "Bytes buffered in the NATS client, not yet written")
 
 #define KVB_ENUM_ITEM(prefix, suffix, str) prefix##suffix,
 #define KVB_DROP_ITEM(s, str) KVB_DROP_##s,

@@ -8,6 +8,21 @@
  * kvb_sink_destroy(&s) (accepts NULL / half-built, sets NULL).  The config and
  * metrics passed to create must outlive the sink.  Publish copies the data
  * (nats.c buffers it), so the caller's buffer can be reused at once.
+ *
+ * Threads: nats.c's callback thread writes the metrics nats_reconnects_total,
+ * nats_disconnects_total and nats_connected (create sets the first 1); the loop
+ * thread (through kvb_sink_publish / kvb_sink_pending_bytes) writes
+ * nats_publish_errors_total and nats_pending_bytes.  wake_fd should be
+ * non-blocking (a full pipe is ignored); an eventfd gets an 8-byte 1.
+ *
+ * Outage behaviour: nats.c reconnects forever (backoff from reconnect_wait_ms
+ * doubling to reconnect_wait_max_ms, minus up to 20% jitter); while it is
+ * disconnected (or not yet connected) publishes go into its reconnect buffer
+ * and are sent, in order, once a server is reached.  Messages still buffered
+ * when the sink is destroyed are lost.
+ *
+ * The sink never calls nats_Close(): the process owner calls it (or
+ * nats_CloseAndWait()) once at exit, after destroying every sink.
  */
 #ifndef KVB_SINK_H
 #define KVB_SINK_H
@@ -42,12 +57,20 @@ int kvb_sink_publish(struct kvb_sink *s, const char *subject, const void *data,
 /* True once connected (and not currently reconnecting). Any thread. */
 bool kvb_sink_connected(const struct kvb_sink *s);
 
-/* Bytes waiting in nats.c's buffers (pending). */
+/* Bytes waiting in nats.c's buffers (pending): its write buffer, plus while
+ * disconnected an estimate of the reconnect buffer (protocol bytes published
+ * since the outage began).  Also stores the value in the nats_pending_bytes
+ * gauge. */
 uint64_t kvb_sink_pending_bytes(const struct kvb_sink *s);
 
-/* Flush everything published so far, waiting at most timeout_ms. */
+/* Flush everything published so far, waiting at most timeout_ms (0 counts as
+ * 1).  0, -ENOTCONN at once when not connected (nothing waits during an
+ * outage), -ETIMEDOUT, -EPIPE when closed, -EIO. */
 int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms);
 
+/* Flush (cfg->nats.flush_timeout_ms, if connected), close, wait for nats.c's
+ * last callback so none can touch the freed sink, free.  Does not call
+ * nats_Close(). */
 void kvb_sink_destroy(struct kvb_sink **s);
 
 #endif

@@ -1,0 +1,91 @@
+/* convert: decoded engine events -> router events (router-events.md 3-5).
+ *
+ * Pure: no I/O, no clock, no globals.  The converter holds the configuration
+ * and the event_id counters, one per (worker_id, dp_rank); it writes its
+ * counters to the kvb_metrics the caller hands it (single writer).
+ *
+ * Ownership: kvb_converter_create() returns a converter the caller frees with
+ * kvb_converter_destroy(&c).  A kvb_rev filled by kvb_convert_event() or
+ * kvb_convert_cleared() points into the converter's scratch buffer and into
+ * the decoded batch: valid until the next convert call.
+ */
+#ifndef KVB_CONVERT_H
+#define KVB_CONVERT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "decode.h"
+#include "metrics.h"
+
+#define KVB_TOKENS_HASH_SEED 1337u
+#define KVB_MAX_ID_COUNTERS 4096 /* distinct (worker_id, dp_rank) pairs */
+
+struct kvb_convert_cfg {
+    uint64_t worker_id;
+    uint32_t block_size;    /* 0 = auto: trust each event's block_size */
+    bool lora_salt;
+    uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
+};
+
+struct kvb_block {
+    uint64_t block_hash;
+    uint64_t tokens_hash;
+};
+
+/* One router event. */
+struct kvb_rev {
+    uint8_t type;        /* enum kvb_revt_label: STORED, REMOVED, CLEARED */
+    uint8_t tier;        /* enum kvb_tier */
+    uint32_t dp_rank;
+    uint64_t worker_id;
+    uint64_t event_id;
+    bool has_parent;
+    uint64_t parent;
+    const struct kvb_block *blocks; /* STORED */
+    const uint64_t *hashes;         /* REMOVED */
+    uint32_t n;                     /* blocks or hashes */
+};
+
+struct kvb_converter;
+
+int kvb_converter_create(const struct kvb_convert_cfg *cfg, struct kvb_metrics *m,
+                         struct kvb_converter **out);
+void kvb_converter_destroy(struct kvb_converter **c);
+
+/* Replace the configuration (SIGHUP).  Counters are kept: they are keyed by
+ * (worker_id, dp_rank), so a new worker_id starts its own from 0. */
+void kvb_converter_set_config(struct kvb_converter *c, const struct kvb_convert_cfg *cfg);
+
+/* Convert one decoded event.  Returns 1 and fills *out when a router event is
+ * to be published (its event_id is taken), 0 when the event publishes nothing
+ * (*reason says why: enum kvb_drop_reason; it was counted), or -ENOMEM /
+ * -ENOSPC (too many counters). */
+int kvb_convert_event(struct kvb_converter *c, const struct kvb_event *ev, uint32_t dp_rank,
+                      struct kvb_rev *out, int *reason);
+
+/* A "cleared" router event for dp_rank (barriers).  Returns 1, or -ENOSPC. */
+int kvb_convert_cleared(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev *out);
+
+/* event_id counters, for persistence (reliability): next id and epoch. */
+struct kvb_id_counter {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint64_t next_id;
+    uint64_t epoch;
+};
+/* Epoch given to counters created from now on (the caller's wall clock, ms). */
+void kvb_converter_set_epoch(struct kvb_converter *c, uint64_t epoch_ms);
+size_t kvb_converter_counters(const struct kvb_converter *c, struct kvb_id_counter *out,
+                              size_t cap);
+int kvb_converter_restore(struct kvb_converter *c, const struct kvb_id_counter *in);
+
+/* Building blocks, exposed for tests and tools. */
+uint64_t kvb_hash_normalize(const struct kvb_hash *h);
+uint64_t kvb_lora_seed(const char *name, size_t len);
+uint64_t kvb_tokens_hash(const uint32_t *tokens, size_t n, uint64_t seed);
+/* Tier from a medium string (case-insensitive); *unknown set when not known. */
+int kvb_tier_from_medium(const struct kvb_str *medium, bool *unknown);
+
+#endif

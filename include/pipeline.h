@@ -1,0 +1,59 @@
+/* pipeline: decode -> convert -> encode for one batch of one stream, with the
+ * barrier rules of router-events.md section 6.  Shared by the daemon's loop
+ * and by kvbridge-inspect, so both follow exactly the same rules.
+ *
+ * Every router event is handed to the emit callback in order; the bytes are
+ * valid only during the call.  Ownership: the pipeline owns its decoder,
+ * converter and encoder; kvb_pipeline_destroy(&p) frees them (accepts NULL).
+ * The metrics struct is the caller's and must outlive the pipeline.
+ */
+#ifndef KVB_PIPELINE_H
+#define KVB_PIPELINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convert.h"
+#include "decode.h"
+#include "metrics.h"
+#include "seq.h"
+
+typedef int (*kvb_emit_fn)(void *ctx, const struct kvb_rev *rev, const char *data,
+                           size_t len);
+
+struct kvb_pipeline_cfg {
+    struct kvb_convert_cfg convert;
+    struct kvb_decode_limits limits;
+    int format; /* enum kvb_format */
+};
+
+struct kvb_pipeline;
+
+int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
+                        kvb_emit_fn emit, void *emit_ctx, struct kvb_pipeline **out);
+void kvb_pipeline_destroy(struct kvb_pipeline **p);
+
+/* Swap in a new configuration (SIGHUP); event_id counters are kept. */
+int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg);
+
+/* A live batch when no replay is possible: classify its seq, publish the gap
+ * or restart barrier when needed, then apply it.  Returns the number of
+ * router events emitted, or a negative errno. */
+int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                      const uint8_t *payload, size_t len);
+
+/* Apply one batch whose seq the caller has already judged: start barrier for
+ * a dp_rank new to the stream, decode, convert, emit; a batch that does not
+ * decode publishes the malformed barrier.  Sets s->last = seq. */
+int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                       const uint8_t *payload, size_t len);
+
+/* "cleared" for every dp_rank of the stream (the ranks seen so far, or its
+ * configured rank if none), counted under cause (enum kvb_barrier_cause). */
+int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause);
+
+/* The decoder alone (kvbridge-inspect --decoded). */
+struct kvb_decoder *kvb_pipeline_decoder(struct kvb_pipeline *p);
+struct kvb_converter *kvb_pipeline_converter(struct kvb_pipeline *p);
+
+#endif

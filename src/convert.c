@@ -1,0 +1,349 @@
+/* convert: decoded engine events -> router events.  See include/convert.h. */
+#include "convert.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+struct kvb_converter {
+    struct kvb_convert_cfg cfg;
+    struct kvb_metrics *m;
+    uint64_t epoch;
+
+    struct kvb_id_counter *ctr; /* few entries: linear scan with a last-hit cache */
+    size_t n_ctr, cap_ctr;
+    size_t last_hit;
+
+    struct kvb_block *blocks; /* scratch for one event, grows to the largest seen */
+    uint64_t *hashes;
+    size_t cap_blocks, cap_hashes;
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    uint32_t *le_tokens;
+    size_t cap_le;
+#endif
+};
+
+int kvb_converter_create(const struct kvb_convert_cfg *cfg, struct kvb_metrics *m,
+                         struct kvb_converter **out)
+{
+    struct kvb_converter *c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->cfg = *cfg;
+    c->m = m;
+    *out = c;
+    return 0;
+}
+
+void kvb_converter_destroy(struct kvb_converter **pc)
+{
+    if (!pc || !*pc)
+        return;
+    struct kvb_converter *c = *pc;
+    free(c->ctr);
+    free(c->blocks);
+    free(c->hashes);
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    free(c->le_tokens);
+#endif
+    free(c);
+    *pc = NULL;
+}
+
+void kvb_converter_set_config(struct kvb_converter *c, const struct kvb_convert_cfg *cfg)
+{
+    c->cfg = *cfg;
+}
+
+void kvb_converter_set_epoch(struct kvb_converter *c, uint64_t epoch_ms)
+{
+    c->epoch = epoch_ms;
+}
+
+/* ---- event_id counters -------------------------------------------------- */
+
+static struct kvb_id_counter *counter(struct kvb_converter *c, uint64_t worker, uint32_t rank)
+{
+    if (c->last_hit < c->n_ctr) {
+        struct kvb_id_counter *k = &c->ctr[c->last_hit];
+        if (k->worker_id == worker && k->dp_rank == rank)
+            return k;
+    }
+    for (size_t i = 0; i < c->n_ctr; i++) {
+        struct kvb_id_counter *k = &c->ctr[i];
+        if (k->worker_id == worker && k->dp_rank == rank) {
+            c->last_hit = i;
+            return k;
+        }
+    }
+    if (c->n_ctr >= KVB_MAX_ID_COUNTERS)
+        return NULL;
+    if (c->n_ctr == c->cap_ctr) {
+        size_t cap = c->cap_ctr ? c->cap_ctr * 2 : 8;
+        struct kvb_id_counter *n = realloc(c->ctr, cap * sizeof(*n));
+        if (!n)
+            return NULL;
+        c->ctr = n;
+        c->cap_ctr = cap;
+    }
+    struct kvb_id_counter *k = &c->ctr[c->n_ctr];
+    *k = (struct kvb_id_counter){worker, rank, 0, c->epoch};
+    c->last_hit = c->n_ctr++;
+    return k;
+}
+
+size_t kvb_converter_counters(const struct kvb_converter *c, struct kvb_id_counter *out,
+                              size_t cap)
+{
+    size_t n = c->n_ctr < cap ? c->n_ctr : cap;
+    for (size_t i = 0; i < n; i++)
+        out[i] = c->ctr[i];
+    return c->n_ctr;
+}
+
+int kvb_converter_restore(struct kvb_converter *c, const struct kvb_id_counter *in)
+{
+    struct kvb_id_counter *k = counter(c, in->worker_id, in->dp_rank);
+    if (!k)
+        return -ENOSPC;
+    k->next_id = in->next_id;
+    k->epoch = in->epoch;
+    return 0;
+}
+
+static int take_id(struct kvb_converter *c, uint32_t rank, struct kvb_rev *out)
+{
+    struct kvb_id_counter *k = counter(c, c->cfg.worker_id, rank);
+    if (!k)
+        return -ENOSPC;
+    out->worker_id = c->cfg.worker_id;
+    out->dp_rank = rank;
+    out->event_id = k->next_id++;
+    kvb_inc(&c->m->router_events_published_total[out->type]);
+    return 1;
+}
+
+/* ---- building blocks ---------------------------------------------------- */
+
+uint64_t kvb_hash_normalize(const struct kvb_hash *h)
+{
+    switch (h->kind) {
+    case KVB_HASH_UINT: return h->v.u;
+    case KVB_HASH_INT: return (uint64_t)h->v.i; /* two's-complement bit pattern */
+    case KVB_HASH_BIN: {
+        uint32_t n = h->bin_len < 8 ? h->bin_len : 8;
+        const uint8_t *p = h->v.bin + (h->bin_len - n);
+        uint64_t v = 0;
+        for (uint32_t i = 0; i < n; i++)
+            v = v << 8 | p[i];
+        return v;
+    }
+    default: return 0;
+    }
+}
+
+uint64_t kvb_lora_seed(const char *name, size_t len)
+{
+    return KVB_TOKENS_HASH_SEED + XXH3_64bits_withSeed(name, len, 0);
+}
+
+uint64_t kvb_tokens_hash(const uint32_t *tokens, size_t n, uint64_t seed)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* The token array already is the little-endian uint32 byte string. */
+    return XXH3_64bits_withSeed(tokens, n * sizeof(uint32_t), seed);
+#else
+    uint8_t buf[4 * 256];
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, seed);
+    while (n) {
+        size_t k = n < 256 ? n : 256;
+        for (size_t i = 0; i < k; i++) {
+            buf[4 * i] = tokens[i] & 0xff;
+            buf[4 * i + 1] = tokens[i] >> 8 & 0xff;
+            buf[4 * i + 2] = tokens[i] >> 16 & 0xff;
+            buf[4 * i + 3] = tokens[i] >> 24;
+        }
+        XXH3_64bits_update(&st, buf, 4 * k);
+        tokens += k;
+        n -= k;
+    }
+    return XXH3_64bits_digest(&st);
+#endif
+}
+
+static bool str_ieq(const struct kvb_str *s, const char *lit)
+{
+    size_t n = strlen(lit);
+    return s->len == n && strncasecmp(s->ptr, lit, n) == 0;
+}
+
+int kvb_tier_from_medium(const struct kvb_str *medium, bool *unknown)
+{
+    static const struct {
+        const char *name;
+        int tier;
+    } map[] = {
+        {"GPU", KVB_TIER_DEVICE},        {"DEVICE", KVB_TIER_DEVICE},
+        {"CPU", KVB_TIER_HOST_PINNED},   {"CPU_PINNED", KVB_TIER_HOST_PINNED},
+        {"CPU_TIER1", KVB_TIER_HOST_PINNED},
+        {"CPU_TIER2", KVB_TIER_DISK},    {"DISK", KVB_TIER_DISK},
+        {"NVME", KVB_TIER_DISK},         {"STORAGE", KVB_TIER_DISK},
+        {"FS", KVB_TIER_DISK},           {"OBJ", KVB_TIER_DISK},
+        {"EXTERNAL", KVB_TIER_EXTERNAL}, {"NETWORK", KVB_TIER_EXTERNAL},
+        {"REMOTE", KVB_TIER_EXTERNAL},   {"SHARED", KVB_TIER_EXTERNAL},
+    };
+    *unknown = false;
+    if (!medium->ptr)
+        return KVB_TIER_DEVICE;
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+        if (str_ieq(medium, map[i].name))
+            return map[i].tier;
+    *unknown = true;
+    return KVB_TIER_DEVICE;
+}
+
+/* ---- conversion --------------------------------------------------------- */
+
+static int drop(struct kvb_converter *c, int reason, int *why)
+{
+    kvb_inc(&c->m->events_dropped_total[reason]);
+    *why = reason;
+    return 0;
+}
+
+static bool full_attention(const struct kvb_str *kind)
+{
+    static const char *ok[] = {"full_attention", "mla_attention", "sink_full_attention"};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+        if (kind->len == strlen(ok[i]) && memcmp(kind->ptr, ok[i], kind->len) == 0)
+            return true;
+    return false;
+}
+
+/* Group and tier filters, shared by stored and removed events. */
+static int common_filters(struct kvb_converter *c, const struct kvb_event *ev, int *tier)
+{
+    if (ev->group_idx.has && ev->group_idx.v != 0)
+        return KVB_DROP_NON_MAIN_GROUP;
+    if (ev->type == KVB_EV_STORED && ev->spec_kind.ptr && !full_attention(&ev->spec_kind))
+        return KVB_DROP_NON_FULL_ATTENTION;
+    bool unknown;
+    *tier = kvb_tier_from_medium(&ev->medium, &unknown);
+    if (unknown)
+        kvb_inc(&c->m->unknown_medium_total[0]);
+    if (!(c->cfg.forward_tiers & (1u << *tier)))
+        return KVB_DROP_TIER_FILTERED;
+    return -1;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap ? *cap : 16;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev,
+                          uint32_t rank, struct kvb_rev *out, int *why)
+{
+    int tier, r = common_filters(c, ev, &tier);
+    if (r >= 0)
+        return drop(c, r, why);
+    uint64_t bs = c->cfg.block_size;
+    if (bs == 0) {
+        bs = ev->block_size.has ? (uint64_t)ev->block_size.v : 0;
+    } else if (!ev->block_size.has || (uint64_t)ev->block_size.v != bs) {
+        return drop(c, KVB_DROP_BLOCK_SIZE_MISMATCH, why);
+    }
+    if (ev->token_pairs)
+        return drop(c, KVB_DROP_UNSUPPORTED_TOKENS, why);
+    /* Block i needs tokens [i*B, (i+1)*B): stop at the first one not covered. */
+    uint64_t nb = bs ? ev->n_tokens / bs : 0;
+    if (nb > ev->n_hashes)
+        nb = ev->n_hashes;
+    if (nb == 0)
+        return drop(c, KVB_DROP_NO_COMPLETE_BLOCK, why);
+    if (grow((void **)&c->blocks, &c->cap_blocks, nb, sizeof(*c->blocks)) < 0)
+        return -ENOMEM;
+
+    uint64_t seed = KVB_TOKENS_HASH_SEED;
+    if (c->cfg.lora_salt && ev->lora_name.len > 0)
+        seed = kvb_lora_seed(ev->lora_name.ptr, ev->lora_name.len);
+    for (uint64_t i = 0; i < nb; i++) {
+        c->blocks[i].block_hash = kvb_hash_normalize(&ev->hashes[i]);
+        c->blocks[i].tokens_hash = kvb_tokens_hash(ev->tokens + i * bs, bs, seed);
+    }
+    out->type = KVB_REVT_STORED;
+    out->tier = (uint8_t)tier;
+    out->has_parent = ev->parent.kind != KVB_HASH_NIL;
+    out->parent = out->has_parent ? kvb_hash_normalize(&ev->parent) : 0;
+    out->blocks = c->blocks;
+    out->hashes = NULL;
+    out->n = (uint32_t)nb;
+    return take_id(c, rank, out);
+}
+
+static int convert_removed(struct kvb_converter *c, const struct kvb_event *ev,
+                           uint32_t rank, struct kvb_rev *out, int *why)
+{
+    int tier, r = common_filters(c, ev, &tier);
+    if (r >= 0)
+        return drop(c, r, why);
+    if (ev->n_hashes == 0)
+        return drop(c, KVB_DROP_EMPTY_REMOVE, why);
+    if (grow((void **)&c->hashes, &c->cap_hashes, ev->n_hashes, sizeof(*c->hashes)) < 0)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < ev->n_hashes; i++)
+        c->hashes[i] = kvb_hash_normalize(&ev->hashes[i]);
+    out->type = KVB_REVT_REMOVED;
+    out->tier = (uint8_t)tier;
+    out->has_parent = false;
+    out->parent = 0;
+    out->blocks = NULL;
+    out->hashes = c->hashes;
+    out->n = ev->n_hashes;
+    return take_id(c, rank, out);
+}
+
+int kvb_convert_cleared(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->type = KVB_REVT_CLEARED;
+    out->tier = KVB_TIER_DEVICE;
+    return take_id(c, dp_rank, out);
+}
+
+int kvb_convert_event(struct kvb_converter *c, const struct kvb_event *ev, uint32_t dp_rank,
+                      struct kvb_rev *out, int *why)
+{
+    switch (ev->type) {
+    case KVB_EV_STORED:
+        kvb_inc(&c->m->events_received_total[KVB_EVT_STORED]);
+        return convert_stored(c, ev, dp_rank, out, why);
+    case KVB_EV_REMOVED:
+        kvb_inc(&c->m->events_received_total[KVB_EVT_REMOVED]);
+        return convert_removed(c, ev, dp_rank, out, why);
+    case KVB_EV_CLEARED:
+        kvb_inc(&c->m->events_received_total[KVB_EVT_CLEARED]);
+        return kvb_convert_cleared(c, dp_rank, out);
+    case KVB_EV_UNKNOWN:
+        kvb_inc(&c->m->events_received_total[KVB_EVT_UNKNOWN]);
+        return drop(c, KVB_DROP_UNKNOWN_EVENT_TYPE, why);
+    default:
+        kvb_inc(&c->m->events_received_total[KVB_EVT_MALFORMED]);
+        return drop(c, KVB_DROP_MALFORMED_EVENT, why);
+    }
+}

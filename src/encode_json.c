@@ -1,0 +1,131 @@
+/* encode_json: router event -> dynamo-json.  See include/encode.h. */
+#include "encode.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+
+struct kvb_encoder {
+    char *buf;
+    size_t cap;
+};
+
+int kvb_encoder_create(int format, struct kvb_encoder **out)
+{
+    if (format != KVB_FORMAT_DYNAMO_JSON)
+        return -ENOTSUP;
+    struct kvb_encoder *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    *out = e;
+    return 0;
+}
+
+void kvb_encoder_destroy(struct kvb_encoder **pe)
+{
+    if (!pe || !*pe)
+        return;
+    free((*pe)->buf);
+    free(*pe);
+    *pe = NULL;
+}
+
+static const char digits2[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+size_t kvb_u64_to_dec(char *p, uint64_t v)
+{
+    char tmp[20];
+    char *t = tmp + sizeof(tmp);
+    while (v >= 100) {
+        unsigned r = (unsigned)(v % 100);
+        v /= 100;
+        t -= 2;
+        memcpy(t, digits2 + 2 * r, 2);
+    }
+    if (v >= 10) {
+        t -= 2;
+        memcpy(t, digits2 + 2 * v, 2);
+    } else {
+        *--t = (char)('0' + v);
+    }
+    size_t n = (size_t)(tmp + sizeof(tmp) - t);
+    memcpy(p, t, n);
+    return n;
+}
+
+#define LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) += sizeof(s) - 1)
+#define U64(p, v) ((p) += kvb_u64_to_dec((p), (v)))
+
+int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data,
+               size_t *len)
+{
+    /* Worst case: fixed text + per block two u64s and their keys. */
+    size_t need = 256 + (size_t)r->n * 64;
+    if (need > e->cap) {
+        size_t cap = e->cap ? e->cap : 1024;
+        while (cap < need)
+            cap *= 2;
+        char *b = realloc(e->buf, cap);
+        if (!b)
+            return -ENOMEM;
+        e->buf = b;
+        e->cap = cap;
+    }
+    char *p = e->buf;
+    LIT(p, "{\"worker_id\":");
+    U64(p, r->worker_id);
+    if (r->tier != KVB_TIER_DEVICE) {
+        const char *t = kvb_tier_name(r->tier);
+        size_t n = strlen(t);
+        LIT(p, ",\"storage_tier\":\"");
+        memcpy(p, t, n);
+        p += n;
+        *p++ = '"';
+    }
+    LIT(p, ",\"event\":{\"event_id\":");
+    U64(p, r->event_id);
+    LIT(p, ",\"data\":");
+    switch (r->type) {
+    case KVB_REVT_STORED:
+        LIT(p, "{\"stored\":{\"parent_hash\":");
+        if (r->has_parent)
+            U64(p, r->parent);
+        else
+            LIT(p, "null");
+        LIT(p, ",\"blocks\":[");
+        for (uint32_t i = 0; i < r->n; i++) {
+            if (i)
+                *p++ = ',';
+            LIT(p, "{\"block_hash\":");
+            U64(p, r->blocks[i].block_hash);
+            LIT(p, ",\"tokens_hash\":");
+            U64(p, r->blocks[i].tokens_hash);
+            *p++ = '}';
+        }
+        LIT(p, "]}}");
+        break;
+    case KVB_REVT_REMOVED:
+        LIT(p, "{\"removed\":{\"block_hashes\":[");
+        for (uint32_t i = 0; i < r->n; i++) {
+            if (i)
+                *p++ = ',';
+            U64(p, r->hashes[i]);
+        }
+        LIT(p, "]}}");
+        break;
+    default:
+        LIT(p, "\"cleared\"");
+        break;
+    }
+    LIT(p, ",\"dp_rank\":");
+    U64(p, r->dp_rank);
+    LIT(p, "}}");
+    *data = e->buf;
+    *len = (size_t)(p - e->buf);
+    return 0;
+}

@@ -1,0 +1,199 @@
+/* pipeline: see include/pipeline.h. */
+#include "pipeline.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "encode.h"
+#include "log.h"
+
+struct kvb_pipeline {
+    struct kvb_pipeline_cfg cfg;
+    struct kvb_metrics *m;
+    kvb_emit_fn emit;
+    void *emit_ctx;
+    struct kvb_decoder *dec;
+    struct kvb_converter *conv;
+    struct kvb_encoder *enc;
+    struct kvb_ratelimit rl_mismatch, rl_malformed;
+};
+
+int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
+                        kvb_emit_fn emit, void *emit_ctx, struct kvb_pipeline **out)
+{
+    int rc = -ENOMEM;
+    struct kvb_pipeline *p = calloc(1, sizeof(*p));
+    if (!p)
+        goto fail;
+    p->cfg = *cfg;
+    p->m = m;
+    p->emit = emit;
+    p->emit_ctx = emit_ctx;
+    p->rl_mismatch = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
+    p->rl_malformed = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    p->dec = kvb_decoder_create(&cfg->limits);
+    if (!p->dec)
+        goto fail;
+    if ((rc = kvb_converter_create(&cfg->convert, m, &p->conv)) < 0)
+        goto fail;
+    if ((rc = kvb_encoder_create(cfg->format, &p->enc)) < 0)
+        goto fail;
+    *out = p;
+    return 0;
+fail:
+    kvb_pipeline_destroy(&p);
+    return rc;
+}
+
+void kvb_pipeline_destroy(struct kvb_pipeline **pp)
+{
+    if (!pp || !*pp)
+        return;
+    struct kvb_pipeline *p = *pp;
+    kvb_decoder_destroy(&p->dec);
+    kvb_converter_destroy(&p->conv);
+    kvb_encoder_destroy(&p->enc);
+    free(p);
+    *pp = NULL;
+}
+
+int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg)
+{
+    struct kvb_decoder *dec = kvb_decoder_create(&cfg->limits);
+    struct kvb_encoder *enc = NULL;
+    int rc = dec ? kvb_encoder_create(cfg->format, &enc) : -ENOMEM;
+    if (rc < 0) {
+        kvb_decoder_destroy(&dec);
+        return rc;
+    }
+    kvb_decoder_destroy(&p->dec);
+    kvb_encoder_destroy(&p->enc);
+    p->dec = dec;
+    p->enc = enc;
+    p->cfg = *cfg;
+    kvb_converter_set_config(p->conv, &cfg->convert);
+    return 0;
+}
+
+struct kvb_decoder *kvb_pipeline_decoder(struct kvb_pipeline *p) { return p->dec; }
+struct kvb_converter *kvb_pipeline_converter(struct kvb_pipeline *p) { return p->conv; }
+
+static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
+{
+    const char *data;
+    size_t len;
+    int rc = kvb_encode(p->enc, r, &data, &len);
+    if (rc < 0)
+        return rc;
+    return p->emit(p->emit_ctx, r, data, len);
+}
+
+static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
+{
+    struct kvb_rev r;
+    int rc = kvb_convert_cleared(p->conv, rank, &r);
+    if (rc < 0)
+        return rc;
+    kvb_inc(&p->m->barriers_total[cause]);
+    rc = emit(p, &r);
+    return rc < 0 ? rc : 1;
+}
+
+int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause)
+{
+    if (s->n_ranks == 0)
+        kvb_stream_add_rank(s, s->cfg_rank); /* cannot fail on an empty list */
+    int n = 0;
+    for (uint32_t i = 0; i < s->n_ranks; i++) {
+        int rc = cleared(p, s->ranks[i], cause);
+        if (rc < 0)
+            return rc;
+        n += rc;
+    }
+    return n;
+}
+
+static int malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                     const char *why)
+{
+    kvb_inc(&p->m->malformed_messages_total[KVB_MAL_BATCH]);
+    kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
+               "%s: seq %llu: malformed batch (%s): publishing barrier", s->name,
+               (unsigned long long)seq, why);
+    s->has_last = true;
+    s->last = seq;
+    return kvb_pipeline_barrier(p, s, KVB_BAR_MALFORMED);
+}
+
+int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                       const uint8_t *payload, size_t len)
+{
+    struct kvb_batch b;
+    int rc = kvb_decode_batch(p->dec, payload, len, &b);
+    if (rc < 0)
+        return malformed(p, s, seq, kvb_decode_strerror(rc));
+    uint32_t rank = b.dp_rank.has ? (uint32_t)b.dp_rank.v : s->cfg_rank;
+    int n = 0;
+    if (!kvb_stream_has_rank(s, rank)) {
+        if (kvb_stream_add_rank(s, rank) < 0)
+            return malformed(p, s, seq, "too many dp ranks on one stream");
+        if ((rc = cleared(p, rank, KVB_BAR_START)) < 0)
+            return rc;
+        n += rc;
+    }
+    s->has_last = true;
+    s->last = seq;
+    kvb_inc(&p->m->batches_received_total[0]);
+    for (uint32_t i = 0; i < b.n_events; i++) {
+        struct kvb_rev r;
+        int why = -1;
+        rc = kvb_convert_event(p->conv, &b.events[i], rank, &r, &why);
+        if (rc < 0)
+            return rc;
+        if (rc == 0) {
+            if (why == KVB_DROP_BLOCK_SIZE_MISMATCH)
+                kvb_log_rl(&p->rl_mismatch, KVB_LOG_ERROR, "convert",
+                           "%s: BlockStored with block_size %lld but block_size is %u: "
+                           "dropped (fix the configuration: a wrong block size ruins routing)",
+                           s->name, (long long)(b.events[i].block_size.has
+                                                    ? b.events[i].block_size.v : -1),
+                           p->cfg.convert.block_size);
+            else if (why == KVB_DROP_MALFORMED_EVENT)
+                kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
+                           "%s: seq %llu event %u skipped: %s", s->name,
+                           (unsigned long long)seq, i, b.events[i].error);
+            continue;
+        }
+        if ((rc = emit(p, &r)) < 0)
+            return rc;
+        n++;
+    }
+    return n;
+}
+
+int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                      const uint8_t *payload, size_t len)
+{
+    int n = 0, rc = 0;
+    switch (kvb_seq_classify(s, seq)) {
+    case KVB_SEQ_GAP:
+        kvb_inc(&p->m->seq_gaps_total[0]);
+        kvb_log(KVB_LOG_WARN, "source", "%s: seq gap: %llu missing before %llu, publishing barrier",
+                s->name, (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
+        rc = kvb_pipeline_barrier(p, s, KVB_BAR_GAP);
+        break;
+    case KVB_SEQ_BACK:
+        kvb_inc(&p->m->engine_restarts_total[0]);
+        kvb_log(KVB_LOG_WARN, "source", "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
+                s->name, (unsigned long long)s->last, (unsigned long long)seq);
+        rc = kvb_pipeline_barrier(p, s, KVB_BAR_RESTART);
+        break;
+    default:
+        break;
+    }
+    if (rc < 0)
+        return rc;
+    n = rc;
+    rc = kvb_pipeline_apply(p, s, seq, payload, len);
+    return rc < 0 ? rc : n + rc;
+}
