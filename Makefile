@@ -26,6 +26,9 @@ ITEST    := $(sort $(wildcard tests/integration/test_*.sh))
 DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
             check libxxhash-dev libmicrohttpd-dev libsystemd-dev nats-server valgrind
 
+# keep objects of pattern-built binaries
+.SECONDARY:
+
 .PHONY: all check unit integration check-valgrind deps clean demo
 all: $(PROGS) $(UNIT_BIN)
 

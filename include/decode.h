@@ -20,11 +20,13 @@
 enum kvb_decode_err {
     KVB_DEC_OK = 0,
     KVB_DEC_EMPTY = -1,       /* zero-length payload */
-    KVB_DEC_TRUNCATED = -2,   /* msgpack ends before the object does */
+    KVB_DEC_TRUNCATED = -2,   /* the payload ends before the object does: cut
+                                 short, or a declared length (array, map, str,
+                                 bin, ext) larger than the bytes left */
     KVB_DEC_BAD_MSGPACK = -3, /* reserved byte (0xc1) or otherwise unparsable */
     KVB_DEC_TRAILING = -4,    /* bytes after the batch object */
     KVB_DEC_TOO_DEEP = -5,    /* nesting beyond the limit */
-    KVB_DEC_TOO_LARGE = -6,   /* a declared length exceeds the bytes left or a limit */
+    KVB_DEC_TOO_LARGE = -6,   /* more events than limits.max_events */
     KVB_DEC_ENVELOPE = -7,    /* not [ts, events(, dp_rank)] nor the map form */
     KVB_DEC_NOMEM = -8,       /* the arena could not grow */
 };

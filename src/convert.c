@@ -262,18 +262,22 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev,
     int tier, r = common_filters(c, ev, &tier);
     if (r >= 0)
         return drop(c, r, why);
+    /* B: the configured block size, or (auto) the event's own. */
     uint64_t bs = c->cfg.block_size;
-    if (bs == 0) {
+    if (bs == 0)
         bs = ev->block_size.has ? (uint64_t)ev->block_size.v : 0;
-    } else if (!ev->block_size.has || (uint64_t)ev->block_size.v != bs) {
-        return drop(c, KVB_DROP_BLOCK_SIZE_MISMATCH, why);
-    }
-    if (ev->token_pairs)
-        return drop(c, KVB_DROP_UNSUPPORTED_TOKENS, why);
     /* Block i needs tokens [i*B, (i+1)*B): stop at the first one not covered. */
     uint64_t nb = bs ? ev->n_tokens / bs : 0;
     if (nb > ev->n_hashes)
         nb = ev->n_hashes;
+    /* An event that could fill a block of B but says another block size is a
+     * configuration error.  One too short to fill any block (offload
+     * placeholders with block_size 0, SGLang's partial last pages) simply has
+     * no complete block: it is not a mismatch. */
+    if (nb > 0 && (!ev->block_size.has || (uint64_t)ev->block_size.v != bs))
+        return drop(c, KVB_DROP_BLOCK_SIZE_MISMATCH, why);
+    if (ev->token_pairs)
+        return drop(c, KVB_DROP_UNSUPPORTED_TOKENS, why);
     if (nb == 0)
         return drop(c, KVB_DROP_NO_COMPLETE_BLOCK, why);
     if (grow((void **)&c->blocks, &c->cap_blocks, nb, sizeof(*c->blocks)) < 0)

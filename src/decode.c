@@ -58,11 +58,11 @@ const char *kvb_decode_strerror(int err)
     switch (err) {
     case KVB_DEC_OK: return "ok";
     case KVB_DEC_EMPTY: return "empty payload";
-    case KVB_DEC_TRUNCATED: return "truncated msgpack";
+    case KVB_DEC_TRUNCATED: return "truncated (a declared length runs past the end)";
     case KVB_DEC_BAD_MSGPACK: return "invalid msgpack";
     case KVB_DEC_TRAILING: return "bytes after the batch";
     case KVB_DEC_TOO_DEEP: return "nesting too deep";
-    case KVB_DEC_TOO_LARGE: return "declared length exceeds payload or limit";
+    case KVB_DEC_TOO_LARGE: return "more events than the configured limit";
     case KVB_DEC_ENVELOPE: return "not a batch envelope";
     case KVB_DEC_NOMEM: return "out of memory";
     default: return "unknown decode error";
@@ -201,12 +201,12 @@ static int prescan(const uint8_t *p, size_t len, uint32_t max_depth, size_t *use
         off += hdr;
         avail = len - off;
         if (skip > avail)
-            return skip > len ? KVB_DEC_TOO_LARGE : KVB_DEC_TRUNCATED;
+            return KVB_DEC_TRUNCATED;
         off += skip;
         if (items) {
             /* each element needs at least one byte */
             if (items > len - off)
-                return items > len ? KVB_DEC_TOO_LARGE : KVB_DEC_TRUNCATED;
+                return KVB_DEC_TRUNCATED;
             if (depth + 1 > max_depth)
                 return KVB_DEC_TOO_DEEP;
             left_items[++depth] = items;

@@ -1,0 +1,419 @@
+/* convert: router-events.md sections 3 to 5. */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "convert.h"
+
+static struct kvb_metrics m;
+static struct kvb_converter *conv;
+static const struct kvb_convert_cfg cfg16 = {
+    .worker_id = 42, .block_size = 16, .lora_salt = true,
+    .forward_tiers = 1u << KVB_TIER_DEVICE};
+
+static void setup(void)
+{
+    memset(&m, 0, sizeof(m));
+    ck_assert_int_eq(kvb_converter_create(&cfg16, &m, &conv), 0);
+}
+static void teardown(void) { kvb_converter_destroy(&conv); }
+
+/* The real Qwen3-8B block of router-events.md section 1. */
+static const uint32_t qwen[16] = {151644, 872,  198,    9064, 374,   279, 6722,  315,
+                                  5616,   30,   151645, 198,  151644, 77091, 198, 151667};
+
+static struct kvb_hash uh(uint64_t v)
+{
+    struct kvb_hash h = {.kind = KVB_HASH_UINT};
+    h.v.u = v;
+    return h;
+}
+
+static struct kvb_str S(const char *s)
+{
+    struct kvb_str r = {s, s ? (uint32_t)strlen(s) : 0};
+    return r;
+}
+
+/* A BlockStored of n blocks of 16 tokens (0, 1, 2, ...), hashes 100, 101, ... */
+static struct kvb_hash hashes[64];
+static uint32_t tokens[64 * 16];
+static struct kvb_event stored(uint32_t n_hashes, uint32_t n_tokens)
+{
+    for (uint32_t i = 0; i < 64; i++)
+        hashes[i] = uh(100 + i);
+    for (uint32_t i = 0; i < 64 * 16; i++)
+        tokens[i] = i;
+    struct kvb_event e = {.type = KVB_EV_STORED};
+    e.hashes = hashes;
+    e.n_hashes = n_hashes;
+    e.tokens = tokens;
+    e.n_tokens = n_tokens;
+    e.block_size.has = true;
+    e.block_size.v = 16;
+    return e;
+}
+
+static uint64_t drops(int reason) { return kvb_get(&m.events_dropped_total[reason]); }
+
+START_TEST(known_answer_hashes)
+{
+    const uint32_t t4[4] = {1, 2, 3, 4};
+    ck_assert_uint_eq(kvb_tokens_hash(t4, 4, 1337), 14643705804678351452ULL);
+    ck_assert_uint_eq(XXH3_64bits_withSeed("test data", 9, 1337), 13226331709069118873ULL);
+    ck_assert_uint_eq(kvb_tokens_hash(qwen, 16, KVB_TOKENS_HASH_SEED), 7652252100776996844ULL);
+    ck_assert_uint_eq(kvb_tokens_hash(qwen, 16, kvb_lora_seed("adapter-a", 9)),
+                      18179192224704087310ULL);
+}
+END_TEST
+
+START_TEST(literal_example_and_lora_salt)
+{
+    struct kvb_event e = {.type = KVB_EV_STORED};
+    struct kvb_hash h = uh(15760518052499183552ULL);
+    e.hashes = &h;
+    e.n_hashes = 1;
+    e.tokens = qwen;
+    e.n_tokens = 16;
+    e.block_size.has = true;
+    e.block_size.v = 16;
+    struct kvb_rev r;
+    int why;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.blocks[0].block_hash, 15760518052499183552ULL);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 7652252100776996844ULL);
+    ck_assert(!r.has_parent);
+    ck_assert_uint_eq(r.worker_id, 42);
+
+    e.lora_name = S("adapter-a");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 18179192224704087310ULL);
+
+    /* an empty lora_name is no LoRA */
+    e.lora_name = S("");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 7652252100776996844ULL);
+
+    /* lora_salt: false */
+    struct kvb_convert_cfg c = cfg16;
+    c.lora_salt = false;
+    kvb_converter_set_config(conv, &c);
+    e.lora_name = S("adapter-a");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 7652252100776996844ULL);
+}
+END_TEST
+
+START_TEST(hash_normalisation)
+{
+    struct kvb_hash h = {.kind = KVB_HASH_INT};
+    h.v.i = -5448638146872078049LL; /* vLLM 0.9.0 capture, expected 12998105926837473567 */
+    ck_assert_uint_eq(kvb_hash_normalize(&h), 12998105926837473567ULL);
+    h.v.i = -1;
+    ck_assert_uint_eq(kvb_hash_normalize(&h), UINT64_MAX);
+    h = uh(UINT64_MAX);
+    ck_assert_uint_eq(kvb_hash_normalize(&h), UINT64_MAX);
+
+    uint8_t b32[32];
+    for (int i = 0; i < 32; i++)
+        b32[i] = (uint8_t)(i + 1);
+    struct kvb_hash bh = {.kind = KVB_HASH_BIN, .bin_len = 32};
+    bh.v.bin = b32;
+    ck_assert_uint_eq(kvb_hash_normalize(&bh), 0x191a1b1c1d1e1f20ULL); /* last 8, BE */
+    bh.bin_len = 16;
+    bh.v.bin = b32 + 16;
+    ck_assert_uint_eq(kvb_hash_normalize(&bh), 0x191a1b1c1d1e1f20ULL);
+    bh.bin_len = 3; /* shorter than 8: all of it */
+    bh.v.bin = b32;
+    ck_assert_uint_eq(kvb_hash_normalize(&bh), 0x010203ULL);
+    bh.bin_len = 0;
+    ck_assert_uint_eq(kvb_hash_normalize(&bh), 0);
+
+    /* the parent is normalised too, and a removed list */
+    struct kvb_event e = stored(1, 16);
+    e.parent.kind = KVB_HASH_INT;
+    e.parent.v.i = -2;
+    struct kvb_rev r;
+    int why;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert(r.has_parent);
+    ck_assert_uint_eq(r.parent, UINT64_MAX - 1);
+}
+END_TEST
+
+START_TEST(block_size_rule)
+{
+    struct kvb_rev r;
+    int why;
+    /* 3 hashes, 2.5 blocks of tokens: stop at the first block not covered */
+    struct kvb_event e = stored(3, 40);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_uint_eq(r.blocks[1].block_hash, 101);
+    ck_assert_uint_eq(r.blocks[1].tokens_hash, kvb_tokens_hash(tokens + 16, 16, 1337));
+    /* more tokens than hashes: one block per hash */
+    e = stored(2, 64);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.n, 2);
+
+    /* engine block size 32 with B = 16: mismatch, counted */
+    e = stored(2, 64);
+    e.block_size.v = 32;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_BLOCK_SIZE_MISMATCH);
+    ck_assert_uint_eq(drops(KVB_DROP_BLOCK_SIZE_MISMATCH), 1);
+    e.block_size.has = false;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_BLOCK_SIZE_MISMATCH);
+
+    /* offload placeholder: no tokens, block_size 0 */
+    e = stored(1, 0);
+    e.block_size.v = 0;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_NO_COMPLETE_BLOCK);
+    /* SGLang partial last page: 5 tokens, block_size 5 */
+    e = stored(1, 5);
+    e.block_size.v = 5;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_NO_COMPLETE_BLOCK);
+    ck_assert_uint_eq(drops(KVB_DROP_NO_COMPLETE_BLOCK), 2);
+
+    /* auto: B is each event's block_size */
+    struct kvb_convert_cfg c = cfg16;
+    c.block_size = 0;
+    kvb_converter_set_config(conv, &c);
+    e = stored(2, 64);
+    e.block_size.v = 32;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_uint_eq(r.blocks[1].tokens_hash, kvb_tokens_hash(tokens + 32, 32, 1337));
+    e = stored(1, 0);
+    e.block_size.v = 0;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_NO_COMPLETE_BLOCK);
+    e = stored(1, 16);
+    e.block_size.has = false;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_NO_COMPLETE_BLOCK);
+}
+END_TEST
+
+START_TEST(filters_count_by_reason)
+{
+    struct kvb_rev r;
+    int why;
+    struct kvb_event e = stored(1, 16);
+    e.group_idx.has = true;
+    e.group_idx.v = 1;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_NON_MAIN_GROUP);
+    e.group_idx.v = 0; /* main group: published */
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+
+    static const char *kinds_ok[] = {"full_attention", "mla_attention", "sink_full_attention"};
+    for (int i = 0; i < 3; i++) {
+        e.spec_kind = S(kinds_ok[i]);
+        ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    }
+    e.spec_kind = S("sliding_window");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_NON_FULL_ATTENTION);
+    e.spec_kind = S(NULL);
+
+    e.medium = S("cpu");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_TIER_FILTERED);
+
+    e.token_pairs = true;
+    e.medium = S("GPU");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_UNSUPPORTED_TOKENS);
+
+    struct kvb_event u = {.type = KVB_EV_UNKNOWN};
+    ck_assert_int_eq(kvb_convert_event(conv, &u, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_UNKNOWN_EVENT_TYPE);
+    struct kvb_event bad = {.type = KVB_EV_MALFORMED, .error = "x"};
+    ck_assert_int_eq(kvb_convert_event(conv, &bad, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_MALFORMED_EVENT);
+
+    ck_assert_uint_eq(drops(KVB_DROP_NON_MAIN_GROUP), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_NON_FULL_ATTENTION), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_TIER_FILTERED), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_UNSUPPORTED_TOKENS), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_UNKNOWN_EVENT_TYPE), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_MALFORMED_EVENT), 1);
+    ck_assert_uint_eq(kvb_get(&m.router_events_published_total[KVB_REVT_STORED]), 4);
+    ck_assert_uint_eq(kvb_get(&m.events_received_total[KVB_EVT_STORED]), 8);
+}
+END_TEST
+
+START_TEST(removed_events)
+{
+    struct kvb_rev r;
+    int why;
+    struct kvb_hash hs[2] = {uh(7), {.kind = KVB_HASH_INT, .v.i = -1}};
+    struct kvb_event e = {.type = KVB_EV_REMOVED, .hashes = hs, .n_hashes = 2};
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 3, &r, &why), 1);
+    ck_assert_int_eq(r.type, KVB_REVT_REMOVED);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_uint_eq(r.hashes[0], 7);
+    ck_assert_uint_eq(r.hashes[1], UINT64_MAX);
+    ck_assert_uint_eq(r.dp_rank, 3);
+    e.group_idx.has = true;
+    e.group_idx.v = 2;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 3, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_NON_MAIN_GROUP);
+    e.group_idx.has = false;
+    e.medium = S("DISK");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 3, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_TIER_FILTERED);
+    e.medium = S(NULL);
+    e.n_hashes = 0;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 3, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_EMPTY_REMOVE);
+    struct kvb_event c = {.type = KVB_EV_CLEARED};
+    ck_assert_int_eq(kvb_convert_event(conv, &c, 3, &r, &why), 1);
+    ck_assert_int_eq(r.type, KVB_REVT_CLEARED);
+    ck_assert_uint_eq(r.event_id, 1);
+}
+END_TEST
+
+START_TEST(storage_tiers)
+{
+    static const struct {
+        const char *medium;
+        int tier;
+        bool unknown;
+    } cases[] = {
+        {NULL, KVB_TIER_DEVICE, false},          {"GPU", KVB_TIER_DEVICE, false},
+        {"device", KVB_TIER_DEVICE, false},      {"CPU", KVB_TIER_HOST_PINNED, false},
+        {"cpu_pinned", KVB_TIER_HOST_PINNED, false}, {"CPU_TIER1", KVB_TIER_HOST_PINNED, false},
+        {"CPU_TIER2", KVB_TIER_DISK, false},     {"Disk", KVB_TIER_DISK, false},
+        {"NVME", KVB_TIER_DISK, false},          {"storage", KVB_TIER_DISK, false},
+        {"FS", KVB_TIER_DISK, false},            {"obj", KVB_TIER_DISK, false},
+        {"EXTERNAL", KVB_TIER_EXTERNAL, false},  {"network", KVB_TIER_EXTERNAL, false},
+        {"REMOTE", KVB_TIER_EXTERNAL, false},    {"Shared", KVB_TIER_EXTERNAL, false},
+        {"HBM3", KVB_TIER_DEVICE, true},         {"", KVB_TIER_DEVICE, true},
+        {"CPUX", KVB_TIER_DEVICE, true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        bool unknown;
+        struct kvb_str s = S(cases[i].medium);
+        ck_assert_int_eq(kvb_tier_from_medium(&s, &unknown), cases[i].tier);
+        ck_assert_int_eq(unknown, cases[i].unknown);
+    }
+    /* forwarded tiers carry their name; unknown media count */
+    struct kvb_convert_cfg c = cfg16;
+    c.forward_tiers = (1u << KVB_TIER_DEVICE) | (1u << KVB_TIER_HOST_PINNED);
+    kvb_converter_set_config(conv, &c);
+    struct kvb_rev r;
+    int why;
+    struct kvb_event e = stored(1, 16);
+    e.medium = S("CPU");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.tier, KVB_TIER_HOST_PINNED);
+    e.medium = S("HBM3");
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.tier, KVB_TIER_DEVICE);
+    ck_assert_uint_eq(kvb_get(&m.unknown_medium_total[0]), 1);
+}
+END_TEST
+
+/* event_id: one counter per (worker_id, dp_rank), no holes, filtered events
+ * consume nothing. */
+START_TEST(event_id_contiguity)
+{
+    struct kvb_rev r;
+    int why;
+    uint64_t next[3] = {0, 0, 0};
+    for (int i = 0; i < 300; i++) {
+        uint32_t rank = (uint32_t)(i % 3);
+        struct kvb_event e = stored(1, 16);
+        if (i % 5 == 1) { /* filtered */
+            e.group_idx.has = true;
+            e.group_idx.v = 1;
+        } else if (i % 7 == 2) {
+            e.medium = S("DISK");
+        } else if (i % 11 == 3) {
+            e.type = KVB_EV_UNKNOWN;
+        }
+        int rc = kvb_convert_event(conv, &e, rank, &r, &why);
+        if (rc == 1) {
+            ck_assert_uint_eq(r.event_id, next[rank]);
+            next[rank]++;
+        }
+        if (i % 13 == 0) { /* barriers take ids from the same counter */
+            ck_assert_int_eq(kvb_convert_cleared(conv, rank, &r), 1);
+            ck_assert_uint_eq(r.event_id, next[rank]);
+            next[rank]++;
+        }
+    }
+    ck_assert(next[0] > 50 && next[1] > 50 && next[2] > 50);
+
+    /* a new worker_id (SIGHUP) starts its own counter; the old one is kept */
+    struct kvb_convert_cfg c = cfg16;
+    c.worker_id = 43;
+    kvb_converter_set_config(conv, &c);
+    ck_assert_int_eq(kvb_convert_cleared(conv, 0, &r), 1);
+    ck_assert_uint_eq(r.event_id, 0);
+    ck_assert_uint_eq(r.worker_id, 43);
+    kvb_converter_set_config(conv, &cfg16);
+    ck_assert_int_eq(kvb_convert_cleared(conv, 0, &r), 1);
+    ck_assert_uint_eq(r.event_id, next[0]);
+
+    /* counters can be saved and restored (state persistence) */
+    struct kvb_id_counter ids[8];
+    size_t n = kvb_converter_counters(conv, ids, 8);
+    ck_assert_uint_eq(n, 4);
+    struct kvb_converter *c2 = NULL;
+    struct kvb_metrics m2 = {0};
+    ck_assert_int_eq(kvb_converter_create(&cfg16, &m2, &c2), 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_int_eq(kvb_converter_restore(c2, &ids[i]), 0);
+    ck_assert_int_eq(kvb_convert_cleared(c2, 1, &r), 1);
+    ck_assert_uint_eq(r.event_id, next[1]);
+    kvb_converter_destroy(&c2);
+}
+END_TEST
+
+START_TEST(counter_table_is_bounded)
+{
+    struct kvb_rev r;
+    for (uint32_t rank = 0; rank < KVB_MAX_ID_COUNTERS; rank++)
+        ck_assert_int_eq(kvb_convert_cleared(conv, rank, &r), 1);
+    ck_assert_int_eq(kvb_convert_cleared(conv, KVB_MAX_ID_COUNTERS, &r), -ENOSPC);
+    ck_assert_int_eq(kvb_convert_cleared(conv, 5, &r), 1);
+    ck_assert_uint_eq(r.event_id, 1);
+}
+END_TEST
+
+static Suite *convert_suite(void)
+{
+    Suite *s = suite_create("convert");
+    TCase *tc = tcase_create("convert");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, known_answer_hashes);
+    tcase_add_test(tc, literal_example_and_lora_salt);
+    tcase_add_test(tc, hash_normalisation);
+    tcase_add_test(tc, block_size_rule);
+    tcase_add_test(tc, filters_count_by_reason);
+    tcase_add_test(tc, removed_events);
+    tcase_add_test(tc, storage_tiers);
+    tcase_add_test(tc, event_id_contiguity);
+    tcase_add_test(tc, counter_table_is_bounded);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(convert_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

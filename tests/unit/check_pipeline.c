@@ -1,0 +1,301 @@
+/* pipeline + seq: the real captures against expected.jsonl, and the
+ * sequence / barrier rules of router-events.md section 6. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define W 7587890738027725506ULL
+
+static struct kvb_metrics m;
+static struct sink_lines out;
+static struct kvb_pipeline *p;
+
+static void setup(void)
+{
+    memset(&m, 0, sizeof(m));
+    memset(&out, 0, sizeof(out));
+    struct kvb_pipeline_cfg c = test_pcfg(W, 16);
+    ck_assert_int_eq(kvb_pipeline_create(&c, &m, collect_line, &out, &p), 0);
+}
+
+static void teardown(void)
+{
+    kvb_pipeline_destroy(&p);
+    free(out.text);
+}
+
+/* ---- goldens ------------------------------------------------------------ */
+
+static const char *captures[] = {"sglang",       "vllm-main",         "vllm-v0.10.2-bytes",
+                                 "vllm-v0.22.0-lora", "vllm-v0.24.0", "vllm-v0.9.0"};
+
+START_TEST(captures_match_expected)
+{
+    const char *cap = captures[_i];
+    char path[256];
+    size_t len;
+    snprintf(path, sizeof(path), "tests/data/%s/index.json", cap);
+    char *index = (char *)read_all(path, &len);
+    struct kvb_stream s;
+    kvb_stream_init(&s, cap, 0);
+    unsigned n = 0;
+    /* index.json lists {seq, file}; the captures are seq 0.. in file order */
+    for (const char *q = index; (q = strstr(q, "\"seq\":")); q++) {
+        unsigned long long seq = strtoull(q + 6, NULL, 10);
+        ck_assert_uint_eq(seq, n);
+        snprintf(path, sizeof(path), "tests/data/%s/%06u.msgpack", cap, n);
+        uint8_t *payload = read_all(path, &len);
+        ck_assert_int_ge(kvb_pipeline_live(p, &s, seq, payload, len), 0);
+        free(payload);
+        n++;
+    }
+    ck_assert_uint_eq(n, 12);
+    snprintf(path, sizeof(path), "tests/data/%s/expected.jsonl", cap);
+    char *want = (char *)read_all(path, &len);
+    ck_assert_uint_eq(out.len, len);
+    ck_assert_msg(memcmp(out.text, want, len) == 0, "%s differs from expected.jsonl", cap);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_START]), 1);
+    free(want);
+    free(index);
+}
+END_TEST
+
+/* ---- sequence rules ----------------------------------------------------- */
+
+/* A batch [ts, [event...], rank] with `n` AllBlocksCleared-free store events
+ * (one block each), rank < 0 meaning "no rank element". */
+static void batch(struct mp *mb, int n_stores, int rank)
+{
+    mp_init(mb);
+    msgpack_pack_array(&mb->pk, rank < 0 ? 2 : 3);
+    msgpack_pack_double(&mb->pk, 1.0);
+    msgpack_pack_array(&mb->pk, (uint32_t)n_stores);
+    for (int i = 0; i < n_stores; i++) {
+        msgpack_pack_array(&mb->pk, 6);
+        mp_str(mb, "BlockStored");
+        msgpack_pack_array(&mb->pk, 1);
+        msgpack_pack_uint64(&mb->pk, 1000 + (uint64_t)i);
+        msgpack_pack_nil(&mb->pk);
+        msgpack_pack_array(&mb->pk, 16);
+        for (int t = 0; t < 16; t++)
+            msgpack_pack_int(&mb->pk, t);
+        msgpack_pack_int(&mb->pk, 16);
+        msgpack_pack_nil(&mb->pk);
+    }
+    if (rank >= 0)
+        msgpack_pack_int(&mb->pk, rank);
+}
+
+static int live(struct kvb_stream *s, uint64_t seq, int n_stores, int rank)
+{
+    struct mp mb;
+    batch(&mb, n_stores, rank);
+    int rc = kvb_pipeline_live(p, s, seq, mp_data(&mb), mb.sb.size);
+    mp_free(&mb);
+    return rc;
+}
+
+/* Lines emitted so far, the i-th (0-based). */
+static const char *line(unsigned i)
+{
+    const char *q = out.text;
+    while (i-- && q)
+        q = strchr(q, '\n') + 1;
+    return q;
+}
+
+static bool line_is(unsigned i, const char *prefix_after_worker)
+{
+    char want[256];
+    snprintf(want, sizeof(want), "{\"worker_id\":%llu,\"event\":%s", (unsigned long long)W,
+             prefix_after_worker);
+    return strncmp(line(i), want, strlen(want)) == 0;
+}
+
+START_TEST(start_barrier_once_per_rank)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 2);
+    /* first seq is a nanosecond clock, not 0 */
+    ck_assert_int_eq(live(&s, 1764500000000000000ULL, 1, -1), 2);
+    ck_assert(line_is(0, "{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":2}"));
+    ck_assert(line_is(1, "{\"event_id\":1,\"data\":{\"stored\""));
+    ck_assert_int_eq(live(&s, 1764500000000000001ULL, 1, -1), 1);
+    /* a batch carrying rank 5: start barrier for rank 5, own counter */
+    ck_assert_int_eq(live(&s, 1764500000000000002ULL, 1, 5), 2);
+    ck_assert(line_is(3, "{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":5}"));
+    ck_assert(line_is(4, "{\"event_id\":1,\"data\":{\"stored\""));
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_START]), 2);
+    ck_assert_uint_eq(s.n_ranks, 2);
+}
+END_TEST
+
+START_TEST(gap_publishes_barrier_for_every_rank)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    ck_assert_int_eq(live(&s, 10, 1, 0), 2);
+    ck_assert_int_eq(live(&s, 11, 1, 1), 2);
+    ck_assert_int_eq(kvb_seq_classify(&s, 14), KVB_SEQ_GAP);
+    ck_assert_uint_eq(kvb_seq_missing(&s, 14), 2);
+    /* 12, 13 lost: cleared for ranks 0 and 1, then the batch */
+    ck_assert_int_eq(live(&s, 14, 1, 0), 3);
+    ck_assert(line_is(4, "{\"event_id\":2,\"data\":\"cleared\",\"dp_rank\":0}"));
+    ck_assert(line_is(5, "{\"event_id\":2,\"data\":\"cleared\",\"dp_rank\":1}"));
+    ck_assert(line_is(6, "{\"event_id\":3,\"data\":{\"stored\""));
+    ck_assert_uint_eq(kvb_get(&m.seq_gaps_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_GAP]), 2);
+    ck_assert_uint_eq(s.last, 14);
+}
+END_TEST
+
+START_TEST(seq_back_is_a_restart)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    ck_assert_int_eq(live(&s, 0, 1, 0), 2);
+    ck_assert_int_eq(live(&s, 1, 1, 0), 1);
+    ck_assert_int_eq(kvb_seq_classify(&s, 1), KVB_SEQ_BACK); /* duplicate */
+    ck_assert_int_eq(kvb_seq_classify(&s, 0), KVB_SEQ_BACK);
+    ck_assert_int_eq(live(&s, 0, 1, 0), 2); /* restarted engine */
+    ck_assert(line_is(3, "{\"event_id\":3,\"data\":\"cleared\",\"dp_rank\":0}"));
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_RESTART]), 1);
+    ck_assert_int_eq(live(&s, 1, 1, 0), 1);
+}
+END_TEST
+
+START_TEST(malformed_batch_is_a_lost_batch)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 3);
+    /* first batch malformed: barrier for the configured rank */
+    static const uint8_t junk[] = {0xc1, 0x00};
+    ck_assert_int_eq(kvb_pipeline_live(p, &s, 7, junk, sizeof(junk)), 1);
+    ck_assert(line_is(0, "{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":3}"));
+    ck_assert_uint_eq(s.last, 7);
+    /* next one good: no second start barrier, no gap */
+    ck_assert_int_eq(live(&s, 8, 1, -1), 1);
+    ck_assert(line_is(1, "{\"event_id\":1,\"data\":{\"stored\""));
+    /* another malformed one mid-stream */
+    static const uint8_t wrong_envelope[] = {0x92, 0x00, 0x80};
+    ck_assert_int_eq(kvb_pipeline_live(p, &s, 9, wrong_envelope, sizeof(wrong_envelope)), 1);
+    ck_assert(line_is(2, "{\"event_id\":2,\"data\":\"cleared\",\"dp_rank\":3}"));
+    ck_assert_int_eq(live(&s, 10, 1, -1), 1);
+    ck_assert_uint_eq(kvb_get(&m.malformed_messages_total[KVB_MAL_BATCH]), 2);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), 2);
+    ck_assert_uint_eq(kvb_get(&m.seq_gaps_total[0]), 0);
+}
+END_TEST
+
+START_TEST(heartbeats_move_last_only)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    ck_assert_int_eq(live(&s, 0, 1, 0), 2);
+    for (uint64_t q = 1; q < 100; q++)
+        ck_assert_int_eq(live(&s, q, 0, 0), 0);
+    ck_assert_uint_eq(s.last, 99);
+    ck_assert_int_eq(live(&s, 100, 1, 0), 1);
+    ck_assert_uint_eq(out.n, 3);
+}
+END_TEST
+
+START_TEST(seq_wraps_at_u64_max)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    ck_assert_int_eq(live(&s, UINT64_MAX, 1, 0), 2);
+    ck_assert_int_eq(kvb_seq_classify(&s, 0), KVB_SEQ_NEXT);
+    ck_assert_int_eq(live(&s, 0, 1, 0), 1);
+}
+END_TEST
+
+START_TEST(too_many_ranks_on_a_stream)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    for (int r = 0; r < KVB_MAX_STREAM_RANKS; r++)
+        ck_assert_int_eq(live(&s, (uint64_t)r, 1, r), 2);
+    /* one rank more: treated as a malformed batch (barrier on all 64) */
+    ck_assert_int_eq(live(&s, KVB_MAX_STREAM_RANKS, 1, 1000), KVB_MAX_STREAM_RANKS);
+}
+END_TEST
+
+/* Filtered and malformed events inside batches never open a hole. */
+START_TEST(event_ids_contiguous_through_filters)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    struct mp mb;
+    mp_init(&mb);
+    msgpack_pack_array(&mb.pk, 3);
+    msgpack_pack_double(&mb.pk, 1.0);
+    msgpack_pack_array(&mb.pk, 5);
+    msgpack_pack_array(&mb.pk, 4); /* group 1: filtered */
+    mp_str(&mb, "BlockRemoved");
+    msgpack_pack_array(&mb.pk, 1);
+    msgpack_pack_int(&mb.pk, 1);
+    msgpack_pack_nil(&mb.pk);
+    msgpack_pack_int(&mb.pk, 1);
+    msgpack_pack_array(&mb.pk, 2); /* published */
+    mp_str(&mb, "BlockRemoved");
+    msgpack_pack_array(&mb.pk, 1);
+    msgpack_pack_int(&mb.pk, 2);
+    msgpack_pack_int(&mb.pk, 9); /* malformed event */
+    msgpack_pack_array(&mb.pk, 1); /* unknown type */
+    mp_str(&mb, "Whatever");
+    msgpack_pack_array(&mb.pk, 1); /* published */
+    mp_str(&mb, "AllBlocksCleared");
+    msgpack_pack_int(&mb.pk, 0);
+    for (uint64_t q = 0; q < 3; q++)
+        ck_assert_int_ge(kvb_pipeline_live(p, &s, q, mp_data(&mb), mb.sb.size), 2);
+    mp_free(&mb);
+    /* 1 start barrier + 3 x 2 events = ids 0..6 */
+    ck_assert_uint_eq(out.n, 7);
+    for (unsigned i = 0; i < out.n; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "\"event_id\":%u,", i);
+        const char *l = line(i);
+        const char *nl = strchr(l, '\n');
+        ck_assert(memmem(l, (size_t)(nl - l), want, strlen(want)) != NULL);
+    }
+    ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_NON_MAIN_GROUP]), 3);
+    ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_MALFORMED_EVENT]), 3);
+    ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_UNKNOWN_EVENT_TYPE]), 3);
+}
+END_TEST
+
+static Suite *pipeline_suite(void)
+{
+    Suite *s = suite_create("pipeline");
+    TCase *tc = tcase_create("goldens");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_loop_test(tc, captures_match_expected, 0,
+                        (int)(sizeof(captures) / sizeof(captures[0])));
+    suite_add_tcase(s, tc);
+    tc = tcase_create("sequence");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, start_barrier_once_per_rank);
+    tcase_add_test(tc, gap_publishes_barrier_for_every_rank);
+    tcase_add_test(tc, seq_back_is_a_restart);
+    tcase_add_test(tc, malformed_batch_is_a_lost_batch);
+    tcase_add_test(tc, heartbeats_move_last_only);
+    tcase_add_test(tc, seq_wraps_at_u64_max);
+    tcase_add_test(tc, too_many_ranks_on_a_stream);
+    tcase_add_test(tc, event_ids_contiguous_through_filters);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(pipeline_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,96 @@
+/* Shared helpers for the unit tests: msgpack building, file reading, and a
+ * pipeline whose emitted router events are collected as text lines. */
+#ifndef KVB_TESTUTIL_H
+#define KVB_TESTUTIL_H
+
+#include <check.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "pipeline.h"
+
+/* ---- msgpack building --------------------------------------------------- */
+
+struct mp {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+};
+
+static inline void mp_init(struct mp *m)
+{
+    msgpack_sbuffer_init(&m->sb);
+    msgpack_packer_init(&m->pk, &m->sb, msgpack_sbuffer_write);
+}
+static inline void mp_free(struct mp *m) { msgpack_sbuffer_destroy(&m->sb); }
+static inline void mp_str(struct mp *m, const char *s)
+{
+    size_t n = strlen(s);
+    msgpack_pack_str(&m->pk, n);
+    msgpack_pack_str_body(&m->pk, s, n);
+}
+static inline void mp_raw(struct mp *m, const void *p, size_t n)
+{
+    msgpack_sbuffer_write(&m->sb, p, n);
+}
+static inline const uint8_t *mp_data(const struct mp *m) { return (const uint8_t *)m->sb.data; }
+
+/* ---- files -------------------------------------------------------------- */
+
+static inline uint8_t *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc((size_t)n + 1);
+    ck_assert(buf != NULL);
+    ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* ---- collecting pipeline output ----------------------------------------- */
+
+struct sink_lines {
+    char *text; /* all lines, '\n'-terminated */
+    size_t len, cap;
+    unsigned n;
+    uint64_t last_id[16];
+};
+
+static inline int collect_line(void *ctx, const struct kvb_rev *rev, const char *data,
+                               size_t len)
+{
+    (void)rev;
+    struct sink_lines *s = ctx;
+    if (s->len + len + 2 > s->cap) {
+        s->cap = (s->len + len + 2) * 2;
+        s->text = realloc(s->text, s->cap);
+        ck_assert(s->text != NULL);
+    }
+    memcpy(s->text + s->len, data, len);
+    s->len += len;
+    s->text[s->len++] = '\n';
+    s->text[s->len] = 0;
+    s->n++;
+    return 0;
+}
+
+static inline struct kvb_pipeline_cfg test_pcfg(uint64_t worker, uint32_t bs)
+{
+    struct kvb_pipeline_cfg c = {
+        .convert = {.worker_id = worker, .block_size = bs, .lora_salt = true,
+                    .forward_tiers = 1u << KVB_TIER_DEVICE},
+        .limits = KVB_DECODE_LIMITS_DEFAULT,
+        .format = KVB_FORMAT_DYNAMO_JSON,
+    };
+    return c;
+}
+
+#endif
