@@ -1,0 +1,18 @@
+/* loop: the daemon.  One thread owns every piece of state: zmq_poll over the
+ * sources' sockets, a signalfd (SIGTERM, SIGINT, SIGHUP) and an eventfd that
+ * nats.c's callbacks write to; no busy polling (the poll blocks until
+ * something happens or a replay deadline passes).
+ *
+ * Ownership: kvb_daemon_run() takes ownership of *cfg (sets it to NULL) and
+ * frees everything it built before returning.
+ */
+#ifndef KVB_LOOP_H
+#define KVB_LOOP_H
+
+#include "config.h"
+
+/* Run until SIGTERM/SIGINT.  Returns the process exit code (config.md):
+ * 0 clean stop, 69 NATS unreachable within nats.connect_timeout_ms, 1 other. */
+int kvb_daemon_run(struct kvb_config **cfg);
+
+#endif

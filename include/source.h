@@ -1,0 +1,71 @@
+/* source: one engine endpoint (after dp_size expansion): a ZMQ SUB, frame
+ * validation, sequence tracking per stream (endpoint, topic), and recovery of
+ * gaps through the engine's replay ROUTER (engine-events.md section 1,
+ * router-events.md section 6).
+ *
+ * The loop thread owns every source and is the only caller.  A source hands
+ * each batch, in order, to the pipeline it is given; it never publishes by
+ * itself.
+ *
+ * Ownership: kvb_source_create() returns a source that owns its sockets, its
+ * streams and any held batches; kvb_source_destroy(&s) closes and frees them
+ * (accepts NULL and half-built sources).  The ZMQ context, the pipeline and
+ * the metrics must outlive it.
+ */
+#ifndef KVB_SOURCE_H
+#define KVB_SOURCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "pipeline.h"
+
+struct kvb_source;
+
+struct kvb_source_params {
+    const char *endpoint;        /* expanded (port + r) */
+    const char *replay_endpoint; /* expanded, or "" */
+    const char *topic;
+    int mode;                    /* enum kvb_source_mode */
+    uint32_t dp_rank;            /* configured rank of this endpoint */
+    uint32_t rcvhwm;
+    uint32_t replay_timeout_ms;
+    uint64_t max_payload_bytes;
+};
+
+/* Expand a dp_size source entry: endpoint i of n gets port + i.  Writes a
+ * malloc'ed string to *out (caller frees).  "" stays "". */
+int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out);
+
+int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
+                      struct kvb_source **out);
+void kvb_source_destroy(struct kvb_source **s);
+
+/* Sockets to poll for ZMQ_POLLIN: the SUB, and the replay DEALER (NULL while
+ * no replay is in flight). */
+void *kvb_source_sub(struct kvb_source *s);
+void *kvb_source_replay(struct kvb_source *s);
+const char *kvb_source_name(const struct kvb_source *s);
+
+/* Read up to `budget` live messages without blocking and push them through
+ * the pipeline.  Returns messages read, or a negative errno on a fatal error. */
+int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget);
+
+/* Read replay replies without blocking. */
+int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
+
+/* Milliseconds until this source needs kvb_source_tick() (replay deadline),
+ * or -1.  now_ms: CLOCK_MONOTONIC. */
+long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms);
+void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms);
+
+/* Last seq per stream, for metrics: calls fn for each stream. */
+void kvb_source_foreach_stream(const struct kvb_source *s,
+                               void (*fn)(void *ctx, const char *source, const char *topic,
+                                          const struct kvb_stream *st),
+                               void *ctx);
+
+uint64_t kvb_now_ms(void);
+
+#endif

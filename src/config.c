@@ -1,0 +1,1641 @@
+/* config: the YAML file (shared spec config.md), parsed with libyaml's event API.
+ *
+ * Everything hangs off one table, `opts[]` (design.md rule 7): each row is a key
+ * path, a type, an offset, a default, limits, a reloadable flag, an optional
+ * check and the help text.  Parsing, defaults, validation, freeing, reload
+ * checks and the commented example are all loops over that table.
+ *
+ * The file (at most 1 MiB) is read into memory, turned into a small node tree
+ * (bounded: MAX_NODES nodes, MAX_NESTING levels, no aliases) and then walked
+ * against the table.  Every error is "FILE:LINE:COLUMN: message", with the
+ * 1-based position of the offending key or value.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* strndup, open_memstream in tests; also set by the Makefile */
+#endif
+#include "config.h"
+#include "metrics.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
+#define MAX_NODES 65536           /* YAML nodes in one file */
+#define MAX_NESTING 32            /* YAML nesting levels */
+#define MAX_SOURCES 1024
+#define MAX_ERRORS 100            /* printed; the rest are counted */
+#define MAX_SHOWN 60              /* bytes of a user value quoted in a message */
+
+/* ------------------------------------------------------------------------ */
+/* The table                                                                 */
+
+enum otype {
+    T_U64,       /* uint64_t, decimal */
+    T_U32,       /* uint32_t, decimal */
+    T_BOOL,      /* bool: true | false */
+    T_STR,       /* char *, "" allowed */
+    T_ENUM,      /* int: index into values[] */
+    T_STRLIST,   /* char ** + size_t count at noff */
+    T_TIERS,     /* uint32_t bitmask of 1u << enum kvb_tier */
+    T_BLOCKSIZE, /* uint32_t, integer in min..max or "auto" -> 0 */
+    T_SOURCES,   /* struct kvb_source_cfg * + size_t count at noff */
+};
+
+#define F_REQUIRED 1u /* no default: absent is an error; def is the example's value */
+#define F_RELOAD 2u   /* SIGHUP may change it */
+
+struct ctx;
+struct node;
+struct opt;
+
+/* Extra validation of a converted value; reports and returns -1 when bad. */
+typedef int check_fn(struct ctx *c, const struct opt *o, const char *dpath,
+                     const void *field, const struct node *v);
+
+struct opt {
+    const char *key;   /* dotted path; "sources[].x" for keys of each source */
+    enum otype type;
+    size_t off;        /* into struct kvb_config, or struct kvb_source_cfg */
+    size_t noff;       /* T_STRLIST, T_SOURCES: the size_t element count */
+    const char *def;   /* default as text; lists: comma-separated */
+    uint64_t min, max; /* integers, block_size */
+    const char *const *values; /* T_ENUM: allowed strings, NULL-terminated */
+    unsigned flags;
+    check_fn *check;
+    const char *help;
+};
+
+/* Offsets with a compile-time type check: a mismatch has no _Generic match. */
+#define TOP(f, T) _Generic(((struct kvb_config *)0)->f, T: offsetof(struct kvb_config, f))
+#define SRC(f, T)                                                              \
+    _Generic(((struct kvb_source_cfg *)0)->f, T: offsetof(struct kvb_source_cfg, f))
+
+static const char *const mode_values[] = {"connect", "bind", NULL};
+static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "raw", NULL};
+static const char *const level_values[] = {"error", "warn", "info", "debug", NULL};
+#define TIER_NAME(s, str) [KVB_TIER_##s] = str,
+static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
+
+static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
+    check_format, check_listen;
+
+#define R F_RELOAD
+#define I32MAX ((uint64_t)INT32_MAX)
+
+static const struct opt opts[] = {
+    {.key = "worker_id", .type = T_U64, .off = TOP(worker_id, uint64_t), .def = "0",
+     .min = 0, .max = UINT64_MAX, .flags = F_REQUIRED | R,
+     .help = "The indexer's id for this engine: an unsigned 64-bit decimal integer."},
+    {.key = "block_size", .type = T_BLOCKSIZE, .off = TOP(block_size, uint32_t),
+     .def = "16", .min = 1, .max = 1048576, .flags = F_REQUIRED | R,
+     .help = "Tokens per KV block, or \"auto\" to trust the block size each event "
+             "carries. Events whose block size differs are dropped."},
+    {.key = "lora_salt", .type = T_BOOL, .off = TOP(lora_salt, bool), .def = "true",
+     .flags = R,
+     .help = "Salt tokens_hash with the event's lora_name (turn off for indexers "
+             "that predate it)."},
+    {.key = "forward_tiers", .type = T_TIERS, .off = TOP(forward_tiers, uint32_t),
+     .def = "device", .values = tier_values, .flags = R,
+     .help = "Storage tiers whose events are forwarded, a list of: device, "
+             "host_pinned, disk, external."},
+
+    {.key = "sources", .type = T_SOURCES,
+     .off = TOP(sources, struct kvb_source_cfg *), .noff = TOP(n_sources, size_t),
+     .flags = F_REQUIRED | R,
+     .help = "The engine event streams (ZMQ PUB sockets): a list of one or more."},
+    {.key = "sources[].endpoint", .type = T_STR, .off = SRC(endpoint, char *),
+     .def = "tcp://127.0.0.1:5557", .flags = F_REQUIRED | R, .check = check_endpoint,
+     .help = "The engine's event endpoint: tcp://, ipc:// or inproc://."},
+    {.key = "sources[].replay_endpoint", .type = T_STR,
+     .off = SRC(replay_endpoint, char *), .def = "", .flags = R,
+     .check = check_opt_endpoint,
+     .help = "The engine's replay ROUTER endpoint; \"\" when it has none."},
+    {.key = "sources[].topic", .type = T_STR, .off = SRC(topic, char *), .def = "",
+     .flags = R, .help = "Subscription prefix; \"\" receives every topic."},
+    {.key = "sources[].mode", .type = T_ENUM, .off = SRC(mode, int), .def = "connect",
+     .values = mode_values, .flags = R,
+     .help = "connect: the engine binds and kvbridge connects; bind: kvbridge binds "
+             "and engines connect."},
+    {.key = "sources[].dp_size", .type = T_U32, .off = SRC(dp_size, uint32_t),
+     .def = "1", .min = 1, .max = 65535, .flags = R,
+     .help = "Data-parallel ranks behind this source. N > 1 expands endpoint and "
+             "replay_endpoint (both then tcp:// with a numeric port) to ports "
+             "base+0 .. base+N-1."},
+    {.key = "sources[].dp_rank", .type = T_U32, .off = SRC(dp_rank, uint32_t),
+     .def = "0", .min = 0, .max = UINT32_MAX, .flags = R,
+     .help = "dp_rank used when a batch carries none (with dp_size > 1: the rank "
+             "of the first port of the expansion)."},
+    {.key = "sources[].rcvhwm", .type = T_U32, .off = SRC(rcvhwm, uint32_t),
+     .def = "1000000", .min = 0, .max = I32MAX, .flags = R,
+     .help = "ZMQ_RCVHWM of the SUB socket, in messages (0 = no limit)."},
+
+    {.key = "nats.servers", .type = T_STRLIST, .off = TOP(nats.servers, char **),
+     .noff = TOP(nats.n_servers, size_t), .def = "nats://127.0.0.1:4222", .flags = R,
+     .help = "NATS server URLs; list several for a cluster."},
+    {.key = "nats.subject", .type = T_STR, .off = TOP(nats.subject, char *),
+     .def = "namespace.{namespace}.component.{component}.kv_events", .flags = R,
+     .check = check_subject,
+     .help = "Subject the router events are published on. {namespace}, "
+             "{component}, {worker_id} and {dp_rank} are replaced."},
+    {.key = "nats.namespace", .type = T_STR, .off = TOP(nats.namespace_, char *),
+     .def = "dynamo", .flags = R, .check = check_word,
+     .help = "Value of {namespace}."},
+    {.key = "nats.component", .type = T_STR, .off = TOP(nats.component, char *),
+     .def = "backend", .flags = R, .check = check_word,
+     .help = "Value of {component}."},
+    {.key = "nats.format", .type = T_ENUM, .off = TOP(nats.format, int),
+     .def = "dynamo-json", .values = format_values, .flags = R, .check = check_format,
+     .help = "Wire format of the published events (dynamo-msgpack and raw are "
+             "not supported yet)."},
+    {.key = "nats.credentials", .type = T_STR, .off = TOP(nats.credentials, char *),
+     .def = "", .flags = R, .help = "NATS credentials (.creds) file; \"\" = none."},
+    {.key = "nats.connect_timeout_ms", .type = T_U32,
+     .off = TOP(nats.connect_timeout_ms, uint32_t), .def = "0", .min = 0, .max = I32MAX,
+     .flags = R,
+     .help = "How long to wait for NATS at start before exiting with 69 "
+             "(EX_UNAVAILABLE), in milliseconds; 0 = wait forever."},
+    {.key = "nats.reconnect_buffer_bytes", .type = T_U64,
+     .off = TOP(nats.reconnect_buffer_bytes, uint64_t), .def = "67108864", .min = 0,
+     .max = I32MAX, .flags = R,
+     .help = "Bytes buffered while NATS is disconnected (64 MiB by default)."},
+    {.key = "nats.reconnect_wait_ms", .type = T_U32,
+     .off = TOP(nats.reconnect_wait_ms, uint32_t), .def = "100", .min = 1, .max = I32MAX,
+     .flags = R, .help = "First reconnect backoff step, in milliseconds."},
+    {.key = "nats.reconnect_wait_max_ms", .type = T_U32,
+     .off = TOP(nats.reconnect_wait_max_ms, uint32_t), .def = "5000", .min = 1,
+     .max = I32MAX, .flags = R,
+     .help = "Reconnect backoff ceiling, in milliseconds (at least "
+             "nats.reconnect_wait_ms)."},
+    {.key = "nats.flush_timeout_ms", .type = T_U32,
+     .off = TOP(nats.flush_timeout_ms, uint32_t), .def = "5000", .min = 0, .max = I32MAX,
+     .flags = R,
+     .help = "How long to drain pending messages to NATS at shutdown, in "
+             "milliseconds."},
+    {.key = "nats.jetstream.enabled", .type = T_BOOL,
+     .off = TOP(nats.jetstream.enabled, bool), .def = "false",
+     .help = "Publish through JetStream instead of core NATS."},
+    {.key = "nats.jetstream.stream", .type = T_STR,
+     .off = TOP(nats.jetstream.stream, char *), .def = "",
+     .help = "JetStream stream name; \"\" = "
+             "namespace-{namespace}-component-{component}-kv-events."},
+
+    {.key = "replay.timeout_ms", .type = T_U32, .off = TOP(replay.timeout_ms, uint32_t),
+     .def = "2000", .min = 1, .max = I32MAX, .flags = R,
+     .help = "Time allowed for a whole replay request, in milliseconds; then a "
+             "\"cleared\" barrier is published instead."},
+
+    {.key = "metrics.listen", .type = T_STR, .off = TOP(metrics.listen, char *),
+     .def = "127.0.0.1:9464", .check = check_listen,
+     .help = "HOST:PORT serving Prometheus /metrics, /healthz and /readyz; \"\" "
+             "disables it."},
+
+    {.key = "log.level", .type = T_ENUM, .off = TOP(log.level, int), .def = "info",
+     .values = level_values, .flags = R, .help = "Least severe message logged."},
+
+    {.key = "state.dir", .type = T_STR, .off = TOP(state.dir, char *), .def = "",
+     .help = "Directory where cursors persist across restarts; \"\" = none."},
+
+    {.key = "limits.max_payload_bytes", .type = T_U64,
+     .off = TOP(limits.max_payload_bytes, uint64_t), .def = "16777216", .min = 1,
+     .max = 1073741824, .flags = R,
+     .help = "Largest engine message accepted, in bytes (16 MiB by default); "
+             "larger ones are counted as malformed."},
+    {.key = "limits.max_events_per_batch", .type = T_U32,
+     .off = TOP(limits.max_events_per_batch, uint32_t), .def = "65536", .min = 1,
+     .max = UINT32_MAX, .flags = R, .help = "Most events accepted in one engine batch."},
+    {.key = "limits.max_hashes_per_event", .type = T_U32,
+     .off = TOP(limits.max_hashes_per_event, uint32_t), .def = "65536", .min = 1,
+     .max = UINT32_MAX, .flags = R, .help = "Most block hashes accepted in one event."},
+    {.key = "limits.max_tokens_per_event", .type = T_U32,
+     .off = TOP(limits.max_tokens_per_event, uint32_t), .def = "1048576", .min = 1,
+     .max = UINT32_MAX, .flags = R, .help = "Most token ids accepted in one event."},
+    {.key = "limits.max_depth", .type = T_U32, .off = TOP(limits.max_depth, uint32_t),
+     .def = "16", .min = 1, .max = 31, .flags = R,
+     .help = "Deepest msgpack nesting accepted in an engine message."},
+};
+#undef R
+#undef I32MAX
+
+#define N_OPTS (sizeof opts / sizeof opts[0])
+#define SRC_PREFIX "sources[]"
+
+static bool in_sources(const struct opt *o)
+{
+    return strncmp(o->key, SRC_PREFIX ".", sizeof SRC_PREFIX) == 0;
+}
+
+static const struct opt *find_opt(const char *key)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (strcmp(opts[i].key, key) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+/* A section is a path that some key lies under ("nats", "nats.jetstream"). */
+static bool is_section(const char *path)
+{
+    size_t n = strlen(path);
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (strncmp(opts[i].key, path, n) == 0 && opts[i].key[n] == '.')
+            return true;
+    return false;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+
+struct ctx {
+    const char *path;
+    FILE *err;
+    unsigned nerr;
+    bool oom;
+    size_t nnodes;
+    const char *buf; /* the file, for reader-error positions */
+    size_t len;
+};
+
+/* One mark per table row: where the key's value was, if it was present. */
+struct mark {
+    size_t line, col;
+    bool set;
+    bool bad; /* present but rejected: skip cross-checks that use it */
+};
+
+static void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* line 0: an error about the whole file ("FILE: message"). */
+static void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
+{
+    c->nerr++;
+    if (!c->err || c->nerr > MAX_ERRORS + 1)
+        return;
+    if (c->nerr == MAX_ERRORS + 1) {
+        fprintf(c->err, "%s: too many errors, not showing the rest\n", c->path);
+        return;
+    }
+    if (line)
+        fprintf(c->err, "%s:%zu:%zu: ", c->path, line, col);
+    else
+        fprintf(c->err, "%s: ", c->path);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(c->err, fmt, ap);
+    va_end(ap);
+    fputc('\n', c->err);
+}
+
+static void oom(struct ctx *c)
+{
+    if (!c->oom)
+        err_at(c, 0, 0, "out of memory");
+    c->oom = true;
+}
+
+/* malloc'd printf; NULL when out of memory (reported). */
+static char *xasprintf(struct ctx *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static char *xasprintf(struct ctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *s = n < 0 ? NULL : malloc((size_t)n + 1);
+    if (!s) {
+        if (c)
+            oom(c);
+        return NULL;
+    }
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* A user value made safe for a one-line message: printable ASCII kept (and
+ * UTF-8 bytes), controls as \xNN, cut after MAX_SHOWN bytes.  Returns a
+ * malloc'd string, or a static placeholder when out of memory. */
+static char *shown(const char *s, size_t len)
+{
+    size_t n = len < MAX_SHOWN ? len : MAX_SHOWN;
+    char *o = malloc(n * 4 + 4);
+    if (!o)
+        return NULL;
+    char *p = o;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch < 0x20 || ch == 0x7f || ch == '\\') {
+            if (ch == '\\') {
+                *p++ = '\\';
+                *p++ = '\\';
+            } else {
+                snprintf(p, 5, "\\x%02x", ch);
+                p += 4;
+            }
+        } else {
+            *p++ = (char)ch;
+        }
+    }
+    if (n < len)
+        p += sprintf(p, "...");
+    *p = '\0';
+    return o;
+}
+#define SHOWN(s) ((s) ? (s) : "?")
+
+/* ------------------------------------------------------------------------ */
+/* Reading the file                                                          */
+
+static int read_file(struct ctx *c, char **out, size_t *outlen)
+{
+    int rc;
+    size_t cap = 4096, len = 0;
+    char *buf = NULL;
+    int fd = open(c->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = -errno;
+        goto fail_errno;
+    }
+    buf = malloc(cap);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto fail_errno;
+    }
+    for (;;) {
+        if (len == cap) {
+            if (cap > MAX_FILE_BYTES) {
+                err_at(c, 0, 0, "file too large (more than %u bytes)", MAX_FILE_BYTES);
+                rc = -EINVAL;
+                goto fail;
+            }
+            size_t ncap = cap * 2 > MAX_FILE_BYTES + 1 ? MAX_FILE_BYTES + 1 : cap * 2;
+            char *nb = realloc(buf, ncap);
+            if (!nb) {
+                rc = -ENOMEM;
+                goto fail_errno;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -errno;
+            goto fail_errno;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    close(fd);
+    *out = buf;
+    *outlen = len;
+    return 0;
+
+fail_errno:
+    err_at(c, 0, 0, "cannot read: %s", strerror(-rc));
+fail:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* YAML events -> a bounded node tree                                        */
+
+enum nkind { N_SCALAR, N_SEQ, N_MAP, N_BAD /* an alias: already reported */ };
+
+struct node {
+    enum nkind kind;
+    bool plain;          /* scalar written without quotes */
+    size_t line, col;    /* 1-based */
+    char *s;             /* scalar, NUL-terminated (may hold NULs: see len) */
+    size_t len;
+    struct node **kid;   /* seq: items; map: key, value, key, value, ... */
+    size_t n, cap;
+};
+
+static void node_free(struct node *n)
+{
+    if (!n)
+        return;
+    for (size_t i = 0; i < n->n; i++)
+        node_free(n->kid[i]);
+    free(n->kid);
+    free(n->s);
+    free(n);
+}
+
+static const char *kind_name(const struct node *n)
+{
+    switch (n->kind) {
+    case N_SEQ: return "a list";
+    case N_MAP: return "a mapping";
+    default: return "a single value";
+    }
+}
+
+static bool is_null(const struct node *n)
+{
+    if (n->kind != N_SCALAR || !n->plain)
+        return false;
+    return n->len == 0 || strcmp(n->s, "~") == 0 || strcmp(n->s, "null") == 0 ||
+           strcmp(n->s, "Null") == 0 || strcmp(n->s, "NULL") == 0;
+}
+
+static void parser_error(struct ctx *c, const yaml_parser_t *p)
+{
+    const char *problem = p->problem ? p->problem : "invalid YAML";
+    if (p->error == YAML_MEMORY_ERROR) {
+        oom(c);
+    } else if (p->error == YAML_READER_ERROR) {
+        /* Only a byte offset: count lines and characters up to it. */
+        size_t line = 1, col = 1, end = p->problem_offset;
+        if (end > c->len)
+            end = c->len;
+        for (size_t i = 0; i < end; i++) {
+            unsigned char ch = (unsigned char)c->buf[i];
+            if (ch == '\n') {
+                line++;
+                col = 1;
+            } else if ((ch & 0xc0) != 0x80) {
+                col++;
+            }
+        }
+        if (p->problem_value >= 0)
+            err_at(c, line, col, "%s (byte 0x%02x)", problem, p->problem_value);
+        else
+            err_at(c, line, col, "%s", problem);
+    } else if (p->context) {
+        err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1,
+               "%s (%s at %zu:%zu)", problem, p->context, p->context_mark.line + 1,
+               p->context_mark.column + 1);
+    } else {
+        err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1, "%s", problem);
+    }
+}
+
+static int next_event(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev)
+{
+    if (!yaml_parser_parse(p, ev)) {
+        parser_error(c, p);
+        return -1;
+    }
+    return 0;
+}
+
+static int add_kid(struct ctx *c, struct node *parent, struct node *kid)
+{
+    if (parent->n == parent->cap) {
+        size_t ncap = parent->cap ? parent->cap * 2 : 8;
+        struct node **k = realloc(parent->kid, ncap * sizeof *k);
+        if (!k) {
+            oom(c);
+            return -1;
+        }
+        parent->kid = k;
+        parent->cap = ncap;
+    }
+    parent->kid[parent->n++] = kid;
+    return 0;
+}
+
+/* Build the node that EV starts, reading events up to its end.  EV is
+ * consumed (deleted).  Returns 0, or -1 after reporting a fatal error. */
+static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned depth,
+                 struct node **out)
+{
+    int rc = -1;
+    yaml_event_t sub;
+    struct node *kid = NULL;
+    struct node *n = calloc(1, sizeof *n);
+    if (!n) {
+        oom(c);
+        goto fail;
+    }
+    n->line = ev->start_mark.line + 1;
+    n->col = ev->start_mark.column + 1;
+    if (++c->nnodes > MAX_NODES) {
+        err_at(c, n->line, n->col, "too many YAML nodes (more than %u)", MAX_NODES);
+        goto fail;
+    }
+    switch (ev->type) {
+    case YAML_SCALAR_EVENT:
+        n->kind = N_SCALAR;
+        n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+        n->len = ev->data.scalar.length;
+        n->s = malloc(n->len + 1);
+        if (!n->s) {
+            oom(c);
+            goto fail;
+        }
+        memcpy(n->s, ev->data.scalar.value, n->len);
+        n->s[n->len] = '\0';
+        break;
+    case YAML_ALIAS_EVENT:
+        n->kind = N_BAD;
+        err_at(c, n->line, n->col, "YAML aliases are not supported");
+        break;
+    case YAML_SEQUENCE_START_EVENT:
+    case YAML_MAPPING_START_EVENT: {
+        yaml_event_type_t end = ev->type == YAML_SEQUENCE_START_EVENT
+                                    ? YAML_SEQUENCE_END_EVENT
+                                    : YAML_MAPPING_END_EVENT;
+        n->kind = ev->type == YAML_SEQUENCE_START_EVENT ? N_SEQ : N_MAP;
+        if (depth >= MAX_NESTING) {
+            err_at(c, n->line, n->col, "nested too deeply (more than %u levels)",
+                   MAX_NESTING);
+            goto fail;
+        }
+        for (;;) {
+            if (next_event(c, p, &sub) < 0)
+                goto fail;
+            if (sub.type == end) {
+                yaml_event_delete(&sub);
+                break;
+            }
+            if (build(c, p, &sub, depth + 1, &kid) < 0)
+                goto fail;
+            if (add_kid(c, n, kid) < 0)
+                goto fail;
+            kid = NULL;
+        }
+        break;
+    }
+    default:
+        err_at(c, n->line, n->col, "unexpected YAML event");
+        goto fail;
+    }
+    yaml_event_delete(ev);
+    *out = n;
+    return 0;
+
+fail:
+    yaml_event_delete(ev);
+    node_free(kid);
+    node_free(n);
+    return rc;
+}
+
+/* The whole stream: *root is NULL for a stream without a document. */
+static int parse_tree(struct ctx *c, struct node **root)
+{
+    int rc = -1;
+    yaml_parser_t p;
+    yaml_event_t ev;
+    struct node *n = NULL;
+
+    if (!yaml_parser_initialize(&p)) {
+        oom(c);
+        return -1;
+    }
+    yaml_parser_set_input_string(&p, (const unsigned char *)c->buf, c->len);
+    if (next_event(c, &p, &ev) < 0) /* STREAM-START */
+        goto fail;
+    yaml_event_delete(&ev);
+    if (next_event(c, &p, &ev) < 0)
+        goto fail;
+    if (ev.type == YAML_STREAM_END_EVENT) {
+        yaml_event_delete(&ev);
+        goto done;
+    }
+    yaml_event_delete(&ev); /* DOCUMENT-START */
+    if (next_event(c, &p, &ev) < 0)
+        goto fail;
+    if (build(c, &p, &ev, 0, &n) < 0)
+        goto fail;
+    if (next_event(c, &p, &ev) < 0) /* DOCUMENT-END */
+        goto fail;
+    yaml_event_delete(&ev);
+    if (next_event(c, &p, &ev) < 0)
+        goto fail;
+    if (ev.type == YAML_DOCUMENT_START_EVENT)
+        err_at(c, ev.start_mark.line + 1, ev.start_mark.column + 1,
+               "only one YAML document is allowed");
+    yaml_event_delete(&ev);
+done:
+    rc = 0;
+    *root = n;
+    n = NULL;
+fail:
+    node_free(n);
+    yaml_parser_delete(&p);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Converting values                                                         */
+
+/* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
+static int parse_u64(const char *s, size_t len, uint64_t *out)
+{
+    size_t i = 0;
+    bool neg = false;
+    if (len && s[0] == '-') {
+        neg = true;
+        i = 1;
+    }
+    if (i == len)
+        return -1;
+    if (s[i] == '0' && len - i > 1)
+        return -1; /* no leading zeros: YAML 1.1 reads them as octal */
+    uint64_t v = 0;
+    bool big = false;
+    for (; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        unsigned d = (unsigned)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            big = true;
+        else
+            v = v * 10 + d;
+    }
+    if (neg)
+        return v == 0 && !big ? -1 : -2;
+    if (big)
+        return -3;
+    *out = v;
+    return 0;
+}
+
+static bool str_eq(const char *a, size_t alen, const char *b)
+{
+    return alen == strlen(b) && memcmp(a, b, alen) == 0;
+}
+
+static int enum_index(const char *const *values, const char *s, size_t len)
+{
+    for (int i = 0; values[i]; i++)
+        if (str_eq(s, len, values[i]))
+            return i;
+    return -1;
+}
+
+/* "a, b or c" into a malloc'd string. */
+static char *join_values(struct ctx *c, const char *const *values, const char *last_sep)
+{
+    size_t n = 0, total = 1;
+    while (values[n])
+        total += strlen(values[n++]) + strlen(last_sep) + 2;
+    char *s = malloc(total);
+    if (!s) {
+        if (c)
+            oom(c);
+        return NULL;
+    }
+    s[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            strcat(s, i + 1 == n ? last_sep : ", ");
+        strcat(s, values[i]);
+    }
+    return s;
+}
+
+/* Convert one scalar for a scalar-typed option into *field.  The field is
+ * written only on success.  line 0 = a default (errors name no position). */
+static int conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s,
+                size_t len, size_t line, size_t col, void *field)
+{
+    int rc = -1;
+    char *v = shown(s, len);
+    char *list = NULL;
+    uint64_t u = 0;
+
+    switch (o->type) {
+    case T_BLOCKSIZE:
+        if (str_eq(s, len, "auto")) {
+            *(uint32_t *)field = 0;
+            rc = 0;
+            break;
+        }
+        /* fall through */
+    case T_U64:
+    case T_U32: {
+        const char *hint = o->type == T_BLOCKSIZE ? " or \"auto\"" : "";
+        switch (parse_u64(s, len, &u)) {
+        case 0:
+            if (u < o->min || u > o->max) {
+                err_at(c, line, col, "%s: %" PRIu64 " is out of range (expected %" PRIu64 "..%" PRIu64 "%s)",
+                       dpath, u, o->min, o->max, hint);
+                break;
+            }
+            if (o->type == T_U64)
+                *(uint64_t *)field = u;
+            else
+                *(uint32_t *)field = (uint32_t)u;
+            rc = 0;
+            break;
+        case -2:
+            err_at(c, line, col, "%s: '%s' is negative (expected %" PRIu64 "..%" PRIu64 "%s)",
+                   dpath, SHOWN(v), o->min, o->max, hint);
+            break;
+        case -3:
+            err_at(c, line, col, "%s: '%s' is too large (expected %" PRIu64 "..%" PRIu64 "%s)",
+                   dpath, SHOWN(v), o->min, o->max, hint);
+            break;
+        default:
+            err_at(c, line, col,
+                   "%s: '%s' is not a decimal integer (expected %" PRIu64 "..%" PRIu64 "%s)",
+                   dpath, SHOWN(v), o->min, o->max, hint);
+            break;
+        }
+        break;
+    }
+    case T_BOOL:
+        if (str_eq(s, len, "true") || str_eq(s, len, "True") || str_eq(s, len, "TRUE")) {
+            *(bool *)field = true;
+            rc = 0;
+        } else if (str_eq(s, len, "false") || str_eq(s, len, "False") ||
+                   str_eq(s, len, "FALSE")) {
+            *(bool *)field = false;
+            rc = 0;
+        } else {
+            err_at(c, line, col, "%s: '%s' is not a boolean (expected true or false)",
+                   dpath, SHOWN(v));
+        }
+        break;
+    case T_ENUM: {
+        int i = enum_index(o->values, s, len);
+        if (i < 0) {
+            list = join_values(c, o->values, " or ");
+            err_at(c, line, col, "%s: '%s' is not one of %s", dpath, SHOWN(v),
+                   list ? list : "the allowed values");
+            break;
+        }
+        *(int *)field = i;
+        rc = 0;
+        break;
+    }
+    case T_STR: {
+        if (memchr(s, '\0', len)) {
+            err_at(c, line, col, "%s: the string contains a NUL character", dpath);
+            break;
+        }
+        char *d = strndup(s, len);
+        if (!d) {
+            oom(c);
+            break;
+        }
+        free(*(char **)field);
+        *(char **)field = d;
+        rc = 0;
+        break;
+    }
+    default:
+        break;
+    }
+    free(list);
+    free(v);
+    return rc;
+}
+
+/* One element of a list option (nats.servers[i], forward_tiers[i]). */
+static int conv_item(struct ctx *c, const struct opt *o, const char *dpath, size_t i,
+                     const char *s, size_t len, size_t line, size_t col, char **str,
+                     uint32_t *mask)
+{
+    int rc = -1;
+    char *ipath = xasprintf(c, "%s[%zu]", dpath, i);
+    char *v = shown(s, len);
+    char *list = NULL;
+    if (!ipath)
+        goto out;
+    if (o->type == T_TIERS) {
+        int t = enum_index(o->values, s, len);
+        if (t < 0) {
+            list = join_values(c, o->values, " or ");
+            err_at(c, line, col, "%s: '%s' is not a storage tier (expected %s)", ipath,
+                   SHOWN(v), list ? list : "a tier");
+        } else if (*mask & (1u << t)) {
+            err_at(c, line, col, "%s: tier '%s' is listed twice", ipath, SHOWN(v));
+        } else {
+            *mask |= 1u << t;
+            rc = 0;
+        }
+    } else {
+        if (len == 0) {
+            err_at(c, line, col, "%s: must not be empty", ipath);
+        } else {
+            struct opt so = *o;
+            so.type = T_STR;
+            rc = conv(c, &so, ipath, s, len, line, col, str);
+        }
+    }
+out:
+    free(list);
+    free(v);
+    free(ipath);
+    return rc;
+}
+
+static void free_strlist(char **list, size_t n)
+{
+    if (!list)
+        return;
+    for (size_t i = 0; i < n; i++)
+        free(list[i]);
+    free(list);
+}
+
+/* Defaults for every key in one scope (the config, or one source). */
+static int apply_defaults(struct ctx *c, void *base, bool sources_scope)
+{
+    int rc = 0;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        void *field = (char *)base + o->off;
+        if (in_sources(o) != sources_scope || (o->flags & F_REQUIRED))
+            continue;
+        if (o->type == T_STRLIST || o->type == T_TIERS) {
+            /* comma-separated */
+            size_t n = 1;
+            for (const char *p = o->def; *p; p++)
+                n += *p == ',';
+            char **list = o->type == T_STRLIST ? calloc(n, sizeof *list) : NULL;
+            uint32_t mask = 0;
+            if (o->type == T_STRLIST && !list) {
+                oom(c);
+                rc = -1;
+                continue;
+            }
+            const char *p = o->def;
+            for (size_t k = 0; k < n; k++) {
+                size_t len = strcspn(p, ",");
+                if (conv_item(c, o, o->key, k, p, len, 0, 0, list ? &list[k] : NULL,
+                              &mask) < 0)
+                    rc = -1;
+                p += len + (p[len] == ',');
+            }
+            if (o->type == T_STRLIST) {
+                size_t *np = (size_t *)((char *)base + o->noff);
+                free_strlist(*(char ***)field, *np);
+                *(char ***)field = list;
+                *np = n;
+            } else {
+                *(uint32_t *)field = mask;
+            }
+        } else if (o->type != T_SOURCES) {
+            if (conv(c, o, o->key, o->def, strlen(o->def), 0, 0, field) < 0)
+                rc = -1;
+        }
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Checks (one value) and cross-checks                                       */
+
+static bool has_prefix(const char *s, const char *p)
+{
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+static int check_endpoint(struct ctx *c, const struct opt *o, const char *dpath,
+                          const void *field, const struct node *v)
+{
+    (void)o;
+    const char *s = *(char *const *)field;
+    static const char *const schemes[] = {"tcp://", "ipc://", "inproc://"};
+    for (size_t i = 0; i < 3; i++)
+        if (has_prefix(s, schemes[i]) && s[strlen(schemes[i])] != '\0')
+            return 0;
+    char *sv = shown(s, strlen(s));
+    err_at(c, v->line, v->col,
+           "%s: '%s' is not a ZMQ endpoint (expected tcp://, ipc:// or inproc://...)",
+           dpath, SHOWN(sv));
+    free(sv);
+    return -1;
+}
+
+static int check_opt_endpoint(struct ctx *c, const struct opt *o, const char *dpath,
+                              const void *field, const struct node *v)
+{
+    if (**(char *const *)field == '\0')
+        return 0;
+    return check_endpoint(c, o, dpath, field, v);
+}
+
+static int check_word(struct ctx *c, const struct opt *o, const char *dpath,
+                      const void *field, const struct node *v)
+{
+    (void)o;
+    const char *s = *(char *const *)field;
+    if (*s == '\0') {
+        err_at(c, v->line, v->col, "%s: must not be empty", dpath);
+        return -1;
+    }
+    if (strpbrk(s, " \t\r\n")) {
+        err_at(c, v->line, v->col, "%s: must not contain white space", dpath);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_subject(struct ctx *c, const struct opt *o, const char *dpath,
+                         const void *field, const struct node *v)
+{
+    static const char *const names[] = {"{namespace}", "{component}", "{worker_id}",
+                                        "{dp_rank}"};
+    const char *s = *(char *const *)field;
+    if (check_word(c, o, dpath, field, v) < 0)
+        return -1;
+    for (const char *p = strchr(s, '{'); p; p = strchr(p + 1, '{')) {
+        bool ok = false;
+        for (size_t i = 0; i < 4 && !ok; i++)
+            ok = has_prefix(p, names[i]);
+        if (!ok) {
+            const char *e = strchr(p, '}');
+            size_t n = e ? (size_t)(e - p) + 1 : strlen(p);
+            char *sv = shown(p, n);
+            err_at(c, v->line, v->col,
+                   "%s: unknown placeholder '%s' (expected {namespace}, {component}, "
+                   "{worker_id} or {dp_rank})",
+                   dpath, SHOWN(sv));
+            free(sv);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int check_format(struct ctx *c, const struct opt *o, const char *dpath,
+                        const void *field, const struct node *v)
+{
+    int f = *(const int *)field;
+    if (f == KVB_FORMAT_DYNAMO_JSON)
+        return 0;
+    err_at(c, v->line, v->col, "%s: %s is not supported yet (use dynamo-json)", dpath,
+           o->values[f]);
+    return -1;
+}
+
+/* PORT of "...:PORT" (last colon), or -1 when not a number in 0..65535. */
+static long port_of(const char *s)
+{
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon[1] == '\0' || strlen(colon + 1) > 5)
+        return -1;
+    long port = 0;
+    for (const char *p = colon + 1; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        port = port * 10 + (*p - '0');
+    }
+    return port <= 65535 ? port : -1;
+}
+
+static int check_listen(struct ctx *c, const struct opt *o, const char *dpath,
+                        const void *field, const struct node *v)
+{
+    (void)o;
+    const char *s = *(char *const *)field;
+    if (*s == '\0')
+        return 0;
+    const char *colon = strrchr(s, ':');
+    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n"))
+        return 0;
+    char *sv = shown(s, strlen(s));
+    err_at(c, v->line, v->col, "%s: '%s' is not HOST:PORT (or \"\" to disable)", dpath,
+           SHOWN(sv));
+    free(sv);
+    return -1;
+}
+
+static size_t opt_index(const char *key)
+{
+    const struct opt *o = find_opt(key);
+    return (size_t)(o - opts);
+}
+
+/* dp_size > 1: every endpoint is tcp://HOST:PORT with room for the expansion. */
+static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
+                         const struct mark *m)
+{
+    const struct mark *msize = &m[opt_index("sources[].dp_size")];
+    const struct mark *mrank = &m[opt_index("sources[].dp_rank")];
+    const struct mark *mend = &m[opt_index("sources[].endpoint")];
+    const struct mark *mrep = &m[opt_index("sources[].replay_endpoint")];
+
+    if (s->dp_size > 1 && !msize->bad) {
+        const char *eps[2] = {s->endpoint, s->replay_endpoint};
+        const struct mark *ms[2] = {mend, mrep};
+        const char *names[2] = {"endpoint", "replay_endpoint"};
+        for (size_t k = 0; k < 2; k++) {
+            if (!eps[k] || !*eps[k] || ms[k]->bad)
+                continue;
+            long port = has_prefix(eps[k], "tcp://") ? port_of(eps[k]) : -1;
+            if (port < 0)
+                err_at(c, msize->line, msize->col,
+                       "sources[%zu].dp_size: %" PRIu32 " needs sources[%zu].%s to be "
+                       "tcp://HOST:PORT with a numeric port",
+                       i, s->dp_size, i, names[k]);
+            else if ((uint64_t)port + s->dp_size - 1 > 65535)
+                err_at(c, msize->line, msize->col,
+                       "sources[%zu].dp_size: %" PRIu32 " ports from %ld (sources[%zu].%s) "
+                       "go past 65535",
+                       i, s->dp_size, port, i, names[k]);
+        }
+    }
+    if ((uint64_t)s->dp_rank + s->dp_size - 1 > UINT32_MAX && !mrank->bad)
+        err_at(c, mrank->line, mrank->col,
+               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32 " goes past %" PRIu32,
+               i, s->dp_rank, s->dp_size, UINT32_MAX);
+}
+
+static void check_config(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
+{
+    const struct mark *mw = &m[opt_index("nats.reconnect_wait_ms")];
+    const struct mark *mx = &m[opt_index("nats.reconnect_wait_max_ms")];
+    if (cfg->nats.reconnect_wait_max_ms < cfg->nats.reconnect_wait_ms && !mw->bad &&
+        !mx->bad) {
+        const struct mark *at = mx->set ? mx : mw;
+        err_at(c, at->line, at->col,
+               "nats.reconnect_wait_max_ms: %" PRIu32 " is less than "
+               "nats.reconnect_wait_ms (%" PRIu32 ")",
+               cfg->nats.reconnect_wait_max_ms, cfg->nats.reconnect_wait_ms);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Walking the tree against the table                                        */
+
+static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
+                     const char *dprefix, void *base, struct mark *marks);
+
+static void required_missing(struct ctx *c, const struct node *map, const char *dprefix,
+                             bool sources_scope, const struct mark *marks)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        if (!(o->flags & F_REQUIRED) || in_sources(o) != sources_scope || marks[i].set)
+            continue;
+        const char *leaf = sources_scope ? o->key + sizeof SRC_PREFIX : o->key;
+        err_at(c, map->line, map->col, "missing required key '%s%s%s'", dprefix,
+               *dprefix ? "." : "", leaf);
+    }
+}
+
+static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
+                        const struct node *v, void *base)
+{
+    struct mark *smarks = NULL;
+    struct kvb_source_cfg **field = (struct kvb_source_cfg **)((char *)base + o->off);
+    size_t *np = (size_t *)((char *)base + o->noff);
+
+    if (v->kind != N_SEQ) {
+        err_at(c, v->line, v->col, "%s: expected a list of sources, found %s", dpath,
+               is_null(v) ? "nothing" : kind_name(v));
+        return;
+    }
+    if (v->n == 0) {
+        err_at(c, v->line, v->col, "%s: at least one source is required", dpath);
+        return;
+    }
+    if (v->n > MAX_SOURCES) {
+        err_at(c, v->line, v->col, "%s: too many sources (more than %u)", dpath,
+               MAX_SOURCES);
+        return;
+    }
+    struct kvb_source_cfg *srcs = calloc(v->n, sizeof *srcs);
+    smarks = calloc(N_OPTS, sizeof *smarks);
+    if (!srcs || !smarks) {
+        free(srcs);
+        oom(c);
+        goto out;
+    }
+    *field = srcs;
+    *np = v->n;
+    for (size_t i = 0; i < v->n; i++) {
+        const struct node *item = v->kid[i];
+        char *ipath = xasprintf(c, "%s[%zu]", dpath, i);
+        if (!ipath)
+            goto out;
+        memset(smarks, 0, N_OPTS * sizeof *smarks);
+        apply_defaults(c, &srcs[i], true);
+        if (item->kind == N_MAP) {
+            walk_map(c, item, SRC_PREFIX, ipath, &srcs[i], smarks);
+            required_missing(c, item, ipath, true, smarks);
+            check_source(c, &srcs[i], i, smarks);
+        } else if (item->kind != N_BAD) {
+            err_at(c, item->line, item->col,
+                   "%s: expected a mapping (endpoint: ...), found %s", ipath,
+                   is_null(item) ? "nothing" : kind_name(item));
+        }
+        free(ipath);
+    }
+out:
+    free(smarks);
+}
+
+static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
+                     const struct node *v, void *field, size_t *np, struct mark *m)
+{
+    char **list = NULL;
+    uint32_t mask = 0;
+    bool bad = false;
+
+    if (v->kind != N_SEQ) {
+        err_at(c, v->line, v->col, "%s: expected a list ([a, b]), found %s", dpath,
+               is_null(v) ? "nothing" : kind_name(v));
+        goto fail;
+    }
+    if (v->n == 0) {
+        err_at(c, v->line, v->col, "%s: the list must not be empty", dpath);
+        goto fail;
+    }
+    if (o->type == T_STRLIST && !(list = calloc(v->n, sizeof *list))) {
+        oom(c);
+        goto fail;
+    }
+    for (size_t i = 0; i < v->n; i++) {
+        const struct node *it = v->kid[i];
+        if (it->kind == N_BAD) {
+            bad = true;
+        } else if (it->kind != N_SCALAR || is_null(it)) {
+            err_at(c, it->line, it->col, "%s[%zu]: expected a single value, found %s",
+                   dpath, i, is_null(it) ? "nothing" : kind_name(it));
+            bad = true;
+        } else if (conv_item(c, o, dpath, i, it->s, it->len, it->line, it->col,
+                             list ? &list[i] : NULL, &mask) < 0) {
+            bad = true;
+        }
+    }
+    if (bad)
+        goto fail;
+    if (o->type == T_STRLIST) {
+        free_strlist(*(char ***)field, *np);
+        *(char ***)field = list;
+        *np = v->n;
+    } else {
+        *(uint32_t *)field = mask;
+    }
+    return;
+fail:
+    m->bad = true;
+    free_strlist(list, v->kind == N_SEQ ? v->n : 0);
+}
+
+static void set_opt(struct ctx *c, const struct opt *o, const char *dpath,
+                    const struct node *v, void *base, struct mark *marks)
+{
+    struct mark *m = &marks[o - opts];
+    void *field = (char *)base + o->off;
+    m->line = v->line;
+    m->col = v->col;
+    m->set = true;
+    if (v->kind == N_BAD) {
+        m->bad = true;
+        return;
+    }
+    switch (o->type) {
+    case T_SOURCES:
+        set_sources(c, o, dpath, v, base);
+        return;
+    case T_STRLIST:
+    case T_TIERS:
+        set_list(c, o, dpath, v, field, (size_t *)((char *)base + o->noff), m);
+        return;
+    default:
+        break;
+    }
+    if (v->kind != N_SCALAR) {
+        err_at(c, v->line, v->col, "%s: expected a single value, found %s", dpath,
+               kind_name(v));
+    } else if (is_null(v)) {
+        err_at(c, v->line, v->col, "%s: missing value%s", dpath,
+               o->type == T_STR ? " (write \"\" for an empty string)" : "");
+    } else if (conv(c, o, dpath, v->s, v->len, v->line, v->col, field) == 0 &&
+               (!o->check || o->check(c, o, dpath, field, v) == 0)) {
+        return;
+    }
+    m->bad = true;
+}
+
+static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
+                     const char *dprefix, void *base, struct mark *marks)
+{
+    size_t npairs = map->n / 2, nseen = 0;
+    const struct node **seen = calloc(npairs ? npairs : 1, sizeof *seen);
+    if (!seen) {
+        oom(c);
+        return;
+    }
+    for (size_t i = 0; i + 1 < map->n; i += 2) {
+        const struct node *k = map->kid[i], *v = map->kid[i + 1];
+        char *tpath = NULL, *dpath = NULL, *shown_key = NULL;
+        if (k->kind == N_BAD)
+            continue;
+        if (k->kind != N_SCALAR) {
+            err_at(c, k->line, k->col, "keys must be single values, not %s",
+                   kind_name(k));
+            continue;
+        }
+        shown_key = shown(k->s, k->len);
+        tpath = xasprintf(c, "%s%s%s", tprefix, *tprefix ? "." : "", k->s);
+        dpath = xasprintf(c, "%s%s%s", dprefix, *dprefix ? "." : "", SHOWN(shown_key));
+        if (!tpath || !dpath)
+            goto next;
+        const struct opt *o = NULL;
+        bool section = false;
+        if (k->len && !memchr(k->s, '\0', k->len) && !strpbrk(k->s, ".[]")) {
+            o = find_opt(tpath);
+            section = !o && is_section(tpath);
+        }
+        if (!o && !section) {
+            err_at(c, k->line, k->col, "unknown key '%s'", dpath);
+            goto next;
+        }
+        const struct node *dup = NULL;
+        for (size_t j = 0; j < nseen && !dup; j++)
+            if (strcmp(seen[j]->s, k->s) == 0)
+                dup = seen[j];
+        if (dup) {
+            err_at(c, k->line, k->col, "duplicate key '%s' (first at %zu:%zu)", dpath,
+                   dup->line, dup->col);
+            goto next;
+        }
+        seen[nseen++] = k;
+        if (!section)
+            set_opt(c, o, dpath, v, base, marks);
+        else if (v->kind == N_MAP)
+            walk_map(c, v, tpath, dpath, base, marks);
+        else if (v->kind != N_BAD && !is_null(v)) /* "nats:" alone = all defaults */
+            err_at(c, v->line, v->col, "%s: expected a mapping, found %s", dpath,
+                   kind_name(v));
+    next:
+        free(shown_key);
+        free(tpath);
+        free(dpath);
+    }
+    free(seen);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public API                                                                */
+
+static void free_fields(void *base, bool sources_scope)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        void *field = (char *)base + o->off;
+        if (in_sources(o) != sources_scope)
+            continue;
+        if (o->type == T_STR) {
+            free(*(char **)field);
+            *(char **)field = NULL;
+        } else if (o->type == T_STRLIST) {
+            size_t *np = (size_t *)((char *)base + o->noff);
+            free_strlist(*(char ***)field, *np);
+            *(char ***)field = NULL;
+            *np = 0;
+        } else if (o->type == T_SOURCES) {
+            size_t *np = (size_t *)((char *)base + o->noff);
+            struct kvb_source_cfg *s = *(struct kvb_source_cfg **)field;
+            for (size_t k = 0; s && k < *np; k++)
+                free_fields(&s[k], true);
+            free(s);
+            *(struct kvb_source_cfg **)field = NULL;
+            *np = 0;
+        }
+    }
+}
+
+void kvb_config_free(struct kvb_config **cfg)
+{
+    if (!cfg || !*cfg)
+        return;
+    free_fields(*cfg, false);
+    free((*cfg)->path);
+    free(*cfg);
+    *cfg = NULL;
+}
+
+int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
+{
+    int rc;
+    struct ctx c = {.path = path ? path : "(null)", .err = err};
+    char *buf = NULL;
+    struct node *root = NULL;
+    struct mark *marks = NULL;
+    struct kvb_config *cfg = NULL;
+
+    if (!path || !out) {
+        rc = -EINVAL;
+        goto fail;
+    }
+    rc = read_file(&c, &buf, &c.len);
+    if (rc < 0)
+        goto fail;
+    c.buf = buf;
+    rc = -EINVAL;
+    cfg = calloc(1, sizeof *cfg);
+    marks = calloc(N_OPTS, sizeof *marks);
+    if (!cfg || !marks || !(cfg->path = strdup(path))) {
+        oom(&c);
+        goto fail;
+    }
+    if (apply_defaults(&c, cfg, false) < 0)
+        goto fail;
+    if (parse_tree(&c, &root) < 0)
+        goto fail;
+    if (!root || is_null(root)) {
+        err_at(&c, 1, 1,
+               "empty configuration (worker_id, block_size and sources are required)");
+        goto fail;
+    }
+    if (root->kind != N_MAP) {
+        if (root->kind != N_BAD)
+            err_at(&c, root->line, root->col,
+                   "expected a mapping of keys at the top level, found %s",
+                   kind_name(root));
+        goto fail;
+    }
+    walk_map(&c, root, "", "", cfg, marks);
+    required_missing(&c, root, "", false, marks);
+    check_config(&c, cfg, marks);
+    if (c.nerr)
+        goto fail;
+    *out = cfg;
+    cfg = NULL;
+    rc = 0;
+fail:
+    if (c.oom)
+        rc = -ENOMEM;
+    kvb_config_free(&cfg);
+    free(marks);
+    node_free(root);
+    free(buf);
+    return rc;
+}
+
+/* Values of one table row in two configs (or sources) are equal. */
+static bool field_eq(const struct opt *o, const void *a_base, const void *b_base)
+{
+    const void *a = (const char *)a_base + o->off, *b = (const char *)b_base + o->off;
+    switch (o->type) {
+    case T_U64: return *(const uint64_t *)a == *(const uint64_t *)b;
+    case T_U32:
+    case T_TIERS:
+    case T_BLOCKSIZE: return *(const uint32_t *)a == *(const uint32_t *)b;
+    case T_BOOL: return *(const bool *)a == *(const bool *)b;
+    case T_ENUM: return *(const int *)a == *(const int *)b;
+    case T_STR: {
+        const char *sa = *(char *const *)a, *sb = *(char *const *)b;
+        return strcmp(sa ? sa : "", sb ? sb : "") == 0;
+    }
+    case T_STRLIST: {
+        size_t na = *(const size_t *)((const char *)a_base + o->noff);
+        size_t nb = *(const size_t *)((const char *)b_base + o->noff);
+        char *const *la = *(char **const *)a, *const *lb = *(char **const *)b;
+        if (na != nb)
+            return false;
+        for (size_t i = 0; i < na; i++)
+            if (strcmp(la[i], lb[i]) != 0)
+                return false;
+        return true;
+    }
+    case T_SOURCES: {
+        size_t na = *(const size_t *)((const char *)a_base + o->noff);
+        size_t nb = *(const size_t *)((const char *)b_base + o->noff);
+        const struct kvb_source_cfg *sa = *(struct kvb_source_cfg *const *)a;
+        const struct kvb_source_cfg *sb = *(struct kvb_source_cfg *const *)b;
+        if (na != nb)
+            return false;
+        for (size_t k = 0; k < na; k++)
+            for (size_t i = 0; i < N_OPTS; i++)
+                if (in_sources(&opts[i]) && !field_eq(&opts[i], &sa[k], &sb[k]))
+                    return false;
+        return true;
+    }
+    }
+    return false;
+}
+
+int kvb_config_check_reload(const struct kvb_config *old_cfg,
+                            const struct kvb_config *new_cfg, FILE *err)
+{
+    int rc = 0;
+    if (!old_cfg || !new_cfg)
+        return -EINVAL;
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        if (o->flags & F_RELOAD)
+            continue;
+        bool same;
+        if (in_sources(o)) {
+            same = old_cfg->n_sources == new_cfg->n_sources;
+            for (size_t k = 0; same && k < new_cfg->n_sources; k++)
+                same = field_eq(o, &old_cfg->sources[k], &new_cfg->sources[k]);
+        } else {
+            same = field_eq(o, old_cfg, new_cfg);
+        }
+        if (!same) {
+            if (err)
+                fprintf(err, "%s: '%s' changed: it needs a restart to take effect\n",
+                        new_cfg->path ? new_cfg->path : "config", o->key);
+            rc = -EINVAL;
+        }
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The commented example                                                     */
+
+#define EXAMPLE_WIDTH 79
+
+static const char example_header[] =
+    "# kvbridge configuration: every key, set to its default value, with what it\n"
+    "# does.  worker_id, block_size and sources[].endpoint have no default: the\n"
+    "# values below are examples, so that this file loads as it is.\n"
+    "#\n"
+    "# Generated by kvb_config_write_example() (src/config.c); a unit test keeps\n"
+    "# conf/kvbridge.yaml equal to it.  Unknown keys and bad values are errors,\n"
+    "# reported as FILE:LINE:COLUMN.  `kvbridge -c FILE --check` validates a file;\n"
+    "# SIGHUP reloads it, except keys marked as needing a restart.\n";
+
+/* Word-wrapped "# " lines at INDENT. */
+static void put_comment(FILE *f, int indent, const char *text)
+{
+    const char *p = text;
+    int width = EXAMPLE_WIDTH - indent - 2;
+    while (*p) {
+        int len = 0, last_space = -1;
+        while (p[len] && (len < width || last_space < 0)) {
+            if (p[len] == ' ')
+                last_space = len;
+            len++;
+        }
+        if (p[len] && p[len] != ' ' && last_space >= 0)
+            len = last_space;
+        fprintf(f, "%*s# %.*s\n", indent, "", len, p);
+        p += len;
+        while (*p == ' ')
+            p++;
+    }
+}
+
+static void put_quoted(FILE *f, const char *s, size_t len)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '"' || s[i] == '\\')
+            fputc('\\', f);
+        fputc(s[i], f);
+    }
+    fputc('"', f);
+}
+
+static void put_value(FILE *f, const struct opt *o)
+{
+    switch (o->type) {
+    case T_STR:
+        put_quoted(f, o->def, strlen(o->def));
+        break;
+    case T_STRLIST:
+    case T_TIERS: {
+        fputc('[', f);
+        for (const char *p = o->def; *p;) {
+            size_t len = strcspn(p, ",");
+            if (p != o->def)
+                fputs(", ", f);
+            if (o->type == T_STRLIST)
+                put_quoted(f, p, len);
+            else
+                fprintf(f, "%.*s", (int)len, p);
+            p += len + (p[len] == ',');
+        }
+        fputc(']', f);
+        break;
+    }
+    case T_SOURCES:
+        break;
+    default:
+        fputs(o->def, f);
+        break;
+    }
+}
+
+/* The help text plus what the table says about the key. */
+static char *full_help(const struct opt *o)
+{
+    char *list = NULL, *range = NULL, *s = NULL;
+    if (o->type == T_ENUM && !(list = join_values(NULL, o->values, ", ")))
+        goto out;
+    if ((o->type == T_U32 || o->type == T_U64 || o->type == T_BLOCKSIZE) &&
+        !(range = xasprintf(NULL, " Range: %" PRIu64 "..%" PRIu64 ".", o->min, o->max)))
+        goto out;
+    s = xasprintf(NULL, "%s%s%s%s%s%s%s", o->help, list ? " One of: " : "",
+                  list ? list : "", list ? "." : "", range ? range : "",
+                  o->type == T_BOOL ? " true or false." : "",
+                  (o->flags & F_REQUIRED) ? " Required."
+                  : (o->flags & F_RELOAD) ? ""
+                                          : " Changing it needs a restart.");
+out:
+    free(list);
+    free(range);
+    return s;
+}
+
+/* Indentation of the keys under PARENT ("", "nats", "sources[]"). */
+static int indent_of(const char *parent, size_t len)
+{
+    int indent = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = strcspn(parent + i, ".");
+        if (n > len - i)
+            n = len - i;
+        indent += n >= 2 && parent[i + n - 2] == '[' ? 4 : 2;
+        i += n + 1;
+    }
+    return indent;
+}
+
+int kvb_config_write_example(FILE *f)
+{
+    int rc = 0;
+    const char *prev = "";
+    size_t prev_plen = 0;
+    bool after_header = false;
+
+    if (!f)
+        return -EINVAL;
+    fputs(example_header, f);
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        const char *dot = strrchr(o->key, '.');
+        size_t plen = dot ? (size_t)(dot - o->key) : 0;
+        const char *leaf = dot ? dot + 1 : o->key;
+        bool first_in_item = false;
+
+        /* Open the sections of this key that the previous key was not in:
+         * COMMON is the longest equal prefix of both parents that ends on a
+         * component boundary in each. */
+        size_t common = 0;
+        while (common < plen && common < prev_plen && o->key[common] == prev[common])
+            common++;
+        while (common > 0 &&
+               !((common == plen || o->key[common] == '.') &&
+                 (common == prev_plen || prev[common] == '.')))
+            common--;
+        for (size_t k = common; k < plen;) {
+            if (o->key[k] == '.')
+                k++;
+            size_t n = strcspn(o->key + k, ".");
+            if (n > plen - k)
+                n = plen - k;
+            if (n >= 2 && o->key[k + n - 2] == '[') {
+                first_in_item = true; /* a list item: "- " before its first key */
+            } else {
+                if (!after_header)
+                    fputc('\n', f);
+                fprintf(f, "%*s%.*s:\n", indent_of(o->key, k ? k - 1 : 0), "", (int)n,
+                        o->key + k);
+                after_header = true;
+            }
+            k += n;
+        }
+
+        int indent = indent_of(o->key, plen);
+        char *help = full_help(o);
+        if (!help) {
+            rc = -ENOMEM;
+            break;
+        }
+        if (!after_header)
+            fputc('\n', f);
+        if (first_in_item) {
+            put_comment(f, indent - 2, help);
+            fprintf(f, "%*s- %s:", indent - 2, "", leaf);
+        } else {
+            put_comment(f, indent, help);
+            fprintf(f, "%*s%s:", indent, "", leaf);
+        }
+        free(help);
+        if (o->type == T_SOURCES) {
+            fputc('\n', f);
+            after_header = true;
+        } else {
+            fputc(' ', f);
+            put_value(f, o);
+            fputc('\n', f);
+            after_header = false;
+        }
+        prev = o->key;
+        prev_plen = plen;
+    }
+    if (rc == 0 && ferror(f))
+        rc = -EIO;
+    return rc;
+}

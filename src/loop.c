@@ -1,0 +1,387 @@
+/* loop: see include/loop.h. */
+#include "loop.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "pipeline.h"
+#include "sink.h"
+#include "source.h"
+
+#define READ_BUDGET 256    /* live messages per source per turn: fairness */
+#define SUBJECT_MAX 512
+#define SUBJECT_RANKS 64   /* cached per-rank subjects when the template has {dp_rank} */
+
+struct kvb_daemon {
+    struct kvb_config *cfg;
+    struct kvb_metrics m;
+    void *zctx;
+    struct kvb_pipeline *pipe;
+    struct kvb_sink *sink;
+    struct kvb_source **src;
+    size_t n_src;
+    int sigfd, wakefd;
+    bool stop;
+
+    bool per_rank_subject;
+    char subject[SUBJECT_MAX]; /* when it does not depend on the rank */
+    char rank_subject[SUBJECT_RANKS][SUBJECT_MAX];
+    bool rank_subject_ok[SUBJECT_RANKS];
+    char scratch_subject[SUBJECT_MAX];
+    struct kvb_ratelimit rl_publish;
+};
+
+static struct kvb_pipeline_cfg pipeline_cfg(const struct kvb_config *c)
+{
+    struct kvb_pipeline_cfg p = {
+        .convert = {c->worker_id, c->block_size, c->lora_salt, c->forward_tiers},
+        .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
+                   c->limits.max_tokens_per_event, c->limits.max_depth},
+        .format = c->nats.format,
+    };
+    return p;
+}
+
+static int prepare_subjects(struct kvb_daemon *d, const struct kvb_config *c)
+{
+    d->per_rank_subject = strstr(c->nats.subject, "{dp_rank}") != NULL;
+    memset(d->rank_subject_ok, 0, sizeof(d->rank_subject_ok));
+    int rc = kvb_subject_expand(c->nats.subject, c->nats.namespace_, c->nats.component,
+                                c->worker_id, 0, d->subject, sizeof(d->subject));
+    return rc < 0 ? rc : 0;
+}
+
+static const char *subject_for(struct kvb_daemon *d, uint32_t rank)
+{
+    if (!d->per_rank_subject)
+        return d->subject;
+    const struct kvb_config *c = d->cfg;
+    char *buf = rank < SUBJECT_RANKS ? d->rank_subject[rank] : d->scratch_subject;
+    if (rank < SUBJECT_RANKS && d->rank_subject_ok[rank])
+        return buf;
+    if (kvb_subject_expand(c->nats.subject, c->nats.namespace_, c->nats.component,
+                           c->worker_id, rank, buf, SUBJECT_MAX) < 0)
+        return NULL;
+    if (rank < SUBJECT_RANKS)
+        d->rank_subject_ok[rank] = true;
+    return buf;
+}
+
+static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
+{
+    struct kvb_daemon *d = ctx;
+    const char *subj = subject_for(d, rev->dp_rank);
+    int rc = subj ? kvb_sink_publish(d->sink, subj, data, len) : -EINVAL;
+    if (rc < 0)
+        kvb_log_rl(&d->rl_publish, KVB_LOG_ERROR, "sink", "publish failed: %s (event_id %llu lost)",
+                   strerror(-rc), (unsigned long long)rev->event_id);
+    return 0; /* a refused publish is counted by the sink; the stream goes on */
+}
+
+/* ---- sources ------------------------------------------------------------ */
+
+static void destroy_sources(struct kvb_source ***src, size_t *n)
+{
+    for (size_t i = 0; i < *n; i++)
+        kvb_source_destroy(&(*src)[i]);
+    free(*src);
+    *src = NULL;
+    *n = 0;
+}
+
+static int build_sources(struct kvb_daemon *d, const struct kvb_config *c,
+                         struct kvb_source ***out, size_t *n_out)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < c->n_sources; i++)
+        total += c->sources[i].dp_size;
+    struct kvb_source **v = calloc(total ? total : 1, sizeof(*v));
+    size_t n = 0;
+    int rc = v ? 0 : -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < c->n_sources; i++) {
+        const struct kvb_source_cfg *sc = &c->sources[i];
+        for (uint32_t r = 0; rc == 0 && r < sc->dp_size; r++) {
+            char *ep = NULL, *rep = NULL;
+            rc = kvb_endpoint_with_offset(sc->endpoint, r, &ep);
+            if (rc == 0)
+                rc = kvb_endpoint_with_offset(sc->replay_endpoint, r, &rep);
+            if (rc == 0) {
+                struct kvb_source_params p = {
+                    .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
+                    .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
+                    .replay_timeout_ms = c->replay.timeout_ms,
+                    .max_payload_bytes = c->limits.max_payload_bytes};
+                rc = kvb_source_create(d->zctx, &p, &d->m, &v[n]);
+                if (rc == 0) {
+                    kvb_info("source", "%s %s (dp_rank %u%s%s)",
+                             sc->mode == KVB_MODE_BIND ? "bound" : "connecting to", ep,
+                             p.dp_rank, rep[0] ? ", replay " : "", rep);
+                    n++;
+                }
+            }
+            free(ep);
+            free(rep);
+        }
+    }
+    if (rc < 0) {
+        destroy_sources(&v, &n);
+        return rc;
+    }
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+/* ---- reload (SIGHUP) ---------------------------------------------------- */
+
+static bool str_eq(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
+
+static bool sources_equal(const struct kvb_config *a, const struct kvb_config *b)
+{
+    if (a->n_sources != b->n_sources || a->replay.timeout_ms != b->replay.timeout_ms ||
+        a->limits.max_payload_bytes != b->limits.max_payload_bytes)
+        return false;
+    for (size_t i = 0; i < a->n_sources; i++) {
+        const struct kvb_source_cfg *x = &a->sources[i], *y = &b->sources[i];
+        if (!str_eq(x->endpoint, y->endpoint) || !str_eq(x->replay_endpoint, y->replay_endpoint) ||
+            !str_eq(x->topic, y->topic) || x->mode != y->mode || x->dp_size != y->dp_size ||
+            x->dp_rank != y->dp_rank || x->rcvhwm != y->rcvhwm)
+            return false;
+    }
+    return true;
+}
+
+static bool nats_conn_equal(const struct kvb_config *a, const struct kvb_config *b)
+{
+    if (a->nats.n_servers != b->nats.n_servers || !str_eq(a->nats.credentials, b->nats.credentials) ||
+        a->nats.reconnect_buffer_bytes != b->nats.reconnect_buffer_bytes ||
+        a->nats.reconnect_wait_ms != b->nats.reconnect_wait_ms ||
+        a->nats.reconnect_wait_max_ms != b->nats.reconnect_wait_max_ms)
+        return false;
+    for (size_t i = 0; i < a->nats.n_servers; i++)
+        if (!str_eq(a->nats.servers[i], b->nats.servers[i]))
+            return false;
+    return true;
+}
+
+static void reload(struct kvb_daemon *d)
+{
+    struct kvb_config *nc = NULL;
+    struct kvb_source **nsrc = NULL;
+    size_t n_nsrc = 0;
+    struct kvb_sink *nsink = NULL;
+    int rc;
+    kvb_info("main", "SIGHUP: reloading %s", d->cfg->path);
+    if ((rc = kvb_config_load(d->cfg->path, &nc, stderr)) < 0) {
+        kvb_err("main", "reload: %s is invalid, keeping the running configuration", d->cfg->path);
+        return;
+    }
+    if (kvb_config_check_reload(d->cfg, nc, stderr) < 0) {
+        kvb_err("main", "reload: a changed key needs a restart, keeping the running configuration");
+        goto fail;
+    }
+    struct kvb_pipeline_cfg pc = pipeline_cfg(nc);
+    if (!sources_equal(d->cfg, nc) && (rc = build_sources(d, nc, &nsrc, &n_nsrc)) < 0) {
+        kvb_err("main", "reload: cannot open the new sources (%s), keeping the running configuration",
+                strerror(-rc));
+        goto fail;
+    }
+    if (!nats_conn_equal(d->cfg, nc) && (rc = kvb_sink_create(nc, &d->m, d->wakefd, &nsink)) < 0) {
+        kvb_err("main", "reload: cannot connect to NATS (%s), keeping the running configuration",
+                strerror(-rc));
+        goto fail;
+    }
+    if ((rc = kvb_pipeline_reconfigure(d->pipe, &pc)) < 0) {
+        kvb_err("main", "reload: %s, keeping the running configuration", strerror(-rc));
+        goto fail;
+    }
+    /* commit: nothing below can fail */
+    if (nsrc) {
+        destroy_sources(&d->src, &d->n_src);
+        d->src = nsrc;
+        d->n_src = n_nsrc;
+    }
+    if (nsink) {
+        kvb_sink_destroy(&d->sink); /* flushes what it still holds */
+        d->sink = nsink;
+    }
+    kvb_config_free(&d->cfg);
+    d->cfg = nc;
+    prepare_subjects(d, nc); /* validated by the config module */
+    kvb_log_set_level(nc->log.level);
+    kvb_info("main", "reloaded %s%s%s", nc->path, nsrc ? " (sources reopened)" : "",
+             nsink ? " (NATS reconnected)" : "");
+    return;
+fail:
+    destroy_sources(&nsrc, &n_nsrc);
+    kvb_sink_destroy(&nsink);
+    kvb_config_free(&nc);
+}
+
+/* ---- the loop ----------------------------------------------------------- */
+
+static void handle_signals(struct kvb_daemon *d)
+{
+    struct signalfd_siginfo si;
+    while (read(d->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        if (si.ssi_signo == SIGHUP) {
+            reload(d);
+        } else {
+            kvb_info("main", "signal %u: stopping", si.ssi_signo);
+            d->stop = true;
+        }
+    }
+}
+
+static void drain_wake(struct kvb_daemon *d)
+{
+    uint64_t v;
+    while (read(d->wakefd, &v, sizeof(v)) == (ssize_t)sizeof(v))
+        ;
+}
+
+static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
+{
+    size_t n = 0;
+    items[n++] = (zmq_pollitem_t){NULL, d->sigfd, ZMQ_POLLIN, 0};
+    items[n++] = (zmq_pollitem_t){NULL, d->wakefd, ZMQ_POLLIN, 0};
+    uint64_t now = kvb_now_ms();
+    long timeout = -1;
+    for (size_t i = 0; i < d->n_src && n + 2 <= cap; i++) {
+        items[n++] = (zmq_pollitem_t){kvb_source_sub(d->src[i]), 0, ZMQ_POLLIN, 0};
+        void *rs = kvb_source_replay(d->src[i]);
+        items[n++] = (zmq_pollitem_t){rs, rs ? 0 : -1, rs ? ZMQ_POLLIN : 0, 0};
+        long t = kvb_source_next_deadline(d->src[i], now);
+        if (t >= 0 && (timeout < 0 || t < timeout))
+            timeout = t;
+    }
+    int rc = zmq_poll(items, (int)n, timeout);
+    if (rc < 0)
+        return zmq_errno() == EINTR ? 0 : -zmq_errno();
+    if (items[0].revents & ZMQ_POLLIN) {
+        handle_signals(d);
+        return 0; /* the sources may have been replaced */
+    }
+    if (items[1].revents & ZMQ_POLLIN)
+        drain_wake(d);
+    for (size_t i = 0; i < d->n_src; i++) {
+        struct kvb_source *s = d->src[i];
+        if (items[3 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read_replay(s, d->pipe)) < 0)
+            kvb_err("replay", "%s: %s", kvb_source_name(s), strerror(-rc));
+        if (items[2 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
+            kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
+        kvb_source_tick(s, d->pipe, kvb_now_ms());
+    }
+    atomic_store_explicit(&d->m.nats_pending_bytes[0], kvb_sink_pending_bytes(d->sink),
+                          memory_order_relaxed);
+    return 0;
+}
+
+static int setup_fds(struct kvb_daemon *d)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+        return -errno;
+    signal(SIGPIPE, SIG_IGN);
+    d->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (d->sigfd < 0)
+        return -errno;
+    d->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    return d->wakefd < 0 ? -errno : 0;
+}
+
+int kvb_daemon_run(struct kvb_config **pcfg)
+{
+    int exit_code = 1, rc;
+    zmq_pollitem_t *items = NULL;
+    struct kvb_daemon *d = calloc(1, sizeof(*d));
+    if (!d) {
+        kvb_config_free(pcfg);
+        return 1;
+    }
+    d->cfg = *pcfg;
+    *pcfg = NULL;
+    d->sigfd = d->wakefd = -1;
+    d->rl_publish = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    kvb_log_set_level(d->cfg->log.level);
+
+    if ((rc = setup_fds(d)) < 0) {
+        kvb_err("main", "signals: %s", strerror(-rc));
+        goto out;
+    }
+    if ((rc = prepare_subjects(d, d->cfg)) < 0) {
+        kvb_err("main", "subject template: %s", strerror(-rc));
+        goto out;
+    }
+    struct kvb_pipeline_cfg pc = pipeline_cfg(d->cfg);
+    if ((rc = kvb_pipeline_create(&pc, &d->m, emit, d, &d->pipe)) < 0) {
+        kvb_err("main", "pipeline: %s", strerror(-rc));
+        goto out;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe),
+                            (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+    rc = kvb_sink_create(d->cfg, &d->m, d->wakefd, &d->sink);
+    if (rc < 0) {
+        kvb_err("sink", "cannot reach NATS: %s", strerror(-rc));
+        exit_code = rc == -ETIMEDOUT ? KVB_EX_UNAVAILABLE : 1;
+        goto out;
+    }
+    d->zctx = zmq_ctx_new();
+    if (!d->zctx || (rc = build_sources(d, d->cfg, &d->src, &d->n_src)) < 0) {
+        kvb_err("main", "cannot open the sources");
+        goto out;
+    }
+    kvb_info("main", "running: worker_id %llu, %zu endpoint(s), subject %s",
+             (unsigned long long)d->cfg->worker_id, d->n_src, d->subject);
+
+    size_t cap = 0;
+    while (!d->stop) {
+        size_t need = 2 + 2 * d->n_src;
+        if (need > cap) {
+            zmq_pollitem_t *ni = realloc(items, need * sizeof(*ni));
+            if (!ni)
+                goto out;
+            items = ni;
+            cap = need;
+        }
+        if ((rc = turn(d, items, cap)) < 0) {
+            kvb_err("main", "poll: %s", strerror(-rc));
+            goto out;
+        }
+    }
+    /* Stop reading; everything read is already decoded and handed to nats.c:
+     * flush it out before leaving. */
+    rc = kvb_sink_flush(d->sink, d->cfg->nats.flush_timeout_ms);
+    if (rc < 0)
+        kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
+    exit_code = 0;
+out:
+    free(items);
+    destroy_sources(&d->src, &d->n_src);
+    if (d->zctx)
+        zmq_ctx_term(d->zctx);
+    kvb_sink_destroy(&d->sink);
+    kvb_pipeline_destroy(&d->pipe);
+    if (d->sigfd >= 0)
+        close(d->sigfd);
+    if (d->wakefd >= 0)
+        close(d->wakefd);
+    kvb_config_free(&d->cfg);
+    free(d);
+    return exit_code;
+}

@@ -1,0 +1,499 @@
+/* source: ZMQ SUB, frames, streams, replay.  See include/source.h. */
+#include "source.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "log.h"
+
+#define MAX_STREAMS 64            /* distinct topics per source */
+#define MAX_TOPIC 256
+#define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
+#define MAX_HELD_BYTES (256u << 20)
+#define REPLAY_END UINT64_MAX
+
+struct held {
+    uint64_t seq;
+    size_t len;
+    uint8_t *data;
+};
+
+struct stream {
+    char topic[MAX_TOPIC];
+    char name[MAX_TOPIC + 320];
+    struct kvb_stream st;
+};
+
+struct replay {
+    bool active;
+    struct stream *st;       /* the stream being recovered */
+    uint64_t want;           /* next seq we need */
+    uint64_t until;          /* seq of the first held live batch */
+    uint64_t deadline_ms;
+    bool barrier_sent;       /* part of the gap was lost: barrier published */
+    struct held *held;
+    size_t n_held, cap_held, held_bytes;
+};
+
+struct kvb_source {
+    struct kvb_source_params p;
+    char *endpoint, *replay_endpoint, *topic;
+    char name[300];
+    void *zctx;
+    void *sub;
+    void *dealer;
+    struct kvb_metrics *m;
+    struct stream *streams[MAX_STREAMS];
+    size_t n_streams;
+    struct replay rp;
+    struct kvb_ratelimit rl_frames;
+};
+
+uint64_t kvb_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out)
+{
+    if (offset == 0 || endpoint[0] == '\0') {
+        *out = strdup(endpoint);
+        return *out ? 0 : -ENOMEM;
+    }
+    const char *colon = strrchr(endpoint, ':');
+    if (!colon || strncmp(endpoint, "tcp://", 6) != 0)
+        return -EINVAL;
+    char *end;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (errno || *end || end == colon + 1 || port + offset > 65535)
+        return -EINVAL;
+    size_t n = (size_t)(colon - endpoint) + 8;
+    char *s = malloc(n);
+    if (!s)
+        return -ENOMEM;
+    snprintf(s, n, "%.*s:%lu", (int)(colon - endpoint), endpoint, port + offset);
+    *out = s;
+    return 0;
+}
+
+static int zerr(void) { return -(zmq_errno() ? zmq_errno() : EIO); }
+
+int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
+                      struct kvb_source **out)
+{
+    int rc = -ENOMEM;
+    struct kvb_source *s = calloc(1, sizeof(*s));
+    if (!s)
+        goto fail;
+    s->p = *p;
+    s->zctx = zctx;
+    s->m = m;
+    s->rl_frames = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->endpoint = strdup(p->endpoint);
+    s->replay_endpoint = strdup(p->replay_endpoint ? p->replay_endpoint : "");
+    s->topic = strdup(p->topic ? p->topic : "");
+    if (!s->endpoint || !s->replay_endpoint || !s->topic)
+        goto fail;
+    s->p.endpoint = s->endpoint;
+    s->p.replay_endpoint = s->replay_endpoint;
+    s->p.topic = s->topic;
+    snprintf(s->name, sizeof(s->name), "%s", s->endpoint);
+
+    s->sub = zmq_socket(zctx, ZMQ_SUB);
+    if (!s->sub) {
+        rc = zerr();
+        goto fail;
+    }
+    int hwm = (int)(p->rcvhwm > INT32_MAX ? INT32_MAX : p->rcvhwm), linger = 0;
+    int64_t maxmsg = p->max_payload_bytes ? (int64_t)p->max_payload_bytes + 64 : -1;
+    if (zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+        zmq_setsockopt(s->sub, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+        zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
+        zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0) {
+        rc = zerr();
+        goto fail;
+    }
+    rc = p->mode == KVB_MODE_BIND ? zmq_bind(s->sub, s->endpoint)
+                                  : zmq_connect(s->sub, s->endpoint);
+    if (rc < 0) {
+        rc = zerr();
+        kvb_err("source", "%s: cannot %s: %s", s->endpoint,
+                p->mode == KVB_MODE_BIND ? "bind" : "connect", zmq_strerror(-rc));
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    kvb_source_destroy(&s);
+    return rc;
+}
+
+static void drop_held(struct replay *rp)
+{
+    for (size_t i = 0; i < rp->n_held; i++)
+        free(rp->held[i].data);
+    rp->n_held = 0;
+    rp->held_bytes = 0;
+}
+
+static void close_dealer(struct kvb_source *s)
+{
+    if (s->dealer)
+        zmq_close(s->dealer);
+    s->dealer = NULL;
+}
+
+void kvb_source_destroy(struct kvb_source **ps)
+{
+    if (!ps || !*ps)
+        return;
+    struct kvb_source *s = *ps;
+    if (s->sub)
+        zmq_close(s->sub);
+    close_dealer(s);
+    drop_held(&s->rp);
+    free(s->rp.held);
+    for (size_t i = 0; i < s->n_streams; i++)
+        free(s->streams[i]);
+    free(s->endpoint);
+    free(s->replay_endpoint);
+    free(s->topic);
+    free(s);
+    *ps = NULL;
+}
+
+void *kvb_source_sub(struct kvb_source *s) { return s->sub; }
+void *kvb_source_replay(struct kvb_source *s) { return s->rp.active ? s->dealer : NULL; }
+const char *kvb_source_name(const struct kvb_source *s) { return s->name; }
+
+void kvb_source_foreach_stream(const struct kvb_source *s,
+                               void (*fn)(void *, const char *, const char *,
+                                          const struct kvb_stream *),
+                               void *ctx)
+{
+    for (size_t i = 0; i < s->n_streams; i++)
+        fn(ctx, s->name, s->streams[i]->topic, &s->streams[i]->st);
+}
+
+static struct stream *find_stream(struct kvb_source *s, const void *topic, size_t n)
+{
+    for (size_t i = 0; i < s->n_streams; i++) {
+        struct stream *st = s->streams[i];
+        if (strlen(st->topic) == n && memcmp(st->topic, topic, n) == 0)
+            return st;
+    }
+    if (s->n_streams >= MAX_STREAMS || n >= MAX_TOPIC)
+        return NULL;
+    struct stream *st = calloc(1, sizeof(*st));
+    if (!st)
+        return NULL;
+    memcpy(st->topic, topic, n);
+    st->topic[n] = '\0';
+    if (n)
+        snprintf(st->name, sizeof(st->name), "%s topic '%s'", s->name, st->topic);
+    else
+        snprintf(st->name, sizeof(st->name), "%s", s->name);
+    kvb_stream_init(&st->st, st->name, s->p.dp_rank);
+    s->streams[s->n_streams++] = st;
+    return st;
+}
+
+static uint64_t be64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* Receive one multipart message into up to `max` frames; returns the number
+ * of frames (all of them, even beyond max: extra ones are dropped), 0 when
+ * nothing is waiting, or a negative errno. */
+static int recv_multipart(void *sock, zmq_msg_t *frames, int max)
+{
+    int n = 0;
+    for (;;) {
+        zmq_msg_t tmp, *f = n < max ? &frames[n] : &tmp;
+        zmq_msg_init(f);
+        if (zmq_msg_recv(f, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            int e = zmq_errno();
+            zmq_msg_close(f);
+            if (n == 0 && e == EAGAIN)
+                return 0;
+            for (int i = 0; i < n && i < max; i++)
+                zmq_msg_close(&frames[i]);
+            return -e;
+        }
+        bool more = zmq_msg_more(f);
+        if (f == &tmp)
+            zmq_msg_close(&tmp);
+        n++;
+        if (!more)
+            return n;
+    }
+}
+
+static void close_frames(zmq_msg_t *frames, int n, int max)
+{
+    for (int i = 0; i < n && i < max; i++)
+        zmq_msg_close(&frames[i]);
+}
+
+/* ---- replay ------------------------------------------------------------- */
+
+static int hold(struct replay *rp, uint64_t seq, const void *data, size_t len)
+{
+    if (rp->n_held >= MAX_HELD_MSGS || rp->held_bytes + len > MAX_HELD_BYTES)
+        return -ENOBUFS;
+    if (rp->n_held == rp->cap_held) {
+        size_t cap = rp->cap_held ? rp->cap_held * 2 : 64;
+        struct held *h = realloc(rp->held, cap * sizeof(*h));
+        if (!h)
+            return -ENOMEM;
+        rp->held = h;
+        rp->cap_held = cap;
+    }
+    uint8_t *copy = malloc(len ? len : 1);
+    if (!copy)
+        return -ENOMEM;
+    memcpy(copy, data, len);
+    rp->held[rp->n_held++] = (struct held){seq, len, copy};
+    rp->held_bytes += len;
+    return 0;
+}
+
+static int start_replay(struct kvb_source *s, struct stream *st, uint64_t seq)
+{
+    if (!s->dealer) {
+        s->dealer = zmq_socket(s->zctx, ZMQ_DEALER);
+        int linger = 0, hwm = 0;
+        if (!s->dealer || zmq_setsockopt(s->dealer, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+            zmq_setsockopt(s->dealer, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+            zmq_connect(s->dealer, s->replay_endpoint) < 0) {
+            int rc = zerr();
+            close_dealer(s);
+            return rc;
+        }
+    }
+    struct replay *rp = &s->rp;
+    rp->active = true;
+    rp->st = st;
+    rp->want = st->st.last + 1;
+    rp->until = seq;
+    rp->barrier_sent = false;
+    rp->deadline_ms = kvb_now_ms() + s->p.replay_timeout_ms;
+    uint8_t start[8];
+    for (int i = 0; i < 8; i++)
+        start[i] = (uint8_t)(rp->want >> (56 - 8 * i));
+    if (zmq_send(s->dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(s->dealer, start, 8, ZMQ_DONTWAIT) < 0) {
+        int rc = zerr();
+        rp->active = false;
+        close_dealer(s);
+        return rc;
+    }
+    kvb_inc(&s->m->replays_requested_total[0]);
+    kvb_info("replay", "%s: requesting seq %llu..%llu from %s", st->name,
+             (unsigned long long)rp->want, (unsigned long long)(seq - 1), s->replay_endpoint);
+    return 0;
+}
+
+/* The replay is over (filled or not): publish the barrier if part of the gap
+ * stayed missing, then the held live batches, oldest first. */
+static int finish_replay(struct kvb_source *s, struct kvb_pipeline *p, const char *why)
+{
+    struct replay *rp = &s->rp;
+    struct kvb_stream *st = &rp->st->st;
+    int rc = 0;
+    bool filled = rp->want >= rp->until && !rp->barrier_sent;
+    if (filled) {
+        kvb_inc(&s->m->replays_filled_total[0]);
+        kvb_info("replay", "%s: gap filled up to seq %llu", rp->st->name,
+                 (unsigned long long)(rp->until - 1));
+    } else {
+        kvb_inc(&s->m->replays_failed_total[0]);
+        kvb_warn("replay", "%s: gap before seq %llu not recovered (%s): publishing barrier",
+                 rp->st->name, (unsigned long long)rp->until, why);
+        if (!rp->barrier_sent && (rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP)) < 0)
+            goto out;
+    }
+    for (size_t i = 0; i < rp->n_held; i++) {
+        struct held *h = &rp->held[i];
+        if (st->has_last && h->seq <= st->last)
+            continue; /* already applied from the replay */
+        if (i > 0 && kvb_seq_classify(st, h->seq) == KVB_SEQ_GAP) {
+            kvb_inc(&s->m->seq_gaps_total[0]);
+            if ((rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP)) < 0)
+                goto out;
+        }
+        if ((rc = kvb_pipeline_apply(p, st, h->seq, h->data, h->len)) < 0)
+            goto out;
+    }
+out:
+    drop_held(rp);
+    rp->active = false;
+    rp->st = NULL;
+    if (!filled)
+        close_dealer(s); /* late replies of this request must not reach the next */
+    return rc < 0 ? rc : 0;
+}
+
+static int on_replay_batch(struct kvb_source *s, struct kvb_pipeline *p, uint64_t seq,
+                           const void *data, size_t len)
+{
+    struct replay *rp = &s->rp;
+    struct kvb_stream *st = &rp->st->st;
+    if (seq < rp->want || seq >= rp->until)
+        return 0; /* already applied, or live batches we hold */
+    if (seq > rp->want) {
+        /* the engine's buffer (or the ROUTER's HWM) lost part of the gap */
+        if (!rp->barrier_sent) {
+            kvb_warn("replay", "%s: replay skips from %llu to %llu: publishing barrier",
+                     rp->st->name, (unsigned long long)rp->want, (unsigned long long)seq);
+            int rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP);
+            if (rc < 0)
+                return rc;
+            rp->barrier_sent = true;
+        }
+    }
+    rp->want = seq + 1;
+    return kvb_pipeline_apply(p, st, seq, data, len);
+}
+
+int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
+{
+    zmq_msg_t f[4];
+    int total = 0;
+    while (s->rp.active && s->dealer) {
+        int n = recv_multipart(s->dealer, f, 4);
+        if (n <= 0)
+            return n < 0 ? n : total;
+        total++;
+        /* old: ["", seq, payload]   new: ["", topic, seq, payload] */
+        int si = n == 3 ? 1 : n == 4 ? 2 : -1;
+        if (si < 0 || zmq_msg_size(&f[0]) != 0 || zmq_msg_size(&f[si]) != 8) {
+            kvb_inc(&s->m->malformed_messages_total[KVB_MAL_REPLAY_REPLY]);
+            close_frames(f, n, 4);
+            continue;
+        }
+        uint64_t seq = be64(zmq_msg_data(&f[si]));
+        int rc = 0;
+        if (seq == REPLAY_END)
+            rc = finish_replay(s, p, "engine's replay buffer no longer holds it");
+        else
+            rc = on_replay_batch(s, p, seq, zmq_msg_data(&f[si + 1]), zmq_msg_size(&f[si + 1]));
+        close_frames(f, n, 4);
+        if (rc < 0)
+            return rc;
+        /* caught up: the rest of the reply is what we hold already */
+        if (s->rp.active && s->rp.want >= s->rp.until) {
+            if ((rc = finish_replay(s, p, "")) < 0)
+                return rc;
+            close_dealer(s); /* the remaining replies are not needed */
+        }
+    }
+    return total;
+}
+
+long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
+{
+    if (!s->rp.active)
+        return -1;
+    return s->rp.deadline_ms > now_ms ? (long)(s->rp.deadline_ms - now_ms) : 0;
+}
+
+void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
+{
+    if (s->rp.active && now_ms >= s->rp.deadline_ms) {
+        int rc = finish_replay(s, p, "replay timed out");
+        if (rc < 0)
+            kvb_err("replay", "%s: %s", s->name, strerror(-rc));
+    }
+}
+
+/* ---- live messages ------------------------------------------------------ */
+
+static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *st,
+                   uint64_t seq, const void *data, size_t len)
+{
+    struct replay *rp = &s->rp;
+    if (rp->active && rp->st == st) {
+        int rc = hold(rp, seq, data, len);
+        if (rc == 0)
+            return 0;
+        kvb_warn("replay", "%s: too many live batches held during replay", st->name);
+        if ((rc = finish_replay(s, p, "hold queue full")) < 0)
+            return rc;
+        return kvb_pipeline_live(p, &st->st, seq, data, len);
+    }
+    int v = kvb_seq_classify(&st->st, seq);
+    if (v == KVB_SEQ_GAP && s->replay_endpoint[0] && !rp->active) {
+        kvb_inc(&s->m->seq_gaps_total[0]);
+        kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
+                 (unsigned long long)kvb_seq_missing(&st->st, seq), (unsigned long long)seq);
+        int rc = start_replay(s, st, seq);
+        if (rc == 0 && (rc = hold(rp, seq, data, len)) == 0)
+            return 0;
+        kvb_warn("replay", "%s: cannot request replay: %s", st->name, strerror(-rc));
+        if (rp->active) {
+            rc = finish_replay(s, p, "request failed"); /* publishes the barrier */
+        } else {
+            kvb_inc(&s->m->replays_failed_total[0]);
+            rc = kvb_pipeline_barrier(p, &st->st, KVB_BAR_GAP);
+        }
+        if (rc < 0)
+            return rc;
+        return kvb_pipeline_apply(p, &st->st, seq, data, len);
+    }
+    return kvb_pipeline_live(p, &st->st, seq, data, len);
+}
+
+int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
+{
+    zmq_msg_t f[3];
+    int got = 0;
+    while (got < budget) {
+        int n = recv_multipart(s->sub, f, 3);
+        if (n < 0)
+            return n == -EINTR ? got : n;
+        if (n == 0)
+            break;
+        got++;
+        if (n != 3) {
+            kvb_inc(&s->m->malformed_messages_total[KVB_MAL_FRAMES]);
+            kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
+                       "%s: message with %d frames (want 3): dropped", s->name, n);
+            close_frames(f, n, 3);
+            continue;
+        }
+        if (zmq_msg_size(&f[1]) != 8) {
+            kvb_inc(&s->m->malformed_messages_total[KVB_MAL_SEQ_FRAME]);
+            kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
+                       "%s: seq frame of %zu bytes (want 8): dropped", s->name,
+                       zmq_msg_size(&f[1]));
+            close_frames(f, n, 3);
+            continue;
+        }
+        struct stream *st = find_stream(s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]));
+        int rc = 0;
+        if (!st) {
+            kvb_inc(&s->m->malformed_messages_total[KVB_MAL_FRAMES]);
+            kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
+                       "%s: too many topics (or one too long): dropped", s->name);
+        } else {
+            rc = on_live(s, p, st, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]),
+                         zmq_msg_size(&f[2]));
+        }
+        close_frames(f, n, 3);
+        if (rc < 0)
+            return rc;
+    }
+    return got;
+}

@@ -1,0 +1,841 @@
+/* config: the YAML file of config.md, every error kind with its exact
+ * FILE:LINE:COLUMN message, the example file, reloads.  Run from the project
+ * root (reads tests/data/config/ and conf/kvbridge.yaml). */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "metrics.h"
+
+#define DATA "tests/data/config/"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+struct result {
+    int rc;
+    struct kvb_config *cfg;
+    char *errs; /* everything written to err, "" when nothing */
+};
+
+static struct result load(const char *path)
+{
+    struct result r = {0};
+    size_t len = 0;
+    FILE *err = open_memstream(&r.errs, &len);
+    ck_assert(err != NULL);
+    r.cfg = (struct kvb_config *)&r; /* sentinel: must stay untouched on failure */
+    r.rc = kvb_config_load(path, &r.cfg, err);
+    fclose(err);
+    if (r.rc < 0) {
+        ck_assert_ptr_eq(r.cfg, (struct kvb_config *)&r);
+        r.cfg = NULL;
+    }
+    return r;
+}
+
+static void result_free(struct result *r)
+{
+    kvb_config_free(&r->cfg);
+    free(r->errs);
+    r->errs = NULL;
+}
+
+/* Replace every occurrence of FROM in S (malloc'd) by TO, in place. */
+static void replace_all(char **s, const char *from, const char *to)
+{
+    size_t fl = strlen(from), tl = strlen(to);
+    ck_assert(tl <= fl);
+    char *w = *s;
+    for (const char *p = *s; *p;) {
+        if (strncmp(p, from, fl) == 0) {
+            memcpy(w, to, tl);
+            w += tl;
+            p += fl;
+        } else {
+            *w++ = *p++;
+        }
+    }
+    *w = '\0';
+}
+
+/* Write TEXT (LEN bytes) to a temporary file and load it; the file's name is
+ * shown as "T" in r.errs. */
+static struct result load_bytes(const char *text, size_t len)
+{
+    char path[] = "/tmp/check_config.XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    ck_assert_int_eq(write(fd, text, len), (ssize_t)len);
+    close(fd);
+    struct result r = load(path);
+    unlink(path);
+    replace_all(&r.errs, path, "T");
+    return r;
+}
+
+static struct result load_text(const char *text) { return load_bytes(text, strlen(text)); }
+
+static char *example_text(size_t *len)
+{
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    ck_assert(f != NULL);
+    ck_assert_int_eq(kvb_config_write_example(f), 0);
+    fclose(f);
+    return buf;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    char *buf = NULL;
+    size_t cap = 0;
+    *len = 0;
+    for (;;) {
+        if (*len + 4096 + 1 > cap) {
+            cap = (*len + 4096 + 1) * 2;
+            buf = realloc(buf, cap);
+            ck_assert(buf != NULL);
+        }
+        size_t n = fread(buf + *len, 1, 4096, f);
+        *len += n;
+        if (n == 0)
+            break;
+    }
+    buf[*len] = '\0';
+    fclose(f);
+    return buf;
+}
+
+#define TIER(t) (1u << KVB_TIER_##t)
+
+/* Every key at its default, except the required ones. */
+static void assert_defaults(const struct kvb_config *c)
+{
+    ck_assert(c->lora_salt);
+    ck_assert_uint_eq(c->forward_tiers, TIER(DEVICE));
+    for (size_t i = 0; i < c->n_sources; i++) {
+        const struct kvb_source_cfg *s = &c->sources[i];
+        ck_assert_str_eq(s->replay_endpoint, "");
+        ck_assert_str_eq(s->topic, "");
+        ck_assert_int_eq(s->mode, KVB_MODE_CONNECT);
+        ck_assert_uint_eq(s->dp_size, 1);
+        ck_assert_uint_eq(s->dp_rank, 0);
+        ck_assert_uint_eq(s->rcvhwm, 1000000);
+    }
+    ck_assert_uint_eq(c->nats.n_servers, 1);
+    ck_assert_str_eq(c->nats.servers[0], "nats://127.0.0.1:4222");
+    ck_assert_str_eq(c->nats.subject, "namespace.{namespace}.component.{component}.kv_events");
+    ck_assert_str_eq(c->nats.namespace_, "dynamo");
+    ck_assert_str_eq(c->nats.component, "backend");
+    ck_assert_int_eq(c->nats.format, KVB_FORMAT_DYNAMO_JSON);
+    ck_assert_str_eq(c->nats.credentials, "");
+    ck_assert_uint_eq(c->nats.connect_timeout_ms, 0);
+    ck_assert_uint_eq(c->nats.reconnect_buffer_bytes, 64u << 20);
+    ck_assert_uint_eq(c->nats.reconnect_wait_ms, 100);
+    ck_assert_uint_eq(c->nats.reconnect_wait_max_ms, 5000);
+    ck_assert_uint_eq(c->nats.flush_timeout_ms, 5000);
+    ck_assert(!c->nats.jetstream.enabled);
+    ck_assert_str_eq(c->nats.jetstream.stream, "");
+    ck_assert_uint_eq(c->replay.timeout_ms, 2000);
+    ck_assert_str_eq(c->metrics.listen, "127.0.0.1:9464");
+    ck_assert_int_eq(c->log.level, KVB_LOG_INFO);
+    ck_assert_str_eq(c->state.dir, "");
+    ck_assert_uint_eq(c->limits.max_payload_bytes, 16u << 20);
+    ck_assert_uint_eq(c->limits.max_events_per_batch, 65536);
+    ck_assert_uint_eq(c->limits.max_hashes_per_event, 65536);
+    ck_assert_uint_eq(c->limits.max_tokens_per_event, 1048576);
+    ck_assert_uint_eq(c->limits.max_depth, 16);
+}
+
+/* ---- files that load ---------------------------------------------------- */
+
+START_TEST(test_spec_example)
+{
+    /* config.md's example, verbatim. */
+    struct result r = load(DATA "spec-example.yaml");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    const struct kvb_config *c = r.cfg;
+    ck_assert_str_eq(c->path, DATA "spec-example.yaml");
+    ck_assert_uint_eq(c->worker_id, 7587890738027725506ull);
+    ck_assert_uint_eq(c->block_size, 16);
+    ck_assert(c->lora_salt);
+    ck_assert_uint_eq(c->forward_tiers, TIER(DEVICE));
+    ck_assert_uint_eq(c->n_sources, 1);
+    ck_assert_str_eq(c->sources[0].endpoint, "tcp://127.0.0.1:5557");
+    ck_assert_str_eq(c->sources[0].replay_endpoint, "tcp://127.0.0.1:5558");
+    ck_assert_str_eq(c->sources[0].topic, "");
+    ck_assert_int_eq(c->sources[0].mode, KVB_MODE_CONNECT);
+    ck_assert_uint_eq(c->sources[0].dp_size, 1);
+    ck_assert_uint_eq(c->sources[0].dp_rank, 0);
+    ck_assert_uint_eq(c->nats.n_servers, 1);
+    ck_assert_str_eq(c->nats.servers[0], "nats://127.0.0.1:4222");
+    ck_assert_str_eq(c->nats.subject, "namespace.{namespace}.component.{component}.kv_events");
+    ck_assert_str_eq(c->nats.namespace_, "dynamo");
+    ck_assert_str_eq(c->nats.component, "backend");
+    ck_assert_int_eq(c->nats.format, KVB_FORMAT_DYNAMO_JSON);
+    ck_assert(!c->nats.jetstream.enabled);
+    ck_assert_str_eq(c->nats.jetstream.stream, "");
+    ck_assert_str_eq(c->metrics.listen, "127.0.0.1:9464");
+    ck_assert_int_eq(c->log.level, KVB_LOG_INFO);
+    ck_assert_str_eq(c->state.dir, "");
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_defaults)
+{
+    /* Only the required keys: everything else takes its default. */
+    struct result r = load(DATA "minimal.yaml");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_uint_eq(r.cfg->worker_id, 1);
+    ck_assert_uint_eq(r.cfg->block_size, 32);
+    ck_assert_uint_eq(r.cfg->n_sources, 1);
+    ck_assert_str_eq(r.cfg->sources[0].endpoint, "ipc:///run/vllm/kv.sock");
+    assert_defaults(r.cfg);
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_every_key)
+{
+    /* Every key away from its default; block_size auto; worker_id = 2^64-1. */
+    struct result r = load(DATA "full.yaml");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    const struct kvb_config *c = r.cfg;
+    ck_assert_uint_eq(c->worker_id, UINT64_MAX);
+    ck_assert_uint_eq(c->block_size, 0);
+    ck_assert(!c->lora_salt);
+    ck_assert_uint_eq(c->forward_tiers,
+                      TIER(DEVICE) | TIER(HOST_PINNED) | TIER(DISK) | TIER(EXTERNAL));
+    ck_assert_uint_eq(c->n_sources, 2);
+    const struct kvb_source_cfg *s = &c->sources[0];
+    ck_assert_str_eq(s->endpoint, "tcp://10.0.0.1:6000");
+    ck_assert_str_eq(s->replay_endpoint, "tcp://10.0.0.1:7000");
+    ck_assert_str_eq(s->topic, "kv");
+    ck_assert_int_eq(s->mode, KVB_MODE_BIND);
+    ck_assert_uint_eq(s->dp_size, 4);
+    ck_assert_uint_eq(s->dp_rank, 8);
+    ck_assert_uint_eq(s->rcvhwm, 0);
+    s = &c->sources[1];
+    ck_assert_str_eq(s->endpoint, "inproc://engine");
+    ck_assert_str_eq(s->replay_endpoint, "");
+    ck_assert_uint_eq(s->dp_size, 1);
+    ck_assert_uint_eq(s->rcvhwm, 1000000);
+    ck_assert_uint_eq(c->nats.n_servers, 2);
+    ck_assert_str_eq(c->nats.servers[0], "nats://a:4222");
+    ck_assert_str_eq(c->nats.servers[1], "tls://b:4222");
+    ck_assert_str_eq(c->nats.subject, "kv.{worker_id}.{dp_rank}");
+    ck_assert_str_eq(c->nats.namespace_, "ns");
+    ck_assert_str_eq(c->nats.component, "comp");
+    ck_assert_str_eq(c->nats.credentials, "/etc/kvbridge/nats.creds");
+    ck_assert_uint_eq(c->nats.connect_timeout_ms, 30000);
+    ck_assert_uint_eq(c->nats.reconnect_buffer_bytes, 1048576);
+    ck_assert_uint_eq(c->nats.reconnect_wait_ms, 50);
+    ck_assert_uint_eq(c->nats.reconnect_wait_max_ms, 50);
+    ck_assert_uint_eq(c->nats.flush_timeout_ms, 0);
+    ck_assert(c->nats.jetstream.enabled);
+    ck_assert_str_eq(c->nats.jetstream.stream, "kv-events");
+    ck_assert_uint_eq(c->replay.timeout_ms, 500);
+    ck_assert_str_eq(c->metrics.listen, "[::1]:9000");
+    ck_assert_int_eq(c->log.level, KVB_LOG_DEBUG);
+    ck_assert_str_eq(c->state.dir, "/var/lib/kvbridge");
+    ck_assert_uint_eq(c->limits.max_payload_bytes, 1073741824);
+    ck_assert_uint_eq(c->limits.max_events_per_batch, 1);
+    ck_assert_uint_eq(c->limits.max_hashes_per_event, 2);
+    ck_assert_uint_eq(c->limits.max_tokens_per_event, 3);
+    ck_assert_uint_eq(c->limits.max_depth, 31);
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_small_forms)
+{
+    /* Quoted auto, boolean spellings, flow style, a section left empty
+     * ("state:" = all defaults), the smallest and largest accepted values. */
+    struct result r = load_text("{worker_id: 0, block_size: 'auto', lora_salt: FALSE,\n"
+                                " sources: [{endpoint: 'tcp://h:65535', dp_rank: 4294967295,\n"
+                                "            rcvhwm: 2147483647}],\n"
+                                " state: , limits: {max_depth: 1}}\n");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_uint_eq(r.cfg->worker_id, 0);
+    ck_assert_uint_eq(r.cfg->block_size, 0);
+    ck_assert(!r.cfg->lora_salt);
+    ck_assert_uint_eq(r.cfg->sources[0].dp_rank, UINT32_MAX);
+    ck_assert_uint_eq(r.cfg->sources[0].rcvhwm, 2147483647);
+    ck_assert_uint_eq(r.cfg->limits.max_depth, 1);
+    ck_assert_str_eq(r.cfg->state.dir, "");
+    result_free(&r);
+
+    r = load_text("worker_id: 1\nblock_size: 1048576\nlora_salt: True\n"
+                  "sources:\n- endpoint: tcp://h:5557\n  dp_size: 4\n"
+                  "  replay_endpoint: tcp://h:65532\n");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_uint_eq(r.cfg->block_size, 1048576);
+    ck_assert(r.cfg->lora_salt);
+    result_free(&r);
+}
+END_TEST
+
+/* ---- every error, exactly ----------------------------------------------- */
+
+struct bad_file {
+    const char *file;
+    const char *errs;
+};
+
+static const struct bad_file bad_files[] = {
+    {"bad-unknown.yaml",
+     DATA "bad-unknown.yaml:4:5: unknown key 'sources[0].edpoint'\n"
+     DATA "bad-unknown.yaml:4:5: missing required key 'sources[0].endpoint'\n"
+     DATA "bad-unknown.yaml:6:3: unknown key 'nats.servrs'\n"
+     DATA "bad-unknown.yaml:8:5: unknown key 'nats.jetstream.enable'\n"
+     DATA "bad-unknown.yaml:9:1: unknown key 'logging'\n"},
+    {"bad-duplicate.yaml",
+     DATA "bad-duplicate.yaml:6:5: duplicate key 'sources[0].topic' (first at 5:5)\n"
+     DATA "bad-duplicate.yaml:9:1: duplicate key 'nats' (first at 7:1)\n"
+     DATA "bad-duplicate.yaml:11:1: duplicate key 'worker_id' (first at 1:1)\n"},
+    {"bad-missing.yaml",
+     DATA "bad-missing.yaml:2:1: missing required key 'worker_id'\n"
+     DATA "bad-missing.yaml:2:1: missing required key 'block_size'\n"
+     DATA "bad-missing.yaml:2:1: missing required key 'sources'\n"},
+    {"bad-no-endpoint.yaml",
+     DATA "bad-no-endpoint.yaml:4:5: missing required key 'sources[0].endpoint'\n"
+     DATA "bad-no-endpoint.yaml:6:5: missing required key 'sources[2].endpoint'\n"},
+    {"bad-enum.yaml",
+     DATA "bad-enum.yaml:10:1: only one YAML document is allowed\n"
+     DATA "bad-enum.yaml:5:11: sources[0].mode: 'listen' is not one of connect or bind\n"
+     DATA "bad-enum.yaml:7:11: nats.format: dynamo-msgpack is not supported yet "
+          "(use dynamo-json)\n"
+     DATA "bad-enum.yaml:9:10: log.level: 'verbose' is not one of error, warn, info "
+          "or debug\n"},
+    {"bad-format.yaml",
+     DATA "bad-format.yaml:4:16: nats.format: raw is not supported yet (use dynamo-json)\n"},
+    {"bad-ints.yaml",
+     DATA "bad-ints.yaml:1:12: worker_id: '-1' is negative (expected "
+          "0..18446744073709551615)\n"
+     DATA "bad-ints.yaml:2:13: block_size: '1.5' is not a decimal integer (expected "
+          "1..1048576 or \"auto\")\n"
+     DATA "bad-ints.yaml:5:14: sources[0].dp_size: 0 is out of range (expected 1..65535)\n"
+     DATA "bad-ints.yaml:6:14: sources[0].dp_rank: 4294967296 is out of range (expected "
+          "0..4294967295)\n"
+     DATA "bad-ints.yaml:7:13: sources[0].rcvhwm: '10k' is not a decimal integer "
+          "(expected 0..2147483647)\n"
+     DATA "bad-ints.yaml:9:23: nats.connect_timeout_ms: '18446744073709551616' is too "
+          "large (expected 0..2147483647)\n"
+     DATA "bad-ints.yaml:10:22: nats.reconnect_wait_ms: '12 ' is not a decimal integer "
+          "(expected 1..2147483647)\n"
+     DATA "bad-ints.yaml:11:21: nats.flush_timeout_ms: '0x10' is not a decimal integer "
+          "(expected 0..2147483647)\n"
+     DATA "bad-ints.yaml:12:27: nats.reconnect_buffer_bytes: '010' is not a decimal "
+          "integer (expected 0..2147483647)\n"
+     DATA "bad-ints.yaml:14:14: limits.max_depth: 32 is out of range (expected 1..31)\n"
+     DATA "bad-ints.yaml:15:22: limits.max_payload_bytes: '1e6' is not a decimal integer "
+          "(expected 1..1073741824)\n"
+     DATA "bad-ints.yaml:16:25: limits.max_events_per_batch: '+5' is not a decimal "
+          "integer (expected 1..4294967295)\n"},
+    {"bad-ports.yaml",
+     DATA "bad-ports.yaml:5:14: sources[0].dp_size: 8 ports from 65530 "
+          "(sources[0].endpoint) go past 65535\n"
+     DATA "bad-ports.yaml:7:14: sources[1].dp_size: 2 needs sources[1].endpoint to be "
+          "tcp://HOST:PORT with a numeric port\n"
+     DATA "bad-ports.yaml:10:14: sources[2].dp_size: 2 ports from 65535 "
+          "(sources[2].replay_endpoint) go past 65535\n"},
+    {"bad-syntax.yaml",
+     DATA "bad-syntax.yaml:5:2: did not find expected key (while parsing a block mapping "
+          "at 1:1)\n"},
+    {"bad-kinds.yaml",
+     DATA "bad-kinds.yaml:1:12: worker_id: expected a single value, found a mapping\n"
+     DATA "bad-kinds.yaml:2:13: block_size: expected a single value, found a list\n"
+     DATA "bad-kinds.yaml:3:12: lora_salt: 'maybe' is not a boolean (expected true or "
+          "false)\n"
+     DATA "bad-kinds.yaml:4:16: forward_tiers: expected a list ([a, b]), found a single "
+          "value\n"
+     DATA "bad-kinds.yaml:6:3: sources: expected a list of sources, found a mapping\n"
+     DATA "bad-kinds.yaml:8:12: nats.servers: the list must not be empty\n"
+     DATA "bad-kinds.yaml:9:11: nats.subject: missing value (write \"\" for an empty "
+          "string)\n"
+     DATA "bad-kinds.yaml:10:14: nats.namespace: must not be empty\n"
+     DATA "bad-kinds.yaml:11:6: log: expected a mapping, found a single value\n"},
+    {"bad-values.yaml",
+     DATA "bad-values.yaml:2:13: block_size: 0 is out of range (expected 1..1048576 or "
+          "\"auto\")\n"
+     DATA "bad-values.yaml:3:25: forward_tiers[1]: 'gpu' is not a storage tier (expected "
+          "device, host_pinned, disk or external)\n"
+     DATA "bad-values.yaml:3:30: forward_tiers[2]: tier 'device' is listed twice\n"
+     DATA "bad-values.yaml:5:15: sources[0].endpoint: 'http://127.0.0.1:5557' is not a "
+          "ZMQ endpoint (expected tcp://, ipc:// or inproc://...)\n"
+     DATA "bad-values.yaml:6:22: sources[0].replay_endpoint: 'tcp://' is not a ZMQ "
+          "endpoint (expected tcp://, ipc:// or inproc://...)\n"
+     DATA "bad-values.yaml:7:5: sources[1]: expected a mapping (endpoint: ...), found a "
+          "single value\n"
+     DATA "bad-values.yaml:9:28: nats.servers[1]: must not be empty\n"
+     DATA "bad-values.yaml:10:12: nats.subject: unknown placeholder '{namspace}' "
+          "(expected {namespace}, {component}, {worker_id} or {dp_rank})\n"
+     DATA "bad-values.yaml:13:11: metrics.listen: '9464' is not HOST:PORT (or \"\" to "
+          "disable)\n"
+     DATA "bad-values.yaml:11:22: nats.reconnect_wait_max_ms: 5000 is less than "
+          "nats.reconnect_wait_ms (6000)\n"},
+    {"bad-alias.yaml", DATA "bad-alias.yaml:2:13: YAML aliases are not supported\n"},
+    {"bad-toplevel.yaml",
+     DATA "bad-toplevel.yaml:1:1: expected a mapping of keys at the top level, found a "
+          "list\n"},
+    {"empty.yaml",
+     DATA "empty.yaml:1:1: empty configuration (worker_id, block_size and sources are "
+          "required)\n"},
+    {"comments.yaml",
+     DATA "comments.yaml:1:1: empty configuration (worker_id, block_size and sources are "
+          "required)\n"},
+};
+
+START_TEST(test_bad_file)
+{
+    const struct bad_file *b = &bad_files[_i];
+    char path[256];
+    snprintf(path, sizeof path, DATA "%s", b->file);
+    struct result r = load(path);
+    ck_assert_msg(r.rc == -EINVAL, "%s: rc %d", b->file, r.rc);
+    ck_assert_str_eq(r.errs, b->errs);
+    ck_assert(r.cfg == NULL);
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_err_null)
+{
+    /* err may be NULL: same result, nothing written. */
+    struct kvb_config *c = NULL;
+    ck_assert_int_eq(kvb_config_load(DATA "bad-ints.yaml", &c, NULL), -EINVAL);
+    ck_assert(c == NULL);
+    ck_assert_int_eq(kvb_config_load(DATA "minimal.yaml", &c, NULL), 0);
+    ck_assert(c != NULL);
+    kvb_config_free(&c);
+    ck_assert_int_eq(kvb_config_load(NULL, &c, NULL), -EINVAL);
+    ck_assert_int_eq(kvb_config_load(DATA "minimal.yaml", NULL, NULL), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_unreadable)
+{
+    struct result r = load(DATA "no-such-file.yaml");
+    ck_assert_int_eq(r.rc, -ENOENT);
+    ck_assert_str_eq(r.errs, DATA "no-such-file.yaml: cannot read: No such file or "
+                                  "directory\n");
+    result_free(&r);
+
+    r = load(DATA);
+    ck_assert_int_eq(r.rc, -EISDIR);
+    ck_assert_str_eq(r.errs, DATA ": cannot read: Is a directory\n");
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_file_size_cap)
+{
+    /* Exactly 1 MiB loads; one byte more is refused before parsing. */
+    const char *head = "worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n";
+    size_t cap = 1u << 20;
+    char *buf = malloc(cap + 1);
+    ck_assert(buf != NULL);
+    memset(buf, ' ', cap + 1);
+    memcpy(buf, head, strlen(head));
+    buf[strlen(head)] = '#';
+    buf[cap - 1] = '\n';
+    struct result r = load_bytes(buf, cap);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    result_free(&r);
+
+    buf[cap] = '\n';
+    r = load_bytes(buf, cap + 1);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs, "T: file too large (more than 1048576 bytes)\n");
+    result_free(&r);
+    free(buf);
+}
+END_TEST
+
+/* Inline cases: text, expected errors ("T" is the file). */
+static const struct bad_file bad_texts[] = {
+    /* a key that spells a path is still an unknown key */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats.servers: [a]\n",
+     "T:4:1: unknown key 'nats.servers'\n"},
+    /* a key that is not a scalar */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n? [a]\n: 1\n",
+     "T:4:3: keys must be single values, not a list\n"},
+    /* control characters in keys and values are escaped in messages */
+    {"worker_id: \"1\\n2\"\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "\"a\\tb\": 1\n",
+     "T:1:12: worker_id: '1\\x0a2' is not a decimal integer (expected "
+     "0..18446744073709551615)\n"
+     "T:4:1: unknown key 'a\\x09b'\n"},
+    /* a NUL inside a string */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: \"inproc://x\\0y\"}]\n",
+     "T:3:22: sources[0].endpoint: the string contains a NUL character\n"},
+    /* null where a value is needed */
+    {"worker_id: ~\nblock_size: null\nsources:\n", "T:1:12: worker_id: missing value\n"
+                                                   "T:2:13: block_size: missing value\n"
+                                                   "T:3:9: sources: expected a list of "
+                                                   "sources, found nothing\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: []\nforward_tiers: []\n",
+     "T:3:10: sources: at least one source is required\n"
+     "T:4:16: forward_tiers: the list must not be empty\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: [~, [a]]\nnats: {servers: [{a: 1}, ~]}\n",
+     "T:3:11: sources[0]: expected a mapping (endpoint: ...), found nothing\n"
+     "T:3:14: sources[1]: expected a mapping (endpoint: ...), found a list\n"
+     "T:4:18: nats.servers[0]: expected a single value, found a mapping\n"
+     "T:4:26: nats.servers[1]: expected a single value, found nothing\n"},
+    /* only the waits given: the ceiling default is below the first step */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {reconnect_wait_ms: 5001}\n",
+     "T:4:27: nats.reconnect_wait_max_ms: 5000 is less than nats.reconnect_wait_ms "
+     "(5001)\n"},
+    /* dp_rank + dp_size past u32 */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'tcp://h:1', dp_size: 2,\n"
+     "  dp_rank: 4294967295}]\n",
+     "T:4:12: sources[0].dp_rank: 4294967295 + dp_size 2 goes past 4294967295\n"},
+    /* a non-numeric port with dp_size > 1 */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'tcp://*:x', dp_size: 2}]\n",
+     "T:3:44: sources[0].dp_size: 2 needs sources[0].endpoint to be tcp://HOST:PORT "
+     "with a numeric port\n"},
+    /* subject and names with white space, listen without a host */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {subject: 'a b', component: 'x y'}\nmetrics: {listen: ':80'}\n",
+     "T:4:17: nats.subject: must not contain white space\n"
+     "T:4:35: nats.component: must not contain white space\n"
+     "T:5:19: metrics.listen: ':80' is not HOST:PORT (or \"\" to disable)\n"},
+    /* an over-long value is cut in the message */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "log: {level: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}\n",
+     "T:4:14: log.level: 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...' "
+     "is not one of error, warn, info or debug\n"},
+    /* syntax errors: scanner, with and without a context */
+    {"worker_id: 1\nblock_size: [16\n", "T:3:1: did not find expected ',' or ']' (while "
+                                       "parsing a flow sequence at 2:13)\n"},
+    {"a: b: c\n", "T:1:5: mapping values are not allowed in this context\n"},
+    {"worker_id: \"1\n", "T:2:1: found unexpected end of stream (while scanning a quoted "
+                         "scalar at 1:12)\n"},
+    {"\tworker_id: 1\n", "T:1:1: found character that cannot start any token (while "
+                         "scanning for the next token at 1:1)\n"},
+    /* invalid UTF-8 (a reader error, located from its byte offset) */
+    {"worker_id: 1\nblock_size: \xff\n", "T:2:13: invalid leading UTF-8 octet (byte "
+                                         "0xff)\n"},
+    {"!!map\n", "T:1:1: empty configuration (worker_id, block_size and sources are "
+                "required)\n"},
+};
+
+START_TEST(test_bad_text)
+{
+    const struct bad_file *b = &bad_texts[_i];
+    struct result r = load_text(b->file);
+    ck_assert_msg(r.rc == -EINVAL, "case %d: rc %d", _i, r.rc);
+    ck_assert_str_eq(r.errs, b->errs);
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_nesting_and_node_caps)
+{
+    /* 100 levels of nesting: stopped at 32, no recursion beyond it. */
+    char deep[512];
+    size_t n = 0;
+    n += (size_t)snprintf(deep, sizeof deep, "worker_id: ");
+    for (int i = 0; i < 100; i++)
+        deep[n++] = '[';
+    deep[n++] = '\n';
+    struct result r = load_bytes(deep, n);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs, "T:1:43: nested too deeply (more than 32 levels)\n");
+    result_free(&r);
+
+    /* 70000 list items: stopped at 65536 nodes. */
+    size_t cap = 200000;
+    char *big = malloc(cap);
+    ck_assert(big != NULL);
+    n = (size_t)snprintf(big, cap, "worker_id: [");
+    for (int i = 0; i < 70000; i++) {
+        big[n++] = '1';
+        big[n++] = ',';
+    }
+    big[n++] = ']';
+    big[n++] = '\n';
+    r = load_bytes(big, n);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs, "T:1:131079: too many YAML nodes (more than 65536)\n");
+    result_free(&r);
+    free(big);
+}
+END_TEST
+
+START_TEST(test_error_cap)
+{
+    /* 150 unknown keys: 100 shown, then one line saying the rest are not. */
+    size_t cap = 150 * 16 + 64, n = 0;
+    char *buf = malloc(cap);
+    ck_assert(buf != NULL);
+    for (int i = 0; i < 150; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "k%d: 1\n", i);
+    struct result r = load_bytes(buf, n);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    size_t lines = 0;
+    for (const char *p = r.errs; *p; p++)
+        lines += *p == '\n';
+    ck_assert_uint_eq(lines, 101);
+    ck_assert(strstr(r.errs, "T:100:1: unknown key 'k99'\n") != NULL);
+    ck_assert(strstr(r.errs, "T:101:1:") == NULL);
+    const char *tail = "T: too many errors, not showing the rest\n";
+    ck_assert_str_eq(r.errs + strlen(r.errs) - strlen(tail), tail);
+    result_free(&r);
+    free(buf);
+}
+END_TEST
+
+/* ---- robustness: truncations and byte flips of good files --------------- */
+
+START_TEST(test_mutations)
+{
+    static const char *const files[] = {DATA "full.yaml", DATA "spec-example.yaml"};
+    static const char flips[] = {'\0', ':', '-', '[', '{', '"', '\'', '&', '*', '\n',
+                                 ' ', '9', '\t', '#', '!', '\xc3'};
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        size_t len;
+        char *text = read_file(files[f], &len);
+        for (size_t cut = 0; cut <= len; cut += 3) {
+            struct result r = load_bytes(text, cut);
+            ck_assert(r.rc == 0 || r.rc == -EINVAL);
+            ck_assert(r.rc == 0 || r.errs[0] != '\0');
+            result_free(&r);
+        }
+        for (size_t at = 0; at < len; at += 7) {
+            char saved = text[at];
+            text[at] = flips[at % sizeof flips];
+            struct result r = load_bytes(text, len);
+            ck_assert(r.rc == 0 || r.rc == -EINVAL);
+            result_free(&r);
+            text[at] = saved;
+        }
+        free(text);
+    }
+}
+END_TEST
+
+/* ---- the example file --------------------------------------------------- */
+
+START_TEST(test_example_loads)
+{
+    size_t len;
+    char *text = example_text(&len);
+    ck_assert_uint_gt(len, 0);
+    /* every key of the table is in it */
+    static const char *const keys[] = {
+        "\nworker_id: 0\n", "\nblock_size: 16\n", "\nlora_salt: true\n",
+        "\nforward_tiers: [device]\n", "\nsources:\n",
+        "  - endpoint: \"tcp://127.0.0.1:5557\"\n", "    replay_endpoint: \"\"\n",
+        "    topic: \"\"\n", "    mode: connect\n", "    dp_size: 1\n", "    dp_rank: 0\n",
+        "    rcvhwm: 1000000\n", "\nnats:\n", "  servers: [\"nats://127.0.0.1:4222\"]\n",
+        "  credentials: \"\"\n", "  connect_timeout_ms: 0\n",
+        "  reconnect_buffer_bytes: 67108864\n", "  jetstream:\n", "    enabled: false\n",
+        "    stream: \"\"\n", "\nreplay:\n  # ", "  timeout_ms: 2000\n",
+        "  listen: \"127.0.0.1:9464\"\n", "  level: info\n", "  dir: \"\"\n",
+        "  max_depth: 16\n",
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        ck_assert_msg(strstr(text, keys[i]) != NULL, "missing %s", keys[i]);
+    /* no line wider than 79 columns, no trailing blanks */
+    for (const char *p = text; *p;) {
+        const char *e = strchr(p, '\n');
+        ck_assert(e != NULL);
+        ck_assert_msg(e - p <= 79, "long line: %.*s", (int)(e - p), p);
+        ck_assert_msg(e == p || e[-1] != ' ', "trailing blank: %.*s", (int)(e - p), p);
+        p = e + 1;
+    }
+
+    struct result r = load_bytes(text, len);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_uint_eq(r.cfg->worker_id, 0);
+    ck_assert_uint_eq(r.cfg->block_size, 16);
+    ck_assert_uint_eq(r.cfg->n_sources, 1);
+    ck_assert_str_eq(r.cfg->sources[0].endpoint, "tcp://127.0.0.1:5557");
+    assert_defaults(r.cfg);
+    result_free(&r);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_conf_file_is_example)
+{
+    size_t len, flen;
+    char *text = example_text(&len);
+    char *file = read_file("conf/kvbridge.yaml", &flen);
+    if (flen != len || memcmp(file, text, len) != 0) {
+        FILE *f = fopen("build/tests/kvbridge.yaml.example", "wb");
+        if (f) {
+            fwrite(text, 1, len, f);
+            fclose(f);
+        }
+        ck_abort_msg("conf/kvbridge.yaml differs from kvb_config_write_example(); "
+                     "its output is in build/tests/kvbridge.yaml.example");
+    }
+    free(file);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_example_write_error)
+{
+    /* A stream that fails is reported. */
+    FILE *f = fopen("/dev/full", "w");
+    if (!f)
+        return; /* no /dev/full here */
+    setvbuf(f, NULL, _IONBF, 0);
+    ck_assert_int_eq(kvb_config_write_example(f), -EIO);
+    fclose(f);
+    ck_assert_int_eq(kvb_config_write_example(NULL), -EINVAL);
+}
+END_TEST
+
+/* ---- reload ------------------------------------------------------------- */
+
+static const char reload_base[] = "worker_id: 1\nblock_size: 16\n"
+                                  "sources: [{endpoint: 'tcp://h:1'}]\n";
+
+static struct kvb_config *load_ok(const char *extra)
+{
+    size_t n = strlen(reload_base) + strlen(extra) + 1;
+    char *text = malloc(n);
+    ck_assert(text != NULL);
+    snprintf(text, n, "%s%s", reload_base, extra);
+    struct result r = load_text(text);
+    free(text);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    free(r.errs);
+    return r.cfg;
+}
+
+static int reload(const struct kvb_config *a, const struct kvb_config *b, char **errs)
+{
+    size_t len;
+    FILE *f = open_memstream(errs, &len);
+    ck_assert(f != NULL);
+    int rc = kvb_config_check_reload(a, b, f);
+    fclose(f);
+    return rc;
+}
+
+START_TEST(test_check_reload)
+{
+    char *errs = NULL;
+    struct kvb_config *a = load_ok("state: {dir: /a}\n");
+    struct kvb_config *same = load_ok("state: {dir: /a}\n");
+
+    /* reloadable: block_size, sources, servers, log level, limits */
+    struct kvb_config *b = load_ok("state: {dir: /a}\nlog: {level: debug}\n"
+                                   "nats: {servers: [x, y]}\nlimits: {max_depth: 3}\n");
+    ck_assert_int_eq(reload(a, same, &errs), 0);
+    ck_assert_str_eq(errs, "");
+    free(errs);
+    ck_assert_int_eq(reload(a, b, &errs), 0);
+    ck_assert_str_eq(errs, "");
+    free(errs);
+    kvb_config_free(&b);
+
+    /* not reloadable: state.dir, metrics.listen, nats.jetstream.* */
+    b = load_ok("state: {dir: /b}\n");
+    ck_assert_int_eq(reload(a, b, &errs), -EINVAL);
+    ck_assert(strstr(errs, ": 'state.dir' changed: it needs a restart to take effect\n"));
+    ck_assert_str_eq(strchr(errs, ':'), ": 'state.dir' changed: it needs a restart to "
+                                        "take effect\n");
+    free(errs);
+    kvb_config_free(&b);
+
+    b = load_ok("state: {dir: /a}\nmetrics: {listen: ''}\n"
+                "nats: {jetstream: {enabled: true, stream: s}}\n");
+    ck_assert_int_eq(reload(a, b, &errs), -EINVAL);
+    ck_assert(strstr(errs, "'nats.jetstream.enabled' changed"));
+    ck_assert(strstr(errs, "'nats.jetstream.stream' changed"));
+    ck_assert(strstr(errs, "'metrics.listen' changed"));
+    free(errs);
+    ck_assert_int_eq(kvb_config_check_reload(a, b, NULL), -EINVAL);
+    ck_assert_int_eq(kvb_config_check_reload(NULL, b, NULL), -EINVAL);
+    kvb_config_free(&b);
+
+    kvb_config_free(&same);
+    kvb_config_free(&a);
+}
+END_TEST
+
+START_TEST(test_block_size_reload_from_files)
+{
+    /* The same check with two real files differing only in block_size. */
+    char *errs = NULL;
+    struct result a = load_text("worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n");
+    struct result b = load_text("worker_id: 1\nblock_size: auto\nsources: [{endpoint: 'inproc://x'}]\n");
+    ck_assert_int_eq(a.rc, 0);
+    ck_assert_int_eq(b.rc, 0);
+    ck_assert_int_eq(reload(a.cfg, b.cfg, &errs), 0);
+    free(errs);
+    result_free(&a);
+    result_free(&b);
+}
+END_TEST
+
+START_TEST(test_free_null)
+{
+    kvb_config_free(NULL);
+    struct kvb_config *c = NULL;
+    kvb_config_free(&c);
+    ck_assert(c == NULL);
+    ck_assert_int_eq(kvb_config_load(DATA "minimal.yaml", &c, NULL), 0);
+    kvb_config_free(&c);
+    ck_assert(c == NULL);
+}
+END_TEST
+
+static Suite *config_suite(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("config");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_spec_example);
+    tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_every_key);
+    tcase_add_test(tc, test_small_forms);
+    tcase_add_loop_test(tc, test_bad_file, 0, (int)(sizeof bad_files / sizeof bad_files[0]));
+    tcase_add_test(tc, test_err_null);
+    tcase_add_test(tc, test_unreadable);
+    tcase_add_test(tc, test_file_size_cap);
+    tcase_add_loop_test(tc, test_bad_text, 0, (int)(sizeof bad_texts / sizeof bad_texts[0]));
+    tcase_add_test(tc, test_nesting_and_node_caps);
+    tcase_add_test(tc, test_error_cap);
+    tcase_add_test(tc, test_mutations);
+    tcase_add_test(tc, test_example_loads);
+    tcase_add_test(tc, test_conf_file_is_example);
+    tcase_add_test(tc, test_example_write_error);
+    tcase_add_test(tc, test_check_reload);
+    tcase_add_test(tc, test_block_size_reload_from_files);
+    tcase_add_test(tc, test_free_null);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(config_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

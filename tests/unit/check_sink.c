@@ -1,0 +1,599 @@
+/* check_sink: subject templates, and the NATS sink against a real nats-server
+ * (started here on a free loopback port, killed by PID in teardown).
+ *
+ * Run from the project root: build/tests/check_sink.  Under valgrind:
+ *   CK_FORK=no valgrind --leak-check=full ./build/tests/check_sink
+ */
+#include <check.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nats/nats.h>
+
+#include "config.h"
+#include "log.h"
+#include "metrics.h"
+#include "sink.h"
+
+#define DEFAULT_SUBJECT "namespace.{namespace}.component.{component}.kv_events"
+#define SUBJ "namespace.dynamo.component.backend.kv_events"
+
+/* ---- time ---- */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000u, (long)(ms % 1000u) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+}
+
+/* ---- nats-server process (the one test-only static: Check's fixtures need it) ---- */
+
+static struct {
+    pid_t pid;
+} srv = {-1};
+
+static int free_port(void)
+{
+    struct sockaddr_in a = {0};
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static bool port_open(int port)
+{
+    struct sockaddr_in a = {0};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool ok;
+    if (fd < 0)
+        return false;
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)port);
+    ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+static void server_start(int port)
+{
+    char ports[16];
+    pid_t parent = getpid();
+    snprintf(ports, sizeof(ports), "%d", port);
+    ck_assert_int_lt(srv.pid, 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int dn = open("/dev/null", O_RDWR);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        if (getppid() != parent)
+            _exit(126);
+        if (dn >= 0) {
+            dup2(dn, 0);
+            dup2(dn, 1);
+            dup2(dn, 2);
+        }
+        execlp("nats-server", "nats-server", "-a", "127.0.0.1", "-p", ports, (char *)NULL);
+        _exit(127);
+    }
+    srv.pid = pid;
+    uint64_t deadline = now_ms() + 5000;
+    while (!port_open(port)) {
+        int st;
+        ck_assert_msg(waitpid(pid, &st, WNOHANG) == 0, "nats-server exited at start");
+        ck_assert_msg(now_ms() < deadline, "nats-server not listening on %d after 5 s", port);
+        sleep_ms(10);
+    }
+}
+
+static void server_kill(void)
+{
+    if (srv.pid <= 0)
+        return;
+    kill(srv.pid, SIGKILL);
+    uint64_t deadline = now_ms() + 5000;
+    while (waitpid(srv.pid, NULL, WNOHANG) == 0 && now_ms() < deadline)
+        sleep_ms(5);
+    srv.pid = -1;
+}
+
+static void srv_teardown(void) { server_kill(); }
+
+/* ---- config built by hand (the config module is someone else's) ---- */
+
+static struct kvb_config *cfg_new(int port, uint32_t connect_timeout_ms, uint32_t wait_ms,
+                                  uint32_t wait_max_ms, uint64_t rbuf)
+{
+    char url[64];
+    struct kvb_config *c = calloc(1, sizeof(*c));
+    ck_assert_ptr_nonnull(c);
+    snprintf(url, sizeof(url), "nats://127.0.0.1:%d", port);
+    c->worker_id = 7587890738027725506ull;
+    c->nats.servers = calloc(1, sizeof(char *));
+    ck_assert_ptr_nonnull(c->nats.servers);
+    c->nats.servers[0] = strdup(url);
+    c->nats.n_servers = 1;
+    c->nats.subject = strdup(DEFAULT_SUBJECT);
+    c->nats.namespace_ = strdup("dynamo");
+    c->nats.component = strdup("backend");
+    c->nats.credentials = strdup("");
+    c->nats.connect_timeout_ms = connect_timeout_ms;
+    c->nats.reconnect_buffer_bytes = rbuf;
+    c->nats.reconnect_wait_ms = wait_ms;
+    c->nats.reconnect_wait_max_ms = wait_max_ms;
+    c->nats.flush_timeout_ms = 2000;
+    return c;
+}
+
+static void cfg_free(struct kvb_config *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->nats.n_servers; i++)
+        free(c->nats.servers[i]);
+    free(c->nats.servers);
+    free(c->nats.subject);
+    free(c->nats.namespace_);
+    free(c->nats.component);
+    free(c->nats.credentials);
+    free(c);
+}
+
+/* ---- test subscriber (its own connection) ---- */
+
+struct tsub {
+    natsConnection *nc;
+    natsSubscription *sub;
+};
+
+static void tsub_open(struct tsub *t, int port)
+{
+    char url[64];
+    snprintf(url, sizeof(url), "nats://127.0.0.1:%d", port);
+    ck_assert_int_eq(natsConnection_ConnectTo(&t->nc, url), NATS_OK);
+    ck_assert_int_eq(natsConnection_SubscribeSync(&t->sub, t->nc, SUBJ), NATS_OK);
+    /* The server has the SUB once the PONG is back. */
+    ck_assert_int_eq(natsConnection_FlushTimeout(t->nc, 3000), NATS_OK);
+}
+
+static void tsub_close(struct tsub *t)
+{
+    natsSubscription_Destroy(t->sub);
+    natsConnection_Destroy(t->nc);
+    t->sub = NULL;
+    t->nc = NULL;
+}
+
+static void tsub_expect(struct tsub *t, const char *prefix, int n)
+{
+    for (int i = 0; i < n; i++) {
+        natsMsg *msg = NULL;
+        char want[64];
+        int wl = snprintf(want, sizeof(want), "%s-%05d", prefix, i);
+        natsStatus st = natsSubscription_NextMsg(&msg, t->sub, 3000);
+        ck_assert_msg(st == NATS_OK, "message %s: %s", want, natsStatus_GetText(st));
+        ck_assert_str_eq(natsMsg_GetSubject(msg), SUBJ);
+        ck_assert_int_eq(natsMsg_GetDataLength(msg), wl);
+        ck_assert_msg(memcmp(natsMsg_GetData(msg), want, (size_t)wl) == 0,
+                      "message %d: got %.*s want %s", i, natsMsg_GetDataLength(msg),
+                      natsMsg_GetData(msg), want);
+        natsMsg_Destroy(msg);
+    }
+}
+
+static void publish_n(struct kvb_sink *s, const char *prefix, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char buf[64];
+        int l = snprintf(buf, sizeof(buf), "%s-%05d", prefix, i);
+        ck_assert_int_eq(kvb_sink_publish(s, SUBJ, buf, (size_t)l), 0);
+    }
+}
+
+static int wake_pipe(int fds[2])
+{
+    return pipe2(fds, O_NONBLOCK | O_CLOEXEC);
+}
+
+static int drain(int fd)
+{
+    char b[64];
+    int total = 0;
+    ssize_t n;
+    while ((n = read(fd, b, sizeof(b))) > 0)
+        total += (int)n;
+    return total;
+}
+
+static bool wait_connected(struct kvb_sink *s, bool want, unsigned ms)
+{
+    uint64_t deadline = now_ms() + ms;
+    while (kvb_sink_connected(s) != want) {
+        if (now_ms() >= deadline)
+            return false;
+        sleep_ms(5);
+    }
+    return true;
+}
+
+/* ---- subject templates ---- */
+
+START_TEST(test_subject_default)
+{
+    char out[128];
+    int n = kvb_subject_expand(DEFAULT_SUBJECT, "dynamo", "backend", 1, 0, out, sizeof(out));
+    ck_assert_int_eq(n, (int)strlen(SUBJ));
+    ck_assert_str_eq(out, SUBJ);
+}
+END_TEST
+
+START_TEST(test_subject_all_placeholders)
+{
+    char out[128];
+    int n = kvb_subject_expand("kv.{namespace}.{component}.{worker_id}.{dp_rank}.x", "ns",
+                               "comp", 7587890738027725506ull, 3, out, sizeof(out));
+    ck_assert_str_eq(out, "kv.ns.comp.7587890738027725506.3.x");
+    ck_assert_int_eq(n, (int)strlen(out));
+
+    n = kvb_subject_expand("{worker_id}{dp_rank}{worker_id}", "a", "b", UINT64_MAX,
+                           UINT32_MAX, out, sizeof(out));
+    ck_assert_str_eq(out, "18446744073709551615429496729518446744073709551615");
+    ck_assert_int_eq(n, (int)strlen(out));
+
+    n = kvb_subject_expand("plain.subject", "a", "b", 0, 0, out, sizeof(out));
+    ck_assert_str_eq(out, "plain.subject");
+
+    n = kvb_subject_expand("", "a", "b", 0, 0, out, sizeof(out));
+    ck_assert_int_eq(n, 0);
+    ck_assert_str_eq(out, "");
+
+    /* A lone '}' is literal. */
+    n = kvb_subject_expand("a}.{dp_rank}", "a", "b", 0, 12, out, sizeof(out));
+    ck_assert_str_eq(out, "a}.12");
+}
+END_TEST
+
+START_TEST(test_subject_errors)
+{
+    char out[32];
+    memset(out, 'Z', sizeof(out));
+
+    ck_assert_int_eq(kvb_subject_expand("a.{nope}.b", "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
+    ck_assert_int_eq(kvb_subject_expand("a.{}.b", "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
+    ck_assert_int_eq(kvb_subject_expand("a.{namespace", "n", "c", 1, 0, out, sizeof(out)),
+                     -EINVAL);
+    ck_assert_int_eq(kvb_subject_expand("{Namespace}", "n", "c", 1, 0, out, sizeof(out)),
+                     -EINVAL);
+    ck_assert_int_eq(kvb_subject_expand(NULL, "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
+    ck_assert_int_eq(kvb_subject_expand("x", NULL, "c", 1, 0, out, sizeof(out)), -EINVAL);
+    /* out is written only on success */
+    ck_assert_int_eq(out[0], 'Z');
+
+    /* "namespace.dynamo.component.backend.kv_events" is 44 chars: fits in 45. */
+    char big[45];
+    ck_assert_int_eq(kvb_subject_expand(DEFAULT_SUBJECT, "dynamo", "backend", 0, 0, big, 44),
+                     -ENAMETOOLONG);
+    ck_assert_int_eq(kvb_subject_expand(DEFAULT_SUBJECT, "dynamo", "backend", 0, 0, big, 45), 44);
+    ck_assert_str_eq(big, SUBJ);
+    ck_assert_int_eq(kvb_subject_expand("x", "n", "c", 0, 0, out, 0), -ENAMETOOLONG);
+    ck_assert_int_eq(kvb_subject_expand("", "n", "c", 0, 0, out, 1), 0);
+    /* Overflow inside a placeholder value, and an error after an overflow-free prefix. */
+    memset(out, 'Z', sizeof(out));
+    ck_assert_int_eq(kvb_subject_expand("w.{worker_id}", "n", "c", UINT64_MAX, 0, out, 10),
+                     -ENAMETOOLONG);
+    ck_assert_int_eq(out[0], 'Z');
+    ck_assert_int_eq(kvb_subject_expand("w.{worker_id}.{bad}", "n", "c", 1, 0, out, sizeof(out)),
+                     -EINVAL);
+    ck_assert_int_eq(out[0], 'Z');
+}
+END_TEST
+
+/* ---- sink without a server ---- */
+
+START_TEST(test_destroy_null)
+{
+    struct kvb_sink *s = NULL;
+    kvb_sink_destroy(NULL);
+    kvb_sink_destroy(&s);
+    ck_assert_ptr_null(s);
+    ck_assert(!kvb_sink_connected(NULL));
+    ck_assert_uint_eq(kvb_sink_pending_bytes(NULL), 0);
+}
+END_TEST
+
+START_TEST(test_create_bad_args)
+{
+    struct kvb_metrics m = {0};
+    struct kvb_sink *s = NULL;
+    struct kvb_config *c = cfg_new(4222, 0, 100, 1000, 1 << 20);
+    size_t n = c->nats.n_servers;
+    c->nats.n_servers = 0;
+    ck_assert_int_eq(kvb_sink_create(c, &m, -1, &s), -EINVAL);
+    ck_assert_ptr_null(s);
+    c->nats.n_servers = n;
+    ck_assert_int_eq(kvb_sink_create(NULL, &m, -1, &s), -EINVAL);
+    ck_assert_int_eq(kvb_sink_create(c, &m, -1, NULL), -EINVAL);
+    cfg_free(c);
+}
+END_TEST
+
+START_TEST(test_connect_timeout)
+{
+    struct kvb_metrics m = {0};
+    struct kvb_sink *s = NULL;
+    int port = free_port();
+    struct kvb_config *c = cfg_new(port, 500, 100, 200, 1 << 20);
+    uint64_t t0 = now_ms();
+    ck_assert_int_eq(kvb_sink_create(c, &m, -1, &s), -ETIMEDOUT);
+    uint64_t dt = now_ms() - t0;
+    ck_assert_ptr_null(s);
+    ck_assert_msg(dt >= 450 && dt < 3000, "took %" PRIu64 " ms", dt);
+    ck_assert_uint_eq(kvb_get(&m.nats_connected[0]), 0);
+    cfg_free(c);
+}
+END_TEST
+
+START_TEST(test_buffer_full)
+{
+    struct kvb_metrics m = {0};
+    struct kvb_sink *s = NULL;
+    int port = free_port();
+    struct kvb_config *c = cfg_new(port, 0, 5000, 5000, 4096);
+    char payload[200];
+    int i, rc = 0;
+
+    memset(payload, 'p', sizeof(payload));
+    ck_assert_int_eq(kvb_sink_create(c, &m, -1, &s), 0);
+    ck_assert(!kvb_sink_connected(s));
+    for (i = 0; i < 100; i++) {
+        rc = kvb_sink_publish(s, SUBJ, payload, sizeof(payload));
+        if (rc != 0)
+            break;
+    }
+    ck_assert_int_eq(rc, -EAGAIN);
+    /* 4096 bytes of buffer, ~250 bytes per message; may overshoot by one. */
+    ck_assert_int_ge(i, 4096 / 260);
+    ck_assert_int_le(i, 4096 / 240 + 2);
+    ck_assert_uint_eq(kvb_get(&m.nats_publish_errors_total[0]), 1);
+    ck_assert_uint_ge(kvb_sink_pending_bytes(s), 4096);
+    ck_assert_uint_eq(kvb_get(&m.nats_pending_bytes[0]), kvb_sink_pending_bytes(s));
+    ck_assert_int_eq(kvb_sink_flush(s, 100), -ENOTCONN);
+
+    ck_assert_int_eq(kvb_sink_publish(s, NULL, payload, 1), -EINVAL);
+    ck_assert_int_eq(kvb_sink_publish(s, "", payload, 1), -EINVAL);
+    ck_assert_uint_eq(kvb_get(&m.nats_publish_errors_total[0]), 3);
+
+    kvb_sink_destroy(&s);
+    ck_assert_ptr_null(s);
+    cfg_free(c);
+}
+END_TEST
+
+/* ---- sink against nats-server ---- */
+
+START_TEST(test_publish_order)
+{
+    enum { N = 2000 };
+    struct kvb_metrics m = {0};
+    struct kvb_sink *s = NULL;
+    struct tsub t = {0};
+    int port = free_port();
+    struct kvb_config *c = cfg_new(port, 2000, 100, 1000, 8 << 20);
+
+    server_start(port);
+    ck_assert_int_eq(kvb_sink_create(c, &m, -1, &s), 0);
+    ck_assert(kvb_sink_connected(s));
+    ck_assert_uint_eq(kvb_get(&m.nats_connected[0]), 1);
+    tsub_open(&t, port);
+
+    publish_n(s, "m", N);
+    ck_assert_int_eq(kvb_sink_publish(s, SUBJ, NULL, 0), 0); /* empty payload */
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    ck_assert_uint_eq(kvb_sink_pending_bytes(s), 0);
+    tsub_expect(&t, "m", N);
+    natsMsg *msg = NULL;
+    ck_assert_int_eq(natsSubscription_NextMsg(&msg, t.sub, 3000), NATS_OK);
+    ck_assert_int_eq(natsMsg_GetDataLength(msg), 0);
+    natsMsg_Destroy(msg);
+
+    /* Nothing more, no errors. */
+    ck_assert_int_eq(natsSubscription_NextMsg(&msg, t.sub, 100), NATS_TIMEOUT);
+    ck_assert_uint_eq(kvb_get(&m.nats_publish_errors_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.nats_disconnects_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.nats_reconnects_total[0]), 0);
+
+    kvb_sink_destroy(&s);
+    ck_assert_uint_eq(kvb_get(&m.nats_connected[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.nats_disconnects_total[0]), 0); /* own close not counted */
+    tsub_close(&t);
+    cfg_free(c);
+}
+END_TEST
+
+/* NATS down at start, connect_timeout_ms 0: create succeeds, publishes are
+ * buffered, and are delivered once the server appears.  NATS core drops
+ * messages nobody is subscribed to, so the test subscriber must be in place
+ * before the sink gets through: the sink's first retry comes reconnect_wait_ms
+ * (minus <= 20% jitter) after create, and the server plus subscriber are up
+ * well before that. */
+START_TEST(test_down_at_start)
+{
+    enum { N = 300, WAIT = 3000 };
+    struct kvb_metrics m = {0};
+    struct kvb_sink *s = NULL;
+    struct tsub t = {0};
+    int fds[2];
+    int port = free_port();
+    struct kvb_config *c = cfg_new(port, 0, WAIT, WAIT, 8 << 20);
+
+    ck_assert_int_eq(wake_pipe(fds), 0);
+    uint64_t t0 = now_ms();
+    ck_assert_int_eq(kvb_sink_create(c, &m, fds[1], &s), 0);
+    ck_assert_msg(now_ms() - t0 < 1000, "create blocked");
+    ck_assert(!kvb_sink_connected(s));
+    ck_assert_uint_eq(kvb_get(&m.nats_connected[0]), 0);
+
+    publish_n(s, "d", N);
+    ck_assert_uint_gt(kvb_sink_pending_bytes(s), (uint64_t)N * 10);
+    ck_assert_int_eq(kvb_sink_flush(s, 100), -ENOTCONN);
+
+    server_start(port);
+    tsub_open(&t, port);
+    ck_assert_msg(!kvb_sink_connected(s) && now_ms() - t0 < WAIT * 8 / 10,
+                  "subscriber not ready before the sink's first retry (%" PRIu64 " ms)",
+                  now_ms() - t0);
+
+    ck_assert_msg(wait_connected(s, true, 8000), "sink never connected");
+    ck_assert_int_ge(drain(fds[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.nats_connected[0]), 1);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    tsub_expect(&t, "d", N);
+    ck_assert_uint_eq(kvb_sink_pending_bytes(s), 0);
+    /* The first connection is not a reconnection. */
+    ck_assert_uint_eq(kvb_get(&m.nats_reconnects_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.nats_disconnects_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.nats_publish_errors_total[0]), 0);
+
+    /* And it keeps working. */
+    publish_n(s, "e", 10);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    tsub_expect(&t, "e", 10);
+
+    kvb_sink_destroy(&s);
+    tsub_close(&t);
+    close(fds[0]);
+    close(fds[1]);
+    cfg_free(c);
+}
+END_TEST
+
+/* Server killed and restarted on the same port: the sink notices, buffers,
+ * reconnects, and delivers what was published during the outage. */
+START_TEST(test_server_restart)
+{
+    enum { WAIT = 2500 };
+    struct kvb_metrics m = {0};
+    struct kvb_sink *s = NULL;
+    struct tsub t = {0};
+    int fds[2];
+    int port = free_port();
+    struct kvb_config *c = cfg_new(port, 2000, WAIT, WAIT, 8 << 20);
+
+    ck_assert_int_eq(wake_pipe(fds), 0);
+    server_start(port);
+    ck_assert_int_eq(kvb_sink_create(c, &m, fds[1], &s), 0);
+    ck_assert(kvb_sink_connected(s));
+    tsub_open(&t, port);
+    publish_n(s, "a", 50);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    tsub_expect(&t, "a", 50);
+    tsub_close(&t);
+    drain(fds[0]);
+
+    server_kill();
+    ck_assert_msg(wait_connected(s, false, 5000), "disconnect not noticed");
+    uint64_t t_down = now_ms();
+    ck_assert_uint_eq(kvb_get(&m.nats_disconnects_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.nats_connected[0]), 0);
+    ck_assert_int_ge(drain(fds[0]), 1);
+
+    publish_n(s, "b", 50); /* buffered */
+    ck_assert_uint_gt(kvb_sink_pending_bytes(s), 50 * 10);
+    ck_assert_int_eq(kvb_sink_flush(s, 100), -ENOTCONN);
+
+    server_start(port);
+    tsub_open(&t, port);
+    ck_assert_msg(!kvb_sink_connected(s) && now_ms() - t_down < WAIT * 7 / 10,
+                  "subscriber not ready before the sink's retry (%" PRIu64 " ms)",
+                  now_ms() - t_down);
+
+    ck_assert_msg(wait_connected(s, true, 8000), "sink never reconnected");
+    ck_assert_uint_eq(kvb_get(&m.nats_reconnects_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.nats_disconnects_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.nats_connected[0]), 1);
+    ck_assert_int_ge(drain(fds[0]), 1);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    tsub_expect(&t, "b", 50);
+
+    publish_n(s, "c", 50);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    tsub_expect(&t, "c", 50);
+    ck_assert_uint_eq(kvb_get(&m.nats_publish_errors_total[0]), 0);
+
+    kvb_sink_destroy(&s);
+    ck_assert_uint_eq(kvb_get(&m.nats_disconnects_total[0]), 1);
+    ck_assert_int_eq(drain(fds[0]), 0); /* own close does not wake the loop */
+    tsub_close(&t);
+    close(fds[0]);
+    close(fds[1]);
+    cfg_free(c);
+}
+END_TEST
+
+static Suite *sink_suite(void)
+{
+    Suite *su = suite_create("sink");
+    TCase *tc = tcase_create("subject");
+    tcase_add_test(tc, test_subject_default);
+    tcase_add_test(tc, test_subject_all_placeholders);
+    tcase_add_test(tc, test_subject_errors);
+    suite_add_tcase(su, tc);
+
+    tc = tcase_create("no_server");
+    tcase_set_timeout(tc, 15);
+    tcase_add_test(tc, test_destroy_null);
+    tcase_add_test(tc, test_create_bad_args);
+    tcase_add_test(tc, test_connect_timeout);
+    tcase_add_test(tc, test_buffer_full);
+    suite_add_tcase(su, tc);
+
+    tc = tcase_create("nats_server");
+    tcase_set_timeout(tc, 15);
+    tcase_add_checked_fixture(tc, NULL, srv_teardown);
+    tcase_add_test(tc, test_publish_order);
+    tcase_add_test(tc, test_down_at_start);
+    tcase_add_test(tc, test_server_restart);
+    suite_add_tcase(su, tc);
+    return su;
+}
+
+int main(void)
+{
+    kvb_log_set_level(KVB_LOG_ERROR);
+    SRunner *sr = srunner_create(sink_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    server_kill();
+    /* nats.c keeps library threads and state until closed. */
+    nats_CloseAndWait(5000);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

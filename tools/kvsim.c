@@ -1,0 +1,1863 @@
+/*
+ * kvsim: engine simulator and load generator for kvbridge.
+ *
+ * Stands in for vLLM / SGLang: publishes KV-cache event batches on a ZeroMQ
+ * PUB socket exactly as engine-events.md describes (3 frames: topic, seq as
+ * 8 bytes big-endian, msgpack batch), optionally serves the replay ROUTER,
+ * injects faults (drops, restarts, garbage) and writes a record of what a
+ * correct bridge must publish (--record), for tools/kvtail to check against.
+ *
+ * Independent test instrument: uses nothing from src/.
+ * Build: make build/kvsim, or
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror tools/kvsim.c \
+ *       -o build/kvsim -lzmq -lmsgpackc -lxxhash
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <msgpack.h>
+#include <xxhash.h>
+#include <zmq.h>
+
+#define TOKENS_SEED   1337ULL
+#define MAX_TOKEN     150000u
+#define NLORA         2
+#define NPREFIX       16
+#define MAX_PREFIX    12   /* blocks in a shared prefix */
+#define MAX_SUFFIX    6    /* blocks unique to a request */
+#define MAX_CHAIN     (MAX_PREFIX + MAX_SUFFIX)
+#define NACTIVE       8    /* running requests that decode */
+#define CPU_CAP       512  /* CPU-tier blocks (realistic) */
+#define G1_CAP        256  /* group-1 blocks (realistic) */
+#define DECODE_KEEP   64   /* decode: remove the block stored this many batches ago */
+#define PREFILL_BLOCKS 32
+
+static const char *const lora_names[NLORA + 1] = { NULL, "adapter-a", "adapter-b" };
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+/* ------------------------------------------------------------------ utils */
+
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        fprintf(stderr, "kvsim: out of memory\n");
+        exit(1);
+    }
+    return q;
+}
+
+static void *xcalloc(size_t n, size_t sz)
+{
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) {
+        fprintf(stderr, "kvsim: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+/* splitmix64: fast, good enough, deterministic per seed */
+static uint64_t rnd(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ULL;
+    return mix64(*s);
+}
+
+static uint32_t rnd_below(uint64_t *s, uint32_t n)
+{
+    return (uint32_t)(((rnd(s) >> 32) * (uint64_t)n) >> 32);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+
+    if (!s || *s < '0' || *s > '9')
+        return -EINVAL;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno || *end)
+        return -EINVAL;
+    *out = v;
+    return 0;
+}
+
+static void put_be64(unsigned char *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (unsigned char)(v & 0xff);
+        v >>= 8;
+    }
+}
+
+static uint64_t get_be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* ------------------------------------------------------- seq lists (a,b-c) */
+
+struct seqrange {
+    uint64_t lo, hi;
+};
+
+struct seqlist {
+    struct seqrange *r;
+    size_t n;
+};
+
+static int seqlist_parse(struct seqlist *l, const char *arg)
+{
+    char *copy = strdup(arg), *save = NULL, *tok;
+    int rc = 0;
+
+    if (!copy)
+        return -ENOMEM;
+    for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        struct seqrange r;
+        char *dash = strchr(tok, '-');
+        if (dash) {
+            *dash = '\0';
+            if (parse_u64(tok, &r.lo) || parse_u64(dash + 1, &r.hi) || r.lo > r.hi) {
+                rc = -EINVAL;
+                break;
+            }
+        } else {
+            if (parse_u64(tok, &r.lo)) {
+                rc = -EINVAL;
+                break;
+            }
+            r.hi = r.lo;
+        }
+        l->r = xrealloc(l->r, (l->n + 1) * sizeof *l->r);
+        l->r[l->n++] = r;
+    }
+    free(copy);
+    return rc;
+}
+
+static bool seqlist_has(const struct seqlist *l, uint64_t v)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (v >= l->r[i].lo && v <= l->r[i].hi)
+            return true;
+    return false;
+}
+
+/* -------------------------------------------- u64 -> u32 map (linear probe) */
+
+#define MAP_NONE UINT32_MAX
+
+struct u64map {
+    uint64_t *keys;
+    uint32_t *vals;
+    size_t mask, n;
+};
+
+static void map_alloc(struct u64map *m, size_t slots)
+{
+    m->keys = xcalloc(slots, sizeof *m->keys);
+    m->vals = xrealloc(NULL, slots * sizeof *m->vals);
+    memset(m->vals, 0xff, slots * sizeof *m->vals);
+    m->mask = slots - 1;
+    m->n = 0;
+}
+
+static void map_init(struct u64map *m, size_t cap)
+{
+    size_t slots = 16;
+    while (slots < cap * 2)
+        slots <<= 1;
+    map_alloc(m, slots);
+}
+
+static void map_free(struct u64map *m)
+{
+    free(m->keys);
+    free(m->vals);
+    m->keys = NULL;
+    m->vals = NULL;
+}
+
+static size_t map_find(const struct u64map *m, uint64_t k)
+{
+    size_t i = mix64(k) & m->mask;
+    while (m->vals[i] != MAP_NONE && m->keys[i] != k)
+        i = (i + 1) & m->mask;
+    return i;
+}
+
+static uint32_t map_get(const struct u64map *m, uint64_t k)
+{
+    return m->vals[map_find(m, k)];
+}
+
+static void map_put(struct u64map *m, uint64_t k, uint32_t v);
+
+static void map_grow(struct u64map *m)
+{
+    struct u64map old = *m;
+    map_alloc(m, (old.mask + 1) * 2);
+    for (size_t i = 0; i <= old.mask; i++)
+        if (old.vals[i] != MAP_NONE)
+            map_put(m, old.keys[i], old.vals[i]);
+    map_free(&old);
+}
+
+static void map_put(struct u64map *m, uint64_t k, uint32_t v)
+{
+    size_t i;
+    if ((m->n + 1) * 10 > (m->mask + 1) * 7)
+        map_grow(m);
+    i = map_find(m, k);
+    if (m->vals[i] == MAP_NONE)
+        m->n++;
+    m->keys[i] = k;
+    m->vals[i] = v;
+}
+
+static bool map_del(struct u64map *m, uint64_t k)
+{
+    size_t i = map_find(m, k), j;
+    if (m->vals[i] == MAP_NONE)
+        return false;
+    /* backward-shift deletion keeps probe chains intact without tombstones */
+    j = i;
+    for (;;) {
+        size_t home;
+        bool stays;
+        j = (j + 1) & m->mask;
+        if (m->vals[j] == MAP_NONE)
+            break;
+        home = mix64(m->keys[j]) & m->mask;
+        stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            i = j;
+        }
+    }
+    m->vals[i] = MAP_NONE;
+    m->n--;
+    return true;
+}
+
+static void map_clear(struct u64map *m)
+{
+    memset(m->vals, 0xff, (m->mask + 1) * sizeof *m->vals);
+    m->n = 0;
+}
+
+/* ------------------------------------------------------------ batch model */
+
+enum ev_type { EV_STORED, EV_REMOVED, EV_CLEARED };
+enum medium { MED_GPU, MED_NIL, MED_CPU };
+
+struct ev {
+    enum ev_type type;
+    size_t h_off, nh;   /* hashes in batch.h */
+    size_t t_off;       /* stored: nh * block_size tokens in batch.tok */
+    bool has_parent;
+    uint64_t parent;
+    int lora;           /* 0 = none, else index in lora_names */
+    enum medium medium;
+    int group;
+};
+
+struct batch {
+    struct ev *ev;
+    size_t nev, ev_cap;
+    uint64_t *h;
+    size_t nh, h_cap;
+    uint32_t *tok;
+    size_t ntok, tok_cap;
+};
+
+static void batch_reset(struct batch *b)
+{
+    b->nev = b->nh = b->ntok = 0;
+}
+
+/* Appends a zeroed event; returns its index (pointers move on growth). */
+static size_t batch_ev(struct batch *b, enum ev_type type)
+{
+    if (b->nev == b->ev_cap) {
+        b->ev_cap = b->ev_cap ? b->ev_cap * 2 : 16;
+        b->ev = xrealloc(b->ev, b->ev_cap * sizeof *b->ev);
+    }
+    memset(&b->ev[b->nev], 0, sizeof b->ev[0]);
+    b->ev[b->nev].type = type;
+    b->ev[b->nev].h_off = b->nh;
+    b->ev[b->nev].t_off = b->ntok;
+    return b->nev++;
+}
+
+static uint64_t *batch_hashes(struct batch *b, size_t n)
+{
+    uint64_t *p;
+    if (b->nh + n > b->h_cap) {
+        while (b->nh + n > b->h_cap)
+            b->h_cap = b->h_cap ? b->h_cap * 2 : 256;
+        b->h = xrealloc(b->h, b->h_cap * sizeof *b->h);
+    }
+    p = b->h + b->nh;
+    b->nh += n;
+    return p;
+}
+
+static uint32_t *batch_tokens(struct batch *b, size_t n)
+{
+    uint32_t *p;
+    if (b->ntok + n > b->tok_cap) {
+        while (b->ntok + n > b->tok_cap)
+            b->tok_cap = b->tok_cap ? b->tok_cap * 2 : 4096;
+        b->tok = xrealloc(b->tok, b->tok_cap * sizeof *b->tok);
+    }
+    p = b->tok + b->ntok;
+    b->ntok += n;
+    return p;
+}
+
+/* ------------------------------------------------------- options, context */
+
+enum encoding { ENC_POSITIONAL, ENC_MAP };
+enum hashkind { HASH_UINT, HASH_INT, HASH_BIN };
+enum workload { WL_REALISTIC, WL_DECODE, WL_PREFILL };
+
+struct opts {
+    const char *endpoint, *replay, *topic, *record;
+    bool connect, lossless, layout_new, restart;
+    unsigned dp, bs;
+    enum encoding enc;
+    enum hashkind hash;
+    enum workload wl;
+    uint64_t batches, seed, seq_start, restart_at;
+    double rate;
+    long wait_ms, linger_ms;
+    size_t replay_buf, cache_blocks;
+    struct seqlist drop_live, drop_forever, malformed, bad_frames;
+};
+
+struct slot {
+    uint64_t hash;
+    uint64_t last_use;
+    int32_t parent;     /* slot index of the parent block, -1 if none */
+    uint32_t nchild;
+    bool used;
+};
+
+/* FIFO-evicted set (CPU tier, group 1) */
+struct fifoset {
+    struct u64map map;
+    uint64_t *ring;
+    size_t cap, head, n;
+};
+
+struct active {
+    uint64_t last;
+    int lora;
+    bool live;
+};
+
+struct gen {
+    uint64_t rng;
+    uint64_t tick;
+    /* realistic: device cache with leaf-LRU eviction */
+    struct slot *slots;
+    size_t cap;
+    int32_t *freel;
+    size_t nfree;
+    struct u64map dev;
+    struct active act[NACTIVE];
+    struct fifoset cpu, g1;
+    /* decode: recent chain */
+    uint64_t ring[DECODE_KEEP];
+    size_t ring_n, ring_head;
+    uint64_t last;
+    bool has_last;
+};
+
+struct rbent {
+    uint64_t seq;
+    char *data;
+    size_t len, cap;
+};
+
+struct rank {
+    unsigned idx;
+    void *pub, *router;
+    char ep[512], rep[512];
+    uint64_t seq;
+    bool restarted;
+    struct rbent *ring;
+    size_t ring_head, ring_n;
+    struct gen g;
+    uint64_t enc_rng;
+    struct batch b;
+    /* stats */
+    uint64_t batches, events, bytes, drop_live, drop_forever, malformed, bad_frames,
+        replay_reqs, replay_batches, replay_ignored;
+};
+
+struct sim {
+    struct opts o;
+    void *zctx;
+    struct rank *ranks;
+    zmq_pollitem_t *items;
+    int nitems;
+    FILE *rec;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    size_t topic_len;
+    uint64_t lora_tokens_seed[NLORA + 1];
+    uint32_t *chain_tok;        /* MAX_CHAIN * bs */
+    unsigned char *lebuf;       /* 4 * bs */
+};
+
+/* -------------------------------------------------------------- endpoints */
+
+/* rank r of an endpoint "scheme://host:PORT" is "scheme://host:(PORT+r)" */
+static int rank_endpoint(const char *base, unsigned r, char *out, size_t outlen)
+{
+    const char *colon = strrchr(base, ':');
+    uint64_t port;
+
+    if (r == 0) {
+        if (strlen(base) >= outlen)
+            return -EINVAL;
+        strcpy(out, base);
+        return 0;
+    }
+    if (!colon || colon - base < 4 || parse_u64(colon + 1, &port) || port + r > 65535)
+        return -EINVAL;
+    if (snprintf(out, outlen, "%.*s:%" PRIu64, (int)(colon - base), base, port + r) >= (int)outlen)
+        return -EINVAL;
+    return 0;
+}
+
+/* ------------------------------------------------------- generator: common */
+
+static uint64_t block_hash(uint64_t parent, bool has_parent, const uint32_t *tok, unsigned bs,
+                           int lora)
+{
+    uint64_t seed = (has_parent ? parent : 0x6b7673696d000001ULL) ^
+                    ((uint64_t)lora * 0x9e3779b97f4a7c15ULL);
+    return XXH3_64bits_withSeed(tok, (size_t)bs * sizeof *tok, seed);
+}
+
+static void random_tokens(uint64_t *rng, uint32_t *tok, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        tok[i] = rnd_below(rng, MAX_TOKEN);
+}
+
+static void fifo_init(struct fifoset *f, size_t cap)
+{
+    map_init(&f->map, cap);
+    f->ring = xcalloc(cap, sizeof *f->ring);
+    f->cap = cap;
+    f->head = f->n = 0;
+}
+
+static void fifo_free(struct fifoset *f)
+{
+    map_free(&f->map);
+    free(f->ring);
+}
+
+static void fifo_clear(struct fifoset *f)
+{
+    map_clear(&f->map);
+    f->head = f->n = 0;
+}
+
+static void gen_init(struct sim *s, struct rank *r)
+{
+    struct gen *g = &r->g;
+    memset(g, 0, sizeof *g);
+    g->rng = mix64(s->o.seed ^ mix64(0x72616e6b00ULL + r->idx));
+    r->enc_rng = mix64(g->rng ^ 0x656e63ULL);
+    if (s->o.wl == WL_REALISTIC) {
+        g->cap = s->o.cache_blocks;
+        g->slots = xcalloc(g->cap, sizeof *g->slots);
+        g->freel = xcalloc(g->cap, sizeof *g->freel);
+        map_init(&g->dev, g->cap);
+        fifo_init(&g->cpu, CPU_CAP);
+        fifo_init(&g->g1, G1_CAP);
+    }
+}
+
+/* Engine restart or AllBlocksCleared: the engine's caches are empty. */
+static void gen_clear(struct gen *g)
+{
+    if (g->slots) {
+        memset(g->slots, 0, g->cap * sizeof *g->slots);
+        for (size_t i = 0; i < g->cap; i++)
+            g->freel[i] = (int32_t)(g->cap - 1 - i);
+        g->nfree = g->cap;
+        map_clear(&g->dev);
+        fifo_clear(&g->cpu);
+        fifo_clear(&g->g1);
+    }
+    for (int i = 0; i < NACTIVE; i++)
+        g->act[i].live = false;
+    g->ring_n = g->ring_head = 0;
+    g->has_last = false;
+}
+
+static void gen_free(struct gen *g)
+{
+    if (g->slots) {
+        free(g->slots);
+        free(g->freel);
+        map_free(&g->dev);
+        fifo_free(&g->cpu);
+        fifo_free(&g->g1);
+    }
+}
+
+/* ---------------------------------------------------- generator: decode */
+
+static void gen_decode(struct sim *s, struct rank *r)
+{
+    struct gen *g = &r->g;
+    struct batch *b = &r->b;
+    unsigned bs = s->o.bs;
+    size_t ei = batch_ev(b, EV_STORED);
+    uint32_t *tok = batch_tokens(b, bs);
+    uint64_t *h = batch_hashes(b, 1);
+    struct ev *e = &b->ev[ei];
+
+    random_tokens(&g->rng, tok, bs);
+    e->nh = 1;
+    e->has_parent = g->has_last;
+    e->parent = g->last;
+    *h = block_hash(g->last, g->has_last, tok, bs, 0);
+    g->last = *h;
+    g->has_last = true;
+
+    if (g->ring_n == DECODE_KEEP) {
+        uint64_t old = g->ring[g->ring_head];
+        size_t ri = batch_ev(b, EV_REMOVED);
+        *batch_hashes(b, 1) = old;
+        b->ev[ri].nh = 1;
+        g->ring[g->ring_head] = g->last;
+        g->ring_head = (g->ring_head + 1) % DECODE_KEEP;
+    } else {
+        g->ring[(g->ring_head + g->ring_n) % DECODE_KEEP] = g->last;
+        g->ring_n++;
+    }
+}
+
+/* ---------------------------------------------------- generator: prefill */
+
+static void gen_prefill(struct sim *s, struct rank *r)
+{
+    struct gen *g = &r->g;
+    struct batch *b = &r->b;
+    unsigned bs = s->o.bs;
+    size_t ei = batch_ev(b, EV_STORED);
+    uint32_t *tok = batch_tokens(b, (size_t)PREFILL_BLOCKS * bs);
+    uint64_t *h = batch_hashes(b, PREFILL_BLOCKS);
+
+    random_tokens(&g->rng, tok, (size_t)PREFILL_BLOCKS * bs);
+    for (size_t i = 0; i < PREFILL_BLOCKS; i++)
+        h[i] = block_hash(i ? h[i - 1] : 0, i > 0, tok + i * bs, bs, 0);
+    b->ev[ei].nh = PREFILL_BLOCKS;
+}
+
+/* -------------------------------------------------- generator: realistic */
+
+static enum medium device_medium(struct gen *g)
+{
+    return rnd_below(&g->rng, 10) == 0 ? MED_NIL : MED_GPU;
+}
+
+static void slot_remove(struct gen *g, int32_t si)
+{
+    struct slot *sl = &g->slots[si];
+    map_del(&g->dev, sl->hash);
+    if (sl->parent >= 0)
+        g->slots[sl->parent].nchild--;
+    sl->used = false;
+    g->freel[g->nfree++] = si;
+}
+
+/*
+ * Evict `need` device blocks: leaves only (a child is never left without its
+ * parent, as vLLM frees tails first), least recently used first, never one
+ * touched in the current action (g->tick).  One BlockRemoved event lists them.
+ * Returns how many were evicted.
+ */
+static size_t dev_evict(struct rank *r, size_t need)
+{
+    struct gen *g = &r->g;
+    struct batch *b = &r->b;
+    size_t done = 0, ei = SIZE_MAX;
+
+    while (done < need) {
+        int32_t best[MAX_CHAIN + 8];
+        size_t nbest = 0, want = need - done;
+        if (want > MAX_CHAIN + 8)
+            want = MAX_CHAIN + 8;
+        /* one pass: keep the `want` oldest leaves, sorted by last_use */
+        for (size_t i = 0; i < g->cap; i++) {
+            struct slot *sl = &g->slots[i];
+            size_t pos;
+            if (!sl->used || sl->nchild || sl->last_use >= g->tick)
+                continue;
+            if (nbest == want && g->slots[best[nbest - 1]].last_use <= sl->last_use)
+                continue;
+            pos = nbest < want ? nbest++ : nbest - 1;
+            while (pos > 0 && g->slots[best[pos - 1]].last_use > sl->last_use) {
+                best[pos] = best[pos - 1];
+                pos--;
+            }
+            best[pos] = (int32_t)i;
+        }
+        if (!nbest)
+            break;
+        if (ei == SIZE_MAX) {
+            ei = batch_ev(b, EV_REMOVED);
+            b->ev[ei].medium = device_medium(g);
+        }
+        for (size_t k = 0; k < nbest; k++) {
+            *batch_hashes(b, 1) = g->slots[best[k]].hash;
+            b->ev[ei].nh++;
+            slot_remove(g, best[k]);
+        }
+        done += nbest;
+    }
+    return done;
+}
+
+/* Mirror a device store into a FIFO tier (CPU offload, or group 1). */
+static void mirror_store(struct rank *r, struct fifoset *f, size_t src_ev, enum medium med,
+                         int group)
+{
+    struct batch *b = &r->b;
+    struct ev src = b->ev[src_ev];
+    size_t ei;
+
+    for (size_t i = 0; i < src.nh; i++)
+        if (map_get(&f->map, b->h[src.h_off + i]) != MAP_NONE)
+            return;             /* partly there already: skip, keep it simple */
+    if (src.nh > f->cap)
+        return;
+    if (f->n + src.nh > f->cap) {
+        size_t ri = batch_ev(b, EV_REMOVED);
+        b->ev[ri].medium = med;
+        b->ev[ri].group = group;
+        while (f->n + src.nh > f->cap) {
+            uint64_t old = f->ring[f->head];
+            map_del(&f->map, old);
+            f->head = (f->head + 1) % f->cap;
+            f->n--;
+            *batch_hashes(b, 1) = old;
+            b->ev[ri].nh++;
+        }
+    }
+    ei = batch_ev(b, EV_STORED);
+    b->ev[ei] = src;            /* shares hashes and tokens with the device store */
+    b->ev[ei].medium = med;
+    b->ev[ei].group = group;
+    for (size_t i = 0; i < src.nh; i++) {
+        uint64_t h = b->h[src.h_off + i];
+        map_put(&f->map, h, 1);
+        f->ring[(f->head + f->n) % f->cap] = h;
+        f->n++;
+    }
+}
+
+static void prefix_tokens(const struct sim *s, unsigned p, unsigned blk, uint32_t *tok)
+{
+    uint64_t st = mix64(s->o.seed ^ mix64(((uint64_t)p << 16) + blk + 0x707265ULL));
+    random_tokens(&st, tok, s->o.bs);
+}
+
+static unsigned prefix_len(const struct sim *s, unsigned p)
+{
+    return 1 + (unsigned)(mix64(s->o.seed ^ (0x6c656eULL + p)) % MAX_PREFIX);
+}
+
+/* Stores blocks [k, n) of a chain; blocks [0, k) are cached (and touched). */
+static void store_chain(struct sim *s, struct rank *r, const uint64_t *hash, size_t k, size_t n,
+                        int lora, int act_slot)
+{
+    struct gen *g = &r->g;
+    struct batch *b = &r->b;
+    unsigned bs = s->o.bs;
+    size_t nnew = n - k, ei;
+    int32_t parent_slot = -1;
+    uint64_t *h;
+    uint32_t *tok;
+
+    if (nnew > g->nfree)
+        dev_evict(r, nnew - g->nfree);
+    if (nnew > g->nfree)
+        return;                 /* cache too small for this request: skip it */
+    if (k > 0)
+        parent_slot = (int32_t)map_get(&g->dev, hash[k - 1]);
+
+    ei = batch_ev(b, EV_STORED);
+    h = batch_hashes(b, nnew);
+    tok = batch_tokens(b, nnew * bs);
+    memcpy(h, hash + k, nnew * sizeof *h);
+    memcpy(tok, s->chain_tok + k * bs, nnew * bs * sizeof *tok);
+    b->ev[ei].nh = nnew;
+    b->ev[ei].has_parent = k > 0;
+    b->ev[ei].parent = k > 0 ? hash[k - 1] : 0;
+    b->ev[ei].lora = lora;
+    b->ev[ei].medium = device_medium(g);
+
+    for (size_t i = k; i < n; i++) {
+        int32_t si = g->freel[--g->nfree];
+        struct slot *sl = &g->slots[si];
+        sl->hash = hash[i];
+        sl->last_use = g->tick;
+        sl->parent = parent_slot;
+        sl->nchild = 0;
+        sl->used = true;
+        if (parent_slot >= 0)
+            g->slots[parent_slot].nchild++;
+        map_put(&g->dev, hash[i], (uint32_t)si);
+        parent_slot = si;
+    }
+    if (act_slot >= 0) {
+        g->act[act_slot].last = hash[n - 1];
+        g->act[act_slot].lora = lora;
+        g->act[act_slot].live = true;
+    }
+    if (rnd_below(&g->rng, 10) == 0)
+        mirror_store(r, &g->cpu, ei, MED_CPU, 0);
+    if (rnd_below(&g->rng, 10) == 0)
+        mirror_store(r, &g->g1, ei, MED_GPU, 1);
+}
+
+/* A new request: shared prefix (often), unique suffix, maybe a LoRA adapter. */
+static void act_request(struct sim *s, struct rank *r)
+{
+    struct gen *g = &r->g;
+    unsigned bs = s->o.bs;
+    uint64_t hash[MAX_CHAIN];
+    size_t n = 0, k = 0;
+    int lora = rnd_below(&g->rng, 100) < 15 ? 1 + (int)rnd_below(&g->rng, NLORA) : 0;
+
+    if (rnd_below(&g->rng, 10) < 7) {
+        unsigned p = rnd_below(&g->rng, NPREFIX), len = prefix_len(s, p);
+        for (unsigned i = 0; i < len; i++)
+            prefix_tokens(s, p, i, s->chain_tok + (size_t)i * bs);
+        n = len;
+    }
+    {
+        unsigned suffix = 1 + rnd_below(&g->rng, MAX_SUFFIX);
+        random_tokens(&g->rng, s->chain_tok + n * bs, (size_t)suffix * bs);
+        n += suffix;
+    }
+    for (size_t i = 0; i < n; i++)
+        hash[i] = block_hash(i ? hash[i - 1] : 0, i > 0, s->chain_tok + i * bs, bs, lora);
+    /* prefix-cache hit: the longest cached prefix is reused, not stored again */
+    while (k < n) {
+        uint32_t si = map_get(&g->dev, hash[k]);
+        if (si == MAP_NONE)
+            break;
+        g->slots[si].last_use = g->tick;
+        k++;
+    }
+    if (k == n)
+        return;                 /* fully cached */
+    store_chain(s, r, hash, k, n, lora, (int)rnd_below(&g->rng, NACTIVE));
+}
+
+/* A running request completes one more block. */
+static void act_decode(struct sim *s, struct rank *r)
+{
+    struct gen *g = &r->g;
+    unsigned bs = s->o.bs;
+    struct active *a = &g->act[rnd_below(&g->rng, NACTIVE)];
+    uint64_t hash[2];
+    uint32_t si;
+
+    if (!a->live)
+        return;
+    si = map_get(&g->dev, a->last);
+    if (si == MAP_NONE) {
+        a->live = false;        /* its blocks were evicted: the request is gone */
+        return;
+    }
+    g->slots[si].last_use = g->tick;
+    hash[0] = a->last;
+    random_tokens(&g->rng, s->chain_tok + bs, bs);
+    hash[1] = block_hash(a->last, true, s->chain_tok + bs, bs, a->lora);
+    if (map_get(&g->dev, hash[1]) != MAP_NONE)
+        return;
+    store_chain(s, r, hash, 1, 2, a->lora, (int)(a - g->act));
+}
+
+static void gen_realistic(struct sim *s, struct rank *r)
+{
+    struct gen *g = &r->g;
+    uint32_t x = rnd_below(&g->rng, 10000);
+    unsigned nact;
+
+    if (x < 500)
+        return;                 /* empty heartbeat batch */
+    if (x < 505) {              /* reset_prefix_cache() */
+        batch_ev(&r->b, EV_CLEARED);
+        gen_clear(g);
+    }
+    nact = 1 + rnd_below(&g->rng, 3);
+    for (unsigned i = 0; i < nact; i++) {
+        uint32_t y = rnd_below(&g->rng, 100);
+        g->tick++;
+        if (y < 60)
+            act_request(s, r);
+        else if (y < 95)
+            act_decode(s, r);
+        else
+            dev_evict(r, 1 + rnd_below(&g->rng, 8));
+    }
+}
+
+/* --------------------------------------------------------------- encoding */
+
+static void pack_cstr(msgpack_packer *pk, const char *str)
+{
+    size_t n = strlen(str);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, str, n);
+}
+
+static void pack_hash(const struct sim *s, msgpack_packer *pk, uint64_t h)
+{
+    unsigned char raw[32];
+
+    switch (s->o.hash) {
+    case HASH_UINT:
+        msgpack_pack_uint64(pk, h);
+        break;
+    case HASH_INT: {
+        int64_t v;
+        memcpy(&v, &h, sizeof v);
+        msgpack_pack_int64(pk, v);
+        break;
+    }
+    case HASH_BIN:
+        /* a SHA-256-sized digest whose last 8 bytes (big-endian) are the hash */
+        for (int i = 0; i < 3; i++)
+            put_be64(raw + 8 * i, mix64(h + (uint64_t)i + 1));
+        put_be64(raw + 24, h);
+        msgpack_pack_bin(pk, sizeof raw);
+        msgpack_pack_bin_body(pk, raw, sizeof raw);
+        break;
+    }
+}
+
+static void pack_hashes(const struct sim *s, msgpack_packer *pk, const struct batch *b,
+                        const struct ev *e)
+{
+    msgpack_pack_array(pk, e->nh);
+    for (size_t i = 0; i < e->nh; i++)
+        pack_hash(s, pk, b->h[e->h_off + i]);
+}
+
+static void pack_medium(msgpack_packer *pk, enum medium m)
+{
+    if (m == MED_NIL)
+        msgpack_pack_nil(pk);
+    else
+        pack_cstr(pk, m == MED_CPU ? "CPU" : "GPU");
+}
+
+static void pack_parent(const struct sim *s, msgpack_packer *pk, const struct ev *e)
+{
+    if (e->has_parent)
+        pack_hash(s, pk, e->parent);
+    else
+        msgpack_pack_nil(pk);
+}
+
+static void pack_tokens(const struct sim *s, msgpack_packer *pk, const struct batch *b,
+                        const struct ev *e)
+{
+    size_t n = e->nh * s->o.bs;
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_uint32(pk, b->tok[e->t_off + i]);
+}
+
+static void pack_extra_keys(msgpack_packer *pk, const struct ev *e)
+{
+    if (!e->lora) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    msgpack_pack_array(pk, e->nh);
+    for (size_t i = 0; i < e->nh; i++) {
+        msgpack_pack_array(pk, 1);
+        pack_cstr(pk, lora_names[e->lora]);
+    }
+}
+
+static void pack_lora_id(msgpack_packer *pk, const struct ev *e)
+{
+    if (e->lora)
+        msgpack_pack_int(pk, e->lora);
+    else
+        msgpack_pack_nil(pk);
+}
+
+static void pack_lora_name(msgpack_packer *pk, const struct ev *e)
+{
+    if (e->lora)
+        pack_cstr(pk, lora_names[e->lora]);
+    else
+        msgpack_pack_nil(pk);
+}
+
+static void pack_kind(msgpack_packer *pk, const struct ev *e)
+{
+    pack_cstr(pk, e->group ? "sliding_window" : "full_attention");
+}
+
+static void pack_window(msgpack_packer *pk, const struct ev *e)
+{
+    if (e->group)
+        msgpack_pack_int(pk, 4096);
+    else
+        msgpack_pack_nil(pk);
+}
+
+/* vLLM <= 0.23 / SGLang: tagged arrays, 12-element BlockStored */
+static void pack_event_positional(struct sim *s, const struct batch *b, const struct ev *e)
+{
+    msgpack_packer *pk = &s->pk;
+
+    switch (e->type) {
+    case EV_STORED:
+        msgpack_pack_array(pk, 12);
+        pack_cstr(pk, "BlockStored");
+        pack_hashes(s, pk, b, e);
+        pack_parent(s, pk, e);
+        pack_tokens(s, pk, b, e);
+        msgpack_pack_unsigned_int(pk, s->o.bs);
+        pack_lora_id(pk, e);
+        pack_medium(pk, e->medium);
+        pack_lora_name(pk, e);
+        pack_extra_keys(pk, e);
+        msgpack_pack_int(pk, e->group);
+        pack_kind(pk, e);
+        pack_window(pk, e);
+        break;
+    case EV_REMOVED:
+        msgpack_pack_array(pk, 4);
+        pack_cstr(pk, "BlockRemoved");
+        pack_hashes(s, pk, b, e);
+        pack_medium(pk, e->medium);
+        msgpack_pack_int(pk, e->group);
+        break;
+    case EV_CLEARED:
+        msgpack_pack_array(pk, 1);
+        pack_cstr(pk, "AllBlocksCleared");
+        break;
+    }
+}
+
+/* vLLM >= 0.24: maps with a "type" key; unknown keys; order varies; map16 */
+static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
+                           const struct ev *e)
+{
+    msgpack_packer *pk = &s->pk;
+    uint64_t bits = rnd(&r->enc_rng);
+    bool type_last = bits & 1, big = (bits >> 1) & 1;
+    const char *tname = e->type == EV_STORED ? "BlockStored"
+                        : e->type == EV_REMOVED ? "BlockRemoved" : "AllBlocksCleared";
+
+    if (e->type == EV_CLEARED) {
+        msgpack_pack_map(pk, 1);
+        pack_cstr(pk, "type");
+        pack_cstr(pk, tname);
+        return;
+    }
+    if (e->type == EV_REMOVED) {
+        msgpack_pack_map(pk, big ? 5 : 4);
+        if (!type_last) {
+            pack_cstr(pk, "type");
+            pack_cstr(pk, tname);
+        }
+        pack_cstr(pk, "block_hashes");
+        pack_hashes(s, pk, b, e);
+        pack_cstr(pk, "medium");
+        pack_medium(pk, e->medium);
+        pack_cstr(pk, "group_idx");
+        msgpack_pack_int(pk, e->group);
+        if (big) {
+            pack_cstr(pk, "locality");
+            pack_cstr(pk, "local");
+        }
+        if (type_last) {
+            pack_cstr(pk, "type");
+            pack_cstr(pk, tname);
+        }
+        return;
+    }
+    {
+        bool with_extra = big || e->lora, with_window = big || e->group;
+        size_t n = 1 + 7 + (with_extra ? 1 : 0) + 2 + (with_window ? 1 : 0) + (big ? 4 : 1);
+        msgpack_pack_map(pk, n);   /* 16 entries when big: map16 header */
+        if (!type_last) {
+            pack_cstr(pk, "type");
+            pack_cstr(pk, tname);
+        }
+        pack_cstr(pk, "block_hashes");
+        pack_hashes(s, pk, b, e);
+        pack_cstr(pk, "parent_block_hash");
+        pack_parent(s, pk, e);
+        pack_cstr(pk, "token_ids");
+        pack_tokens(s, pk, b, e);
+        pack_cstr(pk, "block_size");
+        msgpack_pack_unsigned_int(pk, s->o.bs);
+        pack_cstr(pk, "lora_id");
+        pack_lora_id(pk, e);
+        pack_cstr(pk, "medium");
+        pack_medium(pk, e->medium);
+        pack_cstr(pk, "lora_name");
+        pack_lora_name(pk, e);
+        if (with_extra) {
+            pack_cstr(pk, "extra_keys");
+            pack_extra_keys(pk, e);
+        }
+        pack_cstr(pk, "group_idx");
+        msgpack_pack_int(pk, e->group);
+        pack_cstr(pk, "kv_cache_spec_kind");
+        pack_kind(pk, e);
+        if (with_window) {
+            pack_cstr(pk, "kv_cache_spec_sliding_window");
+            pack_window(pk, e);
+        }
+        pack_cstr(pk, "locality");
+        pack_cstr(pk, "local");
+        if (big) {
+            pack_cstr(pk, "session_id");
+            msgpack_pack_nil(pk);
+            pack_cstr(pk, "ownership");
+            pack_cstr(pk, "owner");
+            pack_cstr(pk, "x_kvsim_pad");
+            msgpack_pack_uint64(pk, bits >> 40);
+        }
+        if (type_last) {
+            pack_cstr(pk, "type");
+            pack_cstr(pk, tname);
+        }
+    }
+}
+
+static void encode_batch(struct sim *s, struct rank *r)
+{
+    const struct batch *b = &r->b;
+
+    msgpack_sbuffer_clear(&s->sb);
+    msgpack_pack_array(&s->pk, 3);
+    msgpack_pack_double(&s->pk, wall_seconds());
+    msgpack_pack_array(&s->pk, b->nev);
+    for (size_t i = 0; i < b->nev; i++) {
+        if (s->o.enc == ENC_MAP)
+            pack_event_map(s, r, b, &b->ev[i]);
+        else
+            pack_event_positional(s, b, &b->ev[i]);
+    }
+    msgpack_pack_unsigned_int(&s->pk, r->idx);
+}
+
+/* ----------------------------------------------------------------- record */
+
+static const char *tier_name(enum medium m)
+{
+    return m == MED_CPU ? "host_pinned" : "device";
+}
+
+static uint64_t tokens_hash(struct sim *s, const uint32_t *tok, int lora)
+{
+    unsigned bs = s->o.bs;
+    for (unsigned i = 0; i < bs; i++) {
+        s->lebuf[4 * i] = (unsigned char)(tok[i] & 0xff);
+        s->lebuf[4 * i + 1] = (unsigned char)((tok[i] >> 8) & 0xff);
+        s->lebuf[4 * i + 2] = (unsigned char)((tok[i] >> 16) & 0xff);
+        s->lebuf[4 * i + 3] = (unsigned char)((tok[i] >> 24) & 0xff);
+    }
+    return XXH3_64bits_withSeed(s->lebuf, 4 * (size_t)bs, s->lora_tokens_seed[lora]);
+}
+
+static void rec_hash_list(FILE *f, const struct batch *b, const struct ev *e)
+{
+    fputc('[', f);
+    for (size_t i = 0; i < e->nh; i++)
+        fprintf(f, "%s%" PRIu64, i ? "," : "", b->h[e->h_off + i]);
+    fputc(']', f);
+}
+
+static void rec_event(struct sim *s, const struct batch *b, const struct ev *e)
+{
+    FILE *f = s->rec;
+
+    switch (e->type) {
+    case EV_STORED:
+        fputs("{\"type\":\"stored\",\"parent\":", f);
+        if (e->has_parent)
+            fprintf(f, "%" PRIu64, e->parent);
+        else
+            fputs("null", f);
+        fputs(",\"hashes\":", f);
+        rec_hash_list(f, b, e);
+        fputs(",\"tokens_hashes\":[", f);
+        for (size_t i = 0; i < e->nh; i++)
+            fprintf(f, "%s%" PRIu64, i ? "," : "",
+                    tokens_hash(s, b->tok + e->t_off + i * s->o.bs, e->lora));
+        fprintf(f, "],\"tier\":\"%s\",\"group\":%d,\"lora\":", tier_name(e->medium), e->group);
+        if (e->lora)
+            fprintf(f, "\"%s\"}", lora_names[e->lora]);
+        else
+            fputs("null}", f);
+        break;
+    case EV_REMOVED:
+        fputs("{\"type\":\"removed\",\"hashes\":", f);
+        rec_hash_list(f, b, e);
+        fprintf(f, ",\"tier\":\"%s\",\"group\":%d}", tier_name(e->medium), e->group);
+        break;
+    case EV_CLEARED:
+        fputs("{\"type\":\"cleared\"}", f);
+        break;
+    }
+}
+
+static void rec_batch(struct sim *s, struct rank *r, uint64_t seq, bool live, bool replay,
+                      const char *fault)
+{
+    FILE *f = s->rec;
+    const struct batch *b = &r->b;
+
+    fprintf(f, "{\"seq\":%" PRIu64 ",\"rank\":%u,\"live\":%s,\"replay\":%s", seq, r->idx,
+            live ? "true" : "false", replay ? "true" : "false");
+    if (fault)
+        fprintf(f, ",\"fault\":\"%s\"", fault);
+    fputs(",\"events\":[", f);
+    for (size_t i = 0; i < b->nev; i++) {
+        if (i)
+            fputc(',', f);
+        rec_event(s, b, &b->ev[i]);
+    }
+    fputs("]}\n", f);
+}
+
+/* ----------------------------------------------------------------- replay */
+
+static void ring_push(struct sim *s, struct rank *r, uint64_t seq, const void *data, size_t len)
+{
+    struct rbent *e;
+    size_t cap = s->o.replay_buf;
+
+    if (r->ring_n < cap) {
+        e = &r->ring[(r->ring_head + r->ring_n) % cap];
+        r->ring_n++;
+    } else {
+        e = &r->ring[r->ring_head];
+        r->ring_head = (r->ring_head + 1) % cap;
+    }
+    if (len > e->cap) {
+        e->data = xrealloc(e->data, len);
+        e->cap = len;
+    }
+    memcpy(e->data, data, len);
+    e->len = len;
+    e->seq = seq;
+}
+
+static void replay_send_one(struct sim *s, struct rank *r, const void *id, size_t idlen,
+                            const unsigned char *seq8, const void *data, size_t len)
+{
+    void *sock = r->router;
+    zmq_send(sock, id, idlen, ZMQ_SNDMORE);
+    zmq_send(sock, "", 0, ZMQ_SNDMORE);
+    if (s->o.layout_new)
+        zmq_send(sock, s->o.topic, s->topic_len, ZMQ_SNDMORE);
+    zmq_send(sock, seq8, 8, ZMQ_SNDMORE);
+    zmq_send(sock, data, len, 0);
+}
+
+/* Serves every pending replay request on this rank's ROUTER (non-blocking). */
+static void serve_replay(struct sim *s, struct rank *r)
+{
+    for (;;) {
+        unsigned char id[256], seqb[8];
+        size_t idlen = 0, f1len = 1, f2len = 0;
+        int nframes = 0, more = 0;
+        size_t moresz = sizeof more;
+        zmq_msg_t m;
+
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, r->router, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        do {
+            size_t sz = zmq_msg_size(&m);
+            if (nframes == 0) {
+                idlen = sz < sizeof id ? sz : sizeof id;
+                memcpy(id, zmq_msg_data(&m), idlen);
+            } else if (nframes == 1) {
+                f1len = sz;
+            } else if (nframes == 2) {
+                f2len = sz;
+                if (sz == 8)
+                    memcpy(seqb, zmq_msg_data(&m), 8);
+            }
+            nframes++;
+            zmq_getsockopt(r->router, ZMQ_RCVMORE, &more, &moresz);
+            if (more && zmq_msg_recv(&m, r->router, 0) < 0)
+                more = 0;
+        } while (more);
+        zmq_msg_close(&m);
+
+        if (nframes != 3 || f1len != 0 || f2len != 8) {
+            r->replay_ignored++;  /* the engine ignores malformed requests */
+            continue;
+        }
+        r->replay_reqs++;
+        {
+            uint64_t start = get_be64(seqb);
+            unsigned char s8[8];
+            for (size_t i = 0; i < r->ring_n; i++) {
+                const struct rbent *e = &r->ring[(r->ring_head + i) % s->o.replay_buf];
+                if (e->seq < start)
+                    continue;
+                put_be64(s8, e->seq);
+                replay_send_one(s, r, id, idlen, s8, e->data, e->len);
+                r->replay_batches++;
+            }
+            memset(s8, 0xff, sizeof s8);
+            replay_send_one(s, r, id, idlen, s8, "", 0);
+        }
+    }
+}
+
+static void serve_all(struct sim *s, long timeout_ms)
+{
+    if (!s->nitems)
+        return;
+    if (zmq_poll(s->items, s->nitems, timeout_ms) <= 0)
+        return;
+    for (unsigned i = 0; i < s->o.dp; i++)
+        if (s->items[i].revents & ZMQ_POLLIN)
+            serve_replay(s, &s->ranks[i]);
+}
+
+/* Waits until `deadline` (monotonic ns), serving replay requests meanwhile. */
+static void wait_until(struct sim *s, int64_t deadline)
+{
+    for (;;) {
+        int64_t left = deadline - now_ns();
+        if (left <= 0 || stop_flag)
+            return;
+        if (left >= 2000000) {
+            long ms = (long)(left / 1000000) - 1;
+            if (s->nitems) {
+                serve_all(s, ms);
+            } else {
+                struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+                nanosleep(&ts, NULL);
+            }
+        } else {
+            struct timespec ts = { 0, (long)left };
+            serve_all(s, 0);
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ publishing */
+
+static void send_live(struct sim *s, struct rank *r, uint64_t seq, const void *data, size_t len,
+                      bool bad_frames)
+{
+    unsigned char s8[8];
+
+    put_be64(s8, seq);
+    zmq_send(r->pub, s->o.topic, s->topic_len, ZMQ_SNDMORE);
+    if (!bad_frames)
+        zmq_send(r->pub, s8, 8, ZMQ_SNDMORE);
+    zmq_send(r->pub, data, len, 0);
+    r->bytes += s->topic_len + (bad_frames ? 0 : 8) + len;
+}
+
+static void publish_one(struct sim *s, struct rank *r)
+{
+    const struct opts *o = &s->o;
+    uint64_t seq = r->seq;
+    bool forever = seqlist_has(&o->drop_forever, seq);
+    bool drop = !forever && seqlist_has(&o->drop_live, seq);
+    bool garbage = !forever && !drop && seqlist_has(&o->malformed, seq);
+    bool badf = !forever && !drop && !garbage && seqlist_has(&o->bad_frames, seq);
+    const char *fault = forever ? "drop-forever" : drop ? "drop-live"
+                        : garbage ? "malformed" : badf ? "bad-frames" : NULL;
+    const void *data;
+    size_t len;
+    unsigned char junk[16];
+
+    batch_reset(&r->b);
+    switch (o->wl) {
+    case WL_REALISTIC: gen_realistic(s, r); break;
+    case WL_DECODE: gen_decode(s, r); break;
+    case WL_PREFILL: gen_prefill(s, r); break;
+    }
+
+    if (!forever)
+        encode_batch(s, r);
+    data = s->sb.data;
+    len = s->sb.size;
+    if (garbage) {
+        /* 0xc1 is never used in msgpack: no decoder accepts this */
+        uint64_t j = rnd(&r->enc_rng), k = rnd(&r->enc_rng);
+        junk[0] = 0xc1;
+        memcpy(junk + 1, &j, 8);
+        memcpy(junk + 9, &k, 7);
+        data = junk;
+        len = sizeof junk;
+    }
+
+    if (forever) {
+        r->drop_forever++;
+    } else if (drop) {
+        r->drop_live++;
+    } else {
+        send_live(s, r, seq, data, len, badf);
+        if (garbage)
+            r->malformed++;
+        else if (badf)
+            r->bad_frames++;
+        else {
+            r->batches++;
+            r->events += r->b.nev;
+        }
+    }
+    if (r->router && !forever)
+        ring_push(s, r, seq, data, len);   /* the engine buffers what it sent */
+    if (s->rec)
+        rec_batch(s, r, seq, !forever && !drop && !garbage && !badf,
+                  r->router && !forever && !garbage, fault);
+
+    r->seq++;
+    if (o->restart && !r->restarted && seq == o->restart_at) {
+        /* the engine process restarts: new seq stream, empty caches and buffer */
+        r->restarted = true;
+        r->seq = o->seq_start;
+        r->ring_n = r->ring_head = 0;
+        gen_clear(&r->g);
+        if (s->rec)
+            fprintf(s->rec, "{\"restart\":true,\"rank\":%u,\"after_seq\":%" PRIu64
+                            ",\"next_seq\":%" PRIu64 ",\"events\":[{\"type\":\"cleared\"}]}\n",
+                    r->idx, seq, o->seq_start);
+    }
+}
+
+/* -------------------------------------------------------------- lifecycle */
+
+static void usage(FILE *f)
+{
+    fputs(
+"usage: kvsim [options]\n"
+"Engine simulator: publishes KV-cache event batches like vLLM/SGLang on ZeroMQ.\n"
+"\n"
+"Transport:\n"
+"  --endpoint EP          live PUB endpoint (default tcp://127.0.0.1:5557); binds\n"
+"  --connect              connect the PUB to EP instead of binding (kvbridge bind mode)\n"
+"  --replay EP            also bind a replay ROUTER at EP (default: none)\n"
+"  --replay-buffer N      batches kept for replay per rank (default 10000)\n"
+"  --replay-layout L      old: [\"\",seq,payload] / end [\"\",FF*8,\"\"] (default)\n"
+"                         new: [\"\",topic,seq,payload] / end [\"\",\"\",FF*8,\"\"]\n"
+"  --topic STR            topic frame (default \"\")\n"
+"  --dp-size N            data-parallel ranks; rank r uses port+r for live and replay\n"
+"                         endpoints, its own seq counter and data_parallel_rank r\n"
+"  --lossless             ZMQ_SNDHWM 0 (unlimited) instead of the default HWM\n"
+"  --wait-subscribers MS  sleep before the first batch (default 500)\n"
+"  --linger MS            serve replay this long after the last batch, and socket\n"
+"                         linger on close (default 1000)\n"
+"\n"
+"Content:\n"
+"  --encoding E           positional (vLLM<=0.23/SGLang arrays, 12-element BlockStored;\n"
+"                         default) | map (vLLM>=0.24 maps, extra keys, map16)\n"
+"  --hash H               uint (u64, default) | int (signed, often negative) |\n"
+"                         bin (32-byte digest, last 8 bytes big-endian = hash)\n"
+"  --block-size N         tokens per block (default 16)\n"
+"  --workload W           realistic (default): shared prefixes, parent chains, LRU\n"
+"                         evictions, rare AllBlocksCleared, LoRA, CPU tier, group 1,\n"
+"                         heartbeats | decode: 1-block store + 1-hash remove per batch\n"
+"                         | prefill: one 32-block store per batch\n"
+"  --cache-blocks N       realistic: device cache capacity in blocks (default 4096)\n"
+"  --batches N            batches per rank (default 0 = until SIGINT/SIGTERM)\n"
+"  --rate R               batches/s per rank (default 0 = as fast as possible)\n"
+"  --seed S               random seed (default 1)\n"
+"  --seq-start N          first seq (default 0)\n"
+"\n"
+"Faults (LIST = comma-separated seqs or ranges a-b; apply in every incarnation):\n"
+"  --drop-live LIST       not published live, kept for replay (fillable gap)\n"
+"  --drop-forever LIST    neither published nor kept (unfillable gap)\n"
+"  --malformed-at LIST    payload replaced by garbage (0xc1...), buffered as sent\n"
+"  --bad-frames-at LIST   sent as 2 frames [topic][payload]; replay has the real batch\n"
+"  --restart-at SEQ       after publishing SEQ, restart once from --seq-start\n"
+"                         (empty caches, empty replay buffer)\n"
+"\n"
+"Output:\n"
+"  --record FILE          JSON line per batch: {\"seq\",\"rank\",\"live\",\"replay\",\n"
+"                         [\"fault\"],\"events\":[normalized router-side events]}\n"
+"                         and {\"restart\":true,\"rank\",...,\"events\":[cleared]}\n"
+"  -h, --help             this text\n"
+"At exit a per-rank summary goes to stderr.\n", f);
+}
+
+enum {
+    OPT_ENDPOINT = 256, OPT_CONNECT, OPT_REPLAY, OPT_REPLAY_BUF, OPT_LAYOUT, OPT_TOPIC, OPT_DP,
+    OPT_LOSSLESS, OPT_WAIT, OPT_LINGER, OPT_ENC, OPT_HASH, OPT_BS, OPT_WL, OPT_CACHE,
+    OPT_BATCHES, OPT_RATE, OPT_SEED, OPT_SEQSTART, OPT_DROPLIVE, OPT_DROPFOREVER,
+    OPT_MALFORMED, OPT_BADFRAMES, OPT_RESTART, OPT_RECORD,
+};
+
+static int parse_num_opt(const char *name, const char *arg, uint64_t min, uint64_t max,
+                         uint64_t *out)
+{
+    uint64_t v;
+    if (parse_u64(arg, &v) || v < min || v > max) {
+        fprintf(stderr, "kvsim: --%s: bad value '%s' (%" PRIu64 "..%" PRIu64 ")\n", name, arg,
+                min, max);
+        return -EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    static const struct option lo[] = {
+        { "endpoint", required_argument, NULL, OPT_ENDPOINT },
+        { "connect", no_argument, NULL, OPT_CONNECT },
+        { "replay", required_argument, NULL, OPT_REPLAY },
+        { "replay-buffer", required_argument, NULL, OPT_REPLAY_BUF },
+        { "replay-layout", required_argument, NULL, OPT_LAYOUT },
+        { "topic", required_argument, NULL, OPT_TOPIC },
+        { "dp-size", required_argument, NULL, OPT_DP },
+        { "lossless", no_argument, NULL, OPT_LOSSLESS },
+        { "wait-subscribers", required_argument, NULL, OPT_WAIT },
+        { "linger", required_argument, NULL, OPT_LINGER },
+        { "encoding", required_argument, NULL, OPT_ENC },
+        { "hash", required_argument, NULL, OPT_HASH },
+        { "block-size", required_argument, NULL, OPT_BS },
+        { "workload", required_argument, NULL, OPT_WL },
+        { "cache-blocks", required_argument, NULL, OPT_CACHE },
+        { "batches", required_argument, NULL, OPT_BATCHES },
+        { "rate", required_argument, NULL, OPT_RATE },
+        { "seed", required_argument, NULL, OPT_SEED },
+        { "seq-start", required_argument, NULL, OPT_SEQSTART },
+        { "drop-live", required_argument, NULL, OPT_DROPLIVE },
+        { "drop-forever", required_argument, NULL, OPT_DROPFOREVER },
+        { "malformed-at", required_argument, NULL, OPT_MALFORMED },
+        { "bad-frames-at", required_argument, NULL, OPT_BADFRAMES },
+        { "restart-at", required_argument, NULL, OPT_RESTART },
+        { "record", required_argument, NULL, OPT_RECORD },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    int c;
+    uint64_t v;
+
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case OPT_ENDPOINT: o->endpoint = optarg; break;
+        case OPT_CONNECT: o->connect = true; break;
+        case OPT_REPLAY: o->replay = optarg; break;
+        case OPT_REPLAY_BUF:
+            if (parse_num_opt("replay-buffer", optarg, 1, 100000000, &v))
+                return -EINVAL;
+            o->replay_buf = (size_t)v;
+            break;
+        case OPT_LAYOUT:
+            if (!strcmp(optarg, "old"))
+                o->layout_new = false;
+            else if (!strcmp(optarg, "new"))
+                o->layout_new = true;
+            else
+                goto bad;
+            break;
+        case OPT_TOPIC: o->topic = optarg; break;
+        case OPT_DP:
+            if (parse_num_opt("dp-size", optarg, 1, 1024, &v))
+                return -EINVAL;
+            o->dp = (unsigned)v;
+            break;
+        case OPT_LOSSLESS: o->lossless = true; break;
+        case OPT_WAIT:
+            if (parse_num_opt("wait-subscribers", optarg, 0, 86400000, &v))
+                return -EINVAL;
+            o->wait_ms = (long)v;
+            break;
+        case OPT_LINGER:
+            if (parse_num_opt("linger", optarg, 0, 86400000, &v))
+                return -EINVAL;
+            o->linger_ms = (long)v;
+            break;
+        case OPT_ENC:
+            if (!strcmp(optarg, "positional"))
+                o->enc = ENC_POSITIONAL;
+            else if (!strcmp(optarg, "map"))
+                o->enc = ENC_MAP;
+            else
+                goto bad;
+            break;
+        case OPT_HASH:
+            if (!strcmp(optarg, "uint"))
+                o->hash = HASH_UINT;
+            else if (!strcmp(optarg, "int"))
+                o->hash = HASH_INT;
+            else if (!strcmp(optarg, "bin"))
+                o->hash = HASH_BIN;
+            else
+                goto bad;
+            break;
+        case OPT_BS:
+            if (parse_num_opt("block-size", optarg, 1, 4096, &v))
+                return -EINVAL;
+            o->bs = (unsigned)v;
+            break;
+        case OPT_WL:
+            if (!strcmp(optarg, "realistic"))
+                o->wl = WL_REALISTIC;
+            else if (!strcmp(optarg, "decode"))
+                o->wl = WL_DECODE;
+            else if (!strcmp(optarg, "prefill"))
+                o->wl = WL_PREFILL;
+            else
+                goto bad;
+            break;
+        case OPT_CACHE:
+            if (parse_num_opt("cache-blocks", optarg, 2 * MAX_CHAIN, 100000000, &v))
+                return -EINVAL;
+            o->cache_blocks = (size_t)v;
+            break;
+        case OPT_BATCHES:
+            if (parse_num_opt("batches", optarg, 0, UINT64_MAX, &v))
+                return -EINVAL;
+            o->batches = v;
+            break;
+        case OPT_RATE: {
+            char *end;
+            errno = 0;
+            o->rate = strtod(optarg, &end);
+            if (errno || *end || end == optarg || !(o->rate >= 0) || o->rate > 1e9)
+                goto bad;
+            break;
+        }
+        case OPT_SEED:
+            if (parse_num_opt("seed", optarg, 0, UINT64_MAX, &v))
+                return -EINVAL;
+            o->seed = v;
+            break;
+        case OPT_SEQSTART:
+            if (parse_num_opt("seq-start", optarg, 0, UINT64_MAX - 1, &v))
+                return -EINVAL;
+            o->seq_start = v;
+            break;
+        case OPT_DROPLIVE:
+            if (seqlist_parse(&o->drop_live, optarg))
+                goto bad;
+            break;
+        case OPT_DROPFOREVER:
+            if (seqlist_parse(&o->drop_forever, optarg))
+                goto bad;
+            break;
+        case OPT_MALFORMED:
+            if (seqlist_parse(&o->malformed, optarg))
+                goto bad;
+            break;
+        case OPT_BADFRAMES:
+            if (seqlist_parse(&o->bad_frames, optarg))
+                goto bad;
+            break;
+        case OPT_RESTART:
+            if (parse_num_opt("restart-at", optarg, 0, UINT64_MAX, &v))
+                return -EINVAL;
+            o->restart = true;
+            o->restart_at = v;
+            break;
+        case OPT_RECORD: o->record = optarg; break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return -EINVAL;
+        }
+        continue;
+bad:
+        fprintf(stderr, "kvsim: bad value for option: '%s'\n", optarg);
+        return -EINVAL;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvsim: unexpected argument '%s'\n", argv[optind]);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int open_sockets(struct sim *s)
+{
+    const struct opts *o = &s->o;
+    int linger = (int)o->linger_ms, zero = 0;
+
+    s->zctx = zmq_ctx_new();
+    if (!s->zctx)
+        return -ENOMEM;
+    s->items = xcalloc(o->dp, sizeof *s->items);
+    for (unsigned i = 0; i < o->dp; i++) {
+        struct rank *r = &s->ranks[i];
+        if (rank_endpoint(o->endpoint, i, r->ep, sizeof r->ep) ||
+            (o->replay && rank_endpoint(o->replay, i, r->rep, sizeof r->rep))) {
+            fprintf(stderr, "kvsim: --dp-size > 1 needs endpoints ending in :PORT\n");
+            return -EINVAL;
+        }
+        r->pub = zmq_socket(s->zctx, ZMQ_PUB);
+        if (!r->pub)
+            return -errno;
+        zmq_setsockopt(r->pub, ZMQ_LINGER, &linger, sizeof linger);
+        if (o->lossless)
+            zmq_setsockopt(r->pub, ZMQ_SNDHWM, &zero, sizeof zero);
+        if ((o->connect ? zmq_connect(r->pub, r->ep) : zmq_bind(r->pub, r->ep)) != 0) {
+            fprintf(stderr, "kvsim: %s %s: %s\n", o->connect ? "connect" : "bind", r->ep,
+                    zmq_strerror(errno));
+            return -EINVAL;
+        }
+        if (o->replay) {
+            r->router = zmq_socket(s->zctx, ZMQ_ROUTER);
+            if (!r->router)
+                return -errno;
+            zmq_setsockopt(r->router, ZMQ_LINGER, &linger, sizeof linger);
+            if (o->lossless)
+                zmq_setsockopt(r->router, ZMQ_SNDHWM, &zero, sizeof zero);
+            if (zmq_bind(r->router, r->rep) != 0) {
+                fprintf(stderr, "kvsim: bind %s: %s\n", r->rep, zmq_strerror(errno));
+                return -EINVAL;
+            }
+            r->ring = xcalloc(o->replay_buf, sizeof *r->ring);
+            s->items[s->nitems].socket = r->router;
+            s->items[s->nitems].events = ZMQ_POLLIN;
+            s->nitems++;
+        }
+    }
+    return 0;
+}
+
+static void close_all(struct sim *s, bool fast)
+{
+    int zero = 0;
+
+    if (s->ranks) {
+        for (unsigned i = 0; i < s->o.dp; i++) {
+            struct rank *r = &s->ranks[i];
+            if (r->pub) {
+                if (fast)
+                    zmq_setsockopt(r->pub, ZMQ_LINGER, &zero, sizeof zero);
+                zmq_close(r->pub);
+            }
+            if (r->router) {
+                if (fast)
+                    zmq_setsockopt(r->router, ZMQ_LINGER, &zero, sizeof zero);
+                zmq_close(r->router);
+            }
+            if (r->ring) {
+                for (size_t k = 0; k < s->o.replay_buf; k++)
+                    free(r->ring[k].data);
+                free(r->ring);
+            }
+            gen_free(&r->g);
+            free(r->b.ev);
+            free(r->b.h);
+            free(r->b.tok);
+        }
+        free(s->ranks);
+    }
+    if (s->zctx)
+        zmq_ctx_term(s->zctx);
+    free(s->items);
+    free(s->chain_tok);
+    free(s->lebuf);
+    msgpack_sbuffer_destroy(&s->sb);
+    free(s->o.drop_live.r);
+    free(s->o.drop_forever.r);
+    free(s->o.malformed.r);
+    free(s->o.bad_frames.r);
+}
+
+static void summary(const struct sim *s, double elapsed)
+{
+    uint64_t tb = 0, te = 0, tbytes = 0;
+
+    for (unsigned i = 0; i < s->o.dp; i++) {
+        const struct rank *r = &s->ranks[i];
+        fprintf(stderr,
+                "kvsim: rank %u %s: batches=%" PRIu64 " events=%" PRIu64 " bytes=%" PRIu64
+                " drop_live=%" PRIu64 " drop_forever=%" PRIu64 " malformed=%" PRIu64
+                " bad_frames=%" PRIu64 " replay_requests=%" PRIu64 " replayed=%" PRIu64
+                " replay_ignored=%" PRIu64 " next_seq=%" PRIu64 "\n",
+                r->idx, r->ep, r->batches, r->events, r->bytes, r->drop_live, r->drop_forever,
+                r->malformed, r->bad_frames, r->replay_reqs, r->replay_batches,
+                r->replay_ignored, r->seq);
+        tb += r->batches;
+        te += r->events;
+        tbytes += r->bytes;
+    }
+    fprintf(stderr,
+            "kvsim: total batches=%" PRIu64 " events=%" PRIu64 " bytes=%" PRIu64
+            " elapsed=%.3fs rate=%.0f batches/s\n",
+            tb, te, tbytes, elapsed, elapsed > 0 ? (double)tb / elapsed : 0.0);
+}
+
+int main(int argc, char **argv)
+{
+    struct sim sim;
+    struct sigaction sa;
+    int64_t t0, t1, next;
+    uint64_t tick = 0;
+    int rc = 2;
+    bool interrupted = false;
+
+    memset(&sim, 0, sizeof sim);
+    msgpack_sbuffer_init(&sim.sb);
+    msgpack_packer_init(&sim.pk, &sim.sb, msgpack_sbuffer_write);
+    sim.o.endpoint = "tcp://127.0.0.1:5557";
+    sim.o.topic = "";
+    sim.o.dp = 1;
+    sim.o.bs = 16;
+    sim.o.seed = 1;
+    sim.o.wait_ms = 500;
+    sim.o.linger_ms = 1000;
+    sim.o.replay_buf = 10000;
+    sim.o.cache_blocks = 4096;
+
+    if (parse_args(argc, argv, &sim.o))
+        goto out;
+    sim.topic_len = strlen(sim.o.topic);
+    sim.lora_tokens_seed[0] = TOKENS_SEED;
+    for (int i = 1; i <= NLORA; i++)
+        sim.lora_tokens_seed[i] =
+            TOKENS_SEED + XXH3_64bits_withSeed(lora_names[i], strlen(lora_names[i]), 0);
+    sim.chain_tok = xcalloc((size_t)MAX_CHAIN * sim.o.bs, sizeof *sim.chain_tok);
+    sim.lebuf = xcalloc(4, sim.o.bs);
+
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    sim.ranks = xcalloc(sim.o.dp, sizeof *sim.ranks);
+    for (unsigned i = 0; i < sim.o.dp; i++) {
+        sim.ranks[i].idx = i;
+        sim.ranks[i].seq = sim.o.seq_start;
+        gen_init(&sim, &sim.ranks[i]);
+        gen_clear(&sim.ranks[i].g);
+    }
+    if (open_sockets(&sim))
+        goto out;
+    if (sim.o.record) {
+        sim.rec = fopen(sim.o.record, "w");
+        if (!sim.rec) {
+            fprintf(stderr, "kvsim: %s: %s\n", sim.o.record, strerror(errno));
+            goto out;
+        }
+        setvbuf(sim.rec, NULL, _IOFBF, 1 << 20);
+    }
+
+    wait_until(&sim, now_ns() + (int64_t)sim.o.wait_ms * 1000000);
+    t0 = now_ns();
+    next = t0;
+    while (!stop_flag && (sim.o.batches == 0 || tick < sim.o.batches)) {
+        if (sim.o.rate > 0) {
+            int64_t interval = (int64_t)(1e9 / sim.o.rate);
+            int64_t now = now_ns();
+            if (now - next > 1000000000LL)
+                next = now;     /* far behind (stall): do not burst to catch up */
+            wait_until(&sim, next);
+            next += interval > 0 ? interval : 1;
+            if (stop_flag)
+                break;
+        } else if ((tick & 63) == 0) {
+            serve_all(&sim, 0);
+        }
+        for (unsigned i = 0; i < sim.o.dp; i++)
+            publish_one(&sim, &sim.ranks[i]);
+        tick++;
+    }
+    t1 = now_ns();
+    interrupted = stop_flag != 0;
+    if (sim.rec)
+        fflush(sim.rec);
+    if (!interrupted && sim.nitems)
+        wait_until(&sim, now_ns() + (int64_t)sim.o.linger_ms * 1000000);
+    summary(&sim, (double)(t1 - t0) / 1e9);
+    rc = 0;
+    if (sim.rec && fclose(sim.rec) != 0) {
+        fprintf(stderr, "kvsim: %s: %s\n", sim.o.record, strerror(errno));
+        rc = 1;
+    }
+    sim.rec = NULL;
+out:
+    if (sim.rec)
+        fclose(sim.rec);
+    close_all(&sim, interrupted || rc == 2);
+    return rc;
+}

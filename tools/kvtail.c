@@ -1,0 +1,1238 @@
+/*
+ * kvtail: NATS subscriber and checker for kvbridge's router events.
+ *
+ * Prints router events (router-events.md section 1) as they arrive and, on
+ * request, checks them:
+ *   --check          event_id contiguity per (worker_id, dp_rank)
+ *   --index          applies them to an in-memory index the way Dynamo's
+ *                    indexer does (parent check, unknown removes ignored)
+ *   --expect-record  compares that index with kvsim's --record file: an entry
+ *                    the engine does not hold at the end is WRONG (fails);
+ *                    an engine block absent from the index is only "missing"
+ * and publishes test input with --publish FILE.
+ *
+ * Independent test instrument: uses nothing from src/.
+ * Build: make build/kvtail, or
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror tools/kvtail.c \
+ *       -o build/kvtail -lnats
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nats/nats.h>
+
+#define MAX_HOLES       64      /* remembered per stream, to tell reorders from dups */
+#define MAX_REPORTS     50      /* per kind of problem, then only counted */
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+/* ------------------------------------------------------------------ utils */
+
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        fprintf(stderr, "kvtail: out of memory\n");
+        exit(2);
+    }
+    return q;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+struct vec {
+    uint64_t *v;
+    size_t n, cap;
+};
+
+static void vec_push(struct vec *v, uint64_t x)
+{
+    if (v->n == v->cap) {
+        v->cap = v->cap ? v->cap * 2 : 64;
+        v->v = xrealloc(v->v, v->cap * sizeof *v->v);
+    }
+    v->v[v->n++] = x;
+}
+
+/* ------------------------------------- hash multiset: block hash -> count */
+
+struct hset {
+    uint64_t *keys;
+    uint64_t *aux;      /* tokens_hash */
+    uint32_t *cnt;      /* 0 = empty slot */
+    size_t mask, n;
+};
+
+static void hset_alloc(struct hset *h, size_t slots)
+{
+    h->keys = xrealloc(NULL, slots * sizeof *h->keys);
+    h->aux = xrealloc(NULL, slots * sizeof *h->aux);
+    h->cnt = xrealloc(NULL, slots * sizeof *h->cnt);
+    memset(h->cnt, 0, slots * sizeof *h->cnt);
+    h->mask = slots - 1;
+    h->n = 0;
+}
+
+static void hset_free(struct hset *h)
+{
+    free(h->keys);
+    free(h->aux);
+    free(h->cnt);
+}
+
+static size_t hset_find(const struct hset *h, uint64_t k)
+{
+    size_t i = mix64(k) & h->mask;
+    while (h->cnt[i] && h->keys[i] != k)
+        i = (i + 1) & h->mask;
+    return i;
+}
+
+static bool hset_has(const struct hset *h, uint64_t k, uint64_t *aux)
+{
+    size_t i = hset_find(h, k);
+    if (!h->cnt[i])
+        return false;
+    if (aux)
+        *aux = h->aux[i];
+    return true;
+}
+
+static void hset_add(struct hset *h, uint64_t k, uint64_t aux)
+{
+    size_t i;
+    if ((h->n + 1) * 10 > (h->mask + 1) * 7) {
+        struct hset old = *h;
+        hset_alloc(h, (old.mask + 1) * 2);
+        for (size_t j = 0; j <= old.mask; j++) {
+            if (old.cnt[j]) {
+                size_t t = hset_find(h, old.keys[j]);
+                h->keys[t] = old.keys[j];
+                h->aux[t] = old.aux[j];
+                h->cnt[t] = old.cnt[j];
+                h->n++;
+            }
+        }
+        hset_free(&old);
+    }
+    i = hset_find(h, k);
+    if (!h->cnt[i]) {
+        h->n++;
+        h->keys[i] = k;
+    }
+    h->aux[i] = aux;
+    if (h->cnt[i] < UINT32_MAX)
+        h->cnt[i]++;
+}
+
+/* Drops one copy; returns false when k is not present. */
+static bool hset_del(struct hset *h, uint64_t k)
+{
+    size_t i = hset_find(h, k), j;
+    if (!h->cnt[i])
+        return false;
+    if (--h->cnt[i])
+        return true;
+    j = i;
+    for (;;) {
+        size_t home;
+        bool stays;
+        j = (j + 1) & h->mask;
+        if (!h->cnt[j])
+            break;
+        home = mix64(h->keys[j]) & h->mask;
+        stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            h->keys[i] = h->keys[j];
+            h->aux[i] = h->aux[j];
+            h->cnt[i] = h->cnt[j];
+            h->cnt[j] = 0;
+            i = j;
+        }
+    }
+    h->cnt[i] = 0;
+    h->n--;
+    return true;
+}
+
+static void hset_clear(struct hset *h)
+{
+    memset(h->cnt, 0, (h->mask + 1) * sizeof *h->cnt);
+    h->n = 0;
+}
+
+/* --------------------------------------------------- index spaces, streams */
+
+enum tier { T_DEVICE, T_HOST, T_DISK, T_EXTERNAL, NTIER };
+static const char *const tier_names[NTIER] = { "device", "host_pinned", "disk", "external" };
+
+struct space {
+    uint64_t worker, rank;
+    int tier;
+    struct hset set;
+};
+
+struct spaces {
+    struct space *s;
+    size_t n, cap;
+};
+
+static struct space *space_get(struct spaces *ss, uint64_t worker, uint64_t rank, int tier,
+                               bool create)
+{
+    for (size_t i = 0; i < ss->n; i++)
+        if (ss->s[i].worker == worker && ss->s[i].rank == rank && ss->s[i].tier == tier)
+            return &ss->s[i];
+    if (!create)
+        return NULL;
+    if (ss->n == ss->cap) {
+        ss->cap = ss->cap ? ss->cap * 2 : 8;
+        ss->s = xrealloc(ss->s, ss->cap * sizeof *ss->s);
+    }
+    ss->s[ss->n].worker = worker;
+    ss->s[ss->n].rank = rank;
+    ss->s[ss->n].tier = tier;
+    hset_alloc(&ss->s[ss->n].set, 1024);
+    return &ss->s[ss->n++];
+}
+
+static void spaces_clear(struct spaces *ss, uint64_t worker, uint64_t rank)
+{
+    for (size_t i = 0; i < ss->n; i++)
+        if (ss->s[i].worker == worker && ss->s[i].rank == rank)
+            hset_clear(&ss->s[i].set);
+}
+
+static void spaces_free(struct spaces *ss)
+{
+    for (size_t i = 0; i < ss->n; i++)
+        hset_free(&ss->s[i].set);
+    free(ss->s);
+}
+
+struct hole {
+    uint64_t lo, hi;
+};
+
+struct stream {
+    uint64_t worker, rank, next;
+    struct hole holes[MAX_HOLES];
+    size_t nholes;
+};
+
+/* ------------------------------------------------------------- the state */
+
+enum kind { K_STORED, K_REMOVED, K_CLEARED };
+
+struct rev {
+    uint64_t worker, id, rank, parent;
+    int tier;
+    enum kind kind;
+    bool has_parent;
+    struct vec h, th;
+};
+
+struct opts {
+    const char *server, *subject, *expect, *ready, *publish;
+    uint64_t count;
+    long timeout_ms;
+    bool quiet, check, index, allow_offset;
+};
+
+struct stats {
+    uint64_t messages, stored, removed, cleared, holes, hole_ids, dups, reorders, resets, bad,
+        orphans, unknown_removes, wrong, missing, badtok, indexed, blocks;
+};
+
+struct tail {
+    struct opts o;
+    struct stats st;
+    struct rev ev;
+    struct stream *streams;
+    size_t nstreams;
+    struct spaces index, truth;
+    bool tier_seen[NTIER];
+    unsigned reports_hole, reports_dup, reports_bad, reports_wrong;
+};
+
+/* ---------------------------------------------- router event JSON parser */
+
+struct cur {
+    const char *p, *e;
+};
+
+static bool lit(struct cur *c, const char *s)
+{
+    size_t n = strlen(s);
+    if ((size_t)(c->e - c->p) < n || memcmp(c->p, s, n))
+        return false;
+    c->p += n;
+    return true;
+}
+
+/* An unsigned 64-bit decimal: digits only, no sign, no leading zeros. */
+static bool num(struct cur *c, uint64_t *out)
+{
+    char buf[24], *end;
+    size_t n = 0;
+    unsigned long long v;
+
+    while (c->p + n < c->e && c->p[n] >= '0' && c->p[n] <= '9')
+        n++;
+    if (n == 0 || n > 20 || (n > 1 && c->p[0] == '0'))
+        return false;
+    memcpy(buf, c->p, n);
+    buf[n] = '\0';
+    errno = 0;
+    v = strtoull(buf, &end, 10);
+    if (errno == ERANGE || *end)
+        return false;
+    c->p += n;
+    *out = v;
+    return true;
+}
+
+/*
+ * Parses exactly the compact dynamo-json shape, fields in order:
+ *   {"worker_id":W[,"storage_tier":"T"],"event":{"event_id":E,"data":D,"dp_rank":R}}
+ * Returns NULL on success, else what was expected (and c->p is where).
+ */
+static const char *parse_rev(struct cur *c, struct rev *ev)
+{
+    ev->h.n = ev->th.n = 0;
+    ev->has_parent = false;
+    ev->tier = T_DEVICE;
+
+    if (!lit(c, "{\"worker_id\":") || !num(c, &ev->worker))
+        return "{\"worker_id\":<u64>";
+    if (lit(c, ",\"storage_tier\":\"")) {
+        if (lit(c, "host_pinned\""))
+            ev->tier = T_HOST;
+        else if (lit(c, "disk\""))
+            ev->tier = T_DISK;
+        else if (lit(c, "external\""))
+            ev->tier = T_EXTERNAL;
+        else
+            return "storage_tier host_pinned|disk|external (device is implicit)";
+    }
+    if (!lit(c, ",\"event\":{\"event_id\":") || !num(c, &ev->id))
+        return ",\"event\":{\"event_id\":<u64>";
+    if (!lit(c, ",\"data\":"))
+        return ",\"data\":";
+    if (lit(c, "\"cleared\"")) {
+        ev->kind = K_CLEARED;
+    } else if (lit(c, "{\"stored\":{\"parent_hash\":")) {
+        ev->kind = K_STORED;
+        if (!lit(c, "null")) {
+            if (!num(c, &ev->parent))
+                return "parent_hash <u64>|null";
+            ev->has_parent = true;
+        }
+        if (!lit(c, ",\"blocks\":["))
+            return ",\"blocks\":[";
+        for (;;) {
+            uint64_t h, t;
+            if (!lit(c, "{\"block_hash\":") || !num(c, &h) || !lit(c, ",\"tokens_hash\":") ||
+                !num(c, &t) || !lit(c, "}"))
+                return "{\"block_hash\":<u64>,\"tokens_hash\":<u64>}";
+            vec_push(&ev->h, h);
+            vec_push(&ev->th, t);
+            if (lit(c, ","))
+                continue;
+            if (lit(c, "]}}"))
+                break;
+            return "',' or ']}}' after a block";
+        }
+    } else if (lit(c, "{\"removed\":{\"block_hashes\":[")) {
+        ev->kind = K_REMOVED;
+        for (;;) {
+            uint64_t h;
+            if (!num(c, &h))
+                return "<u64> in block_hashes (an empty list is never published)";
+            vec_push(&ev->h, h);
+            if (lit(c, ","))
+                continue;
+            if (lit(c, "]}}"))
+                break;
+            return "',' or ']}}' in block_hashes";
+        }
+    } else {
+        return "data: \"cleared\" | {\"stored\":..} | {\"removed\":..}";
+    }
+    if (!lit(c, ",\"dp_rank\":") || !num(c, &ev->rank))
+        return ",\"dp_rank\":<u64>";
+    if (!lit(c, "}}"))
+        return "}}";
+    if (c->p != c->e)
+        return "end of message";
+    return NULL;
+}
+
+/* -------------------------------------------------------------- checking */
+
+static struct stream *stream_get(struct tail *t, uint64_t worker, uint64_t rank, bool *fresh)
+{
+    *fresh = false;
+    for (size_t i = 0; i < t->nstreams; i++)
+        if (t->streams[i].worker == worker && t->streams[i].rank == rank)
+            return &t->streams[i];
+    t->streams = xrealloc(t->streams, (t->nstreams + 1) * sizeof *t->streams);
+    memset(&t->streams[t->nstreams], 0, sizeof t->streams[0]);
+    t->streams[t->nstreams].worker = worker;
+    t->streams[t->nstreams].rank = rank;
+    *fresh = true;
+    return &t->streams[t->nstreams++];
+}
+
+static void add_hole(struct tail *t, struct stream *s, uint64_t lo, uint64_t hi)
+{
+    t->st.holes++;
+    t->st.hole_ids += hi - lo + 1;
+    if (t->reports_hole++ < MAX_REPORTS)
+        fprintf(stderr,
+                "kvtail: HOLE worker_id=%" PRIu64 " dp_rank=%" PRIu64 " event_id %" PRIu64
+                "..%" PRIu64 " missing (%" PRIu64 " ids)\n",
+                s->worker, s->rank, lo, hi, hi - lo + 1);
+    if (s->nholes == MAX_HOLES) {
+        memmove(s->holes, s->holes + 1, (MAX_HOLES - 1) * sizeof s->holes[0]);
+        s->nholes--;
+    }
+    s->holes[s->nholes].lo = lo;
+    s->holes[s->nholes].hi = hi;
+    s->nholes++;
+}
+
+/* An id below the expected one: fills a known hole (reordering) or not (dup). */
+static bool fill_hole(struct stream *s, uint64_t id)
+{
+    for (size_t i = 0; i < s->nholes; i++) {
+        struct hole *h = &s->holes[i];
+        if (id < h->lo || id > h->hi)
+            continue;
+        if (h->lo == h->hi) {
+            memmove(h, h + 1, (s->nholes - i - 1) * sizeof *h);
+            s->nholes--;
+        } else if (id == h->lo) {
+            h->lo++;
+        } else if (id == h->hi) {
+            h->hi--;
+        } else if (s->nholes < MAX_HOLES) {
+            memmove(h + 2, h + 1, (s->nholes - i - 1) * sizeof *h);
+            h[1].lo = id + 1;
+            h[1].hi = h->hi;
+            h->hi = id - 1;
+            s->nholes++;
+        } else {
+            h->hi = id - 1;     /* no room: forget the upper part */
+        }
+        return true;
+    }
+    return false;
+}
+
+static void check_ids(struct tail *t, const struct rev *ev)
+{
+    bool fresh;
+    struct stream *s = stream_get(t, ev->worker, ev->rank, &fresh);
+
+    if (fresh) {
+        if (ev->id != 0 && !t->o.allow_offset)
+            add_hole(t, s, 0, ev->id - 1);
+        s->next = ev->id + 1;
+        return;
+    }
+    if (ev->id == s->next) {
+        s->next++;
+    } else if (ev->id > s->next) {
+        add_hole(t, s, s->next, ev->id - 1);
+        s->next = ev->id + 1;
+    } else if (ev->id == 0 && ev->kind == K_CLEARED) {
+        /* a bridge restarted without its persisted counter: a new epoch */
+        t->st.resets++;
+        fprintf(stderr, "kvtail: RESET worker_id=%" PRIu64 " dp_rank=%" PRIu64
+                        " event_id back to 0 with \"cleared\" (was at %" PRIu64 ")\n",
+                s->worker, s->rank, s->next);
+        s->next = 1;
+        s->nholes = 0;
+    } else if (fill_hole(s, ev->id)) {
+        t->st.reorders++;
+        if (t->reports_dup++ < MAX_REPORTS)
+            fprintf(stderr, "kvtail: REORDERED worker_id=%" PRIu64 " dp_rank=%" PRIu64
+                            " event_id %" PRIu64 " arrived after %" PRIu64 "\n",
+                    s->worker, s->rank, ev->id, s->next - 1);
+    } else {
+        t->st.dups++;
+        if (t->reports_dup++ < MAX_REPORTS)
+            fprintf(stderr, "kvtail: DUPLICATE worker_id=%" PRIu64 " dp_rank=%" PRIu64
+                            " event_id %" PRIu64 " (expected %" PRIu64 ")\n",
+                    s->worker, s->rank, ev->id, s->next);
+    }
+}
+
+/* What Dynamo's indexer does with one event. */
+static void apply_index(struct tail *t, const struct rev *ev)
+{
+    struct space *sp;
+
+    t->tier_seen[ev->tier] = true;
+    switch (ev->kind) {
+    case K_STORED:
+        sp = space_get(&t->index, ev->worker, ev->rank, ev->tier, true);
+        if (ev->has_parent && !hset_has(&sp->set, ev->parent, NULL)) {
+            t->st.orphans++;    /* unknown parent: the whole store is dropped */
+            return;
+        }
+        for (size_t i = 0; i < ev->h.n; i++)
+            hset_add(&sp->set, ev->h.v[i], ev->th.v[i]);
+        break;
+    case K_REMOVED:
+        sp = space_get(&t->index, ev->worker, ev->rank, ev->tier, true);
+        for (size_t i = 0; i < ev->h.n; i++)
+            if (!hset_del(&sp->set, ev->h.v[i]))
+                t->st.unknown_removes++;
+        break;
+    case K_CLEARED:
+        spaces_clear(&t->index, ev->worker, ev->rank);  /* every tier */
+        break;
+    }
+}
+
+static void handle_message(struct tail *t, const char *data, size_t len)
+{
+    struct cur c = { data, data + len };
+    const char *why;
+
+    t->st.messages++;
+    if (!t->o.quiet) {
+        fwrite(data, 1, len, stdout);
+        fputc('\n', stdout);
+    }
+    why = parse_rev(&c, &t->ev);
+    if (why) {
+        t->st.bad++;
+        if (t->reports_bad++ < MAX_REPORTS)
+            fprintf(stderr, "kvtail: BAD message at byte %zu: expected %s: %.*s\n",
+                    (size_t)(c.p - data), why, (int)(len > 300 ? 300 : len), data);
+        return;
+    }
+    switch (t->ev.kind) {
+    case K_STORED:
+        t->st.stored++;
+        t->st.blocks += t->ev.h.n;
+        break;
+    case K_REMOVED: t->st.removed++; break;
+    case K_CLEARED: t->st.cleared++; break;
+    }
+    if (t->o.check)
+        check_ids(t, &t->ev);
+    if (t->o.index)
+        apply_index(t, &t->ev);
+}
+
+/* ------------------------------------------------- kvsim record (truth) */
+
+static void skip_ws(struct cur *c)
+{
+    while (c->p < c->e && (*c->p == ' ' || *c->p == '\t' || *c->p == '\r' || *c->p == '\n'))
+        c->p++;
+}
+
+static bool jlit(struct cur *c, const char *s)
+{
+    skip_ws(c);
+    return lit(c, s);
+}
+
+/* A JSON string into buf (truncated, escapes simplified). */
+static bool jstr(struct cur *c, char *buf, size_t cap)
+{
+    size_t n = 0;
+    skip_ws(c);
+    if (c->p >= c->e || *c->p != '"')
+        return false;
+    c->p++;
+    while (c->p < c->e && *c->p != '"') {
+        char ch = *c->p++;
+        if (ch == '\\') {
+            if (c->p >= c->e)
+                return false;
+            ch = *c->p++;
+            if (ch == 'u') {
+                if (c->e - c->p < 4)
+                    return false;
+                c->p += 4;
+                ch = '?';
+            }
+        }
+        if (n + 1 < cap)
+            buf[n++] = ch;
+    }
+    if (c->p >= c->e)
+        return false;
+    c->p++;
+    if (cap)
+        buf[n] = '\0';
+    return true;
+}
+
+static bool jskip(struct cur *c, int depth)
+{
+    char tmp[2];
+    skip_ws(c);
+    if (c->p >= c->e || depth > 64)
+        return false;
+    if (*c->p == '"')
+        return jstr(c, tmp, sizeof tmp);
+    if (*c->p == '{' || *c->p == '[') {
+        char close = *c->p == '{' ? '}' : ']';
+        bool obj = *c->p == '{';
+        c->p++;
+        if (jlit(c, close == '}' ? "}" : "]"))
+            return true;
+        for (;;) {
+            if (obj && (!jstr(c, tmp, sizeof tmp) || !jlit(c, ":")))
+                return false;
+            if (!jskip(c, depth + 1))
+                return false;
+            if (jlit(c, ","))
+                continue;
+            return jlit(c, close == '}' ? "}" : "]");
+        }
+    }
+    /* number, true, false, null */
+    {
+        const char *start = c->p;
+        while (c->p < c->e && *c->p != ',' && *c->p != '}' && *c->p != ']' && *c->p != ' ')
+            c->p++;
+        return c->p > start;
+    }
+}
+
+static bool jnum_array(struct cur *c, struct vec *v)
+{
+    if (!jlit(c, "["))
+        return false;
+    if (jlit(c, "]"))
+        return true;
+    for (;;) {
+        uint64_t x;
+        skip_ws(c);
+        if (!num(c, &x))
+            return false;
+        vec_push(v, x);
+        if (jlit(c, ","))
+            continue;
+        return jlit(c, "]");
+    }
+}
+
+struct recev {
+    enum kind kind;
+    int tier;
+    uint64_t group;
+    size_t h_off, nh, th_off, nth;
+};
+
+struct recline {
+    struct recev *ev;
+    size_t nev, cap;
+    struct vec h, th;
+};
+
+static int tier_from_name(const char *s)
+{
+    for (int i = 0; i < NTIER; i++)
+        if (!strcmp(s, tier_names[i]))
+            return i;
+    return -1;
+}
+
+static bool rec_event(struct cur *c, struct recline *rl)
+{
+    struct recev e;
+    char key[64], val[64];
+
+    memset(&e, 0, sizeof e);
+    e.kind = (enum kind)-1;
+    e.h_off = rl->h.n;
+    e.th_off = rl->th.n;
+    if (!jlit(c, "{"))
+        return false;
+    if (!jlit(c, "}")) {
+        for (;;) {
+            if (!jstr(c, key, sizeof key) || !jlit(c, ":"))
+                return false;
+            if (!strcmp(key, "type")) {
+                if (!jstr(c, val, sizeof val))
+                    return false;
+                e.kind = !strcmp(val, "stored") ? K_STORED : !strcmp(val, "removed") ? K_REMOVED
+                         : !strcmp(val, "cleared") ? K_CLEARED : (enum kind)-1;
+            } else if (!strcmp(key, "hashes")) {
+                if (!jnum_array(c, &rl->h))
+                    return false;
+            } else if (!strcmp(key, "tokens_hashes")) {
+                if (!jnum_array(c, &rl->th))
+                    return false;
+            } else if (!strcmp(key, "tier")) {
+                if (!jstr(c, val, sizeof val) || (e.tier = tier_from_name(val)) < 0)
+                    return false;
+            } else if (!strcmp(key, "group")) {
+                skip_ws(c);
+                if (!num(c, &e.group))
+                    return false;
+            } else if (!jskip(c, 0)) {
+                return false;
+            }
+            if (jlit(c, ","))
+                continue;
+            if (!jlit(c, "}"))
+                return false;
+            break;
+        }
+    }
+    if ((int)e.kind < 0)
+        return false;
+    e.nh = rl->h.n - e.h_off;
+    e.nth = rl->th.n - e.th_off;
+    if (e.kind == K_STORED && e.nth != e.nh)
+        return false;
+    if (rl->nev == rl->cap) {
+        rl->cap = rl->cap ? rl->cap * 2 : 16;
+        rl->ev = xrealloc(rl->ev, rl->cap * sizeof *rl->ev);
+    }
+    rl->ev[rl->nev++] = e;
+    return true;
+}
+
+/* One record line: the engine's own view, so every event applies (live or not). */
+static bool rec_line(struct tail *t, struct recline *rl, const char *line, size_t len)
+{
+    struct cur c = { line, line + len };
+    char key[64];
+    uint64_t rank = 0;
+    bool have_rank = false;
+
+    rl->nev = rl->h.n = rl->th.n = 0;
+    if (!jlit(&c, "{"))
+        return false;
+    for (;;) {
+        if (!jstr(&c, key, sizeof key) || !jlit(&c, ":"))
+            return false;
+        if (!strcmp(key, "rank")) {
+            skip_ws(&c);
+            if (!num(&c, &rank))
+                return false;
+            have_rank = true;
+        } else if (!strcmp(key, "events")) {
+            if (!jlit(&c, "["))
+                return false;
+            if (!jlit(&c, "]")) {
+                for (;;) {
+                    if (!rec_event(&c, rl))
+                        return false;
+                    if (jlit(&c, ","))
+                        continue;
+                    if (!jlit(&c, "]"))
+                        return false;
+                    break;
+                }
+            }
+        } else if (!jskip(&c, 0)) {
+            return false;
+        }
+        if (jlit(&c, ","))
+            continue;
+        if (!jlit(&c, "}"))
+            return false;
+        break;
+    }
+    if (!have_rank)
+        return false;
+    for (size_t i = 0; i < rl->nev; i++) {
+        const struct recev *e = &rl->ev[i];
+        struct space *sp;
+        if (e->kind == K_CLEARED) {
+            spaces_clear(&t->truth, 0, rank);
+            continue;
+        }
+        if (e->group != 0)
+            continue;           /* the router never sees secondary groups */
+        sp = space_get(&t->truth, 0, rank, e->tier, true);
+        for (size_t k = 0; k < e->nh; k++) {
+            if (e->kind == K_STORED)
+                hset_add(&sp->set, rl->h.v[e->h_off + k], rl->th.v[e->th_off + k]);
+            else
+                hset_del(&sp->set, rl->h.v[e->h_off + k]);
+        }
+    }
+    return true;
+}
+
+static int load_record(struct tail *t)
+{
+    FILE *f = fopen(t->o.expect, "r");
+    char *line = NULL;
+    size_t cap = 0, lineno = 0;
+    ssize_t n;
+    struct recline rl;
+    int rc = 0;
+
+    if (!f) {
+        fprintf(stderr, "kvtail: %s: %s\n", t->o.expect, strerror(errno));
+        return -errno;
+    }
+    memset(&rl, 0, sizeof rl);
+    while ((n = getline(&line, &cap, f)) > 0) {
+        lineno++;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            n--;
+        if (n == 0)
+            continue;
+        if (!rec_line(t, &rl, line, (size_t)n)) {
+            fprintf(stderr, "kvtail: %s:%zu: not a kvsim record line\n", t->o.expect, lineno);
+            rc = -EINVAL;
+            break;
+        }
+    }
+    free(line);
+    free(rl.ev);
+    free(rl.h.v);
+    free(rl.th.v);
+    fclose(f);
+    return rc;
+}
+
+/* WRONG: the index holds a block the engine does not hold at the end. */
+static void compare_with_record(struct tail *t)
+{
+    for (size_t i = 0; i < t->index.n; i++) {
+        const struct space *sp = &t->index.s[i];
+        const struct space *tr = space_get(&t->truth, 0, sp->rank, sp->tier, false);
+        for (size_t k = 0; k <= sp->set.mask; k++) {
+            uint64_t h = sp->set.keys[k], th;
+            if (!sp->set.cnt[k])
+                continue;
+            t->st.indexed++;
+            if (!tr || !hset_has(&tr->set, h, &th)) {
+                t->st.wrong++;
+                if (t->reports_wrong++ < MAX_REPORTS)
+                    fprintf(stderr, "kvtail: WRONG worker_id=%" PRIu64 " dp_rank=%" PRIu64
+                                    " tier=%s block_hash %" PRIu64
+                                    " is indexed but not stored on the engine\n",
+                            sp->worker, sp->rank, tier_names[sp->tier], h);
+            } else if (th != sp->set.aux[k]) {
+                t->st.badtok++;
+                if (t->reports_wrong++ < MAX_REPORTS)
+                    fprintf(stderr, "kvtail: WRONG tokens_hash worker_id=%" PRIu64
+                                    " dp_rank=%" PRIu64 " block_hash %" PRIu64 ": got %" PRIu64
+                                    ", engine %" PRIu64 "\n",
+                            sp->worker, sp->rank, h, sp->set.aux[k], th);
+            }
+        }
+    }
+    for (size_t i = 0; i < t->truth.n; i++) {
+        const struct space *tr = &t->truth.s[i];
+        if (tr->tier != T_DEVICE && !t->tier_seen[tr->tier])
+            continue;           /* a tier the bridge does not forward */
+        for (size_t k = 0; k <= tr->set.mask; k++) {
+            bool found = false;
+            if (!tr->set.cnt[k])
+                continue;
+            for (size_t j = 0; j < t->index.n && !found; j++) {
+                const struct space *sp = &t->index.s[j];
+                found = sp->rank == tr->rank && sp->tier == tr->tier &&
+                        hset_has(&sp->set, tr->set.keys[k], NULL);
+            }
+            if (!found)
+                t->st.missing++;
+        }
+    }
+}
+
+/* ----------------------------------------------------------------- NATS */
+
+static natsConnection *connect_nats(const char *url)
+{
+    natsOptions *opts = NULL;
+    natsConnection *nc = NULL;
+    natsStatus s = natsOptions_Create(&opts);
+
+    if (s == NATS_OK)
+        s = natsOptions_SetURL(opts, url);
+    if (s == NATS_OK)
+        s = natsOptions_SetName(opts, "kvtail");
+    if (s == NATS_OK)
+        s = natsOptions_SetTimeout(opts, 3000);
+    if (s == NATS_OK)
+        s = natsConnection_Connect(&nc, opts);
+    if (s != NATS_OK) {
+        fprintf(stderr, "kvtail: connect %s: %s\n", url, natsStatus_GetText(s));
+        nc = NULL;
+    }
+    natsOptions_Destroy(opts);
+    return nc;
+}
+
+static int do_publish(const struct opts *o)
+{
+    FILE *f = strcmp(o->publish, "-") ? fopen(o->publish, "r") : stdin;
+    natsConnection *nc = NULL;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    uint64_t count = 0;
+    natsStatus s = NATS_OK;
+    int rc = 2;
+
+    if (!f) {
+        fprintf(stderr, "kvtail: %s: %s\n", o->publish, strerror(errno));
+        return 2;
+    }
+    if (strpbrk(o->subject, "*>")) {
+        fprintf(stderr, "kvtail: --publish needs a subject without wildcards\n");
+        goto out;
+    }
+    nc = connect_nats(o->server);
+    if (!nc)
+        goto out;
+    while (!stop_flag && (n = getline(&line, &cap, f)) > 0) {
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            n--;
+        if (n == 0)
+            continue;
+        s = natsConnection_Publish(nc, o->subject, line, (int)n);
+        if (s != NATS_OK)
+            break;
+        count++;
+    }
+    if (s == NATS_OK)
+        s = natsConnection_FlushTimeout(nc, 5000);
+    if (s != NATS_OK) {
+        fprintf(stderr, "kvtail: publish: %s\n", natsStatus_GetText(s));
+        goto out;
+    }
+    fprintf(stderr, "kvtail: published %" PRIu64 " messages to %s\n", count, o->subject);
+    rc = 0;
+out:
+    free(line);
+    if (f != stdin)
+        fclose(f);
+    natsConnection_Destroy(nc);
+    return rc;
+}
+
+static int write_ready(const char *path)
+{
+    char tmp[4096];
+    FILE *f;
+
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "%ld\n", (long)getpid());
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -errno;
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------------- options */
+
+static void usage(FILE *f)
+{
+    fputs(
+"usage: kvtail [options]\n"
+"Subscribes to kvbridge's router events on NATS, prints and checks them.\n"
+"\n"
+"  --server URL          NATS server (default nats://127.0.0.1:4222)\n"
+"  --subject SUBJ        subject, wildcards allowed\n"
+"                        (default namespace.dynamo.component.backend.kv_events)\n"
+"  --count N             exit after N messages\n"
+"  --timeout MS          exit when idle MS after the last message, or after MS\n"
+"                        if none arrives (default 0 = never)\n"
+"  --quiet               do not print messages\n"
+"  --check               event_id must be contiguous per (worker_id, dp_rank) from 0;\n"
+"                        reports holes, duplicates, reorderings; malformed messages\n"
+"                        fail too (the parser takes exactly the dynamo-json shape)\n"
+"  --allow-start-offset  with --check: the first event_id of a pair may be anything\n"
+"  --index               apply events to an index per (worker_id, dp_rank, tier) like\n"
+"                        Dynamo's indexer: a store with an unknown parent is dropped\n"
+"                        whole (orphans=), unknown removes are ignored (counted),\n"
+"                        \"cleared\" empties every tier of the pair\n"
+"  --expect-record FILE  kvsim --record file (implies --index): at exit, an indexed\n"
+"                        block that the engine no longer holds, or a wrong tokens_hash,\n"
+"                        is WRONG (fails); engine blocks absent from the index are\n"
+"                        counted as missing (fine after barriers)\n"
+"  --ready-file PATH     written once subscribed (start publishers after it exists)\n"
+"  --publish FILE        publish each non-empty line of FILE ('-' = stdin) to\n"
+"                        --subject, then exit\n"
+"  -h, --help            this text\n"
+"\n"
+"Prints each message on its own line on stdout (unless --quiet); at exit a summary\n"
+"on stderr and a last stdout line:\n"
+"  kvtail: messages=N stored=N removed=N cleared=N holes=N dups=N wrong=N missing=N ...\n"
+"Exit: 0 checks pass, 1 a check failed (or --count not reached), 2 usage/connection.\n",
+        f);
+}
+
+enum {
+    OPT_SERVER = 256, OPT_SUBJECT, OPT_COUNT, OPT_TIMEOUT, OPT_QUIET, OPT_CHECK, OPT_OFFSET,
+    OPT_INDEX, OPT_EXPECT, OPT_READY, OPT_PUBLISH,
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    static const struct option lo[] = {
+        { "server", required_argument, NULL, OPT_SERVER },
+        { "subject", required_argument, NULL, OPT_SUBJECT },
+        { "count", required_argument, NULL, OPT_COUNT },
+        { "timeout", required_argument, NULL, OPT_TIMEOUT },
+        { "quiet", no_argument, NULL, OPT_QUIET },
+        { "check", no_argument, NULL, OPT_CHECK },
+        { "allow-start-offset", no_argument, NULL, OPT_OFFSET },
+        { "index", no_argument, NULL, OPT_INDEX },
+        { "expect-record", required_argument, NULL, OPT_EXPECT },
+        { "ready-file", required_argument, NULL, OPT_READY },
+        { "publish", required_argument, NULL, OPT_PUBLISH },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    int c;
+
+    while ((c = getopt_long(argc, argv, "hq", lo, NULL)) != -1) {
+        char *end;
+        unsigned long long v;
+        switch (c) {
+        case OPT_SERVER: o->server = optarg; break;
+        case OPT_SUBJECT: o->subject = optarg; break;
+        case OPT_COUNT:
+        case OPT_TIMEOUT:
+            errno = 0;
+            v = strtoull(optarg, &end, 10);
+            if (errno || *end || optarg[0] < '0' || optarg[0] > '9' ||
+                (c == OPT_TIMEOUT && v > 86400000ULL * 365)) {
+                fprintf(stderr, "kvtail: bad number '%s'\n", optarg);
+                return -EINVAL;
+            }
+            if (c == OPT_COUNT)
+                o->count = v;
+            else
+                o->timeout_ms = (long)v;
+            break;
+        case 'q':
+        case OPT_QUIET: o->quiet = true; break;
+        case OPT_CHECK: o->check = true; break;
+        case OPT_OFFSET: o->allow_offset = true; break;
+        case OPT_INDEX: o->index = true; break;
+        case OPT_EXPECT: o->expect = optarg; o->index = true; break;
+        case OPT_READY: o->ready = optarg; break;
+        case OPT_PUBLISH: o->publish = optarg; break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return -EINVAL;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvtail: unexpected argument '%s'\n", argv[optind]);
+        return -EINVAL;
+    }
+    if (!*o->subject) {
+        fprintf(stderr, "kvtail: empty --subject\n");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static void report(struct tail *t, int64_t dropped)
+{
+    const struct stats *s = &t->st;
+
+    fprintf(stderr,
+            "kvtail: summary: messages=%" PRIu64 " (stored=%" PRIu64 " with %" PRIu64
+            " blocks, removed=%" PRIu64 ", cleared=%" PRIu64 ", bad=%" PRIu64 ")\n",
+            s->messages, s->stored, s->blocks, s->removed, s->cleared, s->bad);
+    if (t->o.check)
+        fprintf(stderr,
+                "kvtail: check: pairs=%zu holes=%" PRIu64 " (%" PRIu64 " ids) dups=%" PRIu64
+                " reorders=%" PRIu64 " resets=%" PRIu64 "\n",
+                t->nstreams, s->holes, s->hole_ids, s->dups, s->reorders, s->resets);
+    if (t->o.index)
+        fprintf(stderr,
+                "kvtail: index: orphan stores dropped=%" PRIu64 " unknown removes=%" PRIu64
+                "\n", s->orphans, s->unknown_removes);
+    if (t->o.expect)
+        fprintf(stderr,
+                "kvtail: record: indexed=%" PRIu64 " wrong=%" PRIu64 " wrong_tokens_hash=%" PRIu64
+                " missing=%" PRIu64 "\n", s->indexed, s->wrong, s->badtok, s->missing);
+    if (dropped > 0)
+        fprintf(stderr, "kvtail: WARNING: %" PRId64 " messages dropped by the client (slow)\n",
+                dropped);
+    printf("kvtail: messages=%" PRIu64 " stored=%" PRIu64 " removed=%" PRIu64 " cleared=%" PRIu64
+           " holes=%" PRIu64 " dups=%" PRIu64 " wrong=%" PRIu64 " missing=%" PRIu64
+           " bad=%" PRIu64 " reorders=%" PRIu64 " resets=%" PRIu64 " orphans=%" PRIu64
+           " unknown_removes=%" PRIu64 " badtok=%" PRIu64 " indexed=%" PRIu64 "\n",
+           s->messages, s->stored, s->removed, s->cleared, s->holes, s->dups, s->wrong,
+           s->missing, s->bad, s->reorders, s->resets, s->orphans, s->unknown_removes, s->badtok,
+           s->indexed);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    struct tail t;
+    struct sigaction sa;
+    natsConnection *nc = NULL;
+    natsSubscription *sub = NULL;
+    natsStatus s;
+    int64_t start, last = 0, dropped = 0;
+    bool got_any = false, timed_out = false, conn_lost = false;
+    int rc = 2;
+
+    memset(&t, 0, sizeof t);
+    t.o.server = "nats://127.0.0.1:4222";
+    t.o.subject = "namespace.dynamo.component.backend.kv_events";
+    if (parse_args(argc, argv, &t.o))
+        return 2;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (t.o.publish) {
+        rc = do_publish(&t.o);
+        nats_Close();
+        return rc;
+    }
+    if (!t.o.quiet && isatty(STDOUT_FILENO))
+        setvbuf(stdout, NULL, _IOLBF, 0);
+
+    nc = connect_nats(t.o.server);
+    if (!nc)
+        goto out;
+    s = natsConnection_SubscribeSync(&sub, nc, t.o.subject);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(sub, -1, -1);
+    if (s == NATS_OK)
+        s = natsConnection_FlushTimeout(nc, 5000);   /* the server has the SUB now */
+    if (s != NATS_OK) {
+        fprintf(stderr, "kvtail: subscribe %s: %s\n", t.o.subject, natsStatus_GetText(s));
+        goto out;
+    }
+    if (t.o.ready && write_ready(t.o.ready)) {
+        fprintf(stderr, "kvtail: %s: %s\n", t.o.ready, strerror(errno));
+        goto out;
+    }
+
+    start = now_ms();
+    while (!stop_flag && !(t.o.count && t.st.messages >= t.o.count)) {
+        natsMsg *msg = NULL;
+        int64_t wait = 200;
+        if (t.o.timeout_ms) {
+            int64_t left = (got_any ? last : start) + t.o.timeout_ms - now_ms();
+            if (left <= 0) {
+                timed_out = true;
+                break;
+            }
+            if (left < wait)
+                wait = left;
+        }
+        s = natsSubscription_NextMsg(&msg, sub, wait);
+        if (s == NATS_TIMEOUT)
+            continue;
+        if (s != NATS_OK) {
+            if (s == NATS_SLOW_CONSUMER)
+                continue;
+            fprintf(stderr, "kvtail: receive: %s\n", natsStatus_GetText(s));
+            conn_lost = true;
+            break;
+        }
+        handle_message(&t, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+        natsMsg_Destroy(msg);
+        got_any = true;
+        last = now_ms();
+    }
+    natsSubscription_GetDropped(sub, &dropped);
+    if (t.o.expect && load_record(&t) == 0)
+        compare_with_record(&t);
+    else if (t.o.expect)
+        goto out_report_fail;
+    report(&t, dropped);
+
+    rc = 0;
+    if (t.o.check && (t.st.holes || t.st.dups || t.st.reorders))
+        rc = 1;
+    if ((t.o.check || t.o.index) && t.st.bad)
+        rc = 1;
+    if (t.o.expect && (t.st.wrong || t.st.badtok))
+        rc = 1;
+    if ((t.o.check || t.o.index) && dropped > 0)
+        rc = 1;
+    if (t.o.count && t.st.messages < t.o.count && timed_out) {
+        fprintf(stderr, "kvtail: timeout: %" PRIu64 " of %" PRIu64 " messages\n",
+                t.st.messages, t.o.count);
+        rc = 1;
+    }
+    if (conn_lost)
+        rc = 2;
+    goto out;
+
+out_report_fail:
+    report(&t, dropped);
+    rc = 2;
+out:
+    fflush(stdout);
+    natsSubscription_Destroy(sub);
+    natsConnection_Destroy(nc);
+    nats_Close();
+    spaces_free(&t.index);
+    spaces_free(&t.truth);
+    free(t.streams);
+    free(t.ev.h.v);
+    free(t.ev.th.v);
+    return rc;
+}
