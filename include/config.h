@@ -92,9 +92,11 @@ struct kvb_config {
 };
 
 /* Parse and validate PATH.  On success returns 0 and sets *out.  On failure
- * returns -EINVAL (bad content) or -errno (unreadable), leaves *out untouched,
- * and writes every error found, one "FILE:LINE:COLUMN: message" per line, to
- * err (may be NULL). */
+ * returns -EINVAL (bad content) or -errno (unreadable; -ENOMEM when out of
+ * memory), leaves *out untouched, and writes every error found, one
+ * "FILE:LINE:COLUMN: message" per line, to err (may be NULL); errors about
+ * the whole file are "FILE: message" ("cannot read: ...", larger than 1 MiB).
+ * At most 100 errors are printed, then one "too many errors" line. */
 int kvb_config_load(const char *path, struct kvb_config **out, FILE *err);
 
 void kvb_config_free(struct kvb_config **cfg);

@@ -722,34 +722,24 @@ static int conv(struct ctx *c, const struct opt *o, const char *dpath, const cha
         /* fall through */
     case T_U64:
     case T_U32: {
-        const char *hint = o->type == T_BLOCKSIZE ? " or \"auto\"" : "";
-        switch (parse_u64(s, len, &u)) {
-        case 0:
-            if (u < o->min || u > o->max) {
-                err_at(c, line, col, "%s: %" PRIu64 " is out of range (expected %" PRIu64 "..%" PRIu64 "%s)",
-                       dpath, u, o->min, o->max, hint);
-                break;
-            }
-            if (o->type == T_U64)
-                *(uint64_t *)field = u;
-            else
-                *(uint32_t *)field = (uint32_t)u;
-            rc = 0;
-            break;
-        case -2:
-            err_at(c, line, col, "%s: '%s' is negative (expected %" PRIu64 "..%" PRIu64 "%s)",
-                   dpath, SHOWN(v), o->min, o->max, hint);
-            break;
-        case -3:
-            err_at(c, line, col, "%s: '%s' is too large (expected %" PRIu64 "..%" PRIu64 "%s)",
-                   dpath, SHOWN(v), o->min, o->max, hint);
-            break;
-        default:
-            err_at(c, line, col,
-                   "%s: '%s' is not a decimal integer (expected %" PRIu64 "..%" PRIu64 "%s)",
-                   dpath, SHOWN(v), o->min, o->max, hint);
+        int pr = parse_u64(s, len, &u);
+        const char *what = pr == -2 ? "is negative"
+                           : pr == -3 ? "is too large"
+                           : pr < 0   ? "is not a decimal integer"
+                           : (u < o->min || u > o->max) ? "is out of range"
+                                                        : NULL;
+        if (what) {
+            const char *q = pr == 0 ? "" : "'"; /* a number, or the text as written */
+            err_at(c, line, col, "%s: %s%s%s %s (expected %" PRIu64 "..%" PRIu64 "%s)",
+                   dpath, q, SHOWN(v), q, what, o->min, o->max,
+                   o->type == T_BLOCKSIZE ? " or \"auto\"" : "");
             break;
         }
+        if (o->type == T_U64)
+            *(uint64_t *)field = u;
+        else
+            *(uint32_t *)field = (uint32_t)u;
+        rc = 0;
         break;
     }
     case T_BOOL:
@@ -1042,18 +1032,20 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
                        i, s->dp_size, i, names[k]);
             else if ((uint64_t)port + s->dp_size - 1 > 65535)
                 err_at(c, msize->line, msize->col,
-                       "sources[%zu].dp_size: %" PRIu32 " ports from %ld (sources[%zu].%s) "
-                       "go past 65535",
+                       "sources[%zu].dp_size: %" PRIu32
+                       " ports from %ld (sources[%zu].%s) go past 65535",
                        i, s->dp_size, port, i, names[k]);
         }
     }
     if ((uint64_t)s->dp_rank + s->dp_size - 1 > UINT32_MAX && !mrank->bad)
         err_at(c, mrank->line, mrank->col,
-               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32 " goes past %" PRIu32,
+               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32
+               " goes past %" PRIu32,
                i, s->dp_rank, s->dp_size, UINT32_MAX);
 }
 
-static void check_config(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
+static void check_config(struct ctx *c, const struct kvb_config *cfg,
+                         const struct mark *m)
 {
     const struct mark *mw = &m[opt_index("nats.reconnect_wait_ms")];
     const struct mark *mx = &m[opt_index("nats.reconnect_wait_max_ms")];

@@ -111,10 +111,12 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         rc = zerr();
         goto fail;
     }
-    int hwm = (int)(p->rcvhwm > INT32_MAX ? INT32_MAX : p->rcvhwm), linger = 0;
+    /* reconnect to an absent engine with backoff 100 ms .. 2 s, not every 100 ms */
+    int hwm = (int)(p->rcvhwm > INT32_MAX ? INT32_MAX : p->rcvhwm), linger = 0, ivl_max = 2000;
     int64_t maxmsg = p->max_payload_bytes ? (int64_t)p->max_payload_bytes + 64 : -1;
     if (zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+        zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0) {
         rc = zerr();

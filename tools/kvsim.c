@@ -390,8 +390,9 @@ struct slot {
     uint64_t hash;
     uint64_t last_use;
     int32_t parent;     /* slot index of the parent block, -1 if none */
+    int32_t prev, next; /* leaf list links, when in_leaf */
     uint32_t nchild;
-    bool used;
+    bool used, in_leaf;
 };
 
 /* FIFO-evicted set (CPU tier, group 1) */
@@ -413,6 +414,7 @@ struct gen {
     /* realistic: device cache with leaf-LRU eviction */
     struct slot *slots;
     size_t cap;
+    int32_t leaf_head, leaf_tail;   /* leaves (evictable), least recently used first */
     int32_t *freel;
     size_t nfree;
     struct u64map dev;
@@ -543,6 +545,7 @@ static void gen_clear(struct gen *g)
         for (size_t i = 0; i < g->cap; i++)
             g->freel[i] = (int32_t)(g->cap - 1 - i);
         g->nfree = g->cap;
+        g->leaf_head = g->leaf_tail = -1;
         map_clear(&g->dev);
         fifo_clear(&g->cpu);
         fifo_clear(&g->g1);
@@ -621,12 +624,63 @@ static enum medium device_medium(struct gen *g)
     return rnd_below(&g->rng, 10) == 0 ? MED_NIL : MED_GPU;
 }
 
+static void leaf_unlink(struct gen *g, int32_t si)
+{
+    struct slot *sl = &g->slots[si];
+    if (sl->prev >= 0)
+        g->slots[sl->prev].next = sl->next;
+    else
+        g->leaf_head = sl->next;
+    if (sl->next >= 0)
+        g->slots[sl->next].prev = sl->prev;
+    else
+        g->leaf_tail = sl->prev;
+    sl->in_leaf = false;
+}
+
+/* Links si in before `at` (-1 = at the tail). */
+static void leaf_link_before(struct gen *g, int32_t si, int32_t at)
+{
+    struct slot *sl = &g->slots[si];
+    sl->next = at;
+    sl->prev = at >= 0 ? g->slots[at].prev : g->leaf_tail;
+    if (sl->prev >= 0)
+        g->slots[sl->prev].next = si;
+    else
+        g->leaf_head = si;
+    if (at >= 0)
+        g->slots[at].prev = si;
+    else
+        g->leaf_tail = si;
+    sl->in_leaf = true;
+}
+
+/* A block that just became a leaf goes where its age puts it (usually the head). */
+static void leaf_insert_by_age(struct gen *g, int32_t si)
+{
+    int32_t at = g->leaf_head;
+    while (at >= 0 && g->slots[at].last_use <= g->slots[si].last_use)
+        at = g->slots[at].next;
+    leaf_link_before(g, si, at);
+}
+
+static void touch(struct gen *g, int32_t si)
+{
+    g->slots[si].last_use = g->tick;
+    if (g->slots[si].in_leaf) {
+        leaf_unlink(g, si);
+        leaf_link_before(g, si, -1);
+    }
+}
+
 static void slot_remove(struct gen *g, int32_t si)
 {
     struct slot *sl = &g->slots[si];
     map_del(&g->dev, sl->hash);
-    if (sl->parent >= 0)
-        g->slots[sl->parent].nchild--;
+    if (sl->in_leaf)
+        leaf_unlink(g, si);
+    if (sl->parent >= 0 && --g->slots[sl->parent].nchild == 0)
+        leaf_insert_by_age(g, sl->parent);
     sl->used = false;
     g->freel[g->nfree++] = si;
 }
@@ -644,37 +698,17 @@ static size_t dev_evict(struct rank *r, size_t need)
     size_t done = 0, ei = SIZE_MAX;
 
     while (done < need) {
-        int32_t best[MAX_CHAIN + 8];
-        size_t nbest = 0, want = need - done;
-        if (want > MAX_CHAIN + 8)
-            want = MAX_CHAIN + 8;
-        /* one pass: keep the `want` oldest leaves, sorted by last_use */
-        for (size_t i = 0; i < g->cap; i++) {
-            struct slot *sl = &g->slots[i];
-            size_t pos;
-            if (!sl->used || sl->nchild || sl->last_use >= g->tick)
-                continue;
-            if (nbest == want && g->slots[best[nbest - 1]].last_use <= sl->last_use)
-                continue;
-            pos = nbest < want ? nbest++ : nbest - 1;
-            while (pos > 0 && g->slots[best[pos - 1]].last_use > sl->last_use) {
-                best[pos] = best[pos - 1];
-                pos--;
-            }
-            best[pos] = (int32_t)i;
-        }
-        if (!nbest)
+        int32_t si = g->leaf_head;
+        if (si < 0 || g->slots[si].last_use >= g->tick)
             break;
         if (ei == SIZE_MAX) {
             ei = batch_ev(b, EV_REMOVED);
             b->ev[ei].medium = device_medium(g);
         }
-        for (size_t k = 0; k < nbest; k++) {
-            *batch_hashes(b, 1) = g->slots[best[k]].hash;
-            b->ev[ei].nh++;
-            slot_remove(g, best[k]);
-        }
-        done += nbest;
+        *batch_hashes(b, 1) = g->slots[si].hash;
+        b->ev[ei].nh++;
+        slot_remove(g, si);
+        done++;
     }
     return done;
 }
@@ -766,8 +800,10 @@ static void store_chain(struct sim *s, struct rank *r, const uint64_t *hash, siz
         sl->parent = parent_slot;
         sl->nchild = 0;
         sl->used = true;
-        if (parent_slot >= 0)
-            g->slots[parent_slot].nchild++;
+        if (parent_slot >= 0 && g->slots[parent_slot].nchild++ == 0 &&
+            g->slots[parent_slot].in_leaf)
+            leaf_unlink(g, parent_slot);
+        leaf_link_before(g, si, -1);
         map_put(&g->dev, hash[i], (uint32_t)si);
         parent_slot = si;
     }
@@ -809,7 +845,7 @@ static void act_request(struct sim *s, struct rank *r)
         uint32_t si = map_get(&g->dev, hash[k]);
         if (si == MAP_NONE)
             break;
-        g->slots[si].last_use = g->tick;
+        touch(g, (int32_t)si);
         k++;
     }
     if (k == n)
@@ -833,7 +869,7 @@ static void act_decode(struct sim *s, struct rank *r)
         a->live = false;        /* its blocks were evicted: the request is gone */
         return;
     }
-    g->slots[si].last_use = g->tick;
+    touch(g, (int32_t)si);
     hash[0] = a->last;
     random_tokens(&g->rng, s->chain_tok + bs, bs);
     hash[1] = block_hash(a->last, true, s->chain_tok + bs, bs, a->lora);
@@ -1220,14 +1256,15 @@ static void ring_push(struct sim *s, struct rank *r, uint64_t seq, const void *d
     e->seq = seq;
 }
 
+/* One reply message; the end marker (len 0, seq FF*8) has an empty topic too. */
 static void replay_send_one(struct sim *s, struct rank *r, const void *id, size_t idlen,
-                            const unsigned char *seq8, const void *data, size_t len)
+                            const unsigned char *seq8, const void *data, size_t len, bool end)
 {
     void *sock = r->router;
     zmq_send(sock, id, idlen, ZMQ_SNDMORE);
     zmq_send(sock, "", 0, ZMQ_SNDMORE);
     if (s->o.layout_new)
-        zmq_send(sock, s->o.topic, s->topic_len, ZMQ_SNDMORE);
+        zmq_send(sock, s->o.topic, end ? 0 : s->topic_len, ZMQ_SNDMORE);
     zmq_send(sock, seq8, 8, ZMQ_SNDMORE);
     zmq_send(sock, data, len, 0);
 }
@@ -1279,11 +1316,11 @@ static void serve_replay(struct sim *s, struct rank *r)
                 if (e->seq < start)
                     continue;
                 put_be64(s8, e->seq);
-                replay_send_one(s, r, id, idlen, s8, e->data, e->len);
+                replay_send_one(s, r, id, idlen, s8, e->data, e->len, false);
                 r->replay_batches++;
             }
             memset(s8, 0xff, sizeof s8);
-            replay_send_one(s, r, id, idlen, s8, "", 0);
+            replay_send_one(s, r, id, idlen, s8, "", 0, true);
         }
     }
 }
