@@ -2,6 +2,8 @@
  * FILE:LINE:COLUMN message, the example file, reloads.  Run from the project
  * root (reads tests/data/config/ and conf/kvbridge.yaml). */
 #include <check.h>
+
+#include "testutil.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -837,11 +839,4 @@ static Suite *config_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(config_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return kvb_run_suite(config_suite()); }

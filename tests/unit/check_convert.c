@@ -1,5 +1,7 @@
 /* convert: router-events.md sections 3 to 5. */
 #include <check.h>
+
+#include "testutil.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,11 +411,4 @@ static Suite *convert_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(convert_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return kvb_run_suite(convert_suite()); }

@@ -825,11 +825,4 @@ static Suite *decode_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(decode_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return kvb_run_suite(decode_suite()); }

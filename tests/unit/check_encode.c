@@ -1,5 +1,7 @@
 /* encode: the exact JSON of router-events.md section 1. */
 #include <check.h>
+
+#include "testutil.h"
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -129,11 +131,4 @@ static Suite *encode_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(encode_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return kvb_run_suite(encode_suite()); }

@@ -93,4 +93,14 @@ static inline struct kvb_pipeline_cfg test_pcfg(uint64_t worker, uint32_t bs)
     return c;
 }
 
+/* The main() of every suite: run it, exit non-zero on any failure. */
+static inline int kvb_run_suite(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 #endif
