@@ -10,10 +10,13 @@
  * (nats.c buffers it), so the caller's buffer can be reused at once.
  *
  * Threads: nats.c's callback thread writes the metrics nats_reconnects_total,
- * nats_disconnects_total and nats_connected (create sets the first 1); the loop
- * thread (through kvb_sink_publish / kvb_sink_pending_bytes) writes
- * nats_publish_errors_total and nats_pending_bytes.  wake_fd should be
- * non-blocking (a full pipe is ignored); an eventfd gets an 8-byte 1.
+ * nats_disconnects_total and nats_connected; the loop thread (through
+ * kvb_sink_publish / kvb_sink_pending_bytes) writes nats_publish_errors_total
+ * and nats_pending_bytes.  A sink writes metrics only from a successful create
+ * until destroy starts, so on SIGHUP a new sink may share the metrics with the
+ * old one (a failed create, or the old sink's destroy, leaves them alone).
+ * wake_fd should be non-blocking (a full pipe is ignored); an eventfd gets an
+ * 8-byte 1.
  *
  * Outage behaviour: nats.c reconnects forever (backoff from reconnect_wait_ms
  * doubling to reconnect_wait_max_ms, minus up to 20% jitter); while it is

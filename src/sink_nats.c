@@ -18,6 +18,13 @@
  *   overshoot by one message); when reached, publish returns
  *   NATS_INSUFFICIENT_BUFFER.  natsConnection_Buffered() only reports the
  *   socket write buffer, not the reconnect buffer.
+ * - While connected, publish appends to a 32 KiB write buffer that the flusher
+ *   thread sends about 1 ms later; when that buffer is full, publish writes to
+ *   the socket itself (blocking: no write deadline is set).
+ * - nats_Open() (run implicitly by the first options/connection call) sets
+ *   SIGPIPE to SIG_IGN for the whole process.
+ * - With one server, the first reconnect attempt after a disconnect already
+ *   waits one reconnect delay (attempts = 1).
  */
 #include "sink.h"
 
@@ -62,7 +69,8 @@ struct kvb_sink {
     uint32_t rng;            /* xorshift32 state; reconnect thread only */
 
     _Atomic int state;            /* enum conn_state */
-    atomic_bool closing;          /* destroy started: no counting, no wake */
+    atomic_bool live;             /* create succeeded, destroy not started:
+                                   * callbacks count, log and wake only then */
     atomic_bool closed_seen;      /* nats.c's closed callback has run */
     _Atomic uint64_t outage_bytes; /* protocol bytes published while not connected */
 };
@@ -146,7 +154,7 @@ int kvb_subject_expand(const char *tmpl, const char *ns, const char *component,
 
 static void wake(struct kvb_sink *s)
 {
-    if (s->wake_fd < 0 || atomic_load(&s->closing))
+    if (s->wake_fd < 0 || !atomic_load(&s->live))
         return;
     int saved = errno;
     uint8_t b = 1;
@@ -164,20 +172,49 @@ static void wake(struct kvb_sink *s)
     errno = saved;
 }
 
+/* Metrics rule: a sink writes metrics only while it is the live one, i.e.
+ * from a successful create until destroy starts (live).  On SIGHUP the loop
+ * creates a new sink on the same metrics before destroying the old one, and a
+ * create that fails must not disturb what the running sink reports. */
+static bool owns_metrics(const struct kvb_sink *s)
+{
+    return s->m && atomic_load(&((struct kvb_sink *)s)->live);
+}
+
 static void set_connected_gauge(struct kvb_sink *s, uint64_t v)
 {
-    if (s->m)
+    if (owns_metrics(s))
         atomic_store_explicit(&s->m->nats_connected[0], v, memory_order_relaxed);
+}
+
+/* Store state, with the gauge written before (so a reader that sees the
+ * state sees the gauge) and after (so that create()'s publish_gauge() racing
+ * with a callback cannot leave a stale value). */
+static void set_state(struct kvb_sink *s, int st)
+{
+    uint64_t v = st == ST_CONNECTED;
+    set_connected_gauge(s, v);
+    atomic_store(&s->state, st);
+    set_connected_gauge(s, v);
+}
+
+/* create(): make the gauge match the state, whatever callbacks do meanwhile. */
+static void publish_gauge(struct kvb_sink *s)
+{
+    int st;
+    do {
+        st = atomic_load(&s->state);
+        set_connected_gauge(s, st == ST_CONNECTED);
+    } while (atomic_load(&s->state) != st);
 }
 
 static void on_connected(natsConnection *nc, void *closure)
 {
     struct kvb_sink *s = closure;
     (void)nc;
-    atomic_store(&s->state, ST_CONNECTED);
     atomic_store(&s->outage_bytes, 0);
-    set_connected_gauge(s, 1);
-    if (!atomic_load(&s->closing))
+    set_state(s, ST_CONNECTED);
+    if (atomic_load(&s->live))
         kvb_info(STAGE, "connected to NATS");
     wake(s);
 }
@@ -186,12 +223,11 @@ static void on_reconnected(natsConnection *nc, void *closure)
 {
     struct kvb_sink *s = closure;
     char url[256];
-    atomic_store(&s->state, ST_CONNECTED);
-    atomic_store(&s->outage_bytes, 0);
-    set_connected_gauge(s, 1);
-    if (s->m)
+    if (owns_metrics(s))
         kvb_inc(&s->m->nats_reconnects_total[0]);
-    if (!atomic_load(&s->closing)) {
+    atomic_store(&s->outage_bytes, 0);
+    set_state(s, ST_CONNECTED);
+    if (atomic_load(&s->live)) {
         if (natsConnection_GetConnectedUrl(nc, url, sizeof(url)) != NATS_OK)
             snprintf(url, sizeof(url), "?");
         kvb_info(STAGE, "reconnected to NATS at %s", url);
@@ -203,13 +239,11 @@ static void on_disconnected(natsConnection *nc, void *closure)
 {
     struct kvb_sink *s = closure;
     (void)nc;
-    if (atomic_load(&s->closing)) /* our own close, not an outage */
-        return;
-    atomic_store(&s->state, ST_DISCONNECTED);
-    set_connected_gauge(s, 0);
-    if (s->m)
+    if (owns_metrics(s)) /* not for our own close */
         kvb_inc(&s->m->nats_disconnects_total[0]);
-    kvb_warn(STAGE, "disconnected from NATS, reconnecting (publishes are buffered)");
+    set_state(s, ST_DISCONNECTED);
+    if (atomic_load(&s->live))
+        kvb_warn(STAGE, "disconnected from NATS, reconnecting (publishes are buffered)");
     wake(s);
 }
 
@@ -217,9 +251,8 @@ static void on_closed(natsConnection *nc, void *closure)
 {
     struct kvb_sink *s = closure;
     (void)nc;
-    atomic_store(&s->state, ST_CLOSED);
-    set_connected_gauge(s, 0);
-    if (!atomic_load(&s->closing)) {
+    set_state(s, ST_CLOSED);
+    if (atomic_load(&s->live)) {
         kvb_err(STAGE, "NATS connection closed by the client library");
         wake(s);
     }
@@ -242,8 +275,8 @@ static uint32_t xorshift32(uint32_t *st)
 static int64_t reconnect_delay(natsConnection *nc, int attempts, void *closure)
 {
     struct kvb_sink *s = closure;
-    uint64_t d = s->wait_ms;
-    uint64_t max = s->wait_max_ms > s->wait_ms ? s->wait_max_ms : s->wait_ms;
+    uint64_t d = s->wait_ms >= 10 ? s->wait_ms : 10; /* never spin on refusals */
+    uint64_t max = s->wait_max_ms > d ? s->wait_max_ms : d;
     (void)nc;
     for (int i = 1; i < attempts && d < max; i++)
         d *= 2;
@@ -312,7 +345,7 @@ static void sink_free(struct kvb_sink *s, bool cb_may_be_queued)
 {
     if (!s)
         return;
-    atomic_store(&s->closing, true);
+    atomic_store(&s->live, false);
     if (s->conn) {
         natsConnection_Close(s->conn); /* joins nats.c's I/O and reconnect threads */
         cb_may_be_queued = true;
@@ -395,10 +428,10 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
     if (s->rng == 0)
         s->rng = 0x9e3779b9u;
     atomic_init(&s->state, ST_INIT);
-    atomic_init(&s->closing, false);
     atomic_init(&s->closed_seen, false);
     atomic_init(&s->outage_bytes, 0);
-    set_connected_gauge(s, 0);
+    /* Not the live sink until create succeeds (see owns_metrics()). */
+    atomic_init(&s->live, false);
 
     st = natsOptions_Create(&s->opts);
     if (st == NATS_OK)
@@ -416,13 +449,15 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
          * already have been reported, hence the CAS and the re-check. */
         int expect = ST_INIT;
         atomic_compare_exchange_strong(&s->state, &expect, ST_CONNECTED);
-        set_connected_gauge(s, 1);
-        if (atomic_load(&s->state) != ST_CONNECTED)
-            set_connected_gauge(s, 0);
     } else if (st == NATS_NOT_YET_CONNECTED) {
         if (cfg->nats.connect_timeout_ms > 0) {
             uint64_t deadline = t0 + cfg->nats.connect_timeout_ms;
             while (atomic_load(&s->state) != ST_CONNECTED) {
+                if (atomic_load(&s->state) == ST_CLOSED) { /* nats.c gave up (auth) */
+                    kvb_err(STAGE, "NATS connection closed while connecting");
+                    rc = -ECONNREFUSED;
+                    goto fail;
+                }
                 if (now_ms() >= deadline) {
                     kvb_err(STAGE, "no NATS server reachable within %" PRIu32 " ms",
                             cfg->nats.connect_timeout_ms);
@@ -446,6 +481,8 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
         goto fail;
     }
 
+    atomic_store(&s->live, true); /* callbacks may count, log and wake now */
+    publish_gauge(s);
     *out = s;
     return 0;
 
