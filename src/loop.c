@@ -2,6 +2,7 @@
 #include "loop.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -286,6 +287,29 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     return 0;
 }
 
+/* Shutdown: wait (at most nats.flush_timeout_ms in all) for NATS to be
+ * connected, then flush what nats.c holds.  A second SIGTERM/SIGINT gives up. */
+static int drain(struct kvb_daemon *d)
+{
+    uint64_t deadline = kvb_now_ms() + d->cfg->nats.flush_timeout_ms;
+    while (!kvb_sink_connected(d->sink)) {
+        uint64_t now = kvb_now_ms();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        struct pollfd fds[2] = {{d->wakefd, POLLIN, 0}, {d->sigfd, POLLIN, 0}};
+        long wait = (long)(deadline - now);
+        if (poll(fds, 2, wait > 100 ? 100 : (int)wait) > 0) {
+            drain_wake(d);
+            struct signalfd_siginfo si;
+            if (fds[1].revents & POLLIN && read(d->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si) &&
+                si.ssi_signo != SIGHUP)
+                return -ECANCELED;
+        }
+    }
+    uint64_t now = kvb_now_ms();
+    return kvb_sink_flush(d->sink, now < deadline ? (uint32_t)(deadline - now) : 1);
+}
+
 static int setup_fds(struct kvb_daemon *d)
 {
     sigset_t set;
@@ -365,8 +389,8 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         }
     }
     /* Stop reading; everything read is already decoded and handed to nats.c:
-     * flush it out before leaving. */
-    rc = kvb_sink_flush(d->sink, d->cfg->nats.flush_timeout_ms);
+     * flush it out before leaving (waiting for NATS if it is away). */
+    rc = drain(d);
     if (rc < 0)
         kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
     exit_code = 0;

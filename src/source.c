@@ -307,22 +307,39 @@ static int start_replay(struct kvb_source *s, struct stream *st, uint64_t seq)
     return 0;
 }
 
+/* Keep held[from..] and recover the gap before held[from] with a new replay. */
+static int replay_again(struct kvb_source *s, struct stream *stm, size_t from)
+{
+    struct replay *rp = &s->rp;
+    for (size_t i = 0; i < from; i++) {
+        rp->held_bytes -= rp->held[i].len;
+        free(rp->held[i].data);
+    }
+    memmove(rp->held, rp->held + from, (rp->n_held - from) * sizeof(*rp->held));
+    rp->n_held -= from;
+    return start_replay(s, stm, rp->held[0].seq);
+}
+
 /* The replay is over (filled or not): publish the barrier if part of the gap
- * stayed missing, then the held live batches, oldest first. */
+ * stayed missing, then the held live batches, oldest first.  A new gap among
+ * the held batches is recovered by another replay. */
 static int finish_replay(struct kvb_source *s, struct kvb_pipeline *p, const char *why)
 {
     struct replay *rp = &s->rp;
-    struct kvb_stream *st = &rp->st->st;
+    struct stream *stm = rp->st;
+    struct kvb_stream *st = &stm->st;
     int rc = 0;
     bool filled = rp->want >= rp->until && !rp->barrier_sent;
+    close_dealer(s); /* late replies of this request must not reach the next one */
+    rp->active = false;
     if (filled) {
         kvb_inc(&s->m->replays_filled_total[0]);
-        kvb_info("replay", "%s: gap filled up to seq %llu", rp->st->name,
+        kvb_info("replay", "%s: gap filled up to seq %llu", stm->name,
                  (unsigned long long)(rp->until - 1));
     } else {
         kvb_inc(&s->m->replays_failed_total[0]);
         kvb_warn("replay", "%s: gap before seq %llu not recovered (%s): publishing barrier",
-                 rp->st->name, (unsigned long long)rp->until, why);
+                 stm->name, (unsigned long long)rp->until, why);
         if (!rp->barrier_sent && (rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP)) < 0)
             goto out;
     }
@@ -332,8 +349,16 @@ static int finish_replay(struct kvb_source *s, struct kvb_pipeline *p, const cha
             continue; /* already applied from the replay */
         if (i > 0 && kvb_seq_classify(st, h->seq) == KVB_SEQ_GAP) {
             kvb_inc(&s->m->seq_gaps_total[0]);
+            kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay",
+                     stm->name, (unsigned long long)kvb_seq_missing(st, h->seq),
+                     (unsigned long long)h->seq);
+            if (replay_again(s, stm, i) == 0)
+                return 0; /* the rest stays held */
+            kvb_inc(&s->m->replays_failed_total[0]);
             if ((rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP)) < 0)
                 goto out;
+            i = 0; /* held[] now starts at the batch after the gap */
+            h = &rp->held[0];
         }
         if ((rc = kvb_pipeline_apply(p, st, h->seq, h->data, h->len)) < 0)
             goto out;
@@ -342,8 +367,6 @@ out:
     drop_held(rp);
     rp->active = false;
     rp->st = NULL;
-    if (!filled)
-        close_dealer(s); /* late replies of this request must not reach the next */
     return rc < 0 ? rc : 0;
 }
 
@@ -394,12 +417,10 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
         close_frames(f, n, 4);
         if (rc < 0)
             return rc;
-        /* caught up: the rest of the reply is what we hold already */
-        if (s->rp.active && s->rp.want >= s->rp.until) {
-            if ((rc = finish_replay(s, p, "")) < 0)
-                return rc;
-            close_dealer(s); /* the remaining replies are not needed */
-        }
+        /* caught up: the rest of the reply is what we hold already (the
+         * dealer is closed, so the remaining replies are dropped) */
+        if (s->rp.active && s->rp.want >= s->rp.until && (rc = finish_replay(s, p, "")) < 0)
+            return rc;
     }
     return total;
 }

@@ -94,3 +94,105 @@ metrics:
 ${EXTRA:-}
 YAML
 }
+
+# ---- helpers for the daemon tests (test_daemon_*.sh) ------------------------
+
+# expect_eq WHAT ACTUAL EXPECTED (and _le, _ge, _lt): compare numbers, print both
+expect_eq() { if [ "$2" = "$3" ]; then ok "$1 ($2)"; else bad "$1: got '$2', want '$3'"; fi; }
+expect_le() { if [ -n "$2" ] && [ "$2" -le "$3" ]; then ok "$1 ($2 <= $3)"; else bad "$1: got '$2', want <= $3"; fi; }
+expect_ge() { if [ -n "$2" ] && [ "$2" -ge "$3" ]; then ok "$1 ($2 >= $3)"; else bad "$1: got '$2', want >= $3"; fi; }
+expect_lt() { if [ -n "$2" ] && [ "$2" -lt "$3" ]; then ok "$1 ($2 < $3)"; else bad "$1: got '$2', want < $3"; fi; }
+
+# wait_pid PID [SECONDS]: wait (bounded) for a child to exit on its own, KILL
+# it after SECONDS; its exit code goes to RC (137 when it had to be killed).
+# Call it directly, not in $(...): a subshell cannot wait for our children.
+wait_pid() {
+  local pid=$1 end=$((SECONDS + ${2:-20}))
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ $SECONDS -ge $end ]; then kill -s KILL "$pid" 2>/dev/null || true; break; fi
+    sleep 0.05
+  done
+  RC=0; wait "$pid" 2>/dev/null || RC=$?
+}
+
+# signal_pid PID SIGNAL [SECONDS]: like stop_pid, but the exit code goes to RC
+signal_pid() {
+  kill -s "$2" "$1" 2>/dev/null || true
+  wait_pid "$1" "${3:-10}"
+}
+
+# count_log FILE PATTERN: number of lines matching (0 when none or no file)
+count_log() { grep -c -- "$2" "$1" 2>/dev/null || true; }
+
+# start_kvtail NAME NATS_PORT [kvtail options]: returns once subscribed (ready
+# file written); PID in TAIL_PID, output (messages unless --quiet, then the
+# summary lines) in $T/NAME.log
+start_kvtail() {
+  local name=$1 port=$2; shift 2
+  rm -f "$T/$name.ready"
+  start "$name" "$BIN/kvtail" --server "nats://127.0.0.1:$port" --ready-file "$T/$name.ready" "$@"
+  TAIL_PID=$LAST_PID
+  wait_file "$T/$name.ready" 15
+}
+
+# start_kvbridge NAME CONFIG: returns once kvbridge says it is running; PID in KVB_PID
+start_kvbridge() {
+  start "$1" "$BIN/kvbridge" -c "$2"
+  KVB_PID=$LAST_PID
+  wait_log "$T/$1.log" "running:" 15
+}
+
+# tail_stat NAME FIELD: FIELD=N from kvtail's final "kvtail: messages=..." line
+tail_stat() {
+  grep '^kvtail: messages=' "$T/$1.log" 2>/dev/null | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+
+# rec_counts RECORD [MODE] [RANK] [SEQ_BELOW]: the router events a correct bridge
+# publishes for the batches of a kvsim --record file, with kvbridge's default
+# filters (tier device, group 0; empty removes publish nothing), barriers not
+# included.  MODE: live (batches published live), delivered (live or
+# replayable: default), all.  RANK: only that rank.  SEQ_BELOW: only batches
+# of the first incarnation with seq < SEQ_BELOW.  Prints
+#   stored=N removed=N cleared=N events=N batches=N restarts=N
+rec_counts() {
+  awk -v mode="${2:-delivered}" -v rank="${3:-}" -v below="${4:-}" '
+  /^\{"restart":true/ { if (rank == "" || index($0, "\"rank\":" rank ",")) { restarts++; if (below != "") stop = 1 } next }
+  {
+    if (stop) next
+    if (rank != "" && !index($0, "\"rank\":" rank ",")) next
+    if (below != "") { s = $0; sub(/^\{"seq":/, "", s); sub(/,.*/, "", s); if (s + 0 >= below + 0) next }
+    live = index($0, "\"live\":true") > 0; rep = index($0, "\"replay\":true") > 0
+    if (mode == "live" && !live) next
+    if (mode == "delivered" && !live && !rep) next
+    batches++
+    n = split($0, ev, /\{"type":"/)
+    for (i = 2; i <= n; i++) {
+      e = ev[i]
+      if (e ~ /^cleared"/) { cleared++; continue }
+      if (!index(e, "\"tier\":\"device\",\"group\":0")) continue
+      if (e ~ /^stored"/) stored++
+      else if (e ~ /^removed"/ && !index(e, "\"hashes\":[]")) removed++
+    }
+  }
+  END { printf "stored=%d removed=%d cleared=%d events=%d batches=%d restarts=%d\n",
+        stored, removed, cleared, stored + removed + cleared, batches, restarts }' "$1"
+}
+
+# rec_cumulative RECORD: after each batch (in record order), the number of
+# router events published so far for it (start barrier not included)
+rec_cumulative() {
+  awk '/^\{"restart":true/ { next }
+  { n = split($0, ev, /\{"type":"/)
+    for (i = 2; i <= n; i++) {
+      e = ev[i]
+      if (e ~ /^cleared"/) c++
+      else if (index(e, "\"tier\":\"device\",\"group\":0") && (e ~ /^stored"/ || (e ~ /^removed"/ && !index(e, "\"hashes\":[]")))) c++
+    }
+    print c + 0 }' "$1"
+}
+
+# field NAME "a=1 b=2": the value of NAME
+field() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+
+# cpu_ticks PID: utime + stime of a process, in clock ticks
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Bind mode (fan-in): kvbridge binds its SUB (mode: bind) and the engine's PUB
+# connects to it (kvsim --connect), with a topic.  Every router event arrives
+# (counts = record), event_id contiguous, index = engine.  A second engine
+# process connecting later with seqs from 0 again is seen as a restart of the
+# same stream: one restart barrier, then its events.
+source "$(dirname "$0")/lib.sh"
+
+NP=$(free_port)
+start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
+P=$(free_port)
+
+SOURCES="  - endpoint: tcp://127.0.0.1:$P
+    mode: bind
+    topic: engine-a" NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/bind.yaml"
+start_kvtail tail "$NP" --check --index --expect-record "$T/rec2" --timeout 2500 || bad "kvtail not ready"
+TPID=$TAIL_PID
+start_kvbridge kvb "$T/bind.yaml" || bad "kvbridge did not start"
+expect_eq "kvbridge log: SUB bound" "$(count_log "$T/kvb.log" "bound tcp://127.0.0.1:$P (dp_rank 0)")" 1
+if wait_port "$P" 5; then ok "kvbridge listens on $P"; else bad "kvbridge does not listen on $P"; fi
+
+for i in 1 2; do
+  timeout 30 "$BIN/kvsim" --connect --endpoint "tcp://127.0.0.1:$P" --topic engine-a --batches 800 \
+    --rate 1600 --seed "$((20 + i))" --wait-subscribers 1000 --linger 500 --record "$T/rec$i" \
+    2>"$T/sim$i.log" || bad "kvsim $i failed"
+done
+wait_pid "$TPID" 30
+expect_eq "kvtail checks pass (exit code)" "$RC" 0
+for s in holes dups bad reorders wrong badtok; do
+  expect_eq "kvtail $s" "$(tail_stat tail "$s")" 0
+done
+w1=$(rec_counts "$T/rec1" live)
+w2=$(rec_counts "$T/rec2" live)
+expect_eq "engine 1: all 800 batches live" "$(field batches "$w1")" 800
+first=$(($(field events "$w1") + 1))
+expect_eq "engine 1's events arrive after the start barrier (event_id 1..$((first - 1)))" \
+  "$(grep -m1 "\"event_id\":$first," "$T/tail.log")" \
+  "{\"worker_id\":7,\"event\":{\"event_id\":$first,\"data\":\"cleared\",\"dp_rank\":0}}"
+expect_eq "stored = both records" "$(tail_stat tail stored)" "$(($(field stored "$w1") + $(field stored "$w2")))"
+expect_eq "removed = both records" "$(tail_stat tail removed)" "$(($(field removed "$w1") + $(field removed "$w2")))"
+expect_eq "cleared = workload's + start + restart barrier" \
+  "$(tail_stat tail cleared)" "$(($(field cleared "$w1") + $(field cleared "$w2") + 2))"
+expect_eq "kvtail: index = engine 2's cache (missing)" "$(tail_stat tail missing)" 0
+expect_eq "kvbridge log: second engine = restart of stream 'engine-a'" \
+  "$(count_log "$T/kvb.log" "topic 'engine-a': seq went back from 799 to 0: engine restart")" 1
+expect_eq "kvbridge log: no gap" "$(count_log "$T/kvb.log" 'seq gap')" 0
+
+signal_pid "$KVB_PID" TERM 15
+expect_eq "kvbridge exit code" "$RC" 0
+stop_pid "$NATS_PID" >/dev/null
+finish
