@@ -14,7 +14,7 @@ LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
 
-B        := build
+B        ?= build
 LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
 TOOLS    := $(B)/kvbridge-inspect $(patsubst tools/%.c,$(B)/%,$(filter-out tools/inspect.c,$(wildcard tools/*.c)))
@@ -90,5 +90,8 @@ demo: deps
 
 clean:
 	rm -rf $(B)
+
+# Feature makefiles (fuzz, sanitizers, bench, install) live in mk/*.mk.
+include $(sort $(wildcard mk/*.mk))
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -17,6 +17,7 @@
 #define KVB_METRICS_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Label value lists.  X(enum_suffix, "label value") */
@@ -89,7 +90,34 @@
     X(gauge, nats_connected, "", KVB_NO_LABEL,                                 \
       "1 while connected to a NATS server")                                    \
     X(gauge, nats_pending_bytes, "", KVB_NO_LABEL,                             \
-      "Bytes buffered in the NATS client, not yet written")
+      "Bytes buffered in the NATS client, not yet written")                    \
+    X(gauge, ready, "", KVB_NO_LABEL,                                          \
+      "1 while NATS is connected and every source is set up (/readyz)")
+
+/* Histograms: name, help, bucket list.  Buckets are upper bounds in
+ * nanoseconds, exposed in seconds; +Inf is implicit. */
+#define KVB_DELAY_BUCKETS(X)                                                   \
+    X(50000) X(100000) X(250000) X(500000) X(1000000) X(2500000) X(5000000)    \
+    X(10000000) X(25000000) X(50000000) X(100000000) X(250000000)              \
+    X(500000000) X(1000000000) X(2500000000) X(5000000000)
+#define KVB_PROC_BUCKETS(X)                                                    \
+    X(1000) X(2500) X(5000) X(10000) X(25000) X(50000) X(100000) X(250000)     \
+    X(500000) X(1000000) X(2500000) X(10000000) X(100000000)
+
+#define KVB_HISTOGRAMS(X)                                                      \
+    X(publish_delay_seconds, KVB_DELAY_BUCKETS,                                \
+      "Engine batch timestamp to publish (wall clock; needs synced clocks)")   \
+    X(batch_processing_seconds, KVB_PROC_BUCKETS,                              \
+      "Time to decode, convert, encode and publish one live batch")
+
+/* Per stream (source endpoint, topic), labels source and topic. */
+#define KVB_STREAM_METRICS(X)                                                  \
+    X(counter, source_batches_received_total, batches,                         \
+      "Engine batches received, by stream")                                    \
+    X(counter, source_events_received_total, events,                           \
+      "Engine events decoded, by stream")                                      \
+    X(counter, source_seq_gaps_total, gaps, "Sequence gaps, by stream")        \
+    X(gauge, source_last_seq, last_seq, "Last engine seq applied, by stream")
 
 #define KVB_ENUM_ITEM(prefix, suffix, str) prefix##suffix,
 #define KVB_DROP_ITEM(s, str) KVB_DROP_##s,
@@ -110,10 +138,31 @@ enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };
 #define KVB_COUNT_OF(list) (0 list(KVB_COUNT_ONE))
 #define KVB_COUNT_ONE(s, str) +1
 
+#define KVB_BUCKET_ONE(ns) +1
+struct kvb_histogram {
+    _Atomic uint64_t count;
+    _Atomic uint64_t sum_ns;
+    _Atomic uint64_t buckets[32]; /* cumulative at exposition, per bucket here */
+};
+
+#define KVB_MAX_STREAM_SLOTS 256
+struct kvb_stream_slot {
+    _Atomic int used;          /* set (release) once name/topic are written */
+    char source[256];
+    char topic[256];
+#define KVB_STREAM_FIELD(kind, name, field, help) _Atomic uint64_t field;
+    KVB_STREAM_METRICS(KVB_STREAM_FIELD)
+};
+
 #define KVB_METRIC_FIELD(kind, name, label, list, help)                        \
     _Atomic uint64_t name[KVB_COUNT_OF(list)];
+#define KVB_HIST_FIELD(name, buckets, help) struct kvb_histogram name;
 struct kvb_metrics {
     KVB_METRICS(KVB_METRIC_FIELD)
+    KVB_HISTOGRAMS(KVB_HIST_FIELD)
+    struct kvb_stream_slot streams[KVB_MAX_STREAM_SLOTS];
+    _Atomic uint64_t loop_heartbeat_ms; /* CLOCK_MONOTONIC of the last loop turn */
+    _Atomic uint64_t heartbeat_interval_ms;
 };
 
 /* Single-writer increment: relaxed load + store, no lock prefix. */
@@ -127,6 +176,29 @@ static inline uint64_t kvb_get(const _Atomic uint64_t *c)
 {
     return atomic_load_explicit((_Atomic uint64_t *)c, memory_order_relaxed);
 }
+
+static inline void kvb_set(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_store_explicit(c, v, memory_order_relaxed);
+}
+
+/* Record one observation (single writer). */
+void kvb_histogram_observe(struct kvb_histogram *h, const uint64_t *bounds, int n_bounds,
+                           uint64_t ns);
+#define KVB_OBSERVE(m, name, ns) kvb_metrics_observe_##name((m), (ns))
+#define KVB_HIST_DECL(name, buckets, help)                                     \
+    void kvb_metrics_observe_##name(struct kvb_metrics *m, uint64_t ns);
+KVB_HISTOGRAMS(KVB_HIST_DECL)
+
+/* The slot of stream (source, topic), claimed on first use by the loop
+ * thread; NULL when all slots are taken (the stream is then not exported). */
+struct kvb_stream_slot *kvb_metrics_stream_slot(struct kvb_metrics *m, const char *source,
+                                                const char *topic);
+
+/* Prometheus text exposition (format 0.0.4) of everything into a malloc'ed
+ * buffer (*out, *len; the caller frees).  Safe from any thread. */
+int kvb_metrics_render(const struct kvb_metrics *m, const char *version, char **out,
+                       size_t *len);
 
 /* Label value strings, for exposition and names in logs. */
 const char *kvb_tier_name(int tier);

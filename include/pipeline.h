@@ -52,6 +52,15 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
  * configured rank if none), counted under cause (enum kvb_barrier_cause). */
 int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause);
 
+/* What the last kvb_pipeline_apply() saw, for metrics. */
+struct kvb_batch_info {
+    uint64_t serial;   /* +1 per apply */
+    bool decoded;
+    double ts;         /* engine timestamp, seconds */
+    uint32_t n_events;
+};
+const struct kvb_batch_info *kvb_pipeline_last_batch(const struct kvb_pipeline *p);
+
 /* The decoder alone (kvbridge-inspect --decoded). */
 struct kvb_decoder *kvb_pipeline_decoder(struct kvb_pipeline *p);
 struct kvb_converter *kvb_pipeline_converter(struct kvb_pipeline *p);

@@ -12,15 +12,20 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <systemd/sd-daemon.h>
+
+#include "http.h"
 #include "log.h"
 #include "metrics.h"
 #include "pipeline.h"
 #include "sink.h"
 #include "source.h"
+#include "version.h"
 
 #define READ_BUDGET 256    /* live messages per source per turn: fairness */
 #define SUBJECT_MAX 512
 #define SUBJECT_RANKS 64   /* cached per-rank subjects when the template has {dp_rank} */
+#define HEARTBEAT_MS 1000  /* the loop turns at least this often (healthz, watchdog) */
 
 struct kvb_daemon {
     struct kvb_config *cfg;
@@ -28,6 +33,10 @@ struct kvb_daemon {
     void *zctx;
     struct kvb_pipeline *pipe;
     struct kvb_sink *sink;
+    struct kvb_http *http;
+    uint64_t heartbeat_ms;   /* loop wake-up period */
+    uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
+    uint64_t last_watchdog;
     struct kvb_source **src;
     size_t n_src;
     int sigfd, wakefd;
@@ -182,6 +191,10 @@ static void reload(struct kvb_daemon *d)
     struct kvb_sink *nsink = NULL;
     int rc;
     kvb_info("main", "SIGHUP: reloading %s", d->cfg->path);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu",
+               (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_nsec / 1000);
     if ((rc = kvb_config_load(d->cfg->path, &nc, stderr)) < 0) {
         kvb_err("main", "reload: %s is invalid, keeping the running configuration", d->cfg->path);
         return;
@@ -236,6 +249,7 @@ static void handle_signals(struct kvb_daemon *d)
     while (read(d->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
         if (si.ssi_signo == SIGHUP) {
             reload(d);
+            sd_notify(0, "READY=1\nSTATUS=running");
         } else {
             kvb_info("main", "signal %u: stopping", si.ssi_signo);
             d->stop = true;
@@ -250,19 +264,37 @@ static void drain_wake(struct kvb_daemon *d)
         ;
 }
 
+static void update_gauges(struct kvb_daemon *d)
+{
+    kvb_set(&d->m.nats_pending_bytes[0], kvb_sink_pending_bytes(d->sink));
+    kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink));
+}
+
+/* Liveness: /healthz reads the heartbeat; systemd's watchdog gets WATCHDOG=1. */
+static void heartbeat(struct kvb_daemon *d, uint64_t now)
+{
+    kvb_set(&d->m.loop_heartbeat_ms, now);
+    if (d->watchdog_ms && now - d->last_watchdog >= d->watchdog_ms) {
+        sd_notify(0, "WATCHDOG=1");
+        d->last_watchdog = now;
+    }
+}
+
 static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
 {
     size_t n = 0;
     items[n++] = (zmq_pollitem_t){NULL, d->sigfd, ZMQ_POLLIN, 0};
     items[n++] = (zmq_pollitem_t){NULL, d->wakefd, ZMQ_POLLIN, 0};
     uint64_t now = kvb_now_ms();
-    long timeout = -1;
+    heartbeat(d, now);
+    update_gauges(d);
+    long timeout = (long)d->heartbeat_ms;
     for (size_t i = 0; i < d->n_src && n + 2 <= cap; i++) {
         items[n++] = (zmq_pollitem_t){kvb_source_sub(d->src[i]), 0, ZMQ_POLLIN, 0};
         void *rs = kvb_source_replay(d->src[i]);
         items[n++] = (zmq_pollitem_t){rs, rs ? 0 : -1, rs ? ZMQ_POLLIN : 0, 0};
         long t = kvb_source_next_deadline(d->src[i], now);
-        if (t >= 0 && (timeout < 0 || t < timeout))
+        if (t >= 0 && t < timeout)
             timeout = t;
     }
     int rc = zmq_poll(items, (int)n, timeout);
@@ -282,8 +314,7 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
         kvb_source_tick(s, d->pipe, kvb_now_ms());
     }
-    atomic_store_explicit(&d->m.nats_pending_bytes[0], kvb_sink_pending_bytes(d->sink),
-                          memory_order_relaxed);
+    update_gauges(d);
     return 0;
 }
 
@@ -370,8 +401,26 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         kvb_err("main", "cannot open the sources");
         goto out;
     }
+    if (d->cfg->metrics.listen[0]) {
+        if ((rc = kvb_http_start(d->cfg->metrics.listen, &d->m, KVB_VERSION, &d->http)) < 0) {
+            kvb_err("http", "cannot listen on %s: %s", d->cfg->metrics.listen, strerror(-rc));
+            goto out;
+        }
+        kvb_info("http", "metrics on http://%s/metrics", d->cfg->metrics.listen);
+    }
+    uint64_t wd_usec = 0;
+    d->heartbeat_ms = HEARTBEAT_MS;
+    if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec > 0) {
+        d->watchdog_ms = wd_usec / 2000; /* twice per WatchdogSec */
+        if (d->watchdog_ms == 0)
+            d->watchdog_ms = 1;
+        if (d->watchdog_ms < d->heartbeat_ms)
+            d->heartbeat_ms = d->watchdog_ms;
+    }
+    kvb_set(&d->m.heartbeat_interval_ms, d->heartbeat_ms);
     kvb_info("main", "running: worker_id %llu, %zu endpoint(s), subject %s",
              (unsigned long long)d->cfg->worker_id, d->n_src, d->subject);
+    sd_notify(0, "READY=1\nSTATUS=running");
 
     size_t cap = 0;
     while (!d->stop) {
@@ -390,11 +439,13 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     }
     /* Stop reading; everything read is already decoded and handed to nats.c:
      * flush it out before leaving (waiting for NATS if it is away). */
+    sd_notify(0, "STOPPING=1\nSTATUS=draining");
     rc = drain(d);
     if (rc < 0)
         kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
     exit_code = 0;
 out:
+    kvb_http_stop(&d->http);
     free(items);
     destroy_sources(&d->src, &d->n_src);
     if (d->zctx)

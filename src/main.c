@@ -13,10 +13,8 @@
 #include "config.h"
 #include "log.h"
 #include "loop.h"
+#include "version.h"
 
-#ifndef KVB_VERSION
-#define KVB_VERSION "0.1.0"
-#endif
 
 static void usage(FILE *f)
 {

@@ -16,6 +16,7 @@ struct kvb_pipeline {
     struct kvb_converter *conv;
     struct kvb_encoder *enc;
     struct kvb_ratelimit rl_mismatch, rl_malformed;
+    struct kvb_batch_info last;
 };
 
 int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
@@ -76,6 +77,10 @@ int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_c
 }
 
 struct kvb_decoder *kvb_pipeline_decoder(struct kvb_pipeline *p) { return p->dec; }
+const struct kvb_batch_info *kvb_pipeline_last_batch(const struct kvb_pipeline *p)
+{
+    return &p->last;
+}
 struct kvb_converter *kvb_pipeline_converter(struct kvb_pipeline *p) { return p->conv; }
 
 static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
@@ -130,6 +135,10 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
 {
     struct kvb_batch b;
     int rc = kvb_decode_batch(p->dec, payload, len, &b);
+    p->last.serial++;
+    p->last.decoded = rc == 0;
+    p->last.ts = rc == 0 ? b.ts : 0;
+    p->last.n_events = rc == 0 ? b.n_events : 0;
     if (rc < 0)
         return malformed(p, s, seq, kvb_decode_strerror(rc));
     uint32_t rank = b.dp_rank.has ? (uint32_t)b.dp_rank.v : s->cfg_rank;

@@ -23,6 +23,7 @@ struct held {
 };
 
 struct stream {
+    struct kvb_stream_slot *slot; /* metrics; NULL when all slots are taken */
     char topic[MAX_TOPIC];
     char name[MAX_TOPIC + 320];
     struct kvb_stream st;
@@ -203,6 +204,7 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
     else
         snprintf(st->name, sizeof(st->name), "%s", s->name);
     kvb_stream_init(&st->st, st->name, s->p.dp_rank);
+    st->slot = kvb_metrics_stream_slot(s->m, s->name, st->topic);
     s->streams[s->n_streams++] = st;
     return st;
 }
@@ -443,6 +445,37 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
 
 /* ---- live messages ------------------------------------------------------ */
 
+static uint64_t clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+static uint64_t mono_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+/* Metrics for one live message: per-stream counters and, when the batch was
+ * applied now (not held for a replay), its processing time and its delay
+ * from the engine's timestamp. */
+static void observe(struct kvb_source *s, struct kvb_pipeline *p, struct stream *st,
+                    uint64_t serial_before, uint64_t t0)
+{
+    const struct kvb_batch_info *b = kvb_pipeline_last_batch(p);
+    if (st->slot) {
+        kvb_inc(&st->slot->batches);
+        kvb_set(&st->slot->last_seq, st->st.last);
+    }
+    if (b->serial == serial_before)
+        return;
+    KVB_OBSERVE(s->m, batch_processing_seconds, mono_ns() - t0);
+    if (st->slot)
+        kvb_add(&st->slot->events, b->n_events);
+    if (b->decoded && b->ts > 0) {
+        double now = (double)clock_ns(CLOCK_REALTIME) / 1e9;
+        if (now >= b->ts)
+            KVB_OBSERVE(s->m, publish_delay_seconds, (uint64_t)((now - b->ts) * 1e9));
+    }
+}
+
 static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *st,
                    uint64_t seq, const void *data, size_t len)
 {
@@ -457,6 +490,8 @@ static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *
         return kvb_pipeline_live(p, &st->st, seq, data, len);
     }
     int v = kvb_seq_classify(&st->st, seq);
+    if (v == KVB_SEQ_GAP && st->slot)
+        kvb_inc(&st->slot->gaps);
     if (v == KVB_SEQ_GAP && s->replay_endpoint[0] && !rp->active) {
         kvb_inc(&s->m->seq_gaps_total[0]);
         kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
@@ -511,8 +546,10 @@ int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
                        "%s: too many topics (or one too long): dropped", s->name);
         } else {
+            uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = mono_ns();
             rc = on_live(s, p, st, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]),
                          zmq_msg_size(&f[2]));
+            observe(s, p, st, serial, t0);
         }
         close_frames(f, n, 3);
         if (rc < 0)

@@ -43,6 +43,7 @@
 #define G1_CAP        256  /* group-1 blocks (realistic) */
 #define DECODE_KEEP   64   /* decode: remove the block stored this many batches ago */
 #define PREFILL_BLOCKS 32
+#define FLUSH_MS      2000 /* at exit, time given to queued messages (ZMQ_LINGER) */
 
 static const char *const lora_names[NLORA + 1] = { NULL, "adapter-a", "adapter-b" };
 
@@ -1464,8 +1465,9 @@ static void usage(FILE *f)
 "                         endpoints, its own seq counter and data_parallel_rank r\n"
 "  --lossless             ZMQ_SNDHWM 0 (unlimited) instead of the default HWM\n"
 "  --wait-subscribers MS  sleep before the first batch (default 500)\n"
-"  --linger MS            serve replay this long after the last batch, and socket\n"
-"                         linger on close (default 1000)\n"
+"  --linger MS            keep serving replay this long after the last batch\n"
+"                         (default 1000); then queued messages get up to 2 s to\n"
+"                         flush (none after SIGINT/SIGTERM)\n"
 "\n"
 "Content:\n"
 "  --encoding E           positional (vLLM<=0.23/SGLang arrays, 12-element BlockStored;\n"
@@ -1694,7 +1696,7 @@ bad:
 static int open_sockets(struct sim *s)
 {
     const struct opts *o = &s->o;
-    int linger = (int)o->linger_ms, zero = 0;
+    int linger = FLUSH_MS, zero = 0;
 
     s->zctx = zmq_ctx_new();
     if (!s->zctx)

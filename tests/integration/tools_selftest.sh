@@ -431,6 +431,7 @@ def main():
         for i, x in enumerate(incarnation):
             if x.get("restart"): incarnation = per_rank[r][i + 1:]
         buffered = [x for x in incarnation if x.get("fault") != "drop-forever"]
+        buffered = buffered[-int(a.get("replay_buffer", "10000")):]
         start = buffered[len(buffered) // 3]["seq"] if buffered else 0
         want = [x for x in buffered if x["seq"] >= start]
         d = ctx.socket(zmq.DEALER); d.setsockopt(zmq.RCVHWM, 0); d.connect(rep)
@@ -463,9 +464,7 @@ def main():
             else:
                 check_payload(payload, r, x, a, "replay")
             nrep += 1
-        d.close(0)
-    for s in subs: s.close(0)
-    ctx.term()
+    ctx.destroy(linger=0)
     print("kvsim_check: ranks=%d live_checked=%d faulty=%d replay_checked=%d fails=%d"
           % (len(eps), nlive, nbad, nrep, fails))
     sys.exit(1 if fails or nlive == 0 else 0)

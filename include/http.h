@@ -1,0 +1,27 @@
+/* http: the metrics endpoint (libmicrohttpd, its own thread).
+ *
+ *   GET /metrics  Prometheus text format (metrics.h)
+ *   GET /healthz  200 while the loop turns (heartbeat younger than 3 intervals), else 503
+ *   GET /readyz   200 while NATS is connected and every source is set up, else 503
+ *
+ * The HTTP thread only reads atomics in struct kvb_metrics; it never locks or
+ * calls into the loop.  Ownership: kvb_http_start() returns a server the
+ * caller stops with kvb_http_stop(&h) (accepts NULL) before freeing metrics.
+ */
+#ifndef KVB_HTTP_H
+#define KVB_HTTP_H
+
+#include "metrics.h"
+
+struct kvb_http;
+
+/* listen: "HOST:PORT" or "[V6]:PORT" (numeric host).  0 or a negative errno
+ * (-EINVAL bad address, -EADDRINUSE, ...). */
+int kvb_http_start(const char *listen, const struct kvb_metrics *m, const char *version,
+                   struct kvb_http **out);
+void kvb_http_stop(struct kvb_http **h);
+
+/* The port actually bound (useful with port 0). */
+int kvb_http_port(const struct kvb_http *h);
+
+#endif

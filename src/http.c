@@ -1,0 +1,151 @@
+/* http: /metrics, /healthz, /readyz.  See include/http.h. */
+#include "http.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+struct kvb_http {
+    struct MHD_Daemon *mhd;
+    const struct kvb_metrics *m;
+    const char *version;
+    int port;
+};
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type,
+                             void *body, size_t len, enum MHD_ResponseMemoryMode mode)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result rc = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    (void)upload;
+    (void)upload_size;
+    (void)con_cls;
+    struct kvb_http *h = cls;
+    static char not_found[] = "not found\n", bad_method[] = "method not allowed\n";
+    static char ok[] = "ok\n", stalled[] = "loop stalled\n", not_ready[] = "not ready\n";
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        return reply(c, 405, "text/plain", bad_method, sizeof(bad_method) - 1,
+                     MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/metrics") == 0) {
+        char *body;
+        size_t len;
+        if (kvb_metrics_render(h->m, h->version, &body, &len) < 0)
+            return MHD_NO;
+        return reply(c, 200, "text/plain; version=0.0.4", body, len, MHD_RESPMEM_MUST_FREE);
+    }
+    if (strcmp(url, "/healthz") == 0) {
+        uint64_t beat = kvb_get(&h->m->loop_heartbeat_ms);
+        uint64_t ivl = kvb_get(&h->m->heartbeat_interval_ms);
+        bool alive = beat && mono_ms() - beat <= 3 * ivl + 1000;
+        return alive ? reply(c, 200, "text/plain", ok, 3, MHD_RESPMEM_PERSISTENT)
+                     : reply(c, 503, "text/plain", stalled, sizeof(stalled) - 1,
+                             MHD_RESPMEM_PERSISTENT);
+    }
+    if (strcmp(url, "/readyz") == 0) {
+        bool ready = kvb_get(&h->m->ready[0]) != 0;
+        return ready ? reply(c, 200, "text/plain", ok, 3, MHD_RESPMEM_PERSISTENT)
+                     : reply(c, 503, "text/plain", not_ready, sizeof(not_ready) - 1,
+                             MHD_RESPMEM_PERSISTENT);
+    }
+    return reply(c, 404, "text/plain", not_found, sizeof(not_found) - 1, MHD_RESPMEM_PERSISTENT);
+}
+
+/* "host:port" or "[v6]:port" -> sockaddr (numeric hosts only). */
+static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char host[128];
+    const char *port;
+    if (listen[0] == '[') {
+        const char *e = strchr(listen, ']');
+        if (!e || e[1] != ':' || (size_t)(e - listen - 1) >= sizeof(host))
+            return -EINVAL;
+        memcpy(host, listen + 1, (size_t)(e - listen - 1));
+        host[e - listen - 1] = '\0';
+        port = e + 2;
+    } else {
+        const char *c = strrchr(listen, ':');
+        if (!c || (size_t)(c - listen) >= sizeof(host))
+            return -EINVAL;
+        memcpy(host, listen, (size_t)(c - listen));
+        host[c - listen] = '\0';
+        port = c + 1;
+    }
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
+                             .ai_socktype = SOCK_STREAM};
+    struct addrinfo *ai = NULL;
+    if (getaddrinfo(host, port, &hints, &ai) != 0 || !ai)
+        return -EINVAL;
+    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+    *len = ai->ai_addrlen;
+    freeaddrinfo(ai);
+    return 0;
+}
+
+int kvb_http_start(const char *listen, const struct kvb_metrics *m, const char *version,
+                   struct kvb_http **out)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int rc = parse_listen(listen, &ss, &sl);
+    if (rc < 0)
+        return rc;
+    struct kvb_http *h = calloc(1, sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    h->m = m;
+    h->version = version;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+    if (ss.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    errno = 0;
+    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR,
+                              (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 16u,
+                              MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    if (!h->mhd) {
+        rc = errno ? -errno : -EADDRINUSE;
+        free(h);
+        return rc;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : 0;
+    *out = h;
+    return 0;
+}
+
+int kvb_http_port(const struct kvb_http *h) { return h->port; }
+
+void kvb_http_stop(struct kvb_http **ph)
+{
+    if (!ph || !*ph)
+        return;
+    if ((*ph)->mhd)
+        MHD_stop_daemon((*ph)->mhd);
+    free(*ph);
+    *ph = NULL;
+}
