@@ -97,6 +97,24 @@ YAML
 
 # ---- helpers for the daemon tests (test_daemon_*.sh) ------------------------
 
+# daemon_port [N]: like free_port, but below the kernel's ephemeral range
+# (ip_local_port_range), so that no outgoing connection (nor a TCP
+# self-connect of a ZMQ socket retrying a port nobody listens on yet) can take
+# the port between the choice and the bind
+daemon_port() {
+  local n=${1:-1} lo p i busy
+  lo=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  [ "${lo:-0}" -gt $((10000 + n + 1000)) ] || lo=32768
+  for _ in $(seq 200); do
+    p=$((10000 + RANDOM % (lo - 10000 - n))); busy=0
+    for i in $(seq 0 $((n - 1))); do
+      if (exec 3<>/dev/tcp/127.0.0.1/$((p + i))) 2>/dev/null; then busy=1; break; fi
+    done
+    [ $busy = 0 ] && { echo $p; return 0; }
+  done
+  return 1
+}
+
 # expect_eq WHAT ACTUAL EXPECTED (and _le, _ge, _lt): compare numbers, print both
 expect_eq() { if [ "$2" = "$3" ]; then ok "$1 ($2)"; else bad "$1: got '$2', want '$3'"; fi; }
 expect_le() { if [ -n "$2" ] && [ "$2" -le "$3" ]; then ok "$1 ($2 <= $3)"; else bad "$1: got '$2', want <= $3"; fi; }
@@ -125,21 +143,25 @@ signal_pid() {
 count_log() { grep -c -- "$2" "$1" 2>/dev/null || true; }
 
 # start_kvtail NAME NATS_PORT [kvtail options]: returns once subscribed (ready
-# file written); PID in TAIL_PID, output (messages unless --quiet, then the
-# summary lines) in $T/NAME.log
+# file written); PID in TAIL_PID.  Its stdout (the messages unless --quiet,
+# then the "kvtail: messages=..." line) goes to $T/NAME.log, its stderr (the
+# summary and check reports) to $T/NAME.err: kept apart, so that a report
+# written between two flushes of stdout cannot split a message line.
 start_kvtail() {
   local name=$1 port=$2; shift 2
   rm -f "$T/$name.ready"
-  start "$name" "$BIN/kvtail" --server "nats://127.0.0.1:$port" --ready-file "$T/$name.ready" "$@"
-  TAIL_PID=$LAST_PID
-  wait_file "$T/$name.ready" 15
+  "$BIN/kvtail" --server "nats://127.0.0.1:$port" --ready-file "$T/$name.ready" "$@" \
+    >"$T/$name.log" 2>"$T/$name.err" &
+  TAIL_PID=$!
+  PIDS+=("$TAIL_PID")
+  wait_file "$T/$name.ready" 15 || { tail -n 3 "$T/$name.err" | sed 's/^/     | /'; return 1; }
 }
 
 # start_kvbridge NAME CONFIG: returns once kvbridge says it is running; PID in KVB_PID
 start_kvbridge() {
   start "$1" "$BIN/kvbridge" -c "$2"
   KVB_PID=$LAST_PID
-  wait_log "$T/$1.log" "running:" 15
+  wait_log "$T/$1.log" "running:" 15 || { tail -n 3 "$T/$1.log" | sed 's/^/     | /'; return 1; }
 }
 
 # tail_stat NAME FIELD: FIELD=N from kvtail's final "kvtail: messages=..." line
@@ -155,6 +177,7 @@ tail_stat() {
 # of the first incarnation with seq < SEQ_BELOW.  Prints
 #   stored=N removed=N cleared=N events=N batches=N restarts=N
 rec_counts() {
+  [ -f "$1" ] || { echo "stored=-1 removed=-1 cleared=-1 events=-1 batches=-1 restarts=-1"; return 0; }
   awk -v mode="${2:-delivered}" -v rank="${3:-}" -v below="${4:-}" '
   /^\{"restart":true/ { if (rank == "" || index($0, "\"rank\":" rank ",")) { restarts++; if (below != "") stop = 1 } next }
   {
@@ -181,6 +204,7 @@ rec_counts() {
 # rec_cumulative RECORD: after each batch (in record order), the number of
 # router events published so far for it (start barrier not included)
 rec_cumulative() {
+  [ -f "$1" ] || return 0
   awk '/^\{"restart":true/ { next }
   { n = split($0, ev, /\{"type":"/)
     for (i = 2; i <= n; i++) {
@@ -196,3 +220,6 @@ field() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 
 # cpu_ticks PID: utime + stime of a process, in clock ticks
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# bad_log WHAT FILE: bad WHAT, with the last lines of FILE (a tool's output)
+bad_log() { bad "$1"; tail -n 3 "$2" 2>/dev/null | sed 's/^/     | /' || true; }

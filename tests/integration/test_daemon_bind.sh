@@ -6,9 +6,9 @@
 # same stream: one restart barrier, then its events.
 source "$(dirname "$0")/lib.sh"
 
-NP=$(free_port)
+NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
-P=$(free_port)
+P=$(daemon_port)
 
 SOURCES="  - endpoint: tcp://127.0.0.1:$P
     mode: bind
@@ -22,7 +22,7 @@ if wait_port "$P" 5; then ok "kvbridge listens on $P"; else bad "kvbridge does n
 for i in 1 2; do
   timeout 30 "$BIN/kvsim" --connect --endpoint "tcp://127.0.0.1:$P" --topic engine-a --batches 800 \
     --rate 1600 --seed "$((20 + i))" --wait-subscribers 1000 --linger 500 --record "$T/rec$i" \
-    2>"$T/sim$i.log" || bad "kvsim $i failed"
+    2>"$T/sim$i.log" || bad_log "kvsim $i failed" "$T/sim$i.log"
 done
 wait_pid "$TPID" 30
 expect_eq "kvtail checks pass (exit code)" "$RC" 0

@@ -25,7 +25,7 @@ run badopt --bogus
 expect_eq "unknown option: exit code 1" "$RC" 1
 
 # a valid file
-P=$(free_port)
+P=$(daemon_port)
 SOURCES="  - endpoint: tcp://127.0.0.1:$P" NATS_URLS="nats://127.0.0.1:$P" kvbridge_config "$T/good.yaml"
 run good -c "$T/good.yaml" --check
 expect_eq "--check good file: exit code" "$RC" 0
@@ -67,7 +67,7 @@ run badrun -c "$T/bad.yaml"
 expect_eq "running with a bad file: exit code 78" "$RC" 78
 
 # no NATS server within connect_timeout_ms: 69, after about that long
-NP=$(free_port)
+NP=$(daemon_port)
 cat >"$T/nonats.yaml" <<YAML
 worker_id: 7
 block_size: 16

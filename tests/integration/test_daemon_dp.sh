@@ -6,9 +6,9 @@
 # a dropped batch, and exactly the router events its record lists.
 source "$(dirname "$0")/lib.sh"
 
-NP=$(free_port)
+NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
-P=$(free_port 8) # live P..P+3, replay P+4..P+7
+P=$(daemon_port 8) # live P..P+3, replay P+4..P+7
 
 SOURCES="  - endpoint: tcp://127.0.0.1:$P
     replay_endpoint: tcp://127.0.0.1:$((P + 4))
@@ -19,12 +19,12 @@ TPID=$TAIL_PID
 start_kvbridge kvb "$T/dp.yaml" || bad "kvbridge did not start"
 timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --replay "tcp://127.0.0.1:$((P + 4))" \
   --dp-size 4 --batches 1000 --rate 1000 --seed 5 --drop-live 300 --wait-subscribers 1000 \
-  --linger 500 --record "$T/dp.rec" 2>"$T/sim.log" || bad "kvsim failed"
+  --linger 500 --record "$T/dp.rec" 2>"$T/sim.log" || bad_log "kvsim failed" "$T/sim.log"
 wait_pid "$TPID" 30
 expect_eq "kvtail checks pass (exit code)" "$RC" 0
 
 L=$T/tail.log
-expect_eq "kvtail sees 4 (worker_id, dp_rank) pairs" "$(sed -n 's/.*check: pairs=\([0-9]*\).*/\1/p' "$L")" 4
+expect_eq "kvtail sees 4 (worker_id, dp_rank) pairs" "$(sed -n 's/.*check: pairs=\([0-9]*\).*/\1/p' "$T/tail.err")" 4
 for s in holes dups bad reorders wrong badtok missing orphans; do
   expect_eq "kvtail $s" "$(tail_stat tail "$s")" 0
 done

@@ -12,7 +12,7 @@
 #         8000) must wait for the reconnect and deliver them, not drop them.
 source "$(dirname "$0")/lib.sh"
 
-NP=$(free_port)
+NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 
 # is_boundary RECORD N: echoes the K for which N = the router events of the
@@ -20,7 +20,7 @@ start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 is_boundary() { rec_cumulative "$1" | awk -v n="$2" '!k && $1 == n { k = NR } END { print k ? k : -1 }'; }
 
 # 1. SIGTERM right after the engine's last batch
-P=$(free_port)
+P=$(daemon_port)
 SOURCES="  - endpoint: tcp://127.0.0.1:$P" NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/end.yaml"
 start_kvtail tail-end "$NP" --quiet --check --timeout 3000 || bad "end: kvtail not ready"
 TPID=$TAIL_PID
@@ -28,7 +28,7 @@ start_kvbridge kvb-end "$T/end.yaml" || bad "end: kvbridge did not start"
 KPID=$KVB_PID
 timeout 40 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --batches 20000 --rate 0 --lossless \
   --seed 40 --wait-subscribers 1000 --linger 500 --record "$T/end.rec" 2>"$T/sim-end.log" \
-  || bad "end: kvsim failed"
+  || bad_log "end: kvsim failed" "$T/sim-end.log"
 t0=$(date +%s%N)
 signal_pid "$KPID" TERM 20
 t1=$(date +%s%N)
@@ -54,7 +54,7 @@ fi
 expect_eq "end: no flush warning" "$(count_log "$T/kvb-end.log" 'flush at shutdown')" 0
 
 # 2. SIGTERM in the middle of the stream
-P=$(free_port)
+P=$(daemon_port)
 SOURCES="  - endpoint: tcp://127.0.0.1:$P" NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/mid.yaml"
 start_kvtail tail-mid "$NP" --quiet --check --timeout 3000 || bad "mid: kvtail not ready"
 TPID=$TAIL_PID
@@ -86,8 +86,8 @@ stop_pid "$NATS_PID" >/dev/null
 # 3. SIGTERM during a NATS outage, NATS back at once
 outage() { # outage N: 2 = inconclusive (kvbridge reconnected before kvtail subscribed)
   local n=$1 np p kpid npid tpid want
-  np=$(free_port)
-  p=$(free_port)
+  np=$(daemon_port)
+  p=$(daemon_port)
   cat >"$T/outage$n.yaml" <<YAML
 worker_id: 7
 block_size: 16
@@ -109,7 +109,7 @@ YAML
   wait_log "$T/kvb-outage$n.log" 'disconnected from NATS' 10 || bad "outage: disconnect not noticed"
   timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --batches 500 --rate 2000 --seed 42 \
     --wait-subscribers 1000 --linger 300 --record "$T/outage$n.rec" 2>"$T/sim-outage$n.log" \
-    || bad "outage: kvsim failed"
+    || bad_log "outage: kvsim failed" "$T/sim-outage$n.log"
   sleep 0.3
   kill -TERM "$kpid"
   start_nats "$np" || { bad "outage: nats-server did not restart"; return 1; }

@@ -8,12 +8,12 @@
 # barrier.
 source "$(dirname "$0")/lib.sh"
 
-NP=$(free_port)
+NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 
 run_combo() { # run_combo ENCODING HASH
   local enc=$1 hash=$2 tag="$1-$2" p rc want
-  p=$(free_port)
+  p=$(daemon_port)
   WORKER=18446744073709551615 SOURCES="  - endpoint: tcp://127.0.0.1:$p" \
     NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/$tag.yaml"
   start_kvtail "tail-$tag" "$NP" --check --index --expect-record "$T/$tag.rec" --timeout 2500 \
@@ -23,7 +23,7 @@ run_combo() { # run_combo ENCODING HASH
   local kvb_pid=$KVB_PID
   timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --encoding "$enc" --hash "$hash" \
     --batches 1500 --rate 3000 --seed 11 --wait-subscribers 1000 --linger 300 \
-    --record "$T/$tag.rec" 2>"$T/sim-$tag.log" || bad "$tag: kvsim failed"
+    --record "$T/$tag.rec" 2>"$T/sim-$tag.log" || bad_log "$tag: kvsim failed" "$T/sim-$tag.log"
   wait_pid "$tail_pid" 30; rc=$RC
   expect_eq "$tag: kvtail checks pass (exit code)" "$rc" 0
   want=$(rec_counts "$T/$tag.rec" live)

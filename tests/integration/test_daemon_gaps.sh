@@ -9,14 +9,14 @@
 #              than asked (part of the gap is gone), the rest is applied
 source "$(dirname "$0")/lib.sh"
 
-NP=$(free_port)
+NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 
 # run_case TAG WITH_REPLAY(0|1) KVSIM-ARGS...: leaves the outputs in $T
 run_case() {
   local tag=$1 with_replay=$2 p
   shift 2
-  p=$(free_port 2)
+  p=$(daemon_port 2)
   if [ "$with_replay" = 1 ]; then
     SOURCES="  - endpoint: tcp://127.0.0.1:$p
     replay_endpoint: tcp://127.0.0.1:$((p + 1))"
@@ -32,7 +32,7 @@ run_case() {
   local kpid=$KVB_PID
   timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --wait-subscribers 1000 --linger 1000 \
     --batches 1000 --rate 1000 --seed 3 --record "$T/$tag.rec" "$@" 2>"$T/sim-$tag.log" \
-    || bad "$tag: kvsim failed"
+    || bad_log "$tag: kvsim failed" "$T/sim-$tag.log"
   wait_pid "$tpid" 30
   expect_eq "$tag: kvtail checks pass (exit code)" "$RC" 0
   local s

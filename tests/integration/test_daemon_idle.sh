@@ -3,13 +3,14 @@
 # endpoint) that publishes nothing for 5 s uses (almost) no CPU: utime+stime
 # from /proc/PID/stat must stay under 5% of the wall time (a loop that polls
 # without blocking would burn ~100%).  The same while NATS is down and
-# nats.c keeps reconnecting.
+# nats.c keeps reconnecting; and SIGTERM then still ends kvbridge in bounded
+# time (nats.flush_timeout_ms, default 5 s).
 source "$(dirname "$0")/lib.sh"
 
 HZ=$(getconf CLK_TCK)
-NP=$(free_port)
+NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
-P=$(free_port 2)
+P=$(daemon_port 2)
 SOURCES="  - endpoint: tcp://127.0.0.1:$P
     replay_endpoint: tcp://127.0.0.1:$((P + 1))" NATS_URLS="nats://127.0.0.1:$NP" \
   EXTRA="log:
@@ -45,6 +46,9 @@ wait_log "$T/kvb.log" 'disconnected from NATS' 10 || bad "kvbridge did not notic
 measure "idle, NATS down" 3
 
 stop_pid "$SPID" >/dev/null
+t0=$(date +%s%N)
 signal_pid "$KVB_PID" TERM 15
+ms=$((($(date +%s%N) - t0) / 1000000))
 expect_eq "kvbridge exit code (NATS down at shutdown)" "$RC" 0
+expect_lt "NATS down at shutdown: gives up within flush_timeout_ms (5000) + 2 s (ms)" "$ms" 7000
 finish

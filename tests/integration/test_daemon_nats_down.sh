@@ -9,8 +9,8 @@ source "$(dirname "$0")/lib.sh"
 
 attempt() { # attempt N: returns 2 when kvbridge reached NATS before kvtail (inconclusive)
   local n=$1 np p s
-  np=$(free_port)
-  p=$(free_port)
+  np=$(daemon_port)
+  p=$(daemon_port)
   cat >"$T/down$n.yaml" <<YAML
 worker_id: 7
 block_size: 16
@@ -28,7 +28,7 @@ YAML
   expect_eq "kvbridge log: NATS not reachable, buffering" \
     "$(count_log "$T/kvb$n.log" 'NATS not reachable yet; retrying in the background')" 1
   timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --batches 1000 --rate 2000 --seed 50 \
-    --wait-subscribers 1000 --linger 300 --record "$T/rec$n" 2>"$T/sim$n.log" || bad "kvsim failed"
+    --wait-subscribers 1000 --linger 300 --record "$T/rec$n" 2>"$T/sim$n.log" || bad_log "kvsim failed" "$T/sim$n.log"
   sleep 0.3 # let kvbridge convert the last batches
   kill -0 "$kpid" 2>/dev/null && ok "kvbridge alive while NATS is down" || bad "kvbridge died without NATS"
 

@@ -8,9 +8,9 @@
 #   3. a file changing a restart-only key (state.dir): refused, still running.
 source "$(dirname "$0")/lib.sh"
 
-NP=$(free_port)
+NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
-P=$(free_port)
+P=$(daemon_port)
 CFG=$T/reload.yaml
 NEW_SUBJECT=kvb.reload.7.0
 

@@ -9,7 +9,7 @@
 #   process:  the engine process really goes away and a new one binds the port
 source "$(dirname "$0")/lib.sh"
 
-NP=$(free_port)
+NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 
 # setup TAG SOURCES_YAML: config, kvtail (expects $T/TAG.rec), kvbridge
@@ -34,11 +34,11 @@ finish_case() {
 }
 
 # 1. restart inside kvsim after seq 600
-P=$(free_port)
+P=$(daemon_port)
 setup inproc "  - endpoint: tcp://127.0.0.1:$P"
 timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --batches 1500 --rate 1500 --seed 4 \
   --restart-at 600 --wait-subscribers 1000 --linger 300 --record "$T/inproc.rec" 2>"$T/sim-inproc.log" \
-  || bad "inproc: kvsim failed"
+  || bad_log "inproc: kvsim failed" "$T/sim-inproc.log"
 finish_case inproc
 want=$(rec_counts "$T/inproc.rec" live)
 expect_eq "inproc: the record has one restart" "$(field restarts "$want")" 1
@@ -54,13 +54,13 @@ expect_eq "inproc: the restart barrier follows seq 600's events (event_id $id)" 
   "{\"worker_id\":7,\"event\":{\"event_id\":$id,\"data\":\"cleared\",\"dp_rank\":0}}"
 
 # 2. two DP ranks with replay, seq starting at 5000, restart after 5400
-P=$(free_port 4)
+P=$(daemon_port 4)
 setup dp2 "  - endpoint: tcp://127.0.0.1:$P
     replay_endpoint: tcp://127.0.0.1:$((P + 2))
     dp_size: 2"
 timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --replay "tcp://127.0.0.1:$((P + 2))" \
   --dp-size 2 --batches 1000 --rate 1000 --seed 6 --seq-start 5000 --restart-at 5400 \
-  --wait-subscribers 1000 --linger 500 --record "$T/dp2.rec" 2>"$T/sim-dp2.log" || bad "dp2: kvsim failed"
+  --wait-subscribers 1000 --linger 500 --record "$T/dp2.rec" 2>"$T/sim-dp2.log" || bad_log "dp2: kvsim failed" "$T/sim-dp2.log"
 finish_case dp2
 for r in 0 1; do
   want=$(rec_counts "$T/dp2.rec" live "$r")
@@ -75,14 +75,14 @@ done
 expect_eq "dp2: no replay asked (a restart is not a gap)" "$(count_log "$T/kvb-dp2.log" 'requesting seq')" 0
 
 # 3. a new engine process on the same port
-P=$(free_port)
+P=$(daemon_port)
 setup process "  - endpoint: tcp://127.0.0.1:$P"
 timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --batches 700 --rate 1500 --seed 8 \
   --wait-subscribers 1000 --linger 300 --record "$T/process-1.rec" 2>"$T/sim-process-1.log" \
-  || bad "process: first kvsim failed"
+  || bad_log "process: first kvsim failed" "$T/sim-process-1.log"
 timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --batches 700 --rate 1500 --seed 9 \
   --wait-subscribers 1000 --linger 300 --record "$T/process.rec" 2>"$T/sim-process-2.log" \
-  || bad "process: second kvsim failed"
+  || bad_log "process: second kvsim failed" "$T/sim-process-2.log"
 finish_case process
 w1=$(rec_counts "$T/process-1.rec" live)
 w2=$(rec_counts "$T/process.rec" live)
