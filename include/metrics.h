@@ -91,6 +91,10 @@
       "1 while connected to a NATS server")                                    \
     X(gauge, nats_pending_bytes, "", KVB_NO_LABEL,                             \
       "Bytes buffered in the NATS client, not yet written")                    \
+    X(counter, backpressure_pauses_total, "", KVB_NO_LABEL,                    \
+      "Times reading the engines paused because NATS could not keep up")       \
+    X(gauge, reading_paused, "", KVB_NO_LABEL,                                 \
+      "1 while reading is paused (NATS buffer above 3/4 of its limit)")        \
     X(gauge, ready, "", KVB_NO_LABEL,                                          \
       "1 while NATS is connected and every source is set up (/readyz)")
 

@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "pipeline.h"
+#include "state.h"
 
 struct kvb_source;
 
@@ -32,6 +33,11 @@ struct kvb_source_params {
     uint32_t rcvhwm;
     uint32_t replay_timeout_ms;
     uint64_t max_payload_bytes;
+    /* Streams persisted by a previous run (state.dir): a stream found here
+     * starts from its saved seq and dp_ranks, so a complete resume publishes
+     * no start barrier and a gap is asked from the engine's replay.  Only
+     * read during kvb_source_create(); may be NULL. */
+    const struct kvb_state *resume;
 };
 
 /* Expand a dp_size source entry: endpoint i of n gets port + i.  Writes a

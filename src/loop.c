@@ -20,12 +20,15 @@
 #include "pipeline.h"
 #include "sink.h"
 #include "source.h"
+#include "state.h"
 #include "version.h"
 
 #define READ_BUDGET 256    /* live messages per source per turn: fairness */
 #define SUBJECT_MAX 512
 #define SUBJECT_RANKS 64   /* cached per-rank subjects when the template has {dp_rank} */
 #define HEARTBEAT_MS 1000  /* the loop turns at least this often (healthz, watchdog) */
+#define PAUSED_POLL_MS 20  /* re-check the NATS buffer this often while paused */
+#define STATE_SAVE_MS 1000 /* state.dir: save at most this often (and at shutdown) */
 
 struct kvb_daemon {
     struct kvb_config *cfg;
@@ -37,6 +40,9 @@ struct kvb_daemon {
     uint64_t heartbeat_ms;   /* loop wake-up period */
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
+    bool paused;             /* backpressure: NATS buffer too full to read more */
+    struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
+    uint64_t last_save_ms, saved_batches;
     struct kvb_source **src;
     size_t n_src;
     int sigfd, wakefd;
@@ -129,7 +135,8 @@ static int build_sources(struct kvb_daemon *d, const struct kvb_config *c,
                     .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
                     .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
                     .replay_timeout_ms = c->replay.timeout_ms,
-                    .max_payload_bytes = c->limits.max_payload_bytes};
+                    .max_payload_bytes = c->limits.max_payload_bytes,
+                    .resume = d->resume};
                 rc = kvb_source_create(d->zctx, &p, &d->m, &v[n]);
                 if (rc == 0) {
                     kvb_info("source", "%s %s (dp_rank %u%s%s)",
@@ -148,6 +155,85 @@ static int build_sources(struct kvb_daemon *d, const struct kvb_config *c,
     }
     *out = v;
     *n_out = n;
+    return 0;
+}
+
+/* ---- state (state.dir) -------------------------------------------------- */
+
+static void add_stream(void *ctx, const char *source, const char *topic,
+                       const struct kvb_stream *st)
+{
+    if (st->has_last)
+        kvb_state_add_stream(ctx, source, topic, st);
+}
+
+/* Everything the pipeline has applied so far: counters and stream cursors. */
+static struct kvb_state *snapshot(struct kvb_daemon *d)
+{
+    struct kvb_state *st = kvb_state_new();
+    struct kvb_converter *conv = kvb_pipeline_converter(d->pipe);
+    size_t n = kvb_converter_counters(conv, NULL, 0);
+    struct kvb_id_counter *ids = calloc(n ? n : 1, sizeof(*ids));
+    if (!st || !ids) {
+        free(ids);
+        kvb_state_free(&st);
+        return NULL;
+    }
+    kvb_converter_counters(conv, ids, n);
+    for (size_t i = 0; i < n; i++)
+        kvb_state_add_counter(st, &ids[i]);
+    free(ids);
+    for (size_t i = 0; i < d->n_src; i++)
+        kvb_source_foreach_stream(d->src[i], add_stream, st);
+    return st;
+}
+
+/* Save the cursors, but only once NATS confirmed (flush: PING/PONG) that it
+ * has every router event published so far: the file never claims more than
+ * was delivered.  After a crash the engine replays from last + 1 and the
+ * events get the same ids (JetStream drops the duplicates by Nats-Msg-Id). */
+static void save_state(struct kvb_daemon *d, bool force)
+{
+    const char *dir = d->cfg->state.dir;
+    uint64_t now = kvb_now_ms(), batches = kvb_get(&d->m.batches_received_total[0]);
+    if (!dir[0] || (!force && (now - d->last_save_ms < STATE_SAVE_MS || batches == d->saved_batches)))
+        return;
+    d->last_save_ms = now;
+    int frc = kvb_sink_flush(d->sink, 1000);
+    if (frc < 0) {
+        kvb_debug("state", "not saved: NATS flush: %s", strerror(-frc));
+        return; /* NATS away: keep the older, safe file */
+    }
+    struct kvb_state *st = snapshot(d);
+    int rc = st ? kvb_state_save(dir, st) : -ENOMEM;
+    if (rc < 0)
+        kvb_warn("state", "cannot save to %s: %s", dir, strerror(-rc));
+    else
+        d->saved_batches = batches;
+    kvb_state_free(&st);
+}
+
+static int load_state(struct kvb_daemon *d)
+{
+    const char *dir = d->cfg->state.dir;
+    if (!dir[0])
+        return 0;
+    int rc = kvb_state_load(dir, &d->resume);
+    if (rc == -ENOENT) {
+        kvb_info("state", "%s: no saved state, starting fresh", dir);
+        return 0;
+    }
+    if (rc < 0) {
+        kvb_warn("state", "%s: saved state unreadable (%s): starting fresh, with barriers", dir,
+                 strerror(-rc));
+        return 0;
+    }
+    struct kvb_converter *conv = kvb_pipeline_converter(d->pipe);
+    for (size_t i = 0; i < d->resume->n_counters; i++)
+        if ((rc = kvb_converter_restore(conv, &d->resume->counters[i])) < 0)
+            return rc;
+    kvb_info("state", "%s: resuming %zu stream(s), %zu event_id counter(s)", dir,
+             d->resume->n_streams, d->resume->n_counters);
     return 0;
 }
 
@@ -204,6 +290,10 @@ static void reload(struct kvb_daemon *d)
         goto fail;
     }
     struct kvb_pipeline_cfg pc = pipeline_cfg(nc);
+    if (!sources_equal(d->cfg, nc)) { /* reopened sources go on from where these are */
+        kvb_state_free(&d->resume);
+        d->resume = snapshot(d);
+    }
     if (!sources_equal(d->cfg, nc) && (rc = build_sources(d, nc, &nsrc, &n_nsrc)) < 0) {
         kvb_err("main", "reload: cannot open the new sources (%s), keeping the running configuration",
                 strerror(-rc));
@@ -264,9 +354,30 @@ static void drain_wake(struct kvb_daemon *d)
         ;
 }
 
+/* Gauges, and backpressure: while nats.c holds more than 3/4 of
+ * nats.reconnect_buffer_bytes (NATS away or slow), stop reading the engines.
+ * Their batches wait in the SUB's queue (up to rcvhwm) or are dropped by the
+ * engine's PUB; the resulting gap is recovered by replay once NATS is back,
+ * and only what replay cannot fill becomes a barrier.  Nothing is published
+ * into a full buffer, so no event_id is ever lost silently. */
 static void update_gauges(struct kvb_daemon *d)
 {
-    kvb_set(&d->m.nats_pending_bytes[0], kvb_sink_pending_bytes(d->sink));
+    uint64_t pending = kvb_sink_pending_bytes(d->sink);
+    uint64_t limit = d->cfg->nats.reconnect_buffer_bytes / 4 * 3;
+    bool paused = limit > 0 && pending >= limit;
+    if (paused != d->paused) {
+        if (paused) {
+            kvb_inc(&d->m.backpressure_pauses_total[0]);
+            kvb_warn("main", "NATS buffer holds %llu bytes: pausing the engine streams",
+                     (unsigned long long)pending);
+        } else {
+            kvb_info("main", "NATS buffer down to %llu bytes: reading again",
+                     (unsigned long long)pending);
+        }
+        d->paused = paused;
+    }
+    kvb_set(&d->m.reading_paused[0], paused);
+    kvb_set(&d->m.nats_pending_bytes[0], pending);
     kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink));
 }
 
@@ -288,12 +399,13 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     uint64_t now = kvb_now_ms();
     heartbeat(d, now);
     update_gauges(d);
-    long timeout = (long)d->heartbeat_ms;
+    long timeout = d->paused ? PAUSED_POLL_MS : (long)d->heartbeat_ms;
     for (size_t i = 0; i < d->n_src && n + 2 <= cap; i++) {
-        items[n++] = (zmq_pollitem_t){kvb_source_sub(d->src[i]), 0, ZMQ_POLLIN, 0};
-        void *rs = kvb_source_replay(d->src[i]);
+        void *sub = d->paused ? NULL : kvb_source_sub(d->src[i]);
+        void *rs = d->paused ? NULL : kvb_source_replay(d->src[i]);
+        items[n++] = (zmq_pollitem_t){sub, sub ? 0 : -1, sub ? ZMQ_POLLIN : 0, 0};
         items[n++] = (zmq_pollitem_t){rs, rs ? 0 : -1, rs ? ZMQ_POLLIN : 0, 0};
-        long t = kvb_source_next_deadline(d->src[i], now);
+        long t = d->paused ? -1 : kvb_source_next_deadline(d->src[i], now);
         if (t >= 0 && t < timeout)
             timeout = t;
     }
@@ -312,9 +424,11 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
             kvb_err("replay", "%s: %s", kvb_source_name(s), strerror(-rc));
         if (items[2 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
-        kvb_source_tick(s, d->pipe, kvb_now_ms());
+        if (!d->paused) /* a replay's deadline does not run out while we hold back */
+            kvb_source_tick(s, d->pipe, kvb_now_ms());
     }
     update_gauges(d);
+    save_state(d, false);
     return 0;
 }
 
@@ -390,6 +504,10 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     clock_gettime(CLOCK_REALTIME, &ts);
     kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe),
                             (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+    if ((rc = load_state(d)) < 0) {
+        kvb_err("state", "%s", strerror(-rc));
+        goto out;
+    }
     rc = kvb_sink_create(d->cfg, &d->m, d->wakefd, &d->sink);
     if (rc < 0) {
         kvb_err("sink", "cannot reach NATS: %s", strerror(-rc));
@@ -443,6 +561,8 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     rc = drain(d);
     if (rc < 0)
         kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
+    else
+        save_state(d, true);
     exit_code = 0;
 out:
     kvb_http_stop(&d->http);
@@ -452,6 +572,7 @@ out:
         zmq_ctx_term(d->zctx);
     kvb_sink_destroy(&d->sink);
     kvb_pipeline_destroy(&d->pipe);
+    kvb_state_free(&d->resume);
     if (d->sigfd >= 0)
         close(d->sigfd);
     if (d->wakefd >= 0)

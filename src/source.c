@@ -15,6 +15,8 @@
 #define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
 #define MAX_HELD_BYTES (256u << 20)
 #define REPLAY_END UINT64_MAX
+#define REPLAY_STALL_MS 250       /* no reply for this long once replies flow: cut */
+#define REPLAY_MAX_ROUNDS 1000    /* re-requests after cut replies, per gap */
 
 struct held {
     uint64_t seq;
@@ -35,6 +37,9 @@ struct replay {
     uint64_t want;           /* next seq we need */
     uint64_t until;          /* seq of the first held live batch */
     uint64_t deadline_ms;
+    uint64_t req_want;       /* rp->want when the last request was sent */
+    bool got_reply;          /* the current request has had a reply */
+    unsigned rounds;         /* requests sent again after a partial reply */
     bool barrier_sent;       /* part of the gap was lost: barrier published */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
@@ -42,6 +47,7 @@ struct replay {
 
 struct kvb_source {
     struct kvb_source_params p;
+    struct kvb_state *resume;  /* this source's saved streams, consumed by find_stream */
     char *endpoint, *replay_endpoint, *topic;
     char name[300];
     void *zctx;
@@ -105,7 +111,20 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     s->p.endpoint = s->endpoint;
     s->p.replay_endpoint = s->replay_endpoint;
     s->p.topic = s->topic;
+    s->p.resume = NULL;
     snprintf(s->name, sizeof(s->name), "%s", s->endpoint);
+    for (size_t i = 0; p->resume && i < p->resume->n_streams; i++) {
+        const struct kvb_state_stream *e = &p->resume->streams[i];
+        if (strcmp(e->source, s->name) != 0)
+            continue;
+        if (!s->resume && !(s->resume = kvb_state_new()))
+            goto fail;
+        struct kvb_stream st = {.has_last = true, .last = e->last, .n_ranks = e->n_ranks};
+        memcpy(st.ranks, e->ranks, sizeof(st.ranks));
+        if ((rc = kvb_state_add_stream(s->resume, e->source, e->topic, &st)) < 0)
+            goto fail;
+        rc = -ENOMEM;
+    }
 
     s->sub = zmq_socket(zctx, ZMQ_SUB);
     if (!s->sub) {
@@ -165,6 +184,7 @@ void kvb_source_destroy(struct kvb_source **ps)
     free(s->rp.held);
     for (size_t i = 0; i < s->n_streams; i++)
         free(s->streams[i]);
+    kvb_state_free(&s->resume);
     free(s->endpoint);
     free(s->replay_endpoint);
     free(s->topic);
@@ -204,6 +224,15 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
     else
         snprintf(st->name, sizeof(st->name), "%s", s->name);
     kvb_stream_init(&st->st, st->name, s->p.dp_rank);
+    const struct kvb_state_stream *saved = kvb_state_find_stream(s->resume, s->name, st->topic);
+    if (saved) { /* resume: no start barrier, a gap goes to replay */
+        st->st.has_last = true;
+        st->st.last = saved->last;
+        st->st.n_ranks = saved->n_ranks;
+        memcpy(st->st.ranks, saved->ranks, sizeof(st->st.ranks));
+        kvb_info("source", "%s: resuming after seq %llu", st->name,
+                 (unsigned long long)saved->last);
+    }
     st->slot = kvb_metrics_stream_slot(s->m, s->name, st->topic);
     s->streams[s->n_streams++] = st;
     return st;
@@ -273,8 +302,12 @@ static int hold(struct replay *rp, uint64_t seq, const void *data, size_t len)
     return 0;
 }
 
-static int start_replay(struct kvb_source *s, struct stream *st, uint64_t seq)
+/* Ask the engine for every batch from rp->want on.  The ROUTER's send
+ * high-water mark may drop the tail of a long reply: the caller asks again
+ * from where it got to (kvb_source_tick). */
+static int send_request(struct kvb_source *s)
 {
+    struct replay *rp = &s->rp;
     if (!s->dealer) {
         s->dealer = zmq_socket(s->zctx, ZMQ_DEALER);
         int linger = 0, hwm = 0;
@@ -286,23 +319,33 @@ static int start_replay(struct kvb_source *s, struct stream *st, uint64_t seq)
             return rc;
         }
     }
-    struct replay *rp = &s->rp;
-    rp->active = true;
-    rp->st = st;
-    rp->want = st->st.last + 1;
-    rp->until = seq;
-    rp->barrier_sent = false;
-    rp->deadline_ms = kvb_now_ms() + s->p.replay_timeout_ms;
     uint8_t start[8];
     for (int i = 0; i < 8; i++)
         start[i] = (uint8_t)(rp->want >> (56 - 8 * i));
     if (zmq_send(s->dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s->dealer, start, 8, ZMQ_DONTWAIT) < 0) {
         int rc = zerr();
-        rp->active = false;
         close_dealer(s);
         return rc;
     }
+    rp->req_want = rp->want;
+    rp->got_reply = false;
+    rp->deadline_ms = kvb_now_ms() + s->p.replay_timeout_ms;
+    return 0;
+}
+
+static int start_replay(struct kvb_source *s, struct stream *st, uint64_t seq)
+{
+    struct replay *rp = &s->rp;
+    rp->st = st;
+    rp->want = st->st.last + 1;
+    rp->until = seq;
+    rp->barrier_sent = false;
+    rp->rounds = 0;
+    int rc = send_request(s);
+    if (rc < 0)
+        return rc;
+    rp->active = true;
     kvb_inc(&s->m->replays_requested_total[0]);
     kvb_info("replay", "%s: requesting seq %llu..%llu from %s", st->name,
              (unsigned long long)rp->want, (unsigned long long)(seq - 1), s->replay_endpoint);
@@ -380,17 +423,30 @@ static int on_replay_batch(struct kvb_source *s, struct kvb_pipeline *p, uint64_
     if (seq < rp->want || seq >= rp->until)
         return 0; /* already applied, or live batches we hold */
     if (seq > rp->want) {
-        /* the engine's buffer (or the ROUTER's HWM) lost part of the gap */
+        if (rp->got_reply && rp->rounds < REPLAY_MAX_ROUNDS) {
+            /* a hole in the middle of a reply: the ROUTER's HWM dropped
+             * some; the engine still has them, ask again from want */
+            rp->rounds++;
+            close_dealer(s);
+            return send_request(s);
+        }
+        /* the first reply starts later than asked: the engine's buffer no
+         * longer holds the beginning of the gap */
         if (!rp->barrier_sent) {
-            kvb_warn("replay", "%s: replay skips from %llu to %llu: publishing barrier",
-                     rp->st->name, (unsigned long long)rp->want, (unsigned long long)seq);
+            kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier",
+                     rp->st->name, (unsigned long long)seq, (unsigned long long)rp->want);
             int rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP);
             if (rc < 0)
                 return rc;
             rp->barrier_sent = true;
         }
     }
+    rp->got_reply = true;
     rp->want = seq + 1;
+    /* replies are flowing: a stall of this long means the reply was cut */
+    uint64_t stall = s->p.replay_timeout_ms < REPLAY_STALL_MS ? s->p.replay_timeout_ms
+                                                             : REPLAY_STALL_MS;
+    rp->deadline_ms = kvb_now_ms() + stall;
     return kvb_pipeline_apply(p, st, seq, data, len);
 }
 
@@ -421,7 +477,7 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
             return rc;
         /* caught up: the rest of the reply is what we hold already (the
          * dealer is closed, so the remaining replies are dropped) */
-        if (s->rp.active && s->rp.want >= s->rp.until && (rc = finish_replay(s, p, "")) < 0)
+        if (s->rp.active && s->rp.want >= s->rp.until && (rc = finish_replay(s, p, "the engine no longer held all of it")) < 0)
             return rc;
     }
     return total;
@@ -436,7 +492,19 @@ long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
 {
-    if (s->rp.active && now_ms >= s->rp.deadline_ms) {
+    struct replay *rp = &s->rp;
+    if (rp->active && now_ms >= rp->deadline_ms) {
+        /* progress since the last request, but no END: the ROUTER dropped
+         * the rest of its reply (its HWM); ask again from where we are */
+        if (rp->want > rp->req_want && rp->rounds < REPLAY_MAX_ROUNDS) {
+            rp->rounds++;
+            close_dealer(s);
+            if (send_request(s) == 0) {
+                kvb_debug("replay", "%s: reply cut at seq %llu, asking again", s->name,
+                          (unsigned long long)rp->want);
+                return;
+            }
+        }
         int rc = finish_replay(s, p, "replay timed out");
         if (rc < 0)
             kvb_err("replay", "%s: %s", s->name, strerror(-rc));

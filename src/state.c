@@ -1,0 +1,229 @@
+/* state: see include/state.h.
+ *
+ * Format (text, one record per line, fields separated by one space; topic
+ * hex-encoded so that any bytes survive):
+ *   kvbridge-state 1
+ *   counter WORKER_ID DP_RANK NEXT_ID EPOCH
+ *   stream SOURCE TOPIC_HEX|- LAST_SEQ RANK[,RANK...]|-
+ *   end
+ * A file without the final "end" line is corrupt (and ignored).
+ */
+#include "state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define STATE_FILE "kvbridge.state"
+#define MAX_LINE 2048
+
+struct kvb_state *kvb_state_new(void) { return calloc(1, sizeof(struct kvb_state)); }
+
+void kvb_state_free(struct kvb_state **ps)
+{
+    if (!ps || !*ps)
+        return;
+    free((*ps)->counters);
+    free((*ps)->streams);
+    free(*ps);
+    *ps = NULL;
+}
+
+static int grow(void **p, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap)
+        return 0;
+    size_t c = *cap ? *cap * 2 : 8;
+    void *q = realloc(*p, c * elem);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+int kvb_state_add_counter(struct kvb_state *s, const struct kvb_id_counter *c)
+{
+    if (grow((void **)&s->counters, &s->cap_counters, s->n_counters, sizeof(*c)) < 0)
+        return -ENOMEM;
+    s->counters[s->n_counters++] = *c;
+    return 0;
+}
+
+int kvb_state_add_stream(struct kvb_state *s, const char *source, const char *topic,
+                         const struct kvb_stream *st)
+{
+    if (strlen(source) >= sizeof(s->streams->source) || strlen(topic) >= sizeof(s->streams->topic))
+        return -ENAMETOOLONG;
+    if (grow((void **)&s->streams, &s->cap_streams, s->n_streams, sizeof(*s->streams)) < 0)
+        return -ENOMEM;
+    struct kvb_state_stream *e = &s->streams[s->n_streams++];
+    memset(e, 0, sizeof(*e));
+    strcpy(e->source, source);
+    strcpy(e->topic, topic);
+    e->last = st->last;
+    e->n_ranks = st->n_ranks;
+    memcpy(e->ranks, st->ranks, st->n_ranks * sizeof(uint32_t));
+    return 0;
+}
+
+const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s,
+                                                     const char *source, const char *topic)
+{
+    for (size_t i = 0; s && i < s->n_streams; i++)
+        if (strcmp(s->streams[i].source, source) == 0 && strcmp(s->streams[i].topic, topic) == 0)
+            return &s->streams[i];
+    return NULL;
+}
+
+static void path_of(char *buf, size_t n, const char *dir, const char *name)
+{
+    snprintf(buf, n, "%s/%s", dir, name);
+}
+
+int kvb_state_save(const char *dir, const struct kvb_state *s)
+{
+    char tmp[PATH_MAX], final[PATH_MAX];
+    path_of(tmp, sizeof(tmp), dir, STATE_FILE ".tmp");
+    path_of(final, sizeof(final), dir, STATE_FILE);
+    int rc = 0;
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "kvbridge-state 1\n");
+    for (size_t i = 0; i < s->n_counters; i++) {
+        const struct kvb_id_counter *c = &s->counters[i];
+        fprintf(f, "counter %" PRIu64 " %" PRIu32 " %" PRIu64 " %" PRIu64 "\n", c->worker_id,
+                c->dp_rank, c->next_id, c->epoch);
+    }
+    for (size_t i = 0; i < s->n_streams; i++) {
+        const struct kvb_state_stream *e = &s->streams[i];
+        fprintf(f, "stream %s ", e->source);
+        if (!e->topic[0])
+            fputc('-', f);
+        for (const unsigned char *t = (const unsigned char *)e->topic; *t; t++)
+            fprintf(f, "%02x", *t);
+        fprintf(f, " %" PRIu64 " ", e->last);
+        if (!e->n_ranks)
+            fputc('-', f);
+        for (uint32_t r = 0; r < e->n_ranks; r++)
+            fprintf(f, "%s%" PRIu32, r ? "," : "", e->ranks[r]);
+        fputc('\n', f);
+    }
+    fprintf(f, "end\n");
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0)
+        rc = -errno;
+    if (fclose(f) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, final) != 0)
+        rc = -errno;
+    if (rc == 0) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+    } else {
+        unlink(tmp);
+    }
+    return rc;
+}
+
+static int hexval(int c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+static int parse_stream(char *line, struct kvb_state_stream *e)
+{
+    char *save = NULL;
+    char *src = strtok_r(line, " ", &save), *topic = strtok_r(NULL, " ", &save);
+    char *last = strtok_r(NULL, " ", &save), *ranks = strtok_r(NULL, " \n", &save);
+    if (!src || !topic || !last || !ranks || strlen(src) >= sizeof(e->source))
+        return -EINVAL;
+    memset(e, 0, sizeof(*e));
+    strcpy(e->source, src);
+    if (strcmp(topic, "-") != 0) {
+        size_t n = strlen(topic);
+        if (n % 2 || n / 2 >= sizeof(e->topic))
+            return -EINVAL;
+        for (size_t i = 0; i < n / 2; i++) {
+            int hi = hexval(topic[2 * i]), lo = hexval(topic[2 * i + 1]);
+            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+                return -EINVAL;
+            e->topic[i] = (char)(hi << 4 | lo);
+        }
+    }
+    char *end;
+    errno = 0;
+    e->last = strtoull(last, &end, 10);
+    if (errno || *end)
+        return -EINVAL;
+    if (strcmp(ranks, "-") != 0) {
+        for (char *r = ranks; *r;) {
+            unsigned long v = strtoul(r, &end, 10);
+            if (end == r || v > UINT32_MAX || e->n_ranks >= KVB_MAX_STREAM_RANKS)
+                return -EINVAL;
+            e->ranks[e->n_ranks++] = (uint32_t)v;
+            r = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',')
+                return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+int kvb_state_load(const char *dir, struct kvb_state **out)
+{
+    char path[PATH_MAX], line[MAX_LINE];
+    path_of(path, sizeof(path), dir, STATE_FILE);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -errno;
+    struct kvb_state *s = kvb_state_new();
+    int rc = s ? -EINVAL : -ENOMEM;
+    bool header = false, end = false;
+    while (s && fgets(line, sizeof(line), f)) {
+        if (!strchr(line, '\n') || end)
+            goto out; /* overlong line, or data after "end" */
+        if (!header) {
+            if (strcmp(line, "kvbridge-state 1\n") != 0)
+                goto out;
+            header = true;
+        } else if (strncmp(line, "counter ", 8) == 0) {
+            struct kvb_id_counter c;
+            char extra;
+            if (sscanf(line + 8, "%" SCNu64 " %" SCNu32 " %" SCNu64 " %" SCNu64 " %c", &c.worker_id,
+                       &c.dp_rank, &c.next_id, &c.epoch, &extra) != 4)
+                goto out;
+            if (kvb_state_add_counter(s, &c) < 0)
+                goto out;
+        } else if (strncmp(line, "stream ", 7) == 0) {
+            struct kvb_state_stream e;
+            if (parse_stream(line + 7, &e) < 0)
+                goto out;
+            if (grow((void **)&s->streams, &s->cap_streams, s->n_streams, sizeof(e)) < 0)
+                goto out;
+            s->streams[s->n_streams++] = e;
+        } else if (strcmp(line, "end\n") == 0) {
+            end = true;
+        } else {
+            goto out;
+        }
+    }
+    if (end) {
+        *out = s;
+        s = NULL;
+        rc = 0;
+    }
+out:
+    fclose(f);
+    kvb_state_free(&s);
+    return rc;
+}
