@@ -1,0 +1,158 @@
+/* state: save / load round trip, atomic replacement, corrupt files. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "state.h"
+#include "testutil.h"
+
+static char dir[64];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/kvb-state.XXXXXX");
+    ck_assert(mkdtemp(dir) != NULL);
+}
+
+static void teardown(void)
+{
+    char p[128];
+    snprintf(p, sizeof(p), "%s/kvbridge.state", dir);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/kvbridge.state.tmp", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+static void write_file(const char *text)
+{
+    char p[128];
+    snprintf(p, sizeof(p), "%s/kvbridge.state", dir);
+    FILE *f = fopen(p, "w");
+    ck_assert(f != NULL);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(round_trip)
+{
+    struct kvb_state *s = kvb_state_new();
+    struct kvb_id_counter c1 = {UINT64_MAX, 0, 12345, 1796040478869ULL};
+    struct kvb_id_counter c2 = {7, 3, 0, 1};
+    ck_assert_int_eq(kvb_state_add_counter(s, &c1), 0);
+    ck_assert_int_eq(kvb_state_add_counter(s, &c2), 0);
+    struct kvb_stream st;
+    kvb_stream_init(&st, "x", 0);
+    st.has_last = true;
+    st.last = UINT64_MAX - 1;
+    kvb_stream_add_rank(&st, 0);
+    kvb_stream_add_rank(&st, 5);
+    ck_assert_int_eq(kvb_state_add_stream(s, "tcp://127.0.0.1:5557", "", &st), 0);
+    st.last = 9;
+    st.n_ranks = 0;
+    ck_assert_int_eq(kvb_state_add_stream(s, "tcp://127.0.0.1:5558", "kv events\x01", &st), 0);
+    ck_assert_int_eq(kvb_state_save(dir, s), 0);
+    kvb_state_free(&s);
+    ck_assert(s == NULL);
+
+    struct kvb_state *l = NULL;
+    ck_assert_int_eq(kvb_state_load(dir, &l), 0);
+    ck_assert_uint_eq(l->n_counters, 2);
+    ck_assert_uint_eq(l->counters[0].worker_id, UINT64_MAX);
+    ck_assert_uint_eq(l->counters[0].next_id, 12345);
+    ck_assert_uint_eq(l->counters[0].epoch, 1796040478869ULL);
+    ck_assert_uint_eq(l->counters[1].dp_rank, 3);
+    ck_assert_uint_eq(l->n_streams, 2);
+    const struct kvb_state_stream *e = kvb_state_find_stream(l, "tcp://127.0.0.1:5557", "");
+    ck_assert(e != NULL);
+    ck_assert_uint_eq(e->last, UINT64_MAX - 1);
+    ck_assert_uint_eq(e->n_ranks, 2);
+    ck_assert_uint_eq(e->ranks[1], 5);
+    e = kvb_state_find_stream(l, "tcp://127.0.0.1:5558", "kv events\x01");
+    ck_assert(e != NULL);
+    ck_assert_uint_eq(e->last, 9);
+    ck_assert_uint_eq(e->n_ranks, 0);
+    ck_assert(kvb_state_find_stream(l, "tcp://127.0.0.1:5558", "") == NULL);
+    kvb_state_free(&l);
+    kvb_state_free(&l); /* NULL-safe */
+
+    /* no temp file left behind */
+    char p[128];
+    snprintf(p, sizeof(p), "%s/kvbridge.state.tmp", dir);
+    ck_assert_int_ne(access(p, F_OK), 0);
+}
+END_TEST
+
+START_TEST(missing_and_corrupt)
+{
+    struct kvb_state *l = NULL;
+    ck_assert_int_eq(kvb_state_load(dir, &l), -ENOENT);
+    static const char *bad[] = {
+        "",
+        "kvbridge-state 2\nend\n",
+        "kvbridge-state 1\n",                                     /* no end: cut short */
+        "kvbridge-state 1\ncounter 1 2 3\nend\n",                 /* missing field */
+        "kvbridge-state 1\ncounter 1 2 3 4 5\nend\n",             /* extra field */
+        "kvbridge-state 1\nstream tcp://a - x 0\nend\n",          /* bad seq */
+        "kvbridge-state 1\nstream tcp://a 6 1 0\nend\n",          /* odd hex */
+        "kvbridge-state 1\nstream tcp://a 00 1 0\nend\n",         /* NUL in topic */
+        "kvbridge-state 1\nstream tcp://a - 1 1,,2\nend\n",       /* bad ranks */
+        "kvbridge-state 1\nbogus\nend\n",
+        "kvbridge-state 1\nend\ncounter 1 2 3 4\n",               /* data after end */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        write_file(bad[i]);
+        ck_assert_msg(kvb_state_load(dir, &l) == -EINVAL, "case %zu", i);
+        ck_assert(l == NULL);
+    }
+    write_file("kvbridge-state 1\ncounter 1 2 3 4\nstream tcp://a 6b76 10 0,1\nend\n");
+    ck_assert_int_eq(kvb_state_load(dir, &l), 0);
+    ck_assert_str_eq(l->streams[0].topic, "kv");
+    kvb_state_free(&l);
+}
+END_TEST
+
+START_TEST(save_replaces_whole_file)
+{
+    struct kvb_state *s = kvb_state_new();
+    struct kvb_id_counter c = {1, 0, 1, 1};
+    for (int i = 0; i < 100; i++) {
+        c.next_id = (uint64_t)i;
+        kvb_state_add_counter(s, &c);
+    }
+    ck_assert_int_eq(kvb_state_save(dir, s), 0);
+    kvb_state_free(&s);
+    s = kvb_state_new();
+    c.next_id = 77;
+    kvb_state_add_counter(s, &c);
+    ck_assert_int_eq(kvb_state_save(dir, s), 0);
+    kvb_state_free(&s);
+    struct kvb_state *l = NULL;
+    ck_assert_int_eq(kvb_state_load(dir, &l), 0);
+    ck_assert_uint_eq(l->n_counters, 1);
+    ck_assert_uint_eq(l->counters[0].next_id, 77);
+    kvb_state_free(&l);
+    /* an unwritable directory is an error, not a crash */
+    s = kvb_state_new();
+    ck_assert_int_lt(kvb_state_save("/nonexistent/dir", s), 0);
+    kvb_state_free(&s);
+}
+END_TEST
+
+static Suite *state_suite(void)
+{
+    Suite *s = suite_create("state");
+    TCase *tc = tcase_create("state");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, round_trip);
+    tcase_add_test(tc, missing_and_corrupt);
+    tcase_add_test(tc, save_replaces_whole_file);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return kvb_run_suite(state_suite()); }
