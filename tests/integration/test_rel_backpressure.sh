@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# NATS outage with core NATS and a small NATS buffer: kvbridge keeps the
+# router's view right.
+#   Two clustered nats-servers A and B; kvtail listens on B, kvbridge
+#   publishes to A with nats.reconnect_buffer_bytes 200 kB and a SUB queue
+#   of 50 batches.  A is killed for ~2 s under 2000 batches/s.
+#   1. The engine keeps 10000 batches for replay: kvbridge pauses reading
+#      when the buffer is 3/4 full, the engine drops what the SUB cannot
+#      queue, and once A is back the gap is filled by replay: no barrier
+#      beyond the start barrier, event_ids strictly increasing.  What core
+#      NATS itself lost in flight when A died is measured and reported.
+#   2. The engine keeps only 100 batches: replay cannot fill the gap, so a
+#      "cleared" barrier follows the outage and the index holds nothing wrong.
+source "$(dirname "$0")/lib.sh"
+
+run_case() { # NAME REPLAY_BUFFER
+  local name=$1 rbuf=$2 pa pb ca cb p
+  pa=$(daemon_port); pb=$(daemon_port); ca=$(daemon_port); cb=$(daemon_port); p=$(daemon_port 2)
+  local cl="--cluster_name kvb --no_advertise"
+  start "natsA-$name" nats-server -a 127.0.0.1 -p "$pa" $cl -cluster "nats://127.0.0.1:$ca" -routes "nats://127.0.0.1:$cb"
+  local apid=$LAST_PID
+  start "natsB-$name" nats-server -a 127.0.0.1 -p "$pb" $cl -cluster "nats://127.0.0.1:$cb" -routes "nats://127.0.0.1:$ca"
+  wait_port "$pa" 10 && wait_port "$pb" 10 || { bad "$name: nats cluster did not start"; return 1; }
+  wait_log "$T/natsB-$name.log" "Route connection created" 10 || true
+  cat >"$T/$name.yaml" <<YAML
+worker_id: 7
+block_size: 16
+sources:
+  - endpoint: tcp://127.0.0.1:$p
+    replay_endpoint: tcp://127.0.0.1:$((p + 1))
+    rcvhwm: 50
+nats:
+  servers: [nats://127.0.0.1:$pa]
+  reconnect_buffer_bytes: 200000
+  reconnect_wait_ms: 300
+  reconnect_wait_max_ms: 600
+replay:
+  timeout_ms: 3000
+metrics:
+  listen: ""
+YAML
+  start_kvtail "tail-$name" "$pb" --quiet --check --allow-start-offset --index --timeout 4000 \
+    || { bad "$name: kvtail not ready"; return 1; }
+  local tpid=$TAIL_PID
+  start_kvbridge "kvb-$name" "$T/$name.yaml" || { bad "$name: kvbridge did not start"; return 1; }
+  local kpid=$KVB_PID
+  "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
+    --replay-buffer "$rbuf" --batches 8000 --rate 2000 --workload prefill --seed 9 \
+    --wait-subscribers 800 --linger 4000 --record "$T/rec-$name" 2>"$T/sim-$name.log" &
+  local spid=$!
+  PIDS+=("$spid")
+  sleep 2
+  stop_pid "$apid" KILL >/dev/null
+  wait_log "$T/kvb-$name.log" "pausing the engine streams" 5 \
+    && ok "$name: kvbridge paused reading while NATS was away" \
+    || bad_log "$name: no pause" "$T/kvb-$name.log"
+  sleep 1.5
+  start "natsA2-$name" nats-server -a 127.0.0.1 -p "$pa" $cl -cluster "nats://127.0.0.1:$ca" -routes "nats://127.0.0.1:$cb"
+  wait_port "$pa" 10 || bad "$name: nats A did not come back"
+  wait_pid "$spid" 40
+  wait_pid "$tpid" 40
+  kill -0 "$kpid" 2>/dev/null && ok "$name: kvbridge alive" || bad "$name: kvbridge died"
+  wait_log "$T/kvb-$name.log" "reading again" 1 && ok "$name: reading resumed" \
+    || bad_log "$name: never resumed" "$T/kvb-$name.log"
+  local want holes msgs
+  want=$(rec_counts "$T/rec-$name" all)
+  holes=$(tail_stat "tail-$name" holes)
+  msgs=$(tail_stat "tail-$name" messages)
+  echo "     $name: engine events=$(field events "$want"), router events received=$msgs," \
+       "event_id holes (lost by core NATS when A died)=$holes"
+  expect_eq "$name: no duplicates" "$(tail_stat "tail-$name" dups)" 0
+  expect_eq "$name: no reordering" "$(tail_stat "tail-$name" reorders)" 0
+  expect_eq "$name: no malformed message" "$(tail_stat "tail-$name" bad)" 0
+  if [ "$name" = replay ]; then
+    expect_ge "$name: replay requested" "$(count_log "$T/kvb-$name.log" 'requesting seq')" 1
+    expect_eq "$name: replay never failed" "$(count_log "$T/kvb-$name.log" 'not recovered')" 0
+    expect_eq "$name: only the start barrier" "$(tail_stat "tail-$name" cleared)" 1
+    # everything the engine sent arrived but what core NATS dropped in flight
+    expect_eq "$name: received + lost in flight = engine events + start barrier" \
+      "$((msgs + holes))" "$(($(field events "$want") + 1))"
+  else
+    expect_ge "$name: barrier after the outage" "$(tail_stat "tail-$name" cleared)" 2
+    expect_ge "$name: kvbridge says the gap was not recovered" \
+      "$(count_log "$T/kvb-$name.log" 'not recovered\|replay starts at')" 1
+  fi
+  signal_pid "$kpid" TERM 15
+  expect_eq "$name: kvbridge exit code" "$RC" 0
+}
+
+run_case replay 10000
+run_case small 100
+finish
