@@ -37,24 +37,36 @@ static const char digits2[201] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
+static const uint64_t pow10_tab[20] = {
+    1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
+    100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL,
+    10000000000000ULL, 100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
+    100000000000000000ULL, 1000000000000000000ULL, 10000000000000000000ULL};
+
+/* Digits of v: log10 estimated from the bit length, corrected by one compare. */
+static inline unsigned dec_len(uint64_t v)
+{
+    unsigned t = (unsigned)(64 - __builtin_clzll(v | 1)) * 1233 >> 12;
+    return t + 1 - (v < pow10_tab[t] && t > 0);
+}
+
+/* Written backwards, two digits per step, straight into place. */
 size_t kvb_u64_to_dec(char *p, uint64_t v)
 {
-    char tmp[20];
-    char *t = tmp + sizeof(tmp);
+    unsigned n = dec_len(v);
+    char *e = p + n;
     while (v >= 100) {
         unsigned r = (unsigned)(v % 100);
         v /= 100;
-        t -= 2;
-        memcpy(t, digits2 + 2 * r, 2);
+        e -= 2;
+        memcpy(e, digits2 + 2 * r, 2);
     }
     if (v >= 10) {
-        t -= 2;
-        memcpy(t, digits2 + 2 * v, 2);
+        e -= 2;
+        memcpy(e, digits2 + 2 * v, 2);
     } else {
-        *--t = (char)('0' + v);
+        *--e = (char)('0' + v);
     }
-    size_t n = (size_t)(tmp + sizeof(tmp) - t);
-    memcpy(p, t, n);
     return n;
 }
 
