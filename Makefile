@@ -24,7 +24,8 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/tests/%)
 ITEST    := $(sort $(wildcard tests/integration/test_*.sh))
 
 DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
-            check libxxhash-dev libmicrohttpd-dev libsystemd-dev nats-server valgrind
+            check libxxhash-dev libmicrohttpd-dev libsystemd-dev nats-server valgrind \
+            systemd strace openssl curl
 
 # keep objects of pattern-built binaries
 .SECONDARY:

@@ -34,6 +34,13 @@ struct kvb_ratelimit {
 void kvb_log_rl(struct kvb_ratelimit *rl, int level, const char *stage, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Log each line of text (e.g. collected FILE:LINE:COL errors) at level. */
+void kvb_log_lines(int level, const char *stage, const char *text);
+
+/* Load a config file, logging its errors through this module (so that they
+ * carry the journal priority).  Same return as kvb_config_load(). */
+int kvb_config_load_logged(const char *path, struct kvb_config **out);
+
 #define kvb_err(stage, ...) kvb_log(KVB_LOG_ERROR, stage, __VA_ARGS__)
 #define kvb_warn(stage, ...) kvb_log(KVB_LOG_WARN, stage, __VA_ARGS__)
 #define kvb_info(stage, ...) kvb_log(KVB_LOG_INFO, stage, __VA_ARGS__)

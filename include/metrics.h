@@ -58,7 +58,7 @@
 /* kind, name, label name, value list, help */
 #define KVB_METRICS(X)                                                         \
     X(counter, batches_received_total, "", KVB_NO_LABEL,                       \
-      "Engine batches received with a valid frame")                            \
+      "Engine batches decoded and applied (live or replayed)")                            \
     X(counter, events_received_total, "type", KVB_EVENT_TYPES,                 \
       "Engine events decoded, by type")                                        \
     X(counter, router_events_published_total, "type", KVB_REV_TYPES,           \
@@ -117,7 +117,7 @@
 /* Per stream (source endpoint, topic), labels source and topic. */
 #define KVB_STREAM_METRICS(X)                                                  \
     X(counter, source_batches_received_total, batches,                         \
-      "Engine batches received, by stream")                                    \
+      "Engine batches applied (live or replayed), by stream")                                    \
     X(counter, source_events_received_total, events,                           \
       "Engine events decoded, by stream")                                      \
     X(counter, source_seq_gaps_total, gaps, "Sequence gaps, by stream")        \

@@ -18,6 +18,9 @@ struct kvb_stream {
     uint64_t last;      /* last seq applied */
     uint32_t n_ranks;   /* dp_ranks seen (and started) on this stream */
     uint32_t ranks[KVB_MAX_STREAM_RANKS];
+    uint64_t batches;   /* batches applied (live or replayed) */
+    uint64_t events;    /* engine events in them */
+    uint64_t gaps;      /* sequence gaps seen */
 };
 
 enum kvb_seq_verdict {

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -76,4 +77,29 @@ void kvb_log_rl(struct kvb_ratelimit *rl, int level, const char *stage, const ch
     va_start(ap, fmt);
     vlog(level, stage, fmt, ap);
     va_end(ap);
+}
+
+void kvb_log_lines(int level, const char *stage, const char *text)
+{
+    while (text && *text) {
+        const char *nl = strchr(text, '\n');
+        int n = nl ? (int)(nl - text) : (int)strlen(text);
+        if (n > 0)
+            kvb_log(level, stage, "%.*s", n, text);
+        text += n + (nl ? 1 : 0);
+    }
+}
+
+int kvb_config_load_logged(const char *path, struct kvb_config **out)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *err = open_memstream(&buf, &len);
+    int rc = kvb_config_load(path, out, err ? err : stderr);
+    if (err) {
+        fclose(err);
+        kvb_log_lines(KVB_LOG_ERROR, "config", buf);
+        free(buf);
+    }
+    return rc;
 }

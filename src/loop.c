@@ -2,6 +2,7 @@
 #include "loop.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -281,11 +282,19 @@ static void reload(struct kvb_daemon *d)
     clock_gettime(CLOCK_MONOTONIC, &now);
     sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu",
                (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_nsec / 1000);
-    if ((rc = kvb_config_load(d->cfg->path, &nc, stderr)) < 0) {
+    if ((rc = kvb_config_load_logged(d->cfg->path, &nc)) < 0) {
         kvb_err("main", "reload: %s is invalid, keeping the running configuration", d->cfg->path);
         return;
     }
-    if (kvb_config_check_reload(d->cfg, nc, stderr) < 0) {
+    char *why = NULL;
+    size_t why_len = 0;
+    FILE *wf = open_memstream(&why, &why_len);
+    rc = kvb_config_check_reload(d->cfg, nc, wf ? wf : stderr);
+    if (wf)
+        fclose(wf);
+    kvb_log_lines(KVB_LOG_ERROR, "config", why);
+    free(why);
+    if (rc < 0) {
         kvb_err("main", "reload: a changed key needs a restart, keeping the running configuration");
         goto fail;
     }
@@ -400,6 +409,12 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     heartbeat(d, now);
     update_gauges(d);
     long timeout = d->paused ? PAUSED_POLL_MS : (long)d->heartbeat_ms;
+    if (d->watchdog_ms) { /* wake in time for the next WATCHDOG=1 */
+        uint64_t due = d->last_watchdog + d->watchdog_ms;
+        long left = due > now ? (long)(due - now) : 0;
+        if (left < timeout)
+            timeout = left;
+    }
     for (size_t i = 0; i < d->n_src && n + 2 <= cap; i++) {
         void *sub = d->paused ? NULL : kvb_source_sub(d->src[i]);
         void *rs = d->paused ? NULL : kvb_source_replay(d->src[i]);

@@ -59,7 +59,8 @@ int main(int argc, char **argv)
     }
     kvb_log_init();
     struct kvb_config *cfg = NULL;
-    if (kvb_config_load(path, &cfg, stderr) < 0)
+    /* --check talks to a person: plain lines; a daemon logs them */
+    if ((check ? kvb_config_load(path, &cfg, stderr) : kvb_config_load_logged(path, &cfg)) < 0)
         return KVB_EX_CONFIG;
     if (check) {
         printf("%s: ok\n", path);

@@ -141,6 +141,8 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
     p->last.n_events = rc == 0 ? b.n_events : 0;
     if (rc < 0)
         return malformed(p, s, seq, kvb_decode_strerror(rc));
+    s->batches++;
+    s->events += b.n_events;
     uint32_t rank = b.dp_rank.has ? (uint32_t)b.dp_rank.v : s->cfg_rank;
     int n = 0;
     if (!kvb_stream_has_rank(s, rank)) {
@@ -187,6 +189,7 @@ int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq
     switch (kvb_seq_classify(s, seq)) {
     case KVB_SEQ_GAP:
         kvb_inc(&p->m->seq_gaps_total[0]);
+        s->gaps++;
         kvb_log(KVB_LOG_WARN, "source", "%s: seq gap: %llu missing before %llu, publishing barrier",
                 s->name, (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
         rc = kvb_pipeline_barrier(p, s, KVB_BAR_GAP);

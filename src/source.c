@@ -394,6 +394,7 @@ static int finish_replay(struct kvb_source *s, struct kvb_pipeline *p, const cha
             continue; /* already applied from the replay */
         if (i > 0 && kvb_seq_classify(st, h->seq) == KVB_SEQ_GAP) {
             kvb_inc(&s->m->seq_gaps_total[0]);
+            st->gaps++;
             kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay",
                      stm->name, (unsigned long long)kvb_seq_missing(st, h->seq),
                      (unsigned long long)h->seq);
@@ -450,7 +451,7 @@ static int on_replay_batch(struct kvb_source *s, struct kvb_pipeline *p, uint64_
     return kvb_pipeline_apply(p, st, seq, data, len);
 }
 
-int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
+static int read_replay(struct kvb_source *s, struct kvb_pipeline *p)
 {
     zmq_msg_t f[4];
     int total = 0;
@@ -490,7 +491,7 @@ long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
     return s->rp.deadline_ms > now_ms ? (long)(s->rp.deadline_ms - now_ms) : 0;
 }
 
-void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
+static void tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
 {
     struct replay *rp = &s->rp;
     if (rp->active && now_ms >= rp->deadline_ms) {
@@ -521,22 +522,30 @@ static uint64_t clock_ns(clockid_t id)
 }
 static uint64_t mono_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
-/* Metrics for one live message: per-stream counters and, when the batch was
- * applied now (not held for a replay), its processing time and its delay
- * from the engine's timestamp. */
-static void observe(struct kvb_source *s, struct kvb_pipeline *p, struct stream *st,
-                    uint64_t serial_before, uint64_t t0)
+/* Per-stream series: copied from the streams (which the pipeline and the
+ * replay code keep) after each entry point, live or replay. */
+static void sync_slots(struct kvb_source *s)
 {
-    const struct kvb_batch_info *b = kvb_pipeline_last_batch(p);
-    if (st->slot) {
-        kvb_inc(&st->slot->batches);
+    for (size_t i = 0; i < s->n_streams; i++) {
+        struct stream *st = s->streams[i];
+        if (!st->slot)
+            continue;
+        kvb_set(&st->slot->batches, st->st.batches);
+        kvb_set(&st->slot->events, st->st.events);
+        kvb_set(&st->slot->gaps, st->st.gaps);
         kvb_set(&st->slot->last_seq, st->st.last);
     }
+}
+
+/* Latency metrics for one live message applied now (not held for a
+ * replay): its processing time and its delay from the engine's timestamp. */
+static void observe(struct kvb_source *s, struct kvb_pipeline *p, uint64_t serial_before,
+                    uint64_t t0)
+{
+    const struct kvb_batch_info *b = kvb_pipeline_last_batch(p);
     if (b->serial == serial_before)
         return;
     KVB_OBSERVE(s->m, batch_processing_seconds, mono_ns() - t0);
-    if (st->slot)
-        kvb_add(&st->slot->events, b->n_events);
     if (b->decoded && b->ts > 0) {
         double now = (double)clock_ns(CLOCK_REALTIME) / 1e9;
         if (now >= b->ts)
@@ -558,10 +567,9 @@ static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *
         return kvb_pipeline_live(p, &st->st, seq, data, len);
     }
     int v = kvb_seq_classify(&st->st, seq);
-    if (v == KVB_SEQ_GAP && st->slot)
-        kvb_inc(&st->slot->gaps);
     if (v == KVB_SEQ_GAP && s->replay_endpoint[0] && !rp->active) {
         kvb_inc(&s->m->seq_gaps_total[0]);
+        st->st.gaps++;
         kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
                  (unsigned long long)kvb_seq_missing(&st->st, seq), (unsigned long long)seq);
         int rc = start_replay(s, st, seq);
@@ -581,7 +589,7 @@ static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *
     return kvb_pipeline_live(p, &st->st, seq, data, len);
 }
 
-int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
+static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
     zmq_msg_t f[3];
     int got = 0;
@@ -617,11 +625,33 @@ int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = mono_ns();
             rc = on_live(s, p, st, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]),
                          zmq_msg_size(&f[2]));
-            observe(s, p, st, serial, t0);
+            observe(s, p, serial, t0);
         }
         close_frames(f, n, 3);
         if (rc < 0)
             return rc;
     }
     return got;
+}
+
+/* ---- entry points: the work, then the per-stream metrics ---------------- */
+
+int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
+{
+    int rc = read_live(s, p, budget);
+    sync_slots(s);
+    return rc;
+}
+
+int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
+{
+    int rc = read_replay(s, p);
+    sync_slots(s);
+    return rc;
+}
+
+void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
+{
+    tick(s, p, now_ms);
+    sync_slots(s);
 }

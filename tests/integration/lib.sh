@@ -2,7 +2,7 @@
 # and stopped by PID, bounded waits.  Source it from a test_*.sh script.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-BIN=$ROOT/build
+BIN=${KVB_BIN:-$ROOT/build}
 T=$(mktemp -d /tmp/kvb-it.XXXXXX)
 PIDS=()
 PASS=0

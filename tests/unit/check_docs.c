@@ -1,0 +1,525 @@
+/* docs: the man page (docs/kvbridge.8) and the Grafana board
+ * (conf/grafana-kvbridge.json) cannot drift from the code (design.md rule 10):
+ *   - every metric family of the X-macro lists (metrics.h) has its own entry
+ *     in the man page (".TP" then ".B kvbridge_NAME") naming its kind, its
+ *     label and every label value; and every kvbridge_ entry is a real metric
+ *   - every key of conf/kvbridge.yaml has an entry (".B key", dotted path,
+ *     "sources[].x" for the keys of each source) stating its default, and
+ *     "restart" when the example says changing it needs a restart; and every
+ *     entry of CONFIGURATION is a real key; "required" for required keys
+ *   - every option of `kvbridge --help`, the exit codes, signals, sections and
+ *     the version (version.h) in the .TH line
+ *   - the Grafana board queries every metric family and nothing else.
+ * Run from the project root (reads docs/, conf/ and build/kvbridge). */
+#include <check.h>
+
+#include "testutil.h"
+#include <ctype.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "metrics.h"
+#include "version.h"
+
+#define MAN "docs/kvbridge.8"
+#define EXAMPLE "conf/kvbridge.yaml"
+#define GRAFANA "conf/grafana-kvbridge.json"
+
+/* ---- the man page as entries -------------------------------------------- */
+
+/* Roff source to plain text: drop \: \% \& \c, \- -> -, \(dq -> ", \e -> \,
+ * font escapes \fB \fI \fR \fP removed. */
+static char *plain(const char *s, size_t n)
+{
+    char *o = malloc(n + 1), *w = o;
+    ck_assert(o != NULL);
+    for (size_t i = 0; i < n;) {
+        if (s[i] == '\\' && i + 1 < n) {
+            char c = s[i + 1];
+            if (c == ':' || c == '%' || c == '&' || c == 'c') {
+                i += 2;
+            } else if (c == '-') {
+                *w++ = '-';
+                i += 2;
+            } else if (c == 'e') {
+                *w++ = '\\';
+                i += 2;
+            } else if (c == 'f' && i + 2 < n) {
+                i += 3;
+            } else if (c == '(' && i + 3 < n && strncmp(s + i + 2, "dq", 2) == 0) {
+                *w++ = '"';
+                i += 4;
+            } else {
+                *w++ = s[i++];
+            }
+        } else {
+            *w++ = s[i++];
+        }
+    }
+    *w = '\0';
+    return o;
+}
+
+struct entry {
+    char *tag;     /* plain text after ".B " */
+    char *section; /* the .SH it is in */
+    char *text;    /* plain text of the tag line and the paragraph */
+};
+
+struct man {
+    char *src;   /* whole file */
+    char *all;   /* plain text of the whole file */
+    struct entry *e;
+    size_t n;
+};
+
+static bool starts(const char *line, const char *p) { return strncmp(line, p, strlen(p)) == 0; }
+
+static struct man man_load(void)
+{
+    struct man m = {0};
+    size_t len;
+    m.src = (char *)read_all(MAN, &len);
+    m.all = plain(m.src, len);
+    /* lines */
+    size_t nl = 0, cap = 64;
+    char **lines = malloc(cap * sizeof(*lines));
+    ck_assert(lines != NULL);
+    char *copy = strdup(m.src);
+    ck_assert(copy != NULL);
+    for (char *save = NULL, *l = strtok_r(copy, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (nl == cap) {
+            cap *= 2;
+            lines = realloc(lines, cap * sizeof(*lines));
+            ck_assert(lines != NULL);
+        }
+        lines[nl++] = l;
+    }
+    m.e = calloc(nl, sizeof(*m.e));
+    ck_assert(m.e != NULL);
+    const char *section = "";
+    for (size_t i = 0; i < nl; i++) {
+        if (starts(lines[i], ".SH "))
+            section = lines[i] + 4;
+        if (strcmp(lines[i], ".TP") != 0 || i + 1 >= nl || !starts(lines[i + 1], ".B "))
+            continue;
+        struct entry *e = &m.e[m.n++];
+        e->tag = plain(lines[i + 1] + 3, strlen(lines[i + 1] + 3));
+        e->section = plain(section, strlen(section));
+        size_t tl = 0;
+        for (size_t j = i + 1; j < nl; j++) {
+            if (j > i + 1 && (starts(lines[j], ".TP") || starts(lines[j], ".SH") ||
+                              starts(lines[j], ".SS") || starts(lines[j], ".PP")))
+                break;
+            tl += strlen(lines[j]) + 1;
+        }
+        char *raw = malloc(tl + 1), *w = raw;
+        ck_assert(raw != NULL);
+        for (size_t j = i + 1; j < nl; j++) {
+            if (j > i + 1 && (starts(lines[j], ".TP") || starts(lines[j], ".SH") ||
+                              starts(lines[j], ".SS") || starts(lines[j], ".PP")))
+                break;
+            size_t k = strlen(lines[j]);
+            memcpy(w, lines[j], k);
+            w += k;
+            *w++ = '\n';
+        }
+        *w = '\0';
+        e->text = plain(raw, (size_t)(w - raw));
+        free(raw);
+    }
+    free(lines);
+    free(copy);
+    return m;
+}
+
+static void man_free(struct man *m)
+{
+    for (size_t i = 0; i < m->n; i++) {
+        free(m->e[i].tag);
+        free(m->e[i].section);
+        free(m->e[i].text);
+    }
+    free(m->e);
+    free(m->src);
+    free(m->all);
+}
+
+static const struct entry *man_entry(const struct man *m, const char *tag)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (strcmp(m->e[i].tag, tag) == 0)
+            return &m->e[i];
+    return NULL;
+}
+
+/* The plain text of section NAME (up to the next .SH), malloc'ed. */
+static char *man_section(const struct man *m, const char *name)
+{
+    char head[64];
+    snprintf(head, sizeof(head), "\n.SH %s\n", name);
+    const char *a = strstr(m->all, head);
+    if (!a)
+        return strdup("");
+    a += strlen(head);
+    const char *b = strstr(a, "\n.SH ");
+    size_t n = b ? (size_t)(b - a) : strlen(a);
+    char *s = malloc(n + 1);
+    ck_assert(s != NULL);
+    memcpy(s, a, n);
+    s[n] = '\0';
+    return s;
+}
+
+/* ---- the metric families ------------------------------------------------ */
+
+struct family {
+    const char *name; /* without the kvbridge_ prefix */
+    const char *kind; /* counter, gauge, histogram */
+    const char *label; /* "" when none */
+    const char *values[16];
+    int n_values;
+};
+
+#define KVB_VAL(s, str) str,
+#define FAM_METRIC(kind, name, label, list, help)                              \
+    {#name, #kind, label, {list(KVB_VAL)}, KVB_COUNT_OF(list)},
+#define FAM_HIST(name, buckets, help) {#name, "histogram", "", {""}, 0},
+#define FAM_STREAM(kind, name, field, help) {#name, #kind, "source", {""}, 0},
+static const struct family families[] = {
+    KVB_METRICS(FAM_METRIC) KVB_HISTOGRAMS(FAM_HIST) KVB_STREAM_METRICS(FAM_STREAM)
+    {"build_info", "gauge", "version", {""}, 0},
+};
+#define N_FAMILIES (sizeof(families) / sizeof(families[0]))
+
+static const struct family *family_named(const char *name, size_t len)
+{
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (strlen(families[i].name) == len && strncmp(families[i].name, name, len) == 0)
+            return &families[i];
+    return NULL;
+}
+
+/* ---- conf/kvbridge.yaml keys -------------------------------------------- */
+
+struct key {
+    char path[128];
+    char value[256];   /* unquoted; "" when none (sections) */
+    bool restart;      /* its comment says changing it needs a restart */
+    bool required;     /* its comment says Required: the value is an example */
+    bool section;      /* a mapping of keys, not a key */
+};
+
+static size_t example_keys(struct key *out, size_t cap)
+{
+    size_t len, n = 0;
+    char *text = (char *)read_all(EXAMPLE, &len);
+    struct { int indent; char name[64]; bool list; } stack[8];
+    int depth = 0;
+    char comment[2048] = "";
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        int ind = 0;
+        while (l[ind] == ' ')
+            ind++;
+        if (l[ind] == '#') {
+            strncat(comment, l + ind + 1, sizeof(comment) - strlen(comment) - 1);
+            continue;
+        }
+        bool item = l[ind] == '-' && l[ind + 1] == ' ';
+        if (item) {
+            ind += 2;
+            /* the list key is the innermost key above this indentation */
+            for (int d = depth - 1; d >= 0; d--)
+                if (stack[d].indent < ind) {
+                    stack[d].list = true;
+                    if (n > 0 && strcmp(out[n - 1].path, stack[d].name) == 0)
+                        out[n - 1].section = false; /* a list is a key */
+                    break;
+                }
+        }
+        const char *k = l + ind, *colon = strchr(k, ':');
+        ck_assert_msg(colon != NULL, EXAMPLE ": cannot parse line '%s'", l);
+        while (depth > 0 && stack[depth - 1].indent >= ind)
+            depth--;
+        ck_assert(depth < 8 && n < cap);
+        struct key *out_k = &out[n++];
+        memset(out_k, 0, sizeof(*out_k));
+        for (int d = 0; d < depth; d++) {
+            strncat(out_k->path, stack[d].name, sizeof(out_k->path) - strlen(out_k->path) - 1);
+            if (stack[d].list)
+                strncat(out_k->path, "[]", sizeof(out_k->path) - strlen(out_k->path) - 1);
+            strncat(out_k->path, ".", sizeof(out_k->path) - strlen(out_k->path) - 1);
+        }
+        strncat(out_k->path, k, (size_t)(colon - k));
+        const char *v = colon + 1;
+        while (*v == ' ')
+            v++;
+        size_t vl = strlen(v);
+        if (vl >= 2 && v[0] == '"' && v[vl - 1] == '"') {
+            v++;
+            vl -= 2;
+        }
+        ck_assert(vl < sizeof(out_k->value));
+        memcpy(out_k->value, v, vl);
+        out_k->section = vl == 0 && colon[1] == '\0';
+        /* comment lines are joined with the space that follows each '#' */
+        out_k->restart = strstr(comment, "needs a restart") != NULL;
+        out_k->required = strstr(comment, "Required.") != NULL;
+        comment[0] = '\0';
+        stack[depth].indent = ind;
+        snprintf(stack[depth].name, sizeof(stack[depth].name), "%.*s", (int)(colon - k), k);
+        stack[depth].list = false;
+        depth++;
+    }
+    free(text);
+    return n;
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+START_TEST(every_metric_documented)
+{
+    struct man m = man_load();
+    for (size_t i = 0; i < N_FAMILIES; i++) {
+        const struct family *f = &families[i];
+        char tag[128];
+        snprintf(tag, sizeof(tag), "kvbridge_%s", f->name);
+        const struct entry *e = man_entry(&m, tag);
+        ck_assert_msg(e != NULL, MAN ": no entry (.TP, .B %s) for metric %s", tag, tag);
+        ck_assert_msg(strcmp(e->section, "METRICS") == 0, MAN ": %s is not under METRICS", tag);
+        char kind[32];
+        snprintf(kind, sizeof(kind), "%c%s", toupper((unsigned char)f->kind[0]), f->kind + 1);
+        ck_assert_msg(strstr(e->text, kind), MAN ": %s: entry does not say '%s'", tag, kind);
+        if (f->label[0] && strcmp(f->label, "source") != 0) /* stream labels: section text */
+            ck_assert_msg(strstr(e->text, f->label), MAN ": %s: label '%s' not named", tag,
+                          f->label);
+        for (int v = 0; v < f->n_values; v++) {
+            if (!f->values[v][0])
+                continue;
+            ck_assert_msg(strstr(e->text, f->values[v]),
+                          MAN ": %s: label value '%s' not documented", tag, f->values[v]);
+        }
+    }
+    /* stream metrics: the section names both labels */
+    char *metrics = man_section(&m, "METRICS");
+    ck_assert_msg(strstr(metrics, ".B source\n") && strstr(metrics, ".B topic\n"),
+                  MAN ": the per-stream labels source and topic are not named");
+    /* histograms: _bucket with le, _sum, _count */
+    ck_assert_msg(strstr(metrics, "_bucket") && strstr(metrics, "_sum") && strstr(metrics, "_count") &&
+                      strstr(metrics, ".BR le "),
+                  MAN ": the histogram series are not described");
+    free(metrics);
+    man_free(&m);
+}
+END_TEST
+
+START_TEST(only_real_metrics_documented)
+{
+    struct man m = man_load();
+    for (size_t i = 0; i < m.n; i++) {
+        const char *t = m.e[i].tag;
+        if (!starts(t, "kvbridge_"))
+            continue;
+        ck_assert_msg(family_named(t + 9, strlen(t + 9)) != NULL,
+                      MAN ": entry %s is not a metric of metrics.h", t);
+    }
+    man_free(&m);
+}
+END_TEST
+
+START_TEST(probes_documented)
+{
+    struct man m = man_load();
+    static const char *const probes[] = {"/metrics", "/healthz", "/readyz"};
+    for (size_t i = 0; i < sizeof(probes) / sizeof(probes[0]); i++) {
+        const struct entry *e = man_entry(&m, probes[i]);
+        ck_assert_msg(e != NULL && strcmp(e->section, "METRICS") == 0,
+                      MAN ": no entry for %s under METRICS", probes[i]);
+    }
+    ck_assert_msg(strstr(man_entry(&m, "/healthz")->text, "503") &&
+                      strstr(man_entry(&m, "/readyz")->text, "503"),
+                  MAN ": /healthz and /readyz must say when they answer 503");
+    man_free(&m);
+}
+END_TEST
+
+START_TEST(every_key_documented)
+{
+    static struct key keys[256];
+    size_t n = example_keys(keys, 256);
+    ck_assert_uint_ge(n, 30);
+    struct man m = man_load();
+    size_t checked = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct key *k = &keys[i];
+        if (k->section)
+            continue;
+        const struct entry *e = man_entry(&m, k->path);
+        ck_assert_msg(e != NULL, MAN ": no entry (.TP, .B %s) for the key %s of " EXAMPLE,
+                      k->path, k->path);
+        ck_assert_msg(strcmp(e->section, "CONFIGURATION") == 0,
+                      MAN ": %s is not under CONFIGURATION", k->path);
+        if (k->required)
+            ck_assert_msg(strstr(e->text, "required"),
+                          MAN ": %s is required (" EXAMPLE ") but its entry does not say so",
+                          k->path);
+        else if (k->value[0])
+            ck_assert_msg(strstr(e->text, k->value),
+                          MAN ": %s: the default '%s' of " EXAMPLE " is not in its entry",
+                          k->path, k->value);
+        if (k->restart)
+            ck_assert_msg(strstr(e->text, "restart"),
+                          MAN ": %s needs a restart (" EXAMPLE ") but its entry does not say so",
+                          k->path);
+        checked++;
+    }
+    ck_assert_uint_ge(checked, 30);
+    /* the other way: every entry under CONFIGURATION is a key */
+    for (size_t i = 0; i < m.n; i++) {
+        if (strcmp(m.e[i].section, "CONFIGURATION") != 0)
+            continue;
+        bool found = false;
+        for (size_t j = 0; j < n && !found; j++)
+            found = !keys[j].section && strcmp(keys[j].path, m.e[i].tag) == 0;
+        ck_assert_msg(found, MAN ": CONFIGURATION documents '%s', which is not a key of " EXAMPLE,
+                      m.e[i].tag);
+    }
+    man_free(&m);
+}
+END_TEST
+
+START_TEST(sections_signals_exit_codes)
+{
+    struct man m = man_load();
+    static const char *const sections[] = {"NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS",
+                                           "CONFIGURATION", "SIGNALS", "EXIT STATUS",
+                                           "METRICS", "FILES", "SEE ALSO"};
+    for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++) {
+        char h[64];
+        snprintf(h, sizeof(h), "\n.SH %s\n", sections[i]);
+        ck_assert_msg(strstr(m.src, h), MAN ": no section %s", sections[i]);
+    }
+    char th[64];
+    snprintf(th, sizeof(th), "\"kvbridge %s\"", KVB_VERSION);
+    ck_assert_msg(strstr(m.src, th), MAN ": the .TH line must name %s (version.h)", th);
+    char *sig = man_section(&m, "SIGNALS");
+    ck_assert_msg(strstr(sig, "SIGHUP") && strstr(sig, "SIGTERM") && strstr(sig, "SIGINT"),
+                  MAN ": SIGNALS must cover SIGHUP, SIGTERM and SIGINT");
+    free(sig);
+    char *ex = man_section(&m, "EXIT STATUS");
+    char codes[4][8];
+    snprintf(codes[0], 8, ".B 0\n");
+    snprintf(codes[1], 8, ".B %d\n", KVB_EX_CONFIG);
+    snprintf(codes[2], 8, ".B %d\n", KVB_EX_UNAVAILABLE);
+    snprintf(codes[3], 8, ".B 1\n");
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(strstr(ex, codes[i]), MAN ": EXIT STATUS lacks %.3s", codes[i]);
+    free(ex);
+    man_free(&m);
+}
+END_TEST
+
+/* Every option `kvbridge --help` prints is in OPTIONS (skipped, with a
+ * message, when build/kvbridge was not built). */
+START_TEST(every_option_documented)
+{
+    const char *bin = getenv("KVB_BIN") ? getenv("KVB_BIN") : "build/kvbridge";
+    if (access(bin, X_OK) != 0) {
+        fprintf(stderr, "check_docs: %s not built: options not checked\n", bin);
+        return;
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s --help 2>&1", bin);
+    FILE *p = popen(cmd, "r");
+    ck_assert(p != NULL);
+    char help[8192];
+    size_t hl = fread(help, 1, sizeof(help) - 1, p);
+    help[hl] = '\0';
+    ck_assert_int_eq(pclose(p), 0);
+    struct man m = man_load();
+    char *opts = man_section(&m, "OPTIONS");
+    char *syn = man_section(&m, "SYNOPSIS");
+    int found = 0;
+    for (const char *s = help; (s = strchr(s, '-')) != NULL;) {
+        bool boundary = s == help || s[-1] == ' ' || s[-1] == '\n' || s[-1] == '[' || s[-1] == '|';
+        size_t n = 1;
+        if (s[1] == '-')
+            n = 2;
+        if (!boundary || !isalpha((unsigned char)s[n])) {
+            s += n;
+            continue;
+        }
+        while (isalnum((unsigned char)s[n]) || s[n] == '-')
+            n++;
+        char opt[64];
+        snprintf(opt, sizeof(opt), "%.*s", (int)n, s);
+        s += n;
+        if (opt[1] != '-' && strlen(opt) != 2)
+            continue; /* not an option: a word with a dash */
+        ck_assert_msg(strstr(opts, opt), MAN ": option %s (kvbridge --help) not in OPTIONS", opt);
+        found++;
+    }
+    ck_assert_int_ge(found, 4); /* -c --config --check --version -h --help */
+    ck_assert_msg(strstr(syn, "--check") && strstr(syn, "--version") && strstr(syn, "--help"),
+                  MAN ": SYNOPSIS must show -c FILE [--check], --version and --help");
+    free(opts);
+    free(syn);
+    man_free(&m);
+}
+END_TEST
+
+/* The board queries every metric family, and only metrics that exist. */
+START_TEST(grafana_matches_metrics)
+{
+    size_t len;
+    char *g = (char *)read_all(GRAFANA, &len);
+    bool used[N_FAMILIES] = {false};
+    for (const char *s = g; (s = strstr(s, "kvbridge_")) != NULL;) {
+        const char *name = s + 9;
+        size_t n = 0;
+        while (islower((unsigned char)name[n]) || isdigit((unsigned char)name[n]) || name[n] == '_')
+            n++;
+        s = name + n;
+        if (n == 0)
+            continue;
+        const struct family *f = family_named(name, n);
+        if (!f) {
+            static const char *const sfx[] = {"_bucket", "_sum", "_count"};
+            for (size_t i = 0; i < 3 && !f; i++) {
+                size_t sl = strlen(sfx[i]);
+                if (n > sl && strncmp(name + n - sl, sfx[i], sl) == 0) {
+                    f = family_named(name, n - sl);
+                    if (f && strcmp(f->kind, "histogram") != 0)
+                        f = NULL;
+                }
+            }
+        }
+        ck_assert_msg(f != NULL, GRAFANA ": kvbridge_%.*s is not a metric", (int)n, name);
+        used[f - families] = true;
+    }
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        ck_assert_msg(used[i], GRAFANA ": no panel shows kvbridge_%s", families[i].name);
+    free(g);
+}
+END_TEST
+
+static Suite *docs_suite(void)
+{
+    Suite *s = suite_create("docs");
+    TCase *tc = tcase_create("docs");
+    tcase_add_test(tc, every_metric_documented);
+    tcase_add_test(tc, only_real_metrics_documented);
+    tcase_add_test(tc, probes_documented);
+    tcase_add_test(tc, every_key_documented);
+    tcase_add_test(tc, sections_signals_exit_codes);
+    tcase_add_test(tc, every_option_documented);
+    tcase_add_test(tc, grafana_matches_metrics);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return kvb_run_suite(docs_suite()); }
