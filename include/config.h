@@ -54,12 +54,35 @@ struct kvb_config {
         char *namespace_;
         char *component;
         int format;           /* enum kvb_format */
-        char *credentials;    /* "" = none */
+        /* Authentication: at most one method (user+password, token, nkey,
+         * credentials).  Paths are resolved at load (a relative name is looked
+         * up in $CREDENTIALS_DIRECTORY when set, else next to the config
+         * file) and were readable then.  Secrets (password, token, nkey_seed)
+         * hold the value itself, from the file or from its *_file; they are
+         * never printed, and kvb_config_free() zeroes them. */
+        char *credentials;    /* .creds file (user JWT + seed); "" = none */
+        char *user;           /* "" = none; with password */
+        char *password;       /* secret; "" = none */
+        char *password_file;  /* the file password was read from; "" = none */
+        char *token;          /* secret; "" = none */
+        char *token_file;     /* "" = none */
+        char *nkey_seed;      /* secret: a user NKey seed "SU..."; "" = none */
+        char *nkey_seed_file; /* "" = none */
+        char *nkey_public;    /* derived from nkey_seed ("U..."); "" = none.
+                               * Not a key of the file. */
         uint32_t connect_timeout_ms;     /* 0 = wait for NATS forever at start */
         uint64_t reconnect_buffer_bytes; /* nats.c reconnect buffer */
         uint32_t reconnect_wait_ms;      /* first backoff step */
         uint32_t reconnect_wait_max_ms;  /* backoff ceiling */
         uint32_t flush_timeout_ms;       /* drain at shutdown */
+        struct {
+            bool enabled;     /* also true when a server URL is tls:// */
+            char *ca;         /* CA file (PEM); "" = the system trust store */
+            char *cert;       /* client certificate chain (PEM); "" = none */
+            char *key;        /* its private key (PEM); set iff cert is */
+            bool verify;      /* verify the server's certificate */
+            char *server_name; /* host name the certificate must match; "" = none */
+        } tls;
         struct {
             bool enabled;
             char *stream;     /* "" = namespace-{namespace}-component-{component}-kv-events */
@@ -99,10 +122,17 @@ struct kvb_config {
  * At most 100 errors are printed, then one "too many errors" line. */
 int kvb_config_load(const char *path, struct kvb_config **out, FILE *err);
 
+/* Frees everything; secrets (and the file's text and parse tree at load) are
+ * zeroed with explicit_bzero() first.  Accepts NULL and *cfg == NULL. */
 void kvb_config_free(struct kvb_config **cfg);
 
 /* Write the commented example (every key, its default and help) to f. */
 int kvb_config_write_example(FILE *f);
+
+/* True when every key the NATS connection is made from (servers, auth, TLS,
+ * reconnect settings: the rows flagged as such in the table) is equal in A
+ * and B, secrets included.  SIGHUP replaces the sink only when this is false. */
+bool kvb_config_nats_equal(const struct kvb_config *a, const struct kvb_config *b);
 
 /* SIGHUP: 0 when NEW may replace OLD in a running process; -EINVAL with a
  * message on err when a key that needs a restart changed. */

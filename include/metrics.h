@@ -47,7 +47,7 @@
 /* router-events.md section 6: why a "cleared" barrier was published. */
 #define KVB_BARRIER_CAUSES(X)                                                  \
     X(START, "start") X(GAP, "gap") X(RESTART, "restart")                      \
-    X(MALFORMED, "malformed_batch")
+    X(MALFORMED, "malformed_batch") X(NATS_LOST, "nats_lost")
 
 #define KVB_TIERS(X)                                                           \
     X(DEVICE, "device") X(HOST_PINNED, "host_pinned") X(DISK, "disk")          \

@@ -24,6 +24,14 @@
  * and are sent, in order, once a server is reached.  Messages still buffered
  * when the sink is destroyed are lost.
  *
+ * When a server refuses us (credentials, TLS) nats.c closes the connection
+ * instead of retrying, and drops its buffer: the sink then owns one thread
+ * that opens new connections with the same backoff, logging each refusal
+ * (rate-limited).  Meanwhile publish returns -EAGAIN and pending bytes read
+ * as the whole buffer (so the loop pauses the engines), and
+ * kvb_sink_losses() counts the buffers lost.  destroy may wait for an
+ * attempt in progress (about 2 x servers x min(2 s, connect timeout)).
+ *
  * The sink never calls nats_Close(): the process owner calls it (or
  * nats_CloseAndWait()) once at exit, after destroying every sink.
  */
@@ -48,7 +56,9 @@ int kvb_subject_expand(const char *tmpl, const char *ns, const char *component,
  * (or an eventfd), -1 for none.  Returns 0 or a negative errno; when
  * cfg->nats.connect_timeout_ms is 0 the sink keeps retrying in the background
  * (publishes are buffered by nats.c up to reconnect_buffer_bytes), otherwise
- * -ETIMEDOUT if no server answered in time. */
+ * -ETIMEDOUT if no server answered in time, or -EACCES at once when a server
+ * refused us (credentials, TLS).  -EINVAL: a CA / certificate file that is
+ * not valid PEM. */
 int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wake_fd,
                     struct kvb_sink **out);
 
@@ -75,5 +85,9 @@ int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms);
  * last callback so none can touch the freed sink, free.  Does not call
  * nats_Close(). */
 void kvb_sink_destroy(struct kvb_sink **s);
+
+/* How many times nats.c gave up a connection (its buffered publishes are
+ * then lost).  The loop publishes a "cleared" barrier after each. */
+uint64_t kvb_sink_losses(const struct kvb_sink *s);
 
 #endif

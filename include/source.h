@@ -66,6 +66,9 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms);
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms);
 
+/* "cleared" for every dp_rank of every stream of this source. */
+int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause);
+
 /* Last seq per stream, for metrics: calls fn for each stream. */
 void kvb_source_foreach_stream(const struct kvb_source *s,
                                void (*fn)(void *ctx, const char *source, const char *topic,

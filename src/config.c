@@ -22,6 +22,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -31,6 +33,8 @@
 #define MAX_SOURCES 1024
 #define MAX_ERRORS 100            /* printed; the rest are counted */
 #define MAX_SHOWN 60              /* bytes of a user value quoted in a message */
+#define MAX_SHOWN_PATH 240        /* bytes of a file name quoted in a message */
+#define MAX_SECRET_BYTES 65536    /* a password_file, token_file or nkey_seed_file */
 
 /* ------------------------------------------------------------------------ */
 /* The table                                                                 */
@@ -49,6 +53,10 @@ enum otype {
 
 #define F_REQUIRED 1u /* no default: absent is an error; def is the example's value */
 #define F_RELOAD 2u   /* SIGHUP may change it */
+#define F_SECRET 4u   /* T_STR never shown, zeroed when freed */
+#define F_PATH 8u     /* T_STR file name: resolved (see resolve_path()) and checked
+                       * readable at load; with .fills, read into that key */
+#define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
 
 struct ctx;
 struct node;
@@ -68,6 +76,7 @@ struct opt {
     const char *const *values; /* T_ENUM: allowed strings, NULL-terminated */
     unsigned flags;
     check_fn *check;
+    const char *fills; /* F_PATH: the F_SECRET key its file's content goes to */
     const char *help;
 };
 
@@ -83,9 +92,10 @@ static const char *const level_values[] = {"error", "warn", "info", "debug", NUL
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
 static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
-    check_format, check_listen;
+    check_format, check_listen, check_host;
 
 #define R F_RELOAD
+#define C F_CONN
 #define I32MAX ((uint64_t)INT32_MAX)
 
 static const struct opt opts[] = {
@@ -136,8 +146,9 @@ static const struct opt opts[] = {
      .help = "ZMQ_RCVHWM of the SUB socket, in messages (0 = no limit)."},
 
     {.key = "nats.servers", .type = T_STRLIST, .off = TOP(nats.servers, char **),
-     .noff = TOP(nats.n_servers, size_t), .def = "nats://127.0.0.1:4222", .flags = R,
-     .help = "NATS server URLs; list several for a cluster."},
+     .noff = TOP(nats.n_servers, size_t), .def = "nats://127.0.0.1:4222", .flags = R | C,
+     .help = "NATS server URLs; list several for a cluster. tls:// URLs turn on "
+             "nats.tls.enabled."},
     {.key = "nats.subject", .type = T_STR, .off = TOP(nats.subject, char *),
      .def = "namespace.{namespace}.component.{component}.kv_events", .flags = R,
      .check = check_subject,
@@ -153,23 +164,63 @@ static const struct opt opts[] = {
      .def = "dynamo-json", .values = format_values, .flags = R, .check = check_format,
      .help = "Wire format of the published events (dynamo-msgpack and raw are "
              "not supported yet)."},
+
+    /* Authentication: at most one of user + password, token, nkey_seed,
+     * credentials (check_auth()). */
     {.key = "nats.credentials", .type = T_STR, .off = TOP(nats.credentials, char *),
-     .def = "", .flags = R, .help = "NATS credentials (.creds) file; \"\" = none."},
+     .def = "", .flags = R | C | F_PATH,
+     .help = "Authentication with a NATS credentials file (.creds: user JWT and "
+             "NKey seed); \"\" = none. Like every file name below, a relative one is "
+             "looked up in $CREDENTIALS_DIRECTORY when that is set (systemd "
+             "LoadCredential=), otherwise next to this file. At most one "
+             "authentication method (credentials, user and password, token, "
+             "nkey_seed) may be set."},
+    {.key = "nats.user", .type = T_STR, .off = TOP(nats.user, char *), .def = "",
+     .flags = R | C,
+     .help = "User name for user/password authentication (with nats.password or "
+             "nats.password_file); \"\" = none."},
+    {.key = "nats.password", .type = T_STR, .off = TOP(nats.password, char *),
+     .def = "", .flags = R | C | F_SECRET,
+     .help = "Password of nats.user. Better kept out of this file: see "
+             "nats.password_file."},
+    {.key = "nats.password_file", .type = T_STR, .off = TOP(nats.password_file, char *),
+     .def = "", .flags = R | C | F_PATH, .fills = "nats.password",
+     .help = "File holding the password (a trailing newline is ignored), read at "
+             "start and on SIGHUP; \"\" = none."},
+    {.key = "nats.token", .type = T_STR, .off = TOP(nats.token, char *), .def = "",
+     .flags = R | C | F_SECRET,
+     .help = "Token for token authentication; \"\" = none. Better kept out of "
+             "this file: see nats.token_file."},
+    {.key = "nats.token_file", .type = T_STR, .off = TOP(nats.token_file, char *),
+     .def = "", .flags = R | C | F_PATH, .fills = "nats.token",
+     .help = "File holding the token (a trailing newline is ignored); \"\" = none."},
+    {.key = "nats.nkey_seed", .type = T_STR, .off = TOP(nats.nkey_seed, char *),
+     .def = "", .flags = R | C | F_SECRET,
+     .help = "User NKey seed (SU...) for NKey authentication: kvbridge derives the "
+             "public key and signs the server's challenge with it; \"\" = none. "
+             "Better kept out of this file: see nats.nkey_seed_file."},
+    {.key = "nats.nkey_seed_file", .type = T_STR,
+     .off = TOP(nats.nkey_seed_file, char *), .def = "",
+     .flags = R | C | F_PATH, .fills = "nats.nkey_seed",
+     .help = "File holding the user NKey seed (as written by nk -gen user); \"\" "
+             "= none."},
     {.key = "nats.connect_timeout_ms", .type = T_U32,
      .off = TOP(nats.connect_timeout_ms, uint32_t), .def = "0", .min = 0, .max = I32MAX,
      .flags = R,
      .help = "How long to wait for NATS at start before exiting with 69 "
-             "(EX_UNAVAILABLE), in milliseconds; 0 = wait forever."},
+             "(EX_UNAVAILABLE), in milliseconds; 0 = wait forever. A server that "
+             "rejects the credentials or the TLS handshake ends the wait at once "
+             "(with 0: retried, and logged, at every attempt)."},
     {.key = "nats.reconnect_buffer_bytes", .type = T_U64,
      .off = TOP(nats.reconnect_buffer_bytes, uint64_t), .def = "67108864", .min = 0,
-     .max = I32MAX, .flags = R,
+     .max = I32MAX, .flags = R | C,
      .help = "Bytes buffered while NATS is disconnected (64 MiB by default)."},
     {.key = "nats.reconnect_wait_ms", .type = T_U32,
      .off = TOP(nats.reconnect_wait_ms, uint32_t), .def = "100", .min = 1, .max = I32MAX,
-     .flags = R, .help = "First reconnect backoff step, in milliseconds."},
+     .flags = R | C, .help = "First reconnect backoff step, in milliseconds."},
     {.key = "nats.reconnect_wait_max_ms", .type = T_U32,
      .off = TOP(nats.reconnect_wait_max_ms, uint32_t), .def = "5000", .min = 1,
-     .max = I32MAX, .flags = R,
+     .max = I32MAX, .flags = R | C,
      .help = "Reconnect backoff ceiling, in milliseconds (at least "
              "nats.reconnect_wait_ms)."},
     {.key = "nats.flush_timeout_ms", .type = T_U32,
@@ -177,6 +228,30 @@ static const struct opt opts[] = {
      .flags = R,
      .help = "How long to drain pending messages to NATS at shutdown, in "
              "milliseconds."},
+
+    {.key = "nats.tls.enabled", .type = T_BOOL, .off = TOP(nats.tls.enabled, bool),
+     .def = "false", .flags = R | C,
+     .help = "Connect with TLS (also on when a server URL is tls://)."},
+    {.key = "nats.tls.ca", .type = T_STR, .off = TOP(nats.tls.ca, char *), .def = "",
+     .flags = R | C | F_PATH,
+     .help = "CA certificates (PEM) that verify the server; \"\" = the system's "
+             "trust store."},
+    {.key = "nats.tls.cert", .type = T_STR, .off = TOP(nats.tls.cert, char *), .def = "",
+     .flags = R | C | F_PATH,
+     .help = "Client certificate chain (PEM), for servers that verify clients "
+             "(with nats.tls.key); \"\" = none."},
+    {.key = "nats.tls.key", .type = T_STR, .off = TOP(nats.tls.key, char *), .def = "",
+     .flags = R | C | F_PATH,
+     .help = "Private key (PEM) of nats.tls.cert; \"\" = none."},
+    {.key = "nats.tls.verify", .type = T_BOOL, .off = TOP(nats.tls.verify, bool),
+     .def = "true", .flags = R | C,
+     .help = "Verify the server's certificate. Turn it off only for tests."},
+    {.key = "nats.tls.server_name", .type = T_STR,
+     .off = TOP(nats.tls.server_name, char *), .def = "", .flags = R | C,
+     .check = check_host,
+     .help = "Host name the server's certificate must match, when it differs from "
+             "the server URLs' host; \"\" = none."},
+
     {.key = "nats.jetstream.enabled", .type = T_BOOL,
      .off = TOP(nats.jetstream.enabled, bool), .def = "false",
      .help = "Publish through JetStream instead of core NATS."},
@@ -220,6 +295,7 @@ static const struct opt opts[] = {
      .help = "Deepest msgpack nesting accepted in an engine message."},
 };
 #undef R
+#undef C
 #undef I32MAX
 
 #define N_OPTS (sizeof opts / sizeof opts[0])
@@ -259,6 +335,7 @@ struct ctx {
     size_t nnodes;
     const char *buf; /* the file, for reader-error positions */
     size_t len;
+    const char *creds_dir; /* $CREDENTIALS_DIRECTORY, NULL when unset or "" */
 };
 
 /* One mark per table row: where the key's value was, if it was present. */
@@ -321,11 +398,11 @@ static char *xasprintf(struct ctx *c, const char *fmt, ...)
 }
 
 /* A user value made safe for a one-line message: printable ASCII kept (and
- * UTF-8 bytes), controls as \xNN, cut after MAX_SHOWN bytes.  Returns a
- * malloc'd string, or a static placeholder when out of memory. */
-static char *shown(const char *s, size_t len)
+ * UTF-8 bytes), controls as \xNN, cut after MAX bytes.  Returns a malloc'd
+ * string, or NULL when out of memory (SHOWN() gives a placeholder). */
+static char *shown_max(const char *s, size_t len, size_t max)
 {
-    size_t n = len < MAX_SHOWN ? len : MAX_SHOWN;
+    size_t n = len < max ? len : max;
     char *o = malloc(n * 4 + 4);
     if (!o)
         return NULL;
@@ -349,7 +426,21 @@ static char *shown(const char *s, size_t len)
     *p = '\0';
     return o;
 }
+
+static char *shown(const char *s, size_t len)
+{
+    return shown_max(s, len, MAX_SHOWN);
+}
 #define SHOWN(s) ((s) ? (s) : "?")
+
+/* Free a string of the config, zeroed first (it may be a secret). */
+static void str_free(char *s)
+{
+    if (s) {
+        explicit_bzero(s, strlen(s));
+        free(s);
+    }
+}
 
 /* ------------------------------------------------------------------------ */
 /* Reading the file                                                          */
@@ -377,11 +468,14 @@ static int read_file(struct ctx *c, char **out, size_t *outlen)
                 goto fail;
             }
             size_t ncap = cap * 2 > MAX_FILE_BYTES + 1 ? MAX_FILE_BYTES + 1 : cap * 2;
-            char *nb = realloc(buf, ncap);
+            char *nb = malloc(ncap); /* not realloc: the old copy is zeroed */
             if (!nb) {
                 rc = -ENOMEM;
                 goto fail_errno;
             }
+            memcpy(nb, buf, len);
+            explicit_bzero(buf, len);
+            free(buf);
             buf = nb;
             cap = ncap;
         }
@@ -406,6 +500,8 @@ fail_errno:
 fail:
     if (fd >= 0)
         close(fd);
+    if (buf)
+        explicit_bzero(buf, len);
     free(buf);
     return rc;
 }
@@ -425,6 +521,10 @@ struct node {
     size_t n, cap;
 };
 
+/* Scalars may be secrets (nats.password, ...): every copy the parser made is
+ * zeroed before it is freed.  libyaml's scanner also builds each scalar in
+ * temporary buffers that it frees without zeroing; *_file keys keep secrets
+ * out of the YAML entirely. */
 static void node_free(struct node *n)
 {
     if (!n)
@@ -432,8 +532,26 @@ static void node_free(struct node *n)
     for (size_t i = 0; i < n->n; i++)
         node_free(n->kid[i]);
     free(n->kid);
+    if (n->s)
+        explicit_bzero(n->s, n->len);
     free(n->s);
     free(n);
+}
+
+static void event_free(yaml_event_t *ev)
+{
+    if (ev->type == YAML_SCALAR_EVENT && ev->data.scalar.value)
+        explicit_bzero(ev->data.scalar.value, ev->data.scalar.length);
+    yaml_event_delete(ev);
+}
+
+static void parser_free(yaml_parser_t *p)
+{
+    if (p->raw_buffer.start)
+        explicit_bzero(p->raw_buffer.start, (size_t)(p->raw_buffer.end - p->raw_buffer.start));
+    if (p->buffer.start)
+        explicit_bzero(p->buffer.start, (size_t)(p->buffer.end - p->buffer.start));
+    yaml_parser_delete(p);
 }
 
 static const char *kind_name(const struct node *n)
@@ -561,7 +679,7 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
             if (next_event(c, p, &sub) < 0)
                 goto fail;
             if (sub.type == end) {
-                yaml_event_delete(&sub);
+                event_free(&sub);
                 break;
             }
             if (build(c, p, &sub, depth + 1, &kid) < 0)
@@ -576,12 +694,12 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
         err_at(c, n->line, n->col, "unexpected YAML event");
         goto fail;
     }
-    yaml_event_delete(ev);
+    event_free(ev);
     *out = n;
     return 0;
 
 fail:
-    yaml_event_delete(ev);
+    event_free(ev);
     node_free(kid);
     node_free(n);
     return rc;
@@ -602,34 +720,34 @@ static int parse_tree(struct ctx *c, struct node **root)
     yaml_parser_set_input_string(&p, (const unsigned char *)c->buf, c->len);
     if (next_event(c, &p, &ev) < 0) /* STREAM-START */
         goto fail;
-    yaml_event_delete(&ev);
+    event_free(&ev);
     if (next_event(c, &p, &ev) < 0)
         goto fail;
     if (ev.type == YAML_STREAM_END_EVENT) {
-        yaml_event_delete(&ev);
+        event_free(&ev);
         goto done;
     }
-    yaml_event_delete(&ev); /* DOCUMENT-START */
+    event_free(&ev); /* DOCUMENT-START */
     if (next_event(c, &p, &ev) < 0)
         goto fail;
     if (build(c, &p, &ev, 0, &n) < 0)
         goto fail;
     if (next_event(c, &p, &ev) < 0) /* DOCUMENT-END */
         goto fail;
-    yaml_event_delete(&ev);
+    event_free(&ev);
     if (next_event(c, &p, &ev) < 0)
         goto fail;
     if (ev.type == YAML_DOCUMENT_START_EVENT)
         err_at(c, ev.start_mark.line + 1, ev.start_mark.column + 1,
                "only one YAML document is allowed");
-    yaml_event_delete(&ev);
+    event_free(&ev);
 done:
     rc = 0;
     *root = n;
     n = NULL;
 fail:
     node_free(n);
-    yaml_parser_delete(&p);
+    parser_free(&p);
     return rc;
 }
 
@@ -777,7 +895,7 @@ static int conv(struct ctx *c, const struct opt *o, const char *dpath, const cha
             oom(c);
             break;
         }
-        free(*(char **)field);
+        str_free(*(char **)field);
         *(char **)field = d;
         rc = 0;
         break;
@@ -1008,6 +1126,652 @@ static size_t opt_index(const char *key)
     return (size_t)(o - opts);
 }
 
+static int check_host(struct ctx *c, const struct opt *o, const char *dpath,
+                      const void *field, const struct node *v)
+{
+    (void)o;
+    const char *s = *(char *const *)field;
+    if (!strpbrk(s, " \t\r\n/"))
+        return 0;
+    err_at(c, v->line, v->col, "%s: must be a host name (no white space or '/')", dpath);
+    return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* NKey seeds                                                                */
+
+/* An NKey seed is base32 (RFC 4648, no padding) of: two prefix bytes (seed,
+ * key type), the 32-byte Ed25519 seed, CRC-16/XMODEM little-endian.  The
+ * public key is base32 of: one prefix byte (key type), the 32-byte Ed25519
+ * public key, the CRC.  nats.c signs with the seed (nats_Sign) but needs the
+ * public key as well and cannot derive it, hence the Ed25519 base point
+ * multiplication below (after TweetNaCl, public domain; constant time).  The
+ * unit tests check it against RFC 8032 and keys made by other tools. */
+
+#define NKEY_SEED_CHARS 58 /* 36 bytes */
+#define NKEY_PUB_CHARS 56  /* 35 bytes */
+#define NKEY_PREFIX_SEED (18u << 3) /* 'S' */
+#define NKEY_PREFIX_USER (20u << 3) /* 'U' */
+
+static uint16_t crc16(const uint8_t *p, size_t n)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (uint16_t)(p[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
+    }
+    return crc;
+}
+
+static const char b32_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+
+/* Bytes decoded (leftover bits dropped), or -1 on a character outside the
+ * alphabet or more than cap bytes. */
+static int b32_decode(const char *s, size_t len, uint8_t *out, size_t cap)
+{
+    uint32_t acc = 0;
+    int bits = 0, rc = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < len && rc == 0; i++) {
+        unsigned ch = (unsigned char)s[i], v;
+        if (ch >= 'A' && ch <= 'Z')
+            v = ch - 'A';
+        else if (ch >= '2' && ch <= '7')
+            v = ch - '2' + 26;
+        else {
+            rc = -1;
+            break;
+        }
+        acc = (acc << 5) | v;
+        bits += 5;
+        if (bits >= 8) {
+            bits -= 8;
+            if (n == cap)
+                rc = -1;
+            else
+                out[n++] = (uint8_t)(acc >> bits);
+            acc &= (1u << bits) - 1;
+        }
+    }
+    explicit_bzero(&acc, sizeof acc);
+    return rc < 0 ? -1 : (int)n;
+}
+
+static void b32_encode(const uint8_t *in, size_t n, char *out)
+{
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        acc = (acc << 8) | in[i];
+        bits += 8;
+        while (bits >= 5) {
+            bits -= 5;
+            *out++ = b32_alphabet[(acc >> bits) & 31];
+        }
+        acc &= (1u << bits) - 1;
+    }
+    if (bits > 0)
+        *out++ = b32_alphabet[(acc << (5 - bits)) & 31];
+    *out = '\0';
+}
+
+/* SHA-512 of 32 bytes (one block). */
+static const uint64_t sha512_k[80] = {
+    0x428a2f98d728ae22ULL, 0x7137449123ef65cdULL, 0xb5c0fbcfec4d3b2fULL, 0xe9b5dba58189dbbcULL,
+    0x3956c25bf348b538ULL, 0x59f111f1b605d019ULL, 0x923f82a4af194f9bULL, 0xab1c5ed5da6d8118ULL,
+    0xd807aa98a3030242ULL, 0x12835b0145706fbeULL, 0x243185be4ee4b28cULL, 0x550c7dc3d5ffb4e2ULL,
+    0x72be5d74f27b896fULL, 0x80deb1fe3b1696b1ULL, 0x9bdc06a725c71235ULL, 0xc19bf174cf692694ULL,
+    0xe49b69c19ef14ad2ULL, 0xefbe4786384f25e3ULL, 0x0fc19dc68b8cd5b5ULL, 0x240ca1cc77ac9c65ULL,
+    0x2de92c6f592b0275ULL, 0x4a7484aa6ea6e483ULL, 0x5cb0a9dcbd41fbd4ULL, 0x76f988da831153b5ULL,
+    0x983e5152ee66dfabULL, 0xa831c66d2db43210ULL, 0xb00327c898fb213fULL, 0xbf597fc7beef0ee4ULL,
+    0xc6e00bf33da88fc2ULL, 0xd5a79147930aa725ULL, 0x06ca6351e003826fULL, 0x142929670a0e6e70ULL,
+    0x27b70a8546d22ffcULL, 0x2e1b21385c26c926ULL, 0x4d2c6dfc5ac42aedULL, 0x53380d139d95b3dfULL,
+    0x650a73548baf63deULL, 0x766a0abb3c77b2a8ULL, 0x81c2c92e47edaee6ULL, 0x92722c851482353bULL,
+    0xa2bfe8a14cf10364ULL, 0xa81a664bbc423001ULL, 0xc24b8b70d0f89791ULL, 0xc76c51a30654be30ULL,
+    0xd192e819d6ef5218ULL, 0xd69906245565a910ULL, 0xf40e35855771202aULL, 0x106aa07032bbd1b8ULL,
+    0x19a4c116b8d2d0c8ULL, 0x1e376c085141ab53ULL, 0x2748774cdf8eeb99ULL, 0x34b0bcb5e19b48a8ULL,
+    0x391c0cb3c5c95a63ULL, 0x4ed8aa4ae3418acbULL, 0x5b9cca4f7763e373ULL, 0x682e6ff3d6b2b8a3ULL,
+    0x748f82ee5defb2fcULL, 0x78a5636f43172f60ULL, 0x84c87814a1f0ab72ULL, 0x8cc702081a6439ecULL,
+    0x90befffa23631e28ULL, 0xa4506cebde82bde9ULL, 0xbef9a3f7b2c67915ULL, 0xc67178f2e372532bULL,
+    0xca273eceea26619cULL, 0xd186b8c721c0c207ULL, 0xeada7dd6cde0eb1eULL, 0xf57d4f7fee6ed178ULL,
+    0x06f067aa72176fbaULL, 0x0a637dc5a2c898a6ULL, 0x113f9804bef90daeULL, 0x1b710b35131c471bULL,
+    0x28db77f523047d84ULL, 0x32caab7b40c72493ULL, 0x3c9ebe0a15c9bebcULL, 0x431d67c49c100d4cULL,
+    0x4cc5d4becb3e42b6ULL, 0x597f299cfc657e2aULL, 0x5fcb6fab3ad6faecULL, 0x6c44198c4a475817ULL,
+};
+
+static uint64_t ror64(uint64_t x, unsigned n) { return (x >> n) | (x << (64 - n)); }
+
+static void sha512_32(const uint8_t in[32], uint8_t out[64])
+{
+    static const uint64_t h0[8] = {
+        0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
+        0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
+        0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL,
+    };
+    uint8_t blk[128] = {0};
+    uint64_t w[80], v[8];
+    memcpy(blk, in, 32);
+    blk[32] = 0x80;
+    blk[126] = 0x01; /* length: 256 bits, big-endian in the last 16 bytes */
+    for (int i = 0; i < 16; i++) {
+        w[i] = 0;
+        for (int b = 0; b < 8; b++)
+            w[i] = (w[i] << 8) | blk[8 * i + b];
+    }
+    for (int i = 16; i < 80; i++) {
+        uint64_t s0 = ror64(w[i - 15], 1) ^ ror64(w[i - 15], 8) ^ (w[i - 15] >> 7);
+        uint64_t s1 = ror64(w[i - 2], 19) ^ ror64(w[i - 2], 61) ^ (w[i - 2] >> 6);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    memcpy(v, h0, sizeof v);
+    for (int i = 0; i < 80; i++) {
+        uint64_t S1 = ror64(v[4], 14) ^ ror64(v[4], 18) ^ ror64(v[4], 41);
+        uint64_t ch = (v[4] & v[5]) ^ (~v[4] & v[6]);
+        uint64_t t1 = v[7] + S1 + ch + sha512_k[i] + w[i];
+        uint64_t S0 = ror64(v[0], 28) ^ ror64(v[0], 34) ^ ror64(v[0], 39);
+        uint64_t maj = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
+        memmove(v + 1, v, 7 * sizeof v[0]);
+        v[4] += t1;
+        v[0] = t1 + S0 + maj;
+    }
+    for (int i = 0; i < 8; i++) {
+        uint64_t h = h0[i] + v[i];
+        for (int b = 0; b < 8; b++)
+            out[8 * i + b] = (uint8_t)(h >> (56 - 8 * b));
+    }
+    explicit_bzero(blk, sizeof blk);
+    explicit_bzero(w, sizeof w);
+    explicit_bzero(v, sizeof v);
+}
+
+/* GF(2^255 - 19) in 16 limbs of 16 bits (TweetNaCl's representation). */
+typedef int64_t gf[16];
+
+static const gf gf0 = {0}, gf1 = {1},
+    ed_d2 = {0xf159, 0x26b2, 0x9b94, 0xebd6, 0xb156, 0x8283, 0x149a, 0x00e0,
+             0xd130, 0xeef3, 0x80f2, 0x198e, 0xfce7, 0x56df, 0xd9dc, 0x2406},
+    ed_x = {0xd51a, 0x8f25, 0x2d60, 0xc956, 0xa7b2, 0x9525, 0xc760, 0x692c,
+            0xdc5c, 0xfdd6, 0xe231, 0xc0a4, 0x53fe, 0xcd6e, 0x36d3, 0x2169},
+    ed_y = {0x6658, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666,
+            0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666};
+
+static void fe_copy(gf o, const gf a) { memcpy(o, a, sizeof(gf)); }
+
+static void fe_carry(gf o)
+{
+    for (int i = 0; i < 16; i++) {
+        o[i] += (int64_t)1 << 16;
+        int64_t c = o[i] >> 16; /* arithmetic shift (gcc, clang) */
+        o[(i + 1) * (i < 15)] += c - 1 + 37 * (c - 1) * (i == 15);
+        o[i] -= c * 65536;
+    }
+}
+
+/* Swap p and q when b is 1, in constant time. */
+static void fe_swap(gf p, gf q, int b)
+{
+    int64_t mask = ~((int64_t)b - 1);
+    for (int i = 0; i < 16; i++) {
+        int64_t t = mask & (p[i] ^ q[i]);
+        p[i] ^= t;
+        q[i] ^= t;
+    }
+}
+
+static void fe_pack(uint8_t o[32], const gf n)
+{
+    gf m, t;
+    fe_copy(t, n);
+    fe_carry(t);
+    fe_carry(t);
+    fe_carry(t);
+    for (int j = 0; j < 2; j++) {
+        m[0] = t[0] - 0xffed;
+        for (int i = 1; i < 15; i++) {
+            m[i] = t[i] - 0xffff - ((m[i - 1] >> 16) & 1);
+            m[i - 1] &= 0xffff;
+        }
+        m[15] = t[15] - 0x7fff - ((m[14] >> 16) & 1);
+        int b = (int)((m[15] >> 16) & 1);
+        m[14] &= 0xffff;
+        fe_swap(t, m, 1 - b);
+    }
+    for (int i = 0; i < 16; i++) {
+        o[2 * i] = (uint8_t)(t[i] & 0xff);
+        o[2 * i + 1] = (uint8_t)(t[i] >> 8);
+    }
+}
+
+static void fe_add(gf o, const gf a, const gf b)
+{
+    for (int i = 0; i < 16; i++)
+        o[i] = a[i] + b[i];
+}
+
+static void fe_sub(gf o, const gf a, const gf b)
+{
+    for (int i = 0; i < 16; i++)
+        o[i] = a[i] - b[i];
+}
+
+static void fe_mul(gf o, const gf a, const gf b)
+{
+    int64_t t[31] = {0};
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++)
+            t[i + j] += a[i] * b[j];
+    for (int i = 0; i < 15; i++)
+        t[i] += 38 * t[i + 16];
+    for (int i = 0; i < 16; i++)
+        o[i] = t[i];
+    fe_carry(o);
+    fe_carry(o);
+}
+
+static void fe_inv(gf o, const gf in)
+{
+    gf c;
+    fe_copy(c, in);
+    for (int a = 253; a >= 0; a--) {
+        fe_mul(c, c, c);
+        if (a != 2 && a != 4)
+            fe_mul(c, c, in);
+    }
+    fe_copy(o, c);
+}
+
+/* Points in extended coordinates (X, Y, Z, T). */
+static void ge_add(gf p[4], gf q[4])
+{
+    gf a, b, c, d, t, e, f, g, h;
+    fe_sub(a, p[1], p[0]);
+    fe_sub(t, q[1], q[0]);
+    fe_mul(a, a, t);
+    fe_add(b, p[0], p[1]);
+    fe_add(t, q[0], q[1]);
+    fe_mul(b, b, t);
+    fe_mul(c, p[3], q[3]);
+    fe_mul(c, c, ed_d2);
+    fe_mul(d, p[2], q[2]);
+    fe_add(d, d, d);
+    fe_sub(e, b, a);
+    fe_sub(f, d, c);
+    fe_add(g, d, c);
+    fe_add(h, b, a);
+    fe_mul(p[0], e, f);
+    fe_mul(p[1], h, g);
+    fe_mul(p[2], g, f);
+    fe_mul(p[3], e, h);
+}
+
+/* p = s * B for the 32-byte little-endian scalar s. */
+static void ge_scalarmult_base(gf p[4], const uint8_t s[32])
+{
+    gf q[4];
+    fe_copy(q[0], ed_x);
+    fe_copy(q[1], ed_y);
+    fe_copy(q[2], gf1);
+    fe_mul(q[3], ed_x, ed_y);
+    fe_copy(p[0], gf0);
+    fe_copy(p[1], gf1);
+    fe_copy(p[2], gf1);
+    fe_copy(p[3], gf0);
+    for (int i = 255; i >= 0; i--) {
+        int b = (s[i / 8] >> (i & 7)) & 1;
+        for (int k = 0; k < 4; k++)
+            fe_swap(p[k], q[k], b);
+        ge_add(q, p);
+        ge_add(p, p);
+        for (int k = 0; k < 4; k++)
+            fe_swap(p[k], q[k], b);
+    }
+    explicit_bzero(q, sizeof q);
+}
+
+static void ge_pack(uint8_t r[32], gf p[4])
+{
+    gf tx, ty, zi;
+    uint8_t xs[32];
+    fe_inv(zi, p[2]);
+    fe_mul(tx, p[0], zi);
+    fe_mul(ty, p[1], zi);
+    fe_pack(r, ty);
+    fe_pack(xs, tx);
+    r[31] ^= (uint8_t)((xs[0] & 1) << 7);
+}
+
+/* RFC 8032 5.1.5: the public key of a 32-byte Ed25519 seed. */
+static void ed25519_public(const uint8_t seed[32], uint8_t pk[32])
+{
+    uint8_t h[64];
+    gf p[4];
+    sha512_32(seed, h);
+    h[0] &= 248;
+    h[31] &= 127;
+    h[31] |= 64;
+    ge_scalarmult_base(p, h);
+    ge_pack(pk, p);
+    explicit_bzero(h, sizeof h);
+    explicit_bzero(p, sizeof p);
+}
+
+/* Check a user NKey seed and write its public key (NKEY_PUB_CHARS + NUL) to
+ * pub.  NULL when it is good, else what is wrong (never the seed itself). */
+static const char *nkey_public_of(const char *seed, char pub[NKEY_PUB_CHARS + 1])
+{
+    uint8_t raw[36], key[35];
+    const char *why = NULL;
+    size_t len = strlen(seed);
+    if (seed[0] != 'S')
+        why = "seeds start with \"SU\" (one starting with \"U\" is a public key, "
+              "which cannot sign)";
+    else if (len != NKEY_SEED_CHARS)
+        why = "a seed has 58 characters";
+    else if (b32_decode(seed, len, raw, sizeof raw) != (int)sizeof raw)
+        why = "a seed has only the characters A-Z and 2-7";
+    else if (crc16(raw, 34) != (uint16_t)(raw[34] | raw[35] << 8))
+        why = "its checksum does not match (a character is wrong or missing)";
+    else if ((raw[0] & 0xf8) != NKEY_PREFIX_SEED ||
+             (((raw[0] & 7u) << 5) | (raw[1] >> 3)) != NKEY_PREFIX_USER)
+        why = "it is not a user seed (those start with \"SU\")";
+    if (!why) {
+        key[0] = NKEY_PREFIX_USER;
+        ed25519_public(raw + 2, key + 1);
+        uint16_t crc = crc16(key, 33);
+        key[33] = (uint8_t)(crc & 0xff);
+        key[34] = (uint8_t)(crc >> 8);
+        b32_encode(key, sizeof key, pub);
+    }
+    explicit_bzero(raw, sizeof raw);
+    return why;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Files named by the configuration                                          */
+
+/* A relative NAME is looked up in $CREDENTIALS_DIRECTORY when that is set
+ * (systemd's LoadCredential=), otherwise in the directory of the config
+ * file.  malloc'd; NULL when out of memory (reported). */
+static char *resolve_path(struct ctx *c, const char *name)
+{
+    if (name[0] == '/')
+        return xasprintf(c, "%s", name);
+    if (c->creds_dir) {
+        size_t n = strlen(c->creds_dir);
+        return xasprintf(c, "%s%s%s", c->creds_dir, c->creds_dir[n - 1] == '/' ? "" : "/",
+                         name);
+    }
+    const char *slash = strrchr(c->path, '/');
+    if (!slash)
+        return xasprintf(c, "%s", name);
+    return xasprintf(c, "%.*s/%s", (int)(slash - c->path), c->path, name);
+}
+
+/* Open PATH and check that it is a regular file: the fd, or -1 (reported). */
+static int open_named(struct ctx *c, const struct opt *o, const char *path,
+                      const char *where, const struct mark *m)
+{
+    struct stat st;
+    char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        err_at(c, m->line, m->col, "%s: cannot read '%s'%s: %s", o->key, SHOWN(sp), where,
+               strerror(errno));
+    } else if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        err_at(c, m->line, m->col, "%s: '%s'%s is not a regular file", o->key, SHOWN(sp),
+               where);
+        close(fd);
+        fd = -1;
+    }
+    free(sp);
+    return fd;
+}
+
+/* Read a secret from PATH into *out (malloc'd): without the trailing line
+ * ends, or (TRIM) without any surrounding white space.  0, or -1 (reported;
+ * the content is never shown). */
+static int read_secret(struct ctx *c, const struct opt *o, const char *path,
+                       const char *where, const struct mark *m, bool trim, char **out)
+{
+    int rc = -1;
+    size_t len = 0;
+    const char *why = NULL;
+    char *buf = NULL;
+    int fd = open_named(c, o, path, where, m);
+    if (fd < 0)
+        return -1;
+    if (!(buf = malloc(MAX_SECRET_BYTES + 1))) {
+        oom(c);
+        goto out;
+    }
+    for (;;) {
+        ssize_t r = read(fd, buf + len, MAX_SECRET_BYTES + 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            why = strerror(errno);
+            break;
+        }
+        len += (size_t)r;
+        if (r == 0 || len > MAX_SECRET_BYTES)
+            break;
+    }
+    bool big = len > MAX_SECRET_BYTES;
+    size_t start = 0;
+    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' ||
+                       (trim && (buf[len - 1] == ' ' || buf[len - 1] == '\t'))))
+        len--;
+    while (trim && start < len && (buf[start] == ' ' || buf[start] == '\t' ||
+                                   buf[start] == '\r' || buf[start] == '\n'))
+        start++;
+    if (!why && big)
+        why = "it is larger than 65536 bytes";
+    else if (!why && memchr(buf + start, '\0', len - start))
+        why = "it contains a NUL byte";
+    else if (!why && start == len)
+        why = "it is empty";
+    if (why) {
+        char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
+        err_at(c, m->line, m->col, "%s: cannot use '%s'%s: %s", o->key, SHOWN(sp), where,
+               why);
+        free(sp);
+        goto out;
+    }
+    if (!(*out = malloc(len - start + 1))) {
+        oom(c);
+        goto out;
+    }
+    memcpy(*out, buf + start, len - start);
+    (*out)[len - start] = '\0';
+    rc = 0;
+out:
+    if (buf)
+        explicit_bzero(buf, MAX_SECRET_BYTES + 1);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* Every F_PATH key that is set: resolve the name (the field gets the
+ * result), then read the secret it .fills, or check that the file is
+ * readable. */
+static void resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        char **field = (char **)((char *)cfg + o->off);
+        if (!(o->flags & F_PATH) || m[i].bad || !*field || !**field)
+            continue;
+        const char *where = (*field)[0] != '/' && c->creds_dir
+                                ? " (in $CREDENTIALS_DIRECTORY)" : "";
+        char *path = resolve_path(c, *field);
+        if (!path)
+            return;
+        str_free(*field);
+        *field = path;
+        if (o->fills) {
+            size_t t = opt_index(o->fills);
+            char **target = (char **)((char *)cfg + opts[t].off);
+            char *secret = NULL;
+            if (m[t].set && (m[t].bad || **target)) {
+                err_at(c, m[i].line, m[i].col, "%s: %s is set too (at %zu:%zu): use one "
+                       "of them", o->key, o->fills, m[t].line, m[t].col);
+                m[i].bad = true;
+            } else if (read_secret(c, o, path, where, &m[i],
+                                   strcmp(o->fills, "nats.nkey_seed") == 0, &secret) < 0) {
+                m[i].bad = true;
+            } else {
+                str_free(*target);
+                *target = secret;
+            }
+        } else {
+            int fd = open_named(c, o, path, where, &m[i]);
+            if (fd < 0)
+                m[i].bad = true;
+            else
+                close(fd);
+        }
+    }
+}
+
+/* A key written in the file with a value other than "" (or a bad one). */
+static bool present(const struct kvb_config *cfg, const struct mark *m, const char *key)
+{
+    size_t i = opt_index(key);
+    const char *v = *(char *const *)((const char *)cfg + opts[i].off);
+    return m[i].set && (m[i].bad || (v && *v));
+}
+
+static bool before(const struct mark *a, const struct mark *b)
+{
+    return a->line < b->line || (a->line == b->line && a->col < b->col);
+}
+
+/* At most one authentication method, each one complete; the NKey seed is
+ * valid and gives nkey_public. */
+static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+{
+    static const char *const methods[][3] = {
+        {"nats.credentials"},
+        {"nats.user", "nats.password", "nats.password_file"},
+        {"nats.token", "nats.token_file"},
+        {"nats.nkey_seed", "nats.nkey_seed_file"},
+    };
+    enum { NM = sizeof methods / sizeof methods[0] };
+    const struct mark *first[NM] = {0}; /* earliest key of each method present */
+    const char *first_key[NM] = {0};
+    const struct mark *winner = NULL;
+    size_t wi = 0;
+
+    for (size_t i = 0; i < NM; i++) {
+        for (size_t k = 0; k < 3 && methods[i][k]; k++) {
+            const struct mark *mk = &m[opt_index(methods[i][k])];
+            if (present(cfg, m, methods[i][k]) && (!first[i] || before(mk, first[i]))) {
+                first[i] = mk;
+                first_key[i] = methods[i][k];
+            }
+        }
+        if (first[i] && (!winner || before(first[i], winner))) {
+            winner = first[i];
+            wi = i;
+        }
+    }
+    /* the others, in the order of the file */
+    for (const struct mark *last = winner;;) {
+        size_t next = NM;
+        for (size_t i = 0; i < NM; i++)
+            if (first[i] && before(last, first[i]) &&
+                (next == NM || before(first[i], first[next])))
+                next = i;
+        if (next == NM)
+            break;
+        err_at(c, first[next]->line, first[next]->col,
+               "%s: only one authentication method may be set, and %s (at %zu:%zu) is "
+               "set already",
+               first_key[next], first_key[wi], winner->line, winner->col);
+        last = first[next];
+    }
+
+    /* user and password go together (when that is the method) */
+    bool user = present(cfg, m, "nats.user");
+    const char *pw = present(cfg, m, "nats.password")        ? "nats.password"
+                     : present(cfg, m, "nats.password_file") ? "nats.password_file"
+                                                             : NULL;
+    if (!winner || wi == 1) {
+        if (user && !pw) {
+            const struct mark *mu = &m[opt_index("nats.user")];
+            err_at(c, mu->line, mu->col,
+                   "nats.user: needs nats.password or nats.password_file");
+        } else if (pw && !user) {
+            const struct mark *mp = &m[opt_index(pw)];
+            err_at(c, mp->line, mp->col, "%s: needs nats.user", pw);
+        }
+    }
+
+    /* the seed */
+    const char *seed = cfg->nats.nkey_seed;
+    bool from_file = present(cfg, m, "nats.nkey_seed_file");
+    const struct mark *ms = &m[opt_index(from_file ? "nats.nkey_seed_file" : "nats.nkey_seed")];
+    char pub[NKEY_PUB_CHARS + 1];
+    if (seed && *seed && !ms->bad) {
+        const char *why = nkey_public_of(seed, pub);
+        if (why && from_file) {
+            char *sp = shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
+                                 MAX_SHOWN_PATH);
+            err_at(c, ms->line, ms->col, "nats.nkey_seed_file: '%s' does not hold an NKey "
+                   "user seed: %s", SHOWN(sp), why);
+            free(sp);
+        } else if (why) {
+            err_at(c, ms->line, ms->col, "nats.nkey_seed: not an NKey user seed: %s", why);
+        } else if (!(cfg->nats.nkey_public = strdup(pub))) {
+            oom(c);
+        }
+    }
+}
+
+/* TLS: on with tls:// URLs; its files only when it is on; cert with key. */
+static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+{
+    const struct mark *ms = &m[opt_index("nats.servers")];
+    const struct mark *me = &m[opt_index("nats.tls.enabled")];
+    const struct mark *mv = &m[opt_index("nats.tls.verify")];
+    size_t tls_url = SIZE_MAX;
+    if (ms->bad)
+        return;
+    for (size_t i = 0; i < cfg->nats.n_servers && tls_url == SIZE_MAX; i++)
+        if (strncasecmp(cfg->nats.servers[i], "tls://", 6) == 0)
+            tls_url = i;
+    if (tls_url != SIZE_MAX) {
+        if (me->set && !me->bad && !cfg->nats.tls.enabled)
+            err_at(c, me->line, me->col, "nats.tls.enabled: false, but nats.servers[%zu] "
+                   "is a tls:// URL", tls_url);
+        cfg->nats.tls.enabled = true;
+    }
+    static const char *const needs_tls[] = {"nats.tls.ca", "nats.tls.cert", "nats.tls.key",
+                                            "nats.tls.server_name"};
+    for (size_t i = 0; i < 4 && !cfg->nats.tls.enabled; i++) {
+        const struct mark *mk = &m[opt_index(needs_tls[i])];
+        if (present(cfg, m, needs_tls[i]))
+            err_at(c, mk->line, mk->col, "%s: TLS is not enabled (set nats.tls.enabled: "
+                   "true, or use tls:// server URLs)", needs_tls[i]);
+    }
+    if (!cfg->nats.tls.enabled)
+        return;
+    bool cert = present(cfg, m, "nats.tls.cert"), key = present(cfg, m, "nats.tls.key");
+    if (cert != key) {
+        const char *k = cert ? "nats.tls.cert" : "nats.tls.key";
+        const struct mark *mk = &m[opt_index(k)];
+        err_at(c, mk->line, mk->col, "%s: needs %s too", k,
+               cert ? "nats.tls.key" : "nats.tls.cert");
+    }
+    if (present(cfg, m, "nats.tls.server_name") && !cfg->nats.tls.verify && !mv->bad) {
+        const struct mark *mk = &m[opt_index("nats.tls.server_name")];
+        err_at(c, mk->line, mk->col, "nats.tls.server_name: has no effect with "
+               "nats.tls.verify: false");
+    }
+}
+
 /* dp_size > 1: every endpoint is tcp://HOST:PORT with room for the expansion. */
 static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
                          const struct mark *m)
@@ -1044,9 +1808,11 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
                i, s->dp_rank, s->dp_size, UINT32_MAX);
 }
 
-static void check_config(struct ctx *c, const struct kvb_config *cfg,
-                         const struct mark *m)
+static void check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 {
+    check_auth(c, cfg, m);
+    check_tls(c, cfg, m);
+
     const struct mark *mw = &m[opt_index("nats.reconnect_wait_ms")];
     const struct mark *mx = &m[opt_index("nats.reconnect_wait_max_ms")];
     if (cfg->nats.reconnect_wait_max_ms < cfg->nats.reconnect_wait_ms && !mw->bad &&
@@ -1284,7 +2050,7 @@ static void free_fields(void *base, bool sources_scope)
         if (in_sources(o) != sources_scope)
             continue;
         if (o->type == T_STR) {
-            free(*(char **)field);
+            str_free(*(char **)field);
             *(char **)field = NULL;
         } else if (o->type == T_STRLIST) {
             size_t *np = (size_t *)((char *)base + o->noff);
@@ -1308,6 +2074,7 @@ void kvb_config_free(struct kvb_config **cfg)
     if (!cfg || !*cfg)
         return;
     free_fields(*cfg, false);
+    free((*cfg)->nats.nkey_public);
     free((*cfg)->path);
     free(*cfg);
     *cfg = NULL;
@@ -1317,6 +2084,7 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
 {
     int rc;
     struct ctx c = {.path = path ? path : "(null)", .err = err};
+    const char *creds_dir = getenv("CREDENTIALS_DIRECTORY");
     char *buf = NULL;
     struct node *root = NULL;
     struct mark *marks = NULL;
@@ -1330,6 +2098,7 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
     if (rc < 0)
         goto fail;
     c.buf = buf;
+    c.creds_dir = creds_dir && *creds_dir ? creds_dir : NULL;
     rc = -EINVAL;
     cfg = calloc(1, sizeof *cfg);
     marks = calloc(N_OPTS, sizeof *marks);
@@ -1355,7 +2124,10 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
     }
     walk_map(&c, root, "", "", cfg, marks);
     required_missing(&c, root, "", false, marks);
+    resolve_files(&c, cfg, marks);
     check_config(&c, cfg, marks);
+    if (!cfg->nats.nkey_public && !(cfg->nats.nkey_public = strdup("")))
+        oom(&c);
     if (c.nerr)
         goto fail;
     *out = cfg;
@@ -1367,6 +2139,8 @@ fail:
     kvb_config_free(&cfg);
     free(marks);
     node_free(root);
+    if (buf)
+        explicit_bzero(buf, c.len);
     free(buf);
     return rc;
 }
@@ -1412,6 +2186,16 @@ static bool field_eq(const struct opt *o, const void *a_base, const void *b_base
     }
     }
     return false;
+}
+
+bool kvb_config_nats_equal(const struct kvb_config *a, const struct kvb_config *b)
+{
+    if (!a || !b)
+        return a == b;
+    for (size_t i = 0; i < N_OPTS; i++)
+        if ((opts[i].flags & F_CONN) && !field_eq(&opts[i], a, b))
+            return false;
+    return true;
 }
 
 int kvb_config_check_reload(const struct kvb_config *old_cfg,

@@ -42,6 +42,8 @@ struct kvb_daemon {
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
     bool paused;             /* backpressure: NATS buffer too full to read more */
+    bool barrier_due;        /* router events were lost on the NATS side */
+    uint64_t losses_seen;    /* kvb_sink_losses() already answered with a barrier */
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
     uint64_t last_save_ms, saved_batches;
     struct kvb_source **src;
@@ -98,9 +100,11 @@ static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t l
     struct kvb_daemon *d = ctx;
     const char *subj = subject_for(d, rev->dp_rank);
     int rc = subj ? kvb_sink_publish(d->sink, subj, data, len) : -EINVAL;
-    if (rc < 0)
+    if (rc < 0) {
         kvb_log_rl(&d->rl_publish, KVB_LOG_ERROR, "sink", "publish failed: %s (event_id %llu lost)",
                    strerror(-rc), (unsigned long long)rev->event_id);
+        d->barrier_due = true; /* the router must not keep a view with a hole */
+    }
     return 0; /* a refused publish is counted by the sink; the stream goes on */
 }
 
@@ -259,15 +263,7 @@ static bool sources_equal(const struct kvb_config *a, const struct kvb_config *b
 
 static bool nats_conn_equal(const struct kvb_config *a, const struct kvb_config *b)
 {
-    if (a->nats.n_servers != b->nats.n_servers || !str_eq(a->nats.credentials, b->nats.credentials) ||
-        a->nats.reconnect_buffer_bytes != b->nats.reconnect_buffer_bytes ||
-        a->nats.reconnect_wait_ms != b->nats.reconnect_wait_ms ||
-        a->nats.reconnect_wait_max_ms != b->nats.reconnect_wait_max_ms)
-        return false;
-    for (size_t i = 0; i < a->nats.n_servers; i++)
-        if (!str_eq(a->nats.servers[i], b->nats.servers[i]))
-            return false;
-    return true;
+    return kvb_config_nats_equal(a, b);
 }
 
 static void reload(struct kvb_daemon *d)
@@ -369,6 +365,25 @@ static void drain_wake(struct kvb_daemon *d)
  * engine's PUB; the resulting gap is recovered by replay once NATS is back,
  * and only what replay cannot fill becomes a barrier.  Nothing is published
  * into a full buffer, so no event_id is ever lost silently. */
+/* Router events lost on the NATS side (a refused publish, or a buffer that
+ * nats.c dropped with its connection): once NATS takes publishes again,
+ * "cleared" for every stream, so that the router forgets what it may have
+ * half-seen.  The engine streams go on; nothing is replayed for it. */
+static void nats_loss_barrier(struct kvb_daemon *d)
+{
+    uint64_t losses = kvb_sink_losses(d->sink);
+    if (losses != d->losses_seen) {
+        d->losses_seen = losses;
+        d->barrier_due = true;
+    }
+    if (!d->barrier_due || !kvb_sink_connected(d->sink))
+        return;
+    d->barrier_due = false;
+    kvb_warn("main", "router events were lost on the NATS side: publishing barriers");
+    for (size_t i = 0; i < d->n_src; i++)
+        kvb_source_barrier_all(d->src[i], d->pipe, KVB_BAR_NATS_LOST);
+}
+
 static void update_gauges(struct kvb_daemon *d)
 {
     uint64_t pending = kvb_sink_pending_bytes(d->sink);
@@ -442,6 +457,7 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         if (!d->paused) /* a replay's deadline does not run out while we hold back */
             kvb_source_tick(s, d->pipe, kvb_now_ms());
     }
+    nats_loss_barrier(d);
     update_gauges(d);
     save_state(d, false);
     return 0;
@@ -526,7 +542,8 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     rc = kvb_sink_create(d->cfg, &d->m, d->wakefd, &d->sink);
     if (rc < 0) {
         kvb_err("sink", "cannot reach NATS: %s", strerror(-rc));
-        exit_code = rc == -ETIMEDOUT ? KVB_EX_UNAVAILABLE : 1;
+        exit_code = rc == -ETIMEDOUT || rc == -EACCES ? KVB_EX_UNAVAILABLE
+                    : rc == -EINVAL ? KVB_EX_CONFIG : 1;
         goto out;
     }
     d->zctx = zmq_ctx_new();

@@ -655,3 +655,17 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
     tick(s, p, now_ms);
     sync_slots(s);
 }
+
+int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause)
+{
+    int n = 0;
+    for (size_t i = 0; i < s->n_streams; i++) {
+        if (!s->streams[i]->st.has_last)
+            continue;
+        int rc = kvb_pipeline_barrier(p, &s->streams[i]->st, cause);
+        if (rc < 0)
+            return rc;
+        n += rc;
+    }
+    return n;
+}

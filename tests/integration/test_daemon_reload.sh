@@ -55,7 +55,7 @@ kill -HUP "$KVB_PID"
 if wait_log "$T/kvb.log" "is invalid, keeping the running configuration" 10; then
   ok "bad file: log says kept"; else bad "bad file: not refused in the log"; fi
 expect_eq "bad file: log shows FILE:LINE:COL" \
-  "$(count_log "$T/kvb.log" "^$CFG:2:13: block_size: 'sixteen' is not a decimal integer")" 1
+  "$(count_log "$T/kvb.log" "kvbridge\[config\] error: $CFG:2:13: block_size: 'sixteen' is not a decimal integer")" 1
 start_kvtail late "$NP" --subject "$NEW_SUBJECT" --check --allow-start-offset --count 200 --timeout 5000 \
   || bad "kvtail (late) not ready"
 LATE_PID=$TAIL_PID

@@ -5,6 +5,7 @@
 
 #include "testutil.h"
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,20 @@ static void assert_defaults(const struct kvb_config *c)
     ck_assert_str_eq(c->nats.component, "backend");
     ck_assert_int_eq(c->nats.format, KVB_FORMAT_DYNAMO_JSON);
     ck_assert_str_eq(c->nats.credentials, "");
+    ck_assert_str_eq(c->nats.user, "");
+    ck_assert_str_eq(c->nats.password, "");
+    ck_assert_str_eq(c->nats.password_file, "");
+    ck_assert_str_eq(c->nats.token, "");
+    ck_assert_str_eq(c->nats.token_file, "");
+    ck_assert_str_eq(c->nats.nkey_seed, "");
+    ck_assert_str_eq(c->nats.nkey_seed_file, "");
+    ck_assert_str_eq(c->nats.nkey_public, "");
+    ck_assert(!c->nats.tls.enabled);
+    ck_assert_str_eq(c->nats.tls.ca, "");
+    ck_assert_str_eq(c->nats.tls.cert, "");
+    ck_assert_str_eq(c->nats.tls.key, "");
+    ck_assert(c->nats.tls.verify);
+    ck_assert_str_eq(c->nats.tls.server_name, "");
     ck_assert_uint_eq(c->nats.connect_timeout_ms, 0);
     ck_assert_uint_eq(c->nats.reconnect_buffer_bytes, 64u << 20);
     ck_assert_uint_eq(c->nats.reconnect_wait_ms, 100);
@@ -241,7 +256,16 @@ START_TEST(test_every_key)
     ck_assert_str_eq(c->nats.subject, "kv.{worker_id}.{dp_rank}");
     ck_assert_str_eq(c->nats.namespace_, "ns");
     ck_assert_str_eq(c->nats.component, "comp");
-    ck_assert_str_eq(c->nats.credentials, "/etc/kvbridge/nats.creds");
+    /* relative file names: next to the config file */
+    ck_assert_str_eq(c->nats.credentials, DATA "secrets/nats.creds");
+    ck_assert_str_eq(c->nats.user, "");
+    ck_assert_str_eq(c->nats.nkey_public, "");
+    ck_assert(c->nats.tls.enabled);
+    ck_assert_str_eq(c->nats.tls.ca, DATA "secrets/ca.pem");
+    ck_assert_str_eq(c->nats.tls.cert, DATA "secrets/client.pem");
+    ck_assert_str_eq(c->nats.tls.key, DATA "secrets/client-key.pem");
+    ck_assert(!c->nats.tls.verify);
+    ck_assert_str_eq(c->nats.tls.server_name, "");
     ck_assert_uint_eq(c->nats.connect_timeout_ms, 30000);
     ck_assert_uint_eq(c->nats.reconnect_buffer_bytes, 1048576);
     ck_assert_uint_eq(c->nats.reconnect_wait_ms, 50);
@@ -392,6 +416,54 @@ static const struct bad_file bad_files[] = {
      DATA "bad-values.yaml:11:22: nats.reconnect_wait_max_ms: 5000 is less than "
           "nats.reconnect_wait_ms (6000)\n"},
     {"bad-alias.yaml", DATA "bad-alias.yaml:2:13: YAML aliases are not supported\n"},
+    {"bad-auth.yaml",
+     DATA "bad-auth.yaml:7:9: nats.user: only one authentication method may be set, and "
+          "nats.token (at 6:10) is set already\n"
+     DATA "bad-auth.yaml:8:19: nats.nkey_seed_file: only one authentication method may be "
+          "set, and nats.token (at 6:10) is set already\n"
+     DATA "bad-auth.yaml:9:16: nats.credentials: only one authentication method may be "
+          "set, and nats.token (at 6:10) is set already\n"},
+    {"bad-auth-pairs.yaml",
+     DATA "bad-auth-pairs.yaml:7:18: nats.password_file: nats.password is set too (at "
+          "6:13): use one of them\n"
+     DATA "bad-auth-pairs.yaml:6:13: nats.password: needs nats.user\n"},
+    {"bad-secret-files.yaml",
+     DATA "bad-secret-files.yaml:10:16: nats.credentials: '" DATA "secrets' is not a "
+          "regular file\n"
+     DATA "bad-secret-files.yaml:7:18: nats.password_file: cannot read '" DATA
+          "secrets/no-such-file': No such file or directory\n"
+     DATA "bad-secret-files.yaml:8:15: nats.token_file: cannot use '" DATA
+          "secrets/empty': it is empty\n"
+     DATA "bad-secret-files.yaml:9:19: nats.nkey_seed_file: cannot use '" DATA
+          "secrets/nul': it contains a NUL byte\n"
+     DATA "bad-secret-files.yaml:13:9: nats.tls.ca: cannot read '/nonexistent/ca.pem': No "
+          "such file or directory\n"
+     DATA "bad-secret-files.yaml:15:10: nats.tls.key: cannot read '" DATA
+          "secrets/missing-key.pem': No such file or directory\n"
+     DATA "bad-secret-files.yaml:8:15: nats.token_file: only one authentication method may "
+          "be set, and nats.user (at 6:9) is set already\n"
+     DATA "bad-secret-files.yaml:9:19: nats.nkey_seed_file: only one authentication method "
+          "may be set, and nats.user (at 6:9) is set already\n"
+     DATA "bad-secret-files.yaml:10:16: nats.credentials: only one authentication method "
+          "may be set, and nats.user (at 6:9) is set already\n"},
+    {"bad-tls.yaml",
+     DATA "bad-tls.yaml:10:18: nats.tls.server_name: must be a host name (no white space "
+          "or '/')\n"
+     DATA "bad-tls.yaml:8:9: nats.tls.ca: TLS is not enabled (set nats.tls.enabled: true, "
+          "or use tls:// server URLs)\n"
+     DATA "bad-tls.yaml:9:11: nats.tls.cert: TLS is not enabled (set nats.tls.enabled: "
+          "true, or use tls:// server URLs)\n"
+     DATA "bad-tls.yaml:10:18: nats.tls.server_name: TLS is not enabled (set "
+          "nats.tls.enabled: true, or use tls:// server URLs)\n"},
+    {"bad-tls2.yaml",
+     DATA "bad-tls2.yaml:8:14: nats.tls.enabled: false, but nats.servers[1] is a tls:// "
+          "URL\n"
+     DATA "bad-tls2.yaml:9:10: nats.tls.key: needs nats.tls.cert too\n"
+     DATA "bad-tls2.yaml:11:18: nats.tls.server_name: has no effect with nats.tls.verify: "
+          "false\n"},
+    {"bad-nkey.yaml",
+     DATA "bad-nkey.yaml:6:14: nats.nkey_seed: not an NKey user seed: seeds start with "
+          "\"SU\" (one starting with \"U\" is a public key, which cannot sign)\n"},
     {"bad-toplevel.yaml",
      DATA "bad-toplevel.yaml:1:1: expected a mapping of keys at the top level, found a "
           "list\n"},
@@ -611,6 +683,16 @@ END_TEST
 START_TEST(test_mutations)
 {
     static const char *const files[] = {DATA "full.yaml", DATA "spec-example.yaml"};
+    /* The copies are in /tmp: full.yaml's relative file names are found
+     * through $CREDENTIALS_DIRECTORY instead. */
+    setenv("CREDENTIALS_DIRECTORY", DATA, 1);
+    size_t full_len;
+    char *full = read_file(DATA "full.yaml", &full_len);
+    struct result ok = load_bytes(full, full_len);
+    ck_assert_str_eq(ok.errs, "");
+    ck_assert_int_eq(ok.rc, 0);
+    result_free(&ok);
+    free(full);
     static const char flips[] = {'\0', ':', '-', '[', '{', '"', '\'', '&', '*', '\n',
                                  ' ', '9', '\t', '#', '!', '\xc3'};
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
@@ -632,6 +714,7 @@ START_TEST(test_mutations)
         }
         free(text);
     }
+    unsetenv("CREDENTIALS_DIRECTORY");
 }
 END_TEST
 
@@ -708,6 +791,333 @@ START_TEST(test_example_write_error)
     ck_assert_int_eq(kvb_config_write_example(f), -EIO);
     fclose(f);
     ck_assert_int_eq(kvb_config_write_example(NULL), -EINVAL);
+}
+END_TEST
+
+/* ---- NATS authentication and TLS ----------------------------------------- */
+
+static const char nats_base[] = "worker_id: 1\nblock_size: 16\n"
+                                "sources: [{endpoint: 'inproc://x'}]\n";
+
+/* The base (3 lines) plus EXTRA, from a file in /tmp. */
+static struct result load_extra(const char *extra)
+{
+    size_t n = strlen(nats_base) + strlen(extra) + 1;
+    char *text = malloc(n);
+    ck_assert(text != NULL);
+    snprintf(text, n, "%s%s", nats_base, extra);
+    struct result r = load_text(text);
+    free(text);
+    return r;
+}
+
+/* A temporary file holding LEN bytes of TEXT; its name goes to path. */
+static void temp_file(char path[32], const char *text, size_t len)
+{
+    strcpy(path, "/tmp/check_config.s.XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    ck_assert_int_eq(write(fd, text, len), (ssize_t)len);
+    close(fd);
+}
+
+START_TEST(test_auth_files)
+{
+    /* user + password_file (newline dropped), TLS on through a tls:// URL */
+    struct result r = load(DATA "auth-user.yaml");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    const struct kvb_config *c = r.cfg;
+    ck_assert_str_eq(c->nats.user, "kvbridge");
+    ck_assert_str_eq(c->nats.password, "s3cret-pw");
+    ck_assert_str_eq(c->nats.password_file, DATA "secrets/password");
+    ck_assert_str_eq(c->nats.token, "");
+    ck_assert_str_eq(c->nats.nkey_seed, "");
+    ck_assert_str_eq(c->nats.nkey_public, "");
+    ck_assert_str_eq(c->nats.credentials, "");
+    ck_assert(c->nats.tls.enabled);
+    ck_assert_str_eq(c->nats.tls.ca, DATA "secrets/ca.pem");
+    ck_assert_str_eq(c->nats.tls.cert, "");
+    ck_assert(c->nats.tls.verify);
+    ck_assert_str_eq(c->nats.tls.server_name, "nats.example");
+    result_free(&r);
+
+    /* token_file: CR LF dropped */
+    r = load(DATA "auth-token.yaml");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_str_eq(r.cfg->nats.token, "t0ken-value");
+    ck_assert_str_eq(r.cfg->nats.token_file, DATA "secrets/token");
+    ck_assert_str_eq(r.cfg->nats.user, "");
+    ck_assert_str_eq(r.cfg->nats.password, "");
+    ck_assert(!r.cfg->nats.tls.enabled);
+    result_free(&r);
+
+    /* nkey_seed_file: white space around the seed dropped, public key derived */
+    r = load(DATA "auth-nkey.yaml");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_str_eq(r.cfg->nats.nkey_seed,
+                     "SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALCA");
+    ck_assert_str_eq(r.cfg->nats.nkey_public,
+                     "UDLVVGABQKYQVN6VJP7NHSLEA45A5YLS6PNKMIZFV4BBU2HXA5IRUVAL");
+    ck_assert_str_eq(r.cfg->nats.nkey_seed_file, DATA "secrets/nkey.seed");
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_auth_inline)
+{
+    struct result r = load_extra("nats: {user: u, password: 'p w'}\n");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_str_eq(r.cfg->nats.user, "u");
+    ck_assert_str_eq(r.cfg->nats.password, "p w");
+    ck_assert_str_eq(r.cfg->nats.password_file, "");
+    result_free(&r);
+
+    /* "" is no method: a token alone */
+    r = load_extra("nats: {user: '', password: '', credentials: '', token: tok}\n");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_str_eq(r.cfg->nats.token, "tok");
+    result_free(&r);
+
+    /* absolute file names are used as they are */
+    char path[32];
+    temp_file(path, " pw \r\n\n", 7);
+    char text[160];
+    snprintf(text, sizeof text, "nats: {user: u, password_file: '%s'}\n", path);
+    r = load_extra(text);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_str_eq(r.cfg->nats.password, " pw "); /* only line ends are dropped */
+    ck_assert_str_eq(r.cfg->nats.password_file, path);
+    result_free(&r);
+    unlink(path);
+
+    /* a user alone, a password alone */
+    r = load_extra("nats: {user: u}\n");
+    ck_assert_str_eq(r.errs, "T:4:14: nats.user: needs nats.password or "
+                             "nats.password_file\n");
+    result_free(&r);
+    r = load_extra("nats: {password: x}\n");
+    ck_assert_str_eq(r.errs, "T:4:18: nats.password: needs nats.user\n");
+    result_free(&r);
+}
+END_TEST
+
+/* Seeds and public keys made with Python's cryptography package (Ed25519)
+ * and the NKey encoding; the first is RFC 8032 section 7.1 TEST 1. */
+static const char *const nkey_vectors[][2] = {
+    {"SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALCA",
+     "UDLVVGABQKYQVN6VJP7NHSLEA45A5YLS6PNKMIZFV4BBU2HXA5IRUVAL"},
+    {"SUAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAEQ",
+     "UA5WUJ54Z23KILLCUOUNAKTPBVZWKMQVO4O6EQ5GHLAERIMLLHNCTYM5"},
+    {"SUAP777777777777777777777777777777777777777777777777775UUA",
+     "UB3KCWJAISTOJ5IREZN4U45GATMQWBJJ2HPWAK7DBIM2SJLWMDI7LRYD"},
+    {"SUAAOUYPDSKQ3UBNEZCPBE3N2FHDWDHW3J7SIH4JF74FTT6ES2VMZGUWQQ",
+     "UCNPYG3OGJOVF3MZ6JYB4E2MOPV766WILGZP7VYTDA76NX7VJQCGQZ5U"},
+    {"SUACY2BCRKR3ETAAB6RXNUSC7R633QXHMAGPTSNCMZVRGZIWXQM23ULET4",
+     "UAY3VEKEPS7HO3BUJSRJQETLVB2YLLJSYDCURD76LBGKSIPOZWA5V2ZV"},
+};
+
+START_TEST(test_nkey_public)
+{
+    const char *seed = nkey_vectors[_i][0], *pub = nkey_vectors[_i][1];
+    char text[160];
+    snprintf(text, sizeof text, "nats: {nkey_seed: %s}\n", seed);
+    struct result r = load_extra(text);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_str_eq(r.cfg->nats.nkey_seed, seed);
+    ck_assert_str_eq(r.cfg->nats.nkey_public, pub);
+    result_free(&r);
+}
+END_TEST
+
+static const struct bad_file bad_seeds[] = {
+    {"SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALC",
+     "a seed has 58 characters"},
+    {"SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALCa",
+     "a seed has only the characters A-Z and 2-7"},
+    {"SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YAL1A",
+     "a seed has only the characters A-Z and 2-7"},
+    {"SUAJ2YNRTXY72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALCA",
+     "its checksum does not match (a character is wrong or missing)"},
+    {"SAAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YHY3Q", /* an account seed */
+     "it is not a user seed (those start with \"SU\")"},
+    {"UDLVVGABQKYQVN6VJP7NHSLEA45A5YLS6PNKMIZFV4BBU2HXA5IRUVAL",
+     "seeds start with \"SU\" (one starting with \"U\" is a public key, which cannot "
+     "sign)"},
+};
+
+START_TEST(test_nkey_bad_seed)
+{
+    char text[160], want[256];
+    snprintf(text, sizeof text, "nats: {nkey_seed: %s}\n", bad_seeds[_i].file);
+    snprintf(want, sizeof want, "T:4:19: nats.nkey_seed: not an NKey user seed: %s\n",
+             bad_seeds[_i].errs);
+    struct result r = load_extra(text);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs, want);
+    ck_assert(strstr(r.errs, bad_seeds[_i].file + 10) == NULL); /* never the seed */
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_credentials_directory)
+{
+    char dir[PATH_MAX], text[PATH_MAX + 64], want[PATH_MAX + 64];
+    ck_assert_ptr_nonnull(realpath(DATA "secrets", dir));
+    setenv("CREDENTIALS_DIRECTORY", dir, 1);
+
+    /* relative names are looked up there, not next to the config file */
+    struct result r = load_extra("nats:\n  user: u\n  password_file: password\n"
+                                 "  tls: {enabled: true, ca: ca.pem, cert: client.pem,\n"
+                                 "        key: client-key.pem}\n");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_str_eq(r.cfg->nats.password, "s3cret-pw");
+    snprintf(want, sizeof want, "%s/password", dir);
+    ck_assert_str_eq(r.cfg->nats.password_file, want);
+    snprintf(want, sizeof want, "%s/client-key.pem", dir);
+    ck_assert_str_eq(r.cfg->nats.tls.key, want);
+    result_free(&r);
+
+    /* a missing one says where it was looked for */
+    r = load_extra("nats: {nkey_seed_file: missing.seed}\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    replace_all(&r.errs, dir, "S");
+    ck_assert_str_eq(r.errs, "T:4:24: nats.nkey_seed_file: cannot read 'S/missing.seed' "
+                             "(in $CREDENTIALS_DIRECTORY): No such file or directory\n");
+    result_free(&r);
+
+    /* absolute names are not affected */
+    r = load_extra("nats: {credentials: /nonexistent/x.creds}\n");
+    ck_assert_str_eq(r.errs, "T:4:21: nats.credentials: cannot read '/nonexistent/x.creds': "
+                             "No such file or directory\n");
+    result_free(&r);
+
+    /* a trailing '/' is not doubled */
+    snprintf(text, sizeof text, "%s/", dir);
+    setenv("CREDENTIALS_DIRECTORY", text, 1);
+    r = load_extra("nats: {token_file: token}\n");
+    ck_assert_str_eq(r.errs, "");
+    snprintf(want, sizeof want, "%s/token", dir);
+    ck_assert_str_eq(r.cfg->nats.token_file, want);
+    ck_assert_str_eq(r.cfg->nats.token, "t0ken-value");
+    result_free(&r);
+
+    /* empty = unset: next to the config file (/tmp here) */
+    setenv("CREDENTIALS_DIRECTORY", "", 1);
+    r = load_extra("nats: {user: u, password_file: kvb-no-such-password}\n");
+    ck_assert_str_eq(r.errs, "T:4:32: nats.password_file: cannot read "
+                             "'/tmp/kvb-no-such-password': No such file or directory\n");
+    result_free(&r);
+    unsetenv("CREDENTIALS_DIRECTORY");
+}
+END_TEST
+
+START_TEST(test_secret_file_limits)
+{
+    char path[32], text[160];
+    size_t cap = 65537;
+    char *big = malloc(cap);
+    ck_assert(big != NULL);
+    memset(big, 'x', cap);
+
+    /* 65536 bytes: read whole */
+    temp_file(path, big, 65536);
+    snprintf(text, sizeof text, "nats: {token_file: '%s'}\n", path);
+    struct result r = load_extra(text);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_uint_eq(strlen(r.cfg->nats.token), 65536);
+    result_free(&r);
+    unlink(path);
+
+    /* one byte more, even a line end: refused, not cut */
+    big[65536] = '\n';
+    temp_file(path, big, 65537);
+    snprintf(text, sizeof text, "nats: {token_file: '%s'}\n", path);
+    r = load_extra(text);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    char want[160];
+    snprintf(want, sizeof want, "T:4:20: nats.token_file: cannot use '%s': it is larger "
+             "than 65536 bytes\n", path);
+    ck_assert_str_eq(r.errs, want);
+    result_free(&r);
+    unlink(path);
+    free(big);
+
+    /* a directory */
+    r = load_extra("nats: {token_file: /tmp}\n");
+    ck_assert_str_eq(r.errs, "T:4:20: nats.token_file: '/tmp' is not a regular file\n");
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_secrets_not_shown)
+{
+    /* errors about keys holding secrets never quote them */
+    struct result r = load_extra("nats: {password: hunter2-secret, token: tok-secret-2}\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs, "T:4:41: nats.token: only one authentication method may be "
+                             "set, and nats.password (at 4:18) is set already\n"
+                             "T:4:18: nats.password: needs nats.user\n");
+    result_free(&r);
+    r = load_extra("nats: {user: u, password: \"hunter2\\0x\"}\n");
+    ck_assert_str_eq(r.errs, "T:4:27: nats.password: the string contains a NUL "
+                             "character\n");
+    result_free(&r);
+
+    /* a seed file that holds something else: its content is not shown */
+    setenv("CREDENTIALS_DIRECTORY", DATA "secrets", 1);
+    r = load_extra("nats: {nkey_seed_file: password}\n");
+    unsetenv("CREDENTIALS_DIRECTORY");
+    ck_assert_str_eq(r.errs, "T:4:24: nats.nkey_seed_file: '" DATA "secrets/password' does "
+                             "not hold an NKey user seed: seeds start with \"SU\" (one "
+                             "starting with \"U\" is a public key, which cannot sign)\n");
+    ck_assert(strstr(r.errs, "s3cret") == NULL);
+    result_free(&r);
+
+    /* the example has no values for them */
+    size_t len;
+    char *text = example_text(&len);
+    ck_assert(strstr(text, "\n  password: \"\"\n") != NULL);
+    ck_assert(strstr(text, "\n  token: \"\"\n") != NULL);
+    ck_assert(strstr(text, "\n  nkey_seed: \"\"\n") != NULL);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_nats_equal)
+{
+    struct result a = load_extra("nats: {user: u, password: p1}\n");
+    struct result same = load_extra("nats: {user: u, password: p1}\nlog: {level: debug}\n");
+    struct result pw = load_extra("nats: {user: u, password: p2}\n");
+    struct result tls = load_extra("nats: {user: u, password: p1, tls: {enabled: true}}\n");
+    struct result tok = load_extra("nats: {token: p1}\n");
+    ck_assert_int_eq(a.rc, 0);
+    ck_assert_int_eq(same.rc, 0);
+    ck_assert_int_eq(pw.rc, 0);
+    ck_assert_int_eq(tls.rc, 0);
+    ck_assert_int_eq(tok.rc, 0);
+    ck_assert(kvb_config_nats_equal(a.cfg, same.cfg));
+    ck_assert(!kvb_config_nats_equal(a.cfg, pw.cfg));
+    ck_assert(!kvb_config_nats_equal(a.cfg, tls.cfg));
+    ck_assert(!kvb_config_nats_equal(a.cfg, tok.cfg));
+    ck_assert(kvb_config_nats_equal(NULL, NULL));
+    ck_assert(!kvb_config_nats_equal(a.cfg, NULL));
+    /* all of them reload without a restart */
+    ck_assert_int_eq(kvb_config_check_reload(a.cfg, pw.cfg, NULL), 0);
+    ck_assert_int_eq(kvb_config_check_reload(a.cfg, tls.cfg, NULL), 0);
+    ck_assert_int_eq(kvb_config_check_reload(a.cfg, tok.cfg, NULL), 0);
+    result_free(&a);
+    result_free(&same);
+    result_free(&pw);
+    result_free(&tls);
+    result_free(&tok);
 }
 END_TEST
 
@@ -835,6 +1245,15 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_check_reload);
     tcase_add_test(tc, test_block_size_reload_from_files);
     tcase_add_test(tc, test_free_null);
+    tcase_add_test(tc, test_auth_files);
+    tcase_add_test(tc, test_auth_inline);
+    tcase_add_loop_test(tc, test_nkey_public, 0,
+                        (int)(sizeof nkey_vectors / sizeof nkey_vectors[0]));
+    tcase_add_loop_test(tc, test_nkey_bad_seed, 0, (int)(sizeof bad_seeds / sizeof *bad_seeds));
+    tcase_add_test(tc, test_credentials_directory);
+    tcase_add_test(tc, test_secret_file_limits);
+    tcase_add_test(tc, test_secrets_not_shown);
+    tcase_add_test(tc, test_nats_equal);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -60,6 +60,9 @@ struct tsub {
 
 static struct {
     pid_t pid;               /* nats-server, -1 when none */
+    char conf[64];           /* its config file, "" when none */
+    int saved_stderr;        /* capture_start(): the real fd 2, -1 when none */
+    char capture[64];        /* where fd 2 goes meanwhile */
     struct kvb_config *cfg;
     struct kvb_metrics m;
     struct kvb_sink *sink;
@@ -97,12 +100,25 @@ static bool port_open(int port)
     return ok;
 }
 
-static void server_start(int port)
+/* nats-server on 127.0.0.1:PORT, with the configuration text CONF (or none). */
+static void server_start_conf(int port, const char *conf)
 {
     char ports[16];
     pid_t parent = getpid();
     snprintf(ports, sizeof(ports), "%d", port);
     ck_assert_int_lt(fx.pid, 0);
+    if (conf) {
+        if (!fx.conf[0]) {
+            strcpy(fx.conf, "/tmp/check_sink.conf.XXXXXX");
+            int cfd = mkstemp(fx.conf);
+            ck_assert_int_ge(cfd, 0);
+            close(cfd);
+        }
+        FILE *f = fopen(fx.conf, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(conf, f);
+        fclose(f);
+    }
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -115,7 +131,11 @@ static void server_start(int port)
             dup2(dn, 1);
             dup2(dn, 2);
         }
-        execlp("nats-server", "nats-server", "-a", "127.0.0.1", "-p", ports, (char *)NULL);
+        if (conf)
+            execlp("nats-server", "nats-server", "-a", "127.0.0.1", "-p", ports, "-c",
+                   fx.conf, (char *)NULL);
+        else
+            execlp("nats-server", "nats-server", "-a", "127.0.0.1", "-p", ports, (char *)NULL);
         _exit(127);
     }
     fx.pid = pid;
@@ -127,6 +147,8 @@ static void server_start(int port)
         sleep_ms(10);
     }
 }
+
+static void server_start(int port) { server_start_conf(port, NULL); }
 
 static void server_kill(void)
 {
@@ -142,10 +164,13 @@ static void server_kill(void)
 static void tsub_close(struct tsub *t);
 static void cfg_free(struct kvb_config *c);
 
+static void capture_stop(void);
+
 static void fx_setup(void)
 {
     memset(&fx, 0, sizeof(fx));
     fx.pid = -1;
+    fx.saved_stderr = -1;
     fx.fds[0] = fx.fds[1] = -1;
 }
 
@@ -160,6 +185,10 @@ static void fx_teardown(void)
     fx.fds[0] = fx.fds[1] = -1;
     cfg_free(fx.cfg);
     fx.cfg = NULL;
+    capture_stop();
+    if (fx.conf[0])
+        unlink(fx.conf);
+    fx.conf[0] = '\0';
 }
 
 /* ---- config built by hand (the config module is someone else's) ---- */
@@ -199,20 +228,88 @@ static void cfg_free(struct kvb_config *c)
     free(c->nats.namespace_);
     free(c->nats.component);
     free(c->nats.credentials);
+    free(c->nats.user);
+    free(c->nats.password);
+    free(c->nats.token);
+    free(c->nats.nkey_seed);
+    free(c->nats.nkey_public);
+    free(c->nats.tls.ca);
+    free(c->nats.tls.cert);
+    free(c->nats.tls.key);
+    free(c->nats.tls.server_name);
     free(c);
+}
+
+/* Set one string of a hand-made config. */
+static void cfg_set(char **field, const char *v)
+{
+    free(*field);
+    *field = strdup(v);
+    ck_assert_ptr_nonnull(*field);
+}
+
+/* ---- what the sink logs (fd 2 into a file) ---- */
+
+static void capture_start(void)
+{
+    ck_assert_int_lt(fx.saved_stderr, 0);
+    strcpy(fx.capture, "/tmp/check_sink.log.XXXXXX");
+    int fd = mkstemp(fx.capture);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    fx.saved_stderr = dup(2);
+    ck_assert_int_ge(fx.saved_stderr, 0);
+    dup2(fd, 2);
+    close(fd);
+}
+
+/* What was logged since capture_start() (malloc'd); the capture goes on. */
+static char *captured(void)
+{
+    FILE *f = fopen(fx.capture, "r");
+    ck_assert_ptr_nonnull(f);
+    char *buf = calloc(1, 1 << 16);
+    ck_assert_ptr_nonnull(buf);
+    size_t n = fread(buf, 1, (1 << 16) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void capture_stop(void)
+{
+    if (fx.saved_stderr < 0)
+        return;
+    fflush(stderr);
+    dup2(fx.saved_stderr, 2);
+    close(fx.saved_stderr);
+    fx.saved_stderr = -1;
+    unlink(fx.capture);
+}
+
+static int count_str(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
 }
 
 /* ---- test subscriber (its own connection) ---- */
 
-static void tsub_open(struct tsub *t, int port)
+/* The test subscriber; USERINFO ("user:password@", "token@" or "") for
+ * servers that want credentials. */
+static void tsub_open_as(struct tsub *t, int port, const char *userinfo)
 {
-    char url[64];
-    snprintf(url, sizeof(url), "nats://127.0.0.1:%d", port);
+    char url[128];
+    snprintf(url, sizeof(url), "nats://%s127.0.0.1:%d", userinfo, port);
     ck_assert_int_eq(natsConnection_ConnectTo(&t->nc, url), NATS_OK);
     ck_assert_int_eq(natsConnection_SubscribeSync(&t->sub, t->nc, SUBJ), NATS_OK);
     /* The server has the SUB once the PONG is back. */
     ck_assert_int_eq(natsConnection_FlushTimeout(t->nc, 3000), NATS_OK);
 }
+
+static void tsub_open(struct tsub *t, int port) { tsub_open_as(t, port, ""); }
 
 static void tsub_close(struct tsub *t)
 {
@@ -635,6 +732,263 @@ START_TEST(test_server_restart)
 }
 END_TEST
 
+/* ---- authentication and TLS against nats-server ---- */
+
+#define CONF_USER "authorization { user: kvb, password: \"pw-good\" }\n"
+#define SEED_RFC "SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALCA"
+#define PUB_RFC "UDLVVGABQKYQVN6VJP7NHSLEA45A5YLS6PNKMIZFV4BBU2HXA5IRUVAL"
+#define SEED_ZERO "SUAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAEQ"
+#define PUB_ZERO "UA5WUJ54Z23KILLCUOUNAKTPBVZWKMQVO4O6EQ5GHLAERIMLLHNCTYM5"
+
+static void cfg_user(struct kvb_config *c, const char *user, const char *password)
+{
+    cfg_set(&c->nats.user, user);
+    cfg_set(&c->nats.password, password);
+}
+
+START_TEST(test_userpass)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 2000, 100, 200, 1 << 20);
+    cfg_user(fx.cfg, "kvb", "pw-good");
+    server_start_conf(port, CONF_USER);
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    ck_assert(kvb_sink_connected(fx.sink));
+    tsub_open_as(&fx.t, port, "kvb:pw-good@");
+    publish_n(fx.sink, "u", 20);
+    ck_assert_int_eq(kvb_sink_flush(fx.sink, 3000), 0);
+    tsub_expect(&fx.t, "u", 20);
+}
+END_TEST
+
+/* A bad password with connect_timeout_ms > 0: -EACCES at once (not after the
+ * timeout), with the server's reason in the log and no secret in it. */
+START_TEST(test_userpass_rejected)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 5000, 100, 200, 1 << 20);
+    cfg_user(fx.cfg, "kvb", "pw-bad");
+    server_start_conf(port, CONF_USER);
+    atomic_store(&fx.m.nats_connected[0], 1); /* as on SIGHUP: another sink is live */
+    kvb_log_set_level(KVB_LOG_WARN);
+    capture_start();
+    uint64_t t0 = now_ms();
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
+    uint64_t dt = now_ms() - t0;
+    char *log = captured();
+    capture_stop();
+    kvb_log_set_level(KVB_LOG_ERROR);
+    ck_assert_ptr_null(fx.sink);
+    ck_assert_msg(dt < 2000, "took %" PRIu64 " ms", dt);
+    ck_assert_msg(strstr(log, "NATS server rejected the connection: Authorization Violation"),
+                  "log: %s", log);
+    ck_assert(!strstr(log, "pw-bad"));
+    ck_assert_uint_eq(kvb_get(&fx.m.nats_connected[0]), 1); /* metrics untouched */
+    free(log);
+}
+END_TEST
+
+/* connect_timeout_ms 0: a refusal is retried forever, each attempt logged;
+ * meanwhile publishes are refused and the buffer reads as full (the loop
+ * stops reading).  Once the server accepts the password, the sink gets
+ * through on its own. */
+START_TEST(test_rejected_retry_forever)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 0, 100, 200, 1 << 20);
+    cfg_user(fx.cfg, "kvb", "pw-new");
+    server_start_conf(port, CONF_USER);
+    ck_assert_int_eq(wake_pipe(fx.fds), 0);
+    kvb_log_set_level(KVB_LOG_INFO);
+    capture_start();
+    uint64_t t0 = now_ms();
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, fx.fds[1], &fx.sink), 0);
+    ck_assert_msg(now_ms() - t0 < 1000, "create blocked");
+    struct kvb_sink *s = fx.sink;
+    ck_assert(!kvb_sink_connected(s));
+    ck_assert_int_eq(kvb_sink_publish(s, SUBJ, "x", 1), -EAGAIN);
+    ck_assert_uint_eq(kvb_get(&fx.m.nats_publish_errors_total[0]), 1);
+    ck_assert_uint_eq(kvb_sink_pending_bytes(s), 1 << 20);
+    ck_assert_int_eq(kvb_sink_flush(s, 100), -ENOTCONN);
+
+    /* attempts every 100-200 ms, each one logged */
+    uint64_t deadline = now_ms() + 5000;
+    char *log = NULL;
+    for (;;) {
+        free(log);
+        log = captured();
+        if (count_str(log, "Authorization Violation (attempt") >= 3 || now_ms() > deadline)
+            break;
+        sleep_ms(20);
+    }
+    ck_assert_msg(count_str(log, "NATS server rejected the connection: Authorization "
+                                 "Violation") >= 4, "log: %s", log);
+    ck_assert(!strstr(log, "pw-new"));
+    free(log);
+    ck_assert(!kvb_sink_connected(s));
+
+    /* the server learns the password */
+    server_kill();
+    server_start_conf(port, "authorization { user: kvb, password: \"pw-new\" }\n");
+    tsub_open_as(&fx.t, port, "kvb:pw-new@");
+    ck_assert_msg(wait_connected(s, true, 5000), "never got through");
+    ck_assert_int_ge(wait_wake(fx.fds[0], 2000), 1);
+    ck_assert_uint_eq(kvb_get(&fx.m.nats_connected[0]), 1);
+    ck_assert_uint_lt(kvb_sink_pending_bytes(s), 1 << 20);
+    publish_n(s, "r", 10);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    tsub_expect(&fx.t, "r", 10);
+    ck_assert_uint_eq(kvb_get(&fx.m.nats_reconnects_total[0]), 0); /* the first connection */
+    log = captured();
+    kvb_log_set_level(KVB_LOG_ERROR);
+    ck_assert_msg(strstr(log, "connected to NATS"), "log: %s", log);
+    free(log);
+}
+END_TEST
+
+/* Connected, then the server changes the password: nats.c gives up after
+ * two refusals and closes the connection; the sink logs why, keeps trying,
+ * and gets through once the server takes the password again. */
+START_TEST(test_rejected_later)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 2000, 100, 200, 1 << 20);
+    cfg_user(fx.cfg, "kvb", "pw-good");
+    server_start_conf(port, CONF_USER);
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    struct kvb_sink *s = fx.sink;
+    ck_assert(kvb_sink_connected(s));
+    capture_start();
+
+    server_kill();
+    server_start_conf(port, "authorization { user: kvb, password: \"other\" }\n");
+    uint64_t deadline = now_ms() + 8000;
+    char *log = NULL;
+    for (;;) {
+        free(log);
+        log = captured();
+        if (count_str(log, "(attempt") >= 2 || now_ms() > deadline)
+            break;
+        sleep_ms(20);
+    }
+    ck_assert_msg(strstr(log, "NATS connection closed by the client library "
+                              "(Authorization Violation)"), "log: %s", log);
+    ck_assert_msg(count_str(log, "rejected the connection: Authorization Violation "
+                                 "(attempt") >= 2, "log: %s", log);
+    free(log);
+    ck_assert(!kvb_sink_connected(s));
+    ck_assert_int_eq(kvb_sink_publish(s, SUBJ, "x", 1), -EAGAIN);
+
+    server_kill();
+    server_start_conf(port, CONF_USER);
+    tsub_open_as(&fx.t, port, "kvb:pw-good@");
+    ck_assert_msg(wait_connected(s, true, 5000), "never got through again");
+    publish_n(s, "l", 10);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    tsub_expect(&fx.t, "l", 10);
+    ck_assert_uint_ge(kvb_get(&fx.m.nats_reconnects_total[0]), 1);
+    ck_assert_uint_ge(kvb_get(&fx.m.nats_disconnects_total[0]), 1);
+}
+END_TEST
+
+START_TEST(test_token)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 2000, 100, 200, 1 << 20);
+    cfg_set(&fx.cfg->nats.token, "tok-123");
+    server_start_conf(port, "authorization { token: \"tok-123\" }\n");
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    tsub_open_as(&fx.t, port, "tok-123@");
+    publish_n(fx.sink, "t", 5);
+    ck_assert_int_eq(kvb_sink_flush(fx.sink, 3000), 0);
+    tsub_expect(&fx.t, "t", 5);
+    kvb_sink_destroy(&fx.sink);
+
+    cfg_set(&fx.cfg->nats.token, "tok-456");
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
+}
+END_TEST
+
+START_TEST(test_nkey)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 2000, 100, 200, 1 << 20);
+    cfg_set(&fx.cfg->nats.nkey_seed, SEED_RFC);
+    cfg_set(&fx.cfg->nats.nkey_public, PUB_RFC);
+    server_start_conf(port, "authorization { users = [ { nkey: " PUB_RFC " },\n"
+                            "  { user: sub, password: subpw } ] }\n");
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    tsub_open_as(&fx.t, port, "sub:subpw@");
+    publish_n(fx.sink, "n", 5);
+    ck_assert_int_eq(kvb_sink_flush(fx.sink, 3000), 0);
+    tsub_expect(&fx.t, "n", 5);
+    kvb_sink_destroy(&fx.sink);
+
+    /* another key pair: refused */
+    cfg_set(&fx.cfg->nats.nkey_seed, SEED_ZERO);
+    cfg_set(&fx.cfg->nats.nkey_public, PUB_ZERO);
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
+}
+END_TEST
+
+/* TLS wanted, the server has none: refused, with the reason. */
+START_TEST(test_tls_not_offered)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 2000, 100, 200, 1 << 20);
+    fx.cfg->nats.tls.enabled = true;
+    fx.cfg->nats.tls.verify = true;
+    server_start(port);
+    kvb_log_set_level(KVB_LOG_WARN);
+    capture_start();
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
+    char *log = captured();
+    capture_stop();
+    kvb_log_set_level(KVB_LOG_ERROR);
+    ck_assert_msg(strstr(log, "NATS server rejected the connection: "), "log: %s", log);
+    ck_assert_msg(strcasestr(log, "secure connection"), "log: %s", log);
+    free(log);
+}
+END_TEST
+
+/* A CA file that is not PEM: the options cannot be built (no server needed). */
+START_TEST(test_tls_bad_ca)
+{
+    char path[] = "/tmp/check_sink.ca.XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "not a certificate\n", 18), 18);
+    close(fd);
+    fx.cfg = cfg_new(free_port(), 2000, 100, 200, 1 << 20);
+    fx.cfg->nats.tls.enabled = true;
+    fx.cfg->nats.tls.verify = true;
+    cfg_set(&fx.cfg->nats.tls.ca, path);
+    capture_start();
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EINVAL);
+    char *log = captured();
+    capture_stop();
+    unlink(path);
+    ck_assert_msg(strstr(log, "NATS TLS options: Error loading trusted certificates"),
+                  "log: %s", log);
+    free(log);
+}
+END_TEST
+
+/* Destroy does not wait out the rebuild backoff. */
+START_TEST(test_destroy_while_rejected)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 0, 5000, 5000, 1 << 20);
+    cfg_user(fx.cfg, "kvb", "pw-bad");
+    server_start_conf(port, CONF_USER);
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    ck_assert(!kvb_sink_connected(fx.sink));
+    uint64_t t0 = now_ms();
+    kvb_sink_destroy(&fx.sink);
+    ck_assert_uint_lt(now_ms() - t0, 1000);
+}
+END_TEST
+
 static Suite *sink_suite(void)
 {
     Suite *su = suite_create("sink");
@@ -661,6 +1015,20 @@ static Suite *sink_suite(void)
     tcase_add_test(tc, test_multi_server);
     tcase_add_test(tc, test_down_at_start);
     tcase_add_test(tc, test_server_restart);
+    suite_add_tcase(su, tc);
+
+    tc = tcase_create("security");
+    tcase_set_timeout(tc, 30);
+    tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
+    tcase_add_test(tc, test_userpass);
+    tcase_add_test(tc, test_userpass_rejected);
+    tcase_add_test(tc, test_rejected_retry_forever);
+    tcase_add_test(tc, test_rejected_later);
+    tcase_add_test(tc, test_token);
+    tcase_add_test(tc, test_nkey);
+    tcase_add_test(tc, test_tls_not_offered);
+    tcase_add_test(tc, test_tls_bad_ca);
+    tcase_add_test(tc, test_destroy_while_rejected);
     suite_add_tcase(su, tc);
     return su;
 }
