@@ -26,7 +26,9 @@ enum kvb_decode_err {
     KVB_DEC_BAD_MSGPACK = -3, /* reserved byte (0xc1) or otherwise unparsable */
     KVB_DEC_TRAILING = -4,    /* bytes after the batch object */
     KVB_DEC_TOO_DEEP = -5,    /* nesting beyond the limit */
-    KVB_DEC_TOO_LARGE = -6,   /* more events than limits.max_events */
+    KVB_DEC_TOO_LARGE = -6,   /* more events than limits.max_events, or an array
+                                 or map longer than the largest limit (refused
+                                 before anything is allocated for it) */
     KVB_DEC_ENVELOPE = -7,    /* not [ts, events(, dp_rank)] nor the map form */
     KVB_DEC_NOMEM = -8,       /* the arena could not grow */
 };

@@ -48,6 +48,12 @@ int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq
 int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                        const uint8_t *payload, size_t len);
 
+/* A batch with a valid seq that must not be decoded (its payload is above
+ * limits.max_payload_bytes): the same sequence rules as kvb_pipeline_live(),
+ * then the malformed barrier, as for a batch that does not decode. */
+int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                        const char *why);
+
 /* "cleared" for every dp_rank of the stream (the ranks seen so far, or its
  * configured rank if none), counted under cause (enum kvb_barrier_cause). */
 int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause);

@@ -23,6 +23,7 @@ struct kvb_decoder {
     msgpack_zone zone;
     bool zone_ok;
     struct kvb_decode_limits lim;
+    uint64_t max_items; /* per array (maps: 2 per entry): the largest limit */
 };
 
 struct kvb_decoder *kvb_decoder_create(const struct kvb_decode_limits *limits)
@@ -34,6 +35,12 @@ struct kvb_decoder *kvb_decoder_create(const struct kvb_decode_limits *limits)
     d->lim = limits ? *limits : defaults;
     if (d->lim.max_depth == 0 || d->lim.max_depth > MAX_DEPTH_CAP)
         d->lim.max_depth = MAX_DEPTH_CAP;
+    d->max_items = d->lim.max_events;
+    if (d->lim.max_hashes > d->max_items)
+        d->max_items = d->lim.max_hashes;
+    if (d->lim.max_tokens > d->max_items)
+        d->max_items = d->lim.max_tokens;
+    d->max_items = d->max_items * 2 < 64 ? 64 : d->max_items * 2; /* a map of that many keys */
     if (!msgpack_zone_init(&d->zone, ZONE_CHUNK))
         goto fail;
     d->zone_ok = true;
@@ -62,7 +69,7 @@ const char *kvb_decode_strerror(int err)
     case KVB_DEC_BAD_MSGPACK: return "invalid msgpack";
     case KVB_DEC_TRAILING: return "bytes after the batch";
     case KVB_DEC_TOO_DEEP: return "nesting too deep";
-    case KVB_DEC_TOO_LARGE: return "more events than the configured limit";
+    case KVB_DEC_TOO_LARGE: return "a container longer than the configured limits";
     case KVB_DEC_ENVELOPE: return "not a batch envelope";
     case KVB_DEC_NOMEM: return "out of memory";
     default: return "unknown decode error";
@@ -114,8 +121,12 @@ static uint32_t be32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-/* Walk one msgpack object starting at p[0..len).  On success sets *used. */
-static int prescan(const uint8_t *p, size_t len, uint32_t max_depth, size_t *used)
+/* Walk one msgpack object starting at p[0..len).  On success sets *used.
+ * No array or map may declare more elements than max_items (the largest of
+ * the configured limits): msgpack-c would allocate 24 bytes per element
+ * before we could look at them. */
+static int prescan(const uint8_t *p, size_t len, uint32_t max_depth, uint64_t max_items,
+                   size_t *used)
 {
     uint64_t left_items[MAX_DEPTH_CAP + 2];
     uint32_t depth = 0;
@@ -207,6 +218,8 @@ static int prescan(const uint8_t *p, size_t len, uint32_t max_depth, size_t *use
             /* each element needs at least one byte */
             if (items > len - off)
                 return KVB_DEC_TRUNCATED;
+            if (items > max_items)
+                return KVB_DEC_TOO_LARGE;
             if (depth + 1 > max_depth)
                 return KVB_DEC_TOO_DEEP;
             left_items[++depth] = items;
@@ -589,7 +602,7 @@ int kvb_decode_batch(struct kvb_decoder *d, const uint8_t *payload, size_t len,
     if (len == 0)
         return KVB_DEC_EMPTY;
     size_t used = 0;
-    int rc = prescan(payload, len, d->lim.max_depth, &used);
+    int rc = prescan(payload, len, d->lim.max_depth, d->max_items, &used);
     if (rc < 0)
         return rc;
     if (used != len)

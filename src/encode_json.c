@@ -76,8 +76,10 @@ size_t kvb_u64_to_dec(char *p, uint64_t v)
 int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data,
                size_t *len)
 {
-    /* Worst case: fixed text + per block two u64s and their keys. */
-    size_t need = 256 + (size_t)r->n * 64;
+    /* Worst case: the fixed text (< 200 bytes with five 20-digit numbers and
+     * the longest tier) + per block {"block_hash":U64,"tokens_hash":U64},
+     * (71 bytes) or per removed hash U64, (21 bytes). */
+    size_t need = 256 + (size_t)r->n * 72;
     if (need > e->cap) {
         size_t cap = e->cap ? e->cap : 1024;
         while (cap < need)

@@ -182,30 +182,42 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
     return n;
 }
 
-int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                      const uint8_t *payload, size_t len)
+/* The live sequence rules: gap or restart barrier before the batch. */
+static int live_rules(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq)
 {
-    int n = 0, rc = 0;
     switch (kvb_seq_classify(s, seq)) {
     case KVB_SEQ_GAP:
         kvb_inc(&p->m->seq_gaps_total[0]);
         s->gaps++;
         kvb_log(KVB_LOG_WARN, "source", "%s: seq gap: %llu missing before %llu, publishing barrier",
                 s->name, (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
-        rc = kvb_pipeline_barrier(p, s, KVB_BAR_GAP);
-        break;
+        return kvb_pipeline_barrier(p, s, KVB_BAR_GAP);
     case KVB_SEQ_BACK:
         kvb_inc(&p->m->engine_restarts_total[0]);
         kvb_log(KVB_LOG_WARN, "source", "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
                 s->name, (unsigned long long)s->last, (unsigned long long)seq);
-        rc = kvb_pipeline_barrier(p, s, KVB_BAR_RESTART);
-        break;
+        return kvb_pipeline_barrier(p, s, KVB_BAR_RESTART);
     default:
-        break;
+        return 0;
     }
-    if (rc < 0)
-        return rc;
-    n = rc;
-    rc = kvb_pipeline_apply(p, s, seq, payload, len);
+}
+
+int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                      const uint8_t *payload, size_t len)
+{
+    int n = live_rules(p, s, seq);
+    if (n < 0)
+        return n;
+    int rc = kvb_pipeline_apply(p, s, seq, payload, len);
+    return rc < 0 ? rc : n + rc;
+}
+
+int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                        const char *why)
+{
+    int n = live_rules(p, s, seq);
+    if (n < 0)
+        return n;
+    int rc = malformed(p, s, seq, why);
     return rc < 0 ? rc : n + rc;
 }

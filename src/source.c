@@ -133,11 +133,14 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     }
     /* reconnect to an absent engine with backoff 100 ms .. 2 s, not every 100 ms */
     int hwm = (int)(p->rcvhwm > INT32_MAX ? INT32_MAX : p->rcvhwm), linger = 0, ivl_max = 2000;
-    int64_t maxmsg = p->max_payload_bytes ? (int64_t)p->max_payload_bytes + 64 : -1;
+    /* No ZMQ_MAXMSGSIZE: libzmq treats an oversize frame as a protocol error
+     * and a connecting SUB never reconnects after one (the engine would be
+     * lost for good), and nothing would be counted.  The size is checked
+     * after the receive instead (oversize()): libzmq holds one such frame at
+     * a time, kvbridge never decodes it. */
     if (zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max)) < 0 ||
-        zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0) {
         rc = zerr();
         goto fail;
@@ -281,6 +284,18 @@ static void close_frames(zmq_msg_t *frames, int n, int max)
 
 /* ---- replay ------------------------------------------------------------- */
 
+/* A payload above limits.max_payload_bytes: counted, never decoded. */
+static bool oversize(struct kvb_source *s, size_t len)
+{
+    if (!s->p.max_payload_bytes || len <= s->p.max_payload_bytes)
+        return false;
+    kvb_inc(&s->m->malformed_messages_total[KVB_MAL_OVERSIZE]);
+    kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
+               "%s: payload of %zu bytes above limits.max_payload_bytes (%llu): dropped",
+               s->name, len, (unsigned long long)s->p.max_payload_bytes);
+    return true;
+}
+
 static int hold(struct replay *rp, uint64_t seq, const void *data, size_t len)
 {
     if (rp->n_held >= MAX_HELD_MSGS || rp->held_bytes + len > MAX_HELD_BYTES)
@@ -423,6 +438,11 @@ static int on_replay_batch(struct kvb_source *s, struct kvb_pipeline *p, uint64_
     struct kvb_stream *st = &rp->st->st;
     if (seq < rp->want || seq >= rp->until)
         return 0; /* already applied, or live batches we hold */
+    if (oversize(s, len)) { /* in the engine's buffer, but not usable */
+        rp->want = seq + 1;
+        rp->got_reply = true;
+        return kvb_pipeline_reject(p, st, seq, "payload above limits.max_payload_bytes");
+    }
     if (seq > rp->want) {
         if (rp->got_reply && rp->rounds < REPLAY_MAX_ROUNDS) {
             /* a hole in the middle of a reply: the ROUTER's HWM dropped
@@ -557,6 +577,14 @@ static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *
                    uint64_t seq, const void *data, size_t len)
 {
     struct replay *rp = &s->rp;
+    if (oversize(s, len)) {
+        if (rp->active && rp->st == st) {
+            int rc = finish_replay(s, p, "an oversize batch arrived meanwhile");
+            if (rc < 0)
+                return rc;
+        }
+        return kvb_pipeline_reject(p, &st->st, seq, "payload above limits.max_payload_bytes");
+    }
     if (rp->active && rp->st == st) {
         int rc = hold(rp, seq, data, len);
         if (rc == 0)
