@@ -1,0 +1,53 @@
+# Benchmarks (tests/bench): not part of `make check`.
+#
+#   make bench            end-to-end: engine -> kvbridge -> nats-server -> subscriber,
+#                         against a raw ZMQ->NATS forwarder; one table, also
+#                         written to $(B)/bench/results.txt  (~3 minutes)
+#   make bench-callgrind  instructions per engine event of the pure pipeline
+#                         (decode -> convert -> encode), per mix, plus the top
+#                         functions (callgrind_annotate)
+#   make bench-rss        kvbridge fed 10M events (decode mix): VmRSS every second
+#
+# Tools go to $(B)/bench/; they link $(B)/libkvb.a like the unit tests.
+
+BENCH_OUT   := $(B)/bench
+BENCH_TOOLS := $(BENCH_OUT)/bench-pub $(BENCH_OUT)/count-sub $(BENCH_OUT)/forwarder \
+               $(BENCH_OUT)/capture $(BENCH_OUT)/pipeline-bench
+BENCH_DEPS  := $(B)/kvbridge $(B)/kvsim $(BENCH_TOOLS)
+
+.PHONY: bench bench-tools bench-callgrind bench-rss
+
+bench-tools: $(BENCH_TOOLS)
+
+$(B)/obj/tests/bench/%.o: tests/bench/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+
+$(BENCH_OUT)/bench-pub: $(B)/obj/tests/bench/pub.o $(B)/obj/tests/bench/benchgen.o $(B)/libkvb.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lm
+
+$(BENCH_OUT)/pipeline-bench: $(B)/obj/tests/bench/pipeline_bench.o $(B)/obj/tests/bench/benchgen.o $(B)/libkvb.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BENCH_OUT)/count-sub: $(B)/obj/tests/bench/count_sub.o $(B)/obj/tests/bench/benchgen.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BENCH_OUT)/forwarder: $(B)/obj/tests/bench/forwarder.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BENCH_OUT)/capture: $(B)/obj/tests/bench/capture.o $(B)/obj/tests/bench/benchgen.o
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+bench: $(BENCH_DEPS)
+	@B=$(B) bash tests/bench/run.sh
+
+bench-callgrind: $(B)/kvsim $(BENCH_OUT)/capture $(BENCH_OUT)/pipeline-bench
+	@B=$(B) bash tests/bench/callgrind.sh
+
+bench-rss: $(BENCH_DEPS)
+	@B=$(B) bash tests/bench/rss.sh

@@ -1,0 +1,212 @@
+/* pipeline-bench: the pure pipeline (decode -> convert -> encode) in process,
+ * over pre-encoded batches, with an emit callback that only sums lengths.
+ *
+ *   pipeline-bench --mix decode|prefill|realistic [--capture FILE]
+ *                  [--batches N] [--passes P] [--stats]
+ *
+ * The batches are self-encoded (benchgen.c, shapes as kvsim), or read from a
+ * capture of kvsim's stream (--capture).  One warm-up pass over the first
+ * batches (start barrier, buffers grown), then run_measured() feeds every
+ * batch P times through kvb_pipeline_live() with consecutive seqs.  Under
+ *   valgrind --tool=callgrind --collect-atstart=no --toggle-collect=run_measured
+ * only run_measured() is counted: Ir / engine_events is the instruction cost
+ * per event (tests/bench/callgrind.sh prints it).  Natively, ns_per_event is
+ * the wall time per engine event.
+ *
+ * Prints one line:
+ *   mix=M source=S batches=N engine_events=E router_events=R out_bytes=B
+ *   in_bytes=I ns_per_event=X
+ * --stats prints the batch shapes instead (events per batch by type, blocks
+ * per store, hashes per remove, bytes per batch), to compare the self-encoded
+ * mixes with kvsim's.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "config.h"
+#include "decode.h"
+#include "metrics.h"
+#include "pipeline.h"
+#include "seq.h"
+
+struct sink {
+    uint64_t msgs, bytes;
+};
+
+static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
+{
+    struct sink *k = ctx;
+    (void)rev;
+    (void)data;
+    k->msgs++;
+    k->bytes += len;
+    return 0;
+}
+
+struct run {
+    struct kvb_pipeline *p;
+    struct kvb_stream st;
+    uint64_t seq;
+    int errors;
+};
+
+__attribute__((noinline)) static void feed(struct run *r, const struct bench_set *set,
+                                           unsigned passes)
+{
+    for (unsigned k = 0; k < passes; k++)
+        for (size_t i = 0; i < set->n; i++)
+            if (kvb_pipeline_live(r->p, &r->st, r->seq++, bench_set_data(set, i),
+                                  bench_set_len(set, i)) < 0)
+                r->errors++;
+}
+
+/* The measured region: keep it a real function (callgrind toggles on it). */
+__attribute__((noinline)) static void run_measured(struct run *r, const struct bench_set *set,
+                                                   unsigned passes)
+{
+    feed(r, set, passes);
+    __asm__ volatile("" ::: "memory"); /* no tail call: the frame stays */
+}
+
+static void stats(const char *mix, const char *source, const struct bench_set *set)
+{
+    struct kvb_decoder *d = kvb_decoder_create(NULL);
+    uint64_t ev[5] = {0}, blocks = 0, rm_hashes = 0, empty = 0, cpu = 0, g1 = 0, nilmed = 0,
+             lora = 0;
+    for (size_t i = 0; i < set->n; i++) {
+        struct kvb_batch b;
+        if (kvb_decode_batch(d, bench_set_data(set, i), bench_set_len(set, i), &b) < 0)
+            continue;
+        if (b.n_events == 0)
+            empty++;
+        for (uint32_t j = 0; j < b.n_events; j++) {
+            const struct kvb_event *e = &b.events[j];
+            ev[e->type < 5 ? e->type : 4]++;
+            if (e->type == KVB_EV_STORED) {
+                blocks += e->n_hashes;
+                if (e->lora_name.ptr)
+                    lora++;
+            }
+            if (e->type == KVB_EV_REMOVED)
+                rm_hashes += e->n_hashes;
+            if (e->type == KVB_EV_STORED || e->type == KVB_EV_REMOVED) {
+                if (!e->medium.ptr)
+                    nilmed++;
+                else if (e->medium.len == 3 && !memcmp(e->medium.ptr, "CPU", 3))
+                    cpu++;
+                if (e->group_idx.has && e->group_idx.v)
+                    g1++;
+            }
+        }
+    }
+    double n = (double)set->n;
+    printf("shape mix=%s source=%s batches=%zu bytes/batch=%.0f events/batch=%.3f "
+           "stored/batch=%.3f removed/batch=%.3f cleared/batch=%.4f empty=%.1f%% "
+           "blocks/store=%.2f hashes/remove=%.2f cpu_tier=%.1f%% group1=%.1f%% "
+           "nil_medium=%.1f%% lora_stores=%.1f%%\n",
+           mix, source, set->n, (double)set->blob_len / n,
+           (double)(ev[0] + ev[1] + ev[2]) / n, (double)ev[0] / n, (double)ev[1] / n,
+           (double)ev[2] / n, 100.0 * (double)empty / n,
+           ev[0] ? (double)blocks / (double)ev[0] : 0, ev[1] ? (double)rm_hashes / (double)ev[1] : 0,
+           100.0 * (double)cpu / (double)(ev[0] + ev[1] + !(ev[0] + ev[1])),
+           100.0 * (double)g1 / (double)(ev[0] + ev[1] + !(ev[0] + ev[1])),
+           100.0 * (double)nilmed / (double)(ev[0] + ev[1] + !(ev[0] + ev[1])),
+           100.0 * (double)lora / (double)(ev[0] + !ev[0]));
+    kvb_decoder_destroy(&d);
+}
+
+static uint64_t engine_events(const struct bench_set *set)
+{
+    struct kvb_decoder *d = kvb_decoder_create(NULL);
+    uint64_t n = 0;
+    for (size_t i = 0; i < set->n; i++) {
+        struct kvb_batch b;
+        if (kvb_decode_batch(d, bench_set_data(set, i), bench_set_len(set, i), &b) == 0)
+            n += b.n_events;
+    }
+    kvb_decoder_destroy(&d);
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"mix", required_argument, NULL, 'm'},     {"capture", required_argument, NULL, 'c'},
+        {"batches", required_argument, NULL, 'n'}, {"passes", required_argument, NULL, 'p'},
+        {"stats", no_argument, NULL, 's'},         {NULL, 0, NULL, 0},
+    };
+    const char *mix = "decode", *capture = NULL;
+    size_t nb = 0;
+    unsigned passes = 1;
+    int c, do_stats = 0, rc = 1;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': mix = optarg; break;
+        case 'c': capture = optarg; break;
+        case 'n': nb = strtoull(optarg, NULL, 10); break;
+        case 'p': passes = (unsigned)strtoul(optarg, NULL, 10); break;
+        case 's': do_stats = 1; break;
+        default: return 2;
+        }
+    }
+    if (!nb)
+        nb = !strcmp(mix, "prefill") ? 4000 : 20000;
+    if (!passes)
+        passes = 1;
+
+    struct bench_set set = {0};
+    int r = capture ? bench_set_load(capture, nb, &set) : benchgen_make(mix, nb, 1, &set);
+    if (r < 0) {
+        fprintf(stderr, "pipeline-bench: %s: %s\n", capture ? capture : mix, strerror(-r));
+        return 2;
+    }
+    if (do_stats) {
+        stats(mix, capture ? "kvsim-capture" : "self-encoded", &set);
+        bench_set_free(&set);
+        return 0;
+    }
+
+    static struct kvb_metrics m;
+    struct sink sink = {0};
+    struct run run = {0};
+    struct kvb_pipeline_cfg cfg = {
+        .convert = {.worker_id = 7, .block_size = 16, .lora_salt = true,
+                    .forward_tiers = 1u << KVB_TIER_DEVICE},
+        .limits = KVB_DECODE_LIMITS_DEFAULT,
+        .format = KVB_FORMAT_DYNAMO_JSON,
+    };
+    if (kvb_pipeline_create(&cfg, &m, emit, &sink, &run.p) < 0) {
+        fprintf(stderr, "pipeline-bench: cannot create the pipeline\n");
+        goto out;
+    }
+    kvb_stream_init(&run.st, "bench", 0);
+
+    /* warm-up: the start barrier, the arena and the scratch buffers */
+    struct bench_set warm = set;
+    warm.n = set.n < 2000 ? set.n : 2000;
+    feed(&run, &warm, 1);
+    sink = (struct sink){0};
+
+    uint64_t ev = engine_events(&set) * passes;
+    int64_t t0 = bench_now_ns();
+    run_measured(&run, &set, passes);
+    int64_t t1 = bench_now_ns();
+    if (run.errors) {
+        fprintf(stderr, "pipeline-bench: %d batches failed\n", run.errors);
+        goto out;
+    }
+    printf("mix=%s source=%s batches=%zu engine_events=%" PRIu64 " router_events=%" PRIu64
+           " out_bytes=%" PRIu64 " in_bytes=%zu ns_per_event=%.1f\n",
+           mix, capture ? "kvsim-capture" : "self-encoded", set.n * passes, ev, sink.msgs,
+           sink.bytes, set.blob_len * passes, ev ? (double)(t1 - t0) / (double)ev : 0.0);
+    rc = 0;
+out:
+    kvb_pipeline_destroy(&run.p);
+    bench_set_free(&set);
+    return rc;
+}
