@@ -2,9 +2,10 @@
 #
 #   make check-asan     everything built with clang ASan+UBSan
 #                       (-fno-sanitize-recover=all: any report fails) in
-#                       build/asan; the unit tests, the integration tests
-#                       against those binaries (KVB_BIN), and the fuzz
-#                       regressions (make fuzz-regress)
+#                       build/asan; the unit tests, every integration test
+#                       against those binaries (KVB_BIN) and the fuzz
+#                       regressions (make fuzz-regress); everything runs, the
+#                       failures are listed at the end
 #   make check-valgrind-integration
 #                       kvbridge (the normal build) under valgrind memcheck in
 #                       a few integration scenarios: a wrapper in
@@ -50,12 +51,19 @@ deps-clang:
 check-asan:
 	@echo "== check-asan: build ($(ASAN_B), clang $(ASAN_SAN))"
 	@$(ASAN_MAKE) all
+	@rm -f $(ASAN_B)/check-asan.failed
 	@echo "== check-asan: unit tests"
-	@$(ASAN_ENV) $(ASAN_MAKE) unit
+	@for t in $(UNIT_SRC:tests/unit/%.c=$(ASAN_B)/tests/%); do echo "== $$t"; \
+	  $(ASAN_ENV) $$t || echo "$$t" >>$(ASAN_B)/check-asan.failed; done
 	@echo "== check-asan: integration tests (KVB_BIN=$(ASAN_B))"
-	@$(ASAN_ENV) KVB_BIN=$(CURDIR)/$(ASAN_B) $(ASAN_MAKE) integration
+	@for t in $(ITEST); do echo "== $$t"; \
+	  $(ASAN_ENV) KVB_BIN=$(CURDIR)/$(ASAN_B) timeout 600 bash $$t \
+	    || echo "$$t" >>$(ASAN_B)/check-asan.failed; done
 	@echo "== check-asan: fuzz regressions"
-	@$(MAKE) --no-print-directory fuzz-regress
+	@$(MAKE) --no-print-directory fuzz-regress || echo fuzz-regress >>$(ASAN_B)/check-asan.failed
+	@if [ -s $(ASAN_B)/check-asan.failed ]; then \
+	  echo "check-asan: failed:"; sed 's/^/  /' $(ASAN_B)/check-asan.failed; exit 1; fi; \
+	echo "check-asan: unit, integration and fuzz regressions clean under ASan+UBSan"
 
 check-valgrind-integration: $(PROGS)
 	@rm -rf $(VG_B) && mkdir -p $(VG_B)
@@ -73,3 +81,15 @@ check-valgrind-integration: $(PROGS)
 	[ $$bad = 0 ] && echo "check-valgrind-integration: $$n kvbridge runs under memcheck, no error, no leak"; \
 	[ -z "$$failed" ] || echo "check-valgrind-integration: failed:$$failed"; \
 	[ $$bad = 0 ] && [ -z "$$failed" ]
+
+# CI's sanitizer pass: the ASan+UBSan build, every unit test under it (the
+# decode/convert/encode/config/state/limits suites and the sink against a real
+# nats-server) and the fuzz regressions.  `make check-asan` adds the
+# integration tests (slower: run it before a release).
+.PHONY: check-asan-unit
+check-asan-unit:
+	@echo "== check-asan-unit: build ($(ASAN_B), clang $(ASAN_SAN))"
+	@$(ASAN_MAKE) all
+	@set -e; for t in $(UNIT_SRC:tests/unit/%.c=$(ASAN_B)/tests/%); do echo "== $$t"; \
+	  $(ASAN_ENV) $$t; done
+	@$(MAKE) --no-print-directory fuzz-regress

@@ -80,6 +80,8 @@ const char *kvb_decode_strerror(int err)
 
 bool kvb_utf8_valid(const char *s, size_t n)
 {
+    if (n == 0)
+        return true; /* msgpack-c gives empty strings a NULL pointer */
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
     while (p < end) {
         unsigned c = *p;
