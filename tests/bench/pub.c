@@ -31,11 +31,14 @@
  *    (send -> receive of the batch's last message; batches that publish
  *    nothing are skipped), and foreign_pct: the machine's busy time (all
  *    CPUs, /proc/stat) not spent by this process, the bridge or --own-pids
- *    (the subscriber, nats-server), i.e. other people's load skewing the run.
+ *    (the subscriber, nats-server), i.e. other people's load skewing the run;
+ *    runq_wait_ms_per_s: how long the bridge's threads waited for a CPU
+ *    (/proc/PID/task/TID/schedstat), per second of the run.
  *
  * Prints one line: "result label=L key=value ...".  Exit 0, 1 when messages
  * were lost or extra, or on timeout, 2 on usage/setup errors.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -161,6 +164,33 @@ static long proc_status_kb(long pid, const char *key)
         }
     fclose(f);
     return v;
+}
+
+/* Time the threads of pid spent runnable but waiting for a CPU (ns), the sum
+ * of the second field of /proc/PID/task/TID/schedstat. */
+static long long runq_wait_ns(long pid)
+{
+    char path[64];
+    long long sum = 0;
+    snprintf(path, sizeof(path), "/proc/%ld/task", pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        char p2[320];
+        unsigned long long run, wait;
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(p2, sizeof(p2), "/proc/%ld/task/%s/schedstat", pid, e->d_name);
+        FILE *f = fopen(p2, "r");
+        if (!f)
+            continue;
+        if (fscanf(f, "%llu %llu", &run, &wait) == 2)
+            sum += (long long)wait;
+        fclose(f);
+    }
+    closedir(d);
+    return sum;
 }
 
 /* Machine-wide busy and total ticks (all CPUs) from /proc/stat. */
@@ -359,7 +389,7 @@ int main(int argc, char **argv)
     int64_t t_start = bench_now_ns(), t_a = 0, t_b = 0, last_progress = t_start;
     int64_t interval = o.rate > 0 ? (int64_t)(1e9 / o.rate) : 0, next = t_start;
     long long ticks_a = -1, ticks_b = -1, mb_a = 0, mt_a = 0, mb_b = 0, mt_b = 0, own_a = 0,
-              own_b = 0;
+              own_b = 0, rq_a = 0, rq_b = 0;
     int64_t warm_end = t_start + (int64_t)(o.warmup_s * 1e9);
     int64_t send_end = warm_end + (int64_t)(o.duration_s * 1e9);
     bool sending = true;
@@ -384,6 +414,7 @@ int main(int argc, char **argv)
             ticks_a = o.watch_pid ? proc_ticks(o.watch_pid) : -1;
             machine_ticks(&mb_a, &mt_a);
             own_a = own_ticks(&o);
+            rq_a = o.watch_pid ? runq_wait_ns(o.watch_pid) : 0;
         }
         if (sending && (stop_flag || (o.total_events ? ev_sent >= o.total_events
                                                       : now >= send_end))) {
@@ -397,6 +428,7 @@ int main(int argc, char **argv)
                 ticks_b = o.watch_pid ? proc_ticks(o.watch_pid) : -1;
                 machine_ticks(&mb_b, &mt_b);
                 own_b = own_ticks(&o);
+                rq_b = o.watch_pid ? runq_wait_ns(o.watch_pid) : 0;
                 break;
             }
             if (now - last_progress > 10000000000LL) {
@@ -447,7 +479,7 @@ int main(int argc, char **argv)
 
     /* 4. results */
     uint64_t got = atomic_load_explicit(&shm->msgs, memory_order_acquire) - base;
-    sleep_ns(200000000); /* anything extra? */
+    sleep_ns(100000000); /* anything extra? */
     uint64_t extra = atomic_load_explicit(&shm->msgs, memory_order_acquire) - base - got;
     uint64_t m_batches = nsent - acked_a, m_events = 0, m_msgs = 0;
     for (size_t i = acked_a; i < nsent; i++) {
@@ -501,11 +533,11 @@ int main(int argc, char **argv)
            " msgs=%" PRIu64 " secs=%.3f batches_per_s=%.0f events_per_s=%.0f msgs_per_s=%.0f"
            " cpu_s=%.3f cpu_us_per_event=%.3f cpu_pct=%.2f lat_n=%zu p50_us=%.1f p99_us=%.1f"
            " p999_us=%.1f max_us=%.1f hwm_kb=%ld rss_kb=%ld sent=%zu lost=%" PRIu64
-           " extra=%" PRIu64 " sub_errors=%" PRIu64 " foreign_pct=%.0f\n",
+           " extra=%" PRIu64 " sub_errors=%" PRIu64 " foreign_pct=%.0f runq_wait_ms_per_s=%.1f\n",
            o.label, o.raw ? "raw" : "kvbridge", o.rate, m_batches, m_events, m_msgs, secs,
            (double)m_batches / secs, (double)m_events / secs, (double)m_msgs / secs, cpu_s,
            cpu_s * 1e6 / (double)m_events, 100.0 * cpu_s / secs, nlat, p50, p99, p999, pmax, hwm,
-           rss, nsent, lost, extra, atomic_load(&shm->errors), foreign);
+           rss, nsent, lost, extra, atomic_load(&shm->errors), foreign, (double)(rq_b - rq_a) / 1e6 / secs);
     fflush(stdout);
 
     free(sent);

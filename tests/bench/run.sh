@@ -16,21 +16,23 @@
 #           (utime+stime of the bridge from /proc/PID/stat), max RSS (VmHWM);
 #           REPS times, alternating kvbridge and baseline: medians (the
 #           machine is shared, single runs swing by 2x)
-#   lat     2000 batches/s: p50/p99/p99.9 from send to the receive of the
-#           batch's last router event (matched by order after the start barrier)
+#   lat     2000 batches/s, 0.5 s warm-up + LAT_DUR seconds: p50/p99/p99.9
+#           from send to the receive of the batch's last router event (matched
+#           by order after the start barrier); REPS times alternated: medians
+#           (one stall of the machine would otherwise set a run's p99)
 #   cpu1k   1000 batches/s: CPU of the bridge in % of one core
 # for kvbridge and for the baseline forwarder (tests/bench/forwarder.c).
 # One table on stdout and in $B/bench/results.txt (raw result lines in
-# $B/bench/raw.txt).  Environment: DUR (default 3), REPS (3), LAT_DUR (5),
-# CPU_DUR (5), MIXES ("decode prefill realistic").
+# $B/bench/raw.txt).  Environment: DUR (default 3), REPS (3), LAT_DUR (2),
+# CPU_DUR (4), MIXES ("decode prefill realistic").
 # What-if row (decode only; WHATIF=0 skips it): the baseline forwarder with
 # nats.c's SendAsap (each publish written to the socket at once, no flusher
 # thread and its ~1 ms coalescing): what that option would do to kvbridge.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 DUR=${DUR:-3}
 REPS=${REPS:-3}
-LAT_DUR=${LAT_DUR:-5}
-CPU_DUR=${CPU_DUR:-5}
+LAT_DUR=${LAT_DUR:-2}
+CPU_DUR=${CPU_DUR:-4}
 MIXES=${MIXES:-decode prefill realistic}
 WHATIF=${WHATIF:-1}
 need kvbridge kvsim bench/bench-pub bench/count-sub bench/forwarder bench/capture
@@ -80,19 +82,19 @@ measure() {
 : >"$OUT/raw.txt"
 start=$SECONDS
 for mix in $MIXES; do
-  # throughput: kvbridge and baseline alternately, REPS times each (the table
-  # takes medians, and the median of the pairwise ratios)
-  for rep in $(seq "$REPS"); do
-    for impl in kvbridge baseline; do
-      log "$mix: $impl tput ($rep/$REPS)"
-      measure "$impl" "$mix" tput "$rep" >/dev/null
+  # throughput and latency: kvbridge and baseline alternately, REPS times
+  # each (the table takes medians, and the median of the pairwise ratios)
+  for kind in tput lat; do
+    for rep in $(seq "$REPS"); do
+      for impl in kvbridge baseline; do
+        log "$mix: $impl $kind ($rep/$REPS)"
+        measure "$impl" "$mix" "$kind" "$rep" >/dev/null
+      done
     done
   done
   for impl in kvbridge baseline; do
-    for kind in lat cpu1k; do
-      log "$mix: $impl $kind"
-      measure "$impl" "$mix" "$kind" >/dev/null
-    done
+    log "$mix: $impl cpu1k"
+    measure "$impl" "$mix" cpu1k >/dev/null
   done
   if [ "$WHATIF" = 1 ] && [ "$mix" = decode ]; then
     for kind in tput lat cpu1k; do
@@ -107,9 +109,9 @@ BUSY_AFTER=$(machine_busy)
 {
   echo "kvbridge benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(version); $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
   echo "other load on the machine: before ${BUSY_BEFORE}, after ${BUSY_AFTER}"
-  echo "tput: max rate (closed loop, <= 4096 batches in flight), ${DUR} s after 1 s warm-up, median of $REPS alternated runs | latency: send -> subscriber at 2000 batches/s, ${LAT_DUR} s | cpu%: at 1000 batches/s, ${CPU_DUR} s"
+  echo "tput: max rate (closed loop, <= 4096 batches in flight), ${DUR} s after 1 s warm-up, median of $REPS alternated runs | latency: send -> subscriber at 2000 batches/s, ${LAT_DUR} s, median of $REPS alternated runs | cpu%: at 1000 batches/s, ${CPU_DUR} s"
   echo "events = engine events in; rev/s = NATS messages out; cpu_us/ev = bridge utime+stime per engine event in the tput runs; ratio = median of batches/s / baseline's, run by run; rss_MB = max VmHWM at 1-2k batches/s, rss_tput = VmHWM in the tput run"
-  echo "other% = most CPU (of all CPUs) used by other processes during the row's runs: above ~10 the row is skewed"
+  echo "other% = most CPU (of all CPUs) used by other processes during the row's runs (above ~10 the row is skewed); rq = ms per second the bridge's threads waited for a CPU in the lat runs (~0 on an idle machine)"
   awk -v mixes="$MIXES" -f tests/bench/table.awk "$OUT/raw.txt"
 } >"$OUT/results.txt"
 cat "$OUT/results.txt"

@@ -2,13 +2,16 @@
 #   awk -v mixes="decode prefill realistic" -f table.awk raw.txt
 # A label is IMPL/MIX/KIND, or IMPL/MIX/KIND#REP for repeated runs.  One row
 # per (mix, impl): throughput columns = medians over the IMPL/MIX/tput runs,
-# latency from IMPL/MIX/lat, cpu% from IMPL/MIX/cpu1k; rss = the largest VmHWM
+# latency percentiles = medians over the IMPL/MIX/lat runs, cpu% from
+# IMPL/MIX/cpu1k; rss = the largest VmHWM
 # of the lat and cpu1k runs (steady load), rss_tput = the largest of the tput
 # runs (with up to 4096 batches queued in front of the bridge: its ZMQ receive
 # queue and the buffers of a saturated process count too); ratio = median over
 # the repetitions k of batches/s(IMPL, k) / batches/s(baseline, k) (adjacent
 # runs: drifting load on the machine cancels out); other% = the most CPU
-# used by other processes during any of the row's runs.  Then the team's
+# used by other processes during any of the row's runs; rq = median over the
+# lat runs of the time the bridge's threads waited for a CPU, ms per second
+# (near 0 on an idle machine; it is what turns into latency).  Then the team's
 # targets.  (mawk-compatible.)
 
 function ok(v) { return v != "" && v != "nan" && v != "-nan" && v != "inf" }
@@ -76,20 +79,20 @@ function row(mix, impl,    t, l, c, hwm, h, st, fo, f, ht, rt, kinds, i, lab) {
     if (f != "" && f > fo) fo = f
   }
   rt = ratio(mix, impl)
-  printf "%-10s %-13s %10s %10s %10s %9s %6s %8s %8s %8s %7s %6s %8s %6s %s\n", mix, impl,
+  printf "%-10s %-13s %10s %10s %10s %9s %6s %8s %8s %8s %7s %6s %8s %6s %5s %s\n", mix, impl,
     fmt("%.0f", med(t, "batches_per_s")), fmt("%.0f", med(t, "events_per_s")),
     fmt("%.0f", med(t, "msgs_per_s")), fmt("%.3f", med(t, "cpu_us_per_event")),
     fmt("%.2f", rt), fmt("%.1f", med(l, "p50_us")), fmt("%.1f", med(l, "p99_us")),
     fmt("%.1f", med(l, "p999_us")), fmt("%.2f", med(c, "cpu_pct")),
     ((hwm > 0) ? sprintf("%.1f", hwm / 1024) : "-"), ((ht != "") ? sprintf("%.1f", ht / 1024) : "-"),
-    ((fo >= 0) ? sprintf("%.0f", fo) : "-"), st
+    ((fo >= 0) ? sprintf("%.0f", fo) : "-"), fmt("%.0f", med(l, "runq_wait_ms_per_s")), st
   RSS[impl, mix] = hwm; RSST[impl, mix] = ht; RATIO[impl, mix] = rt
 }
 
 END {
-  printf "%-10s %-13s %10s %10s %10s %9s %6s %8s %8s %8s %7s %6s %8s %6s %s\n", "mix", "impl",
+  printf "%-10s %-13s %10s %10s %10s %9s %6s %8s %8s %8s %7s %6s %8s %6s %5s %s\n", "mix", "impl",
     "batches/s", "events/s", "rev/s", "cpu_us/ev", "ratio", "p50_us", "p99_us", "p999_us",
-    "cpu%@1k", "rss_MB", "rss_tput", "other%", "status"
+    "cpu%@1k", "rss_MB", "rss_tput", "other%", "rq", "status"
   n = split(mixes, M, " ")
   for (i = 1; i <= n; i++) {
     row(M[i], "kvbridge"); row(M[i], "baseline"); row(M[i], "baseline-asap")
