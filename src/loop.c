@@ -518,6 +518,13 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     d->rl_publish = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     kvb_log_set_level(d->cfg->log.level);
 
+    if (d->cfg->nats.jetstream.enabled) {
+        /* refuse rather than publish with core NATS behind the user's back */
+        kvb_err("main", "%s: nats.jetstream.enabled: JetStream mode is not available in "
+                        "this version; use core NATS (enabled: false)", d->cfg->path);
+        exit_code = KVB_EX_CONFIG;
+        goto out;
+    }
     if ((rc = setup_fds(d)) < 0) {
         kvb_err("main", "signals: %s", strerror(-rc));
         goto out;
