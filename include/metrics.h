@@ -169,11 +169,18 @@ struct kvb_metrics {
     _Atomic uint64_t heartbeat_interval_ms;
 };
 
-/* Single-writer increment: relaxed load + store, no lock prefix. */
+/* Single-writer increment: relaxed load + store, no lock prefix.
+ * -DKVB_NO_METRICS compiles collection out: only for measuring its cost
+ * (tests/bench/metrics_cost.sh). */
 static inline void kvb_add(_Atomic uint64_t *c, uint64_t n)
 {
+#ifdef KVB_NO_METRICS
+    (void)c;
+    (void)n;
+#else
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
                           memory_order_relaxed);
+#endif
 }
 static inline void kvb_inc(_Atomic uint64_t *c) { kvb_add(c, 1); }
 static inline uint64_t kvb_get(const _Atomic uint64_t *c)

@@ -51,3 +51,8 @@ bench-callgrind: $(B)/kvsim $(BENCH_OUT)/capture $(BENCH_OUT)/pipeline-bench
 
 bench-rss: $(BENCH_DEPS)
 	@B=$(B) bash tests/bench/rss.sh
+
+# instructions of the pipeline with metrics collection on and compiled out
+.PHONY: bench-metrics-cost
+bench-metrics-cost:
+	@B=$(B) bash tests/bench/metrics_cost.sh
