@@ -25,6 +25,8 @@
 enum kvb_source_mode { KVB_MODE_CONNECT = 0, KVB_MODE_BIND = 1 };
 enum kvb_format { KVB_FORMAT_DYNAMO_JSON = 0, KVB_FORMAT_DYNAMO_MSGPACK, KVB_FORMAT_RAW };
 enum kvb_log_level { KVB_LOG_ERROR = 0, KVB_LOG_WARN, KVB_LOG_INFO, KVB_LOG_DEBUG };
+/* The values match nats.c's jsRetentionPolicy. */
+enum kvb_js_retention { KVB_JS_LIMITS = 0, KVB_JS_INTEREST, KVB_JS_WORKQUEUE };
 
 struct kvb_source_cfg {
     char *endpoint;         /* required, e.g. tcp://127.0.0.1:5557 */
@@ -86,6 +88,21 @@ struct kvb_config {
         struct {
             bool enabled;
             char *stream;     /* "" = namespace-{namespace}-component-{component}-kv-events */
+            char *subject;    /* "" = "<stream>.queue" (Dynamo's durable mode) */
+            bool create;      /* create the stream when it is missing */
+            int retention;    /* enum kvb_js_retention */
+            uint32_t max_age_s;          /* 0 = unlimited */
+            uint32_t replicas;           /* 1..5 */
+            uint32_t duplicate_window_s; /* the stream's duplicate window */
+            uint32_t max_pending;        /* unacknowledged publishes in flight */
+            uint32_t ack_timeout_ms;     /* per publish; then it is sent again */
+            /* Resolved at load from the two above (placeholders {namespace},
+             * {component} and {worker_id} expanded, defaults applied); not
+             * keys of the file.  Never NULL after a successful load; checked
+             * (a valid stream name, a subject without wildcards) only when
+             * enabled. */
+            char *stream_name;
+            char *subject_name;
         } jetstream;
     } nats;
 
@@ -135,7 +152,9 @@ int kvb_config_write_example(FILE *f);
 bool kvb_config_nats_equal(const struct kvb_config *a, const struct kvb_config *b);
 
 /* SIGHUP: 0 when NEW may replace OLD in a running process; -EINVAL with a
- * message on err when a key that needs a restart changed. */
+ * message on err when a key that needs a restart changed (with JetStream on,
+ * also when the resolved stream or subject changed through nats.namespace,
+ * nats.component or worker_id). */
 int kvb_config_check_reload(const struct kvb_config *old_cfg,
                             const struct kvb_config *new_cfg, FILE *err);
 

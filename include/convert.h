@@ -41,6 +41,7 @@ struct kvb_rev {
     uint32_t dp_rank;
     uint64_t worker_id;
     uint64_t event_id;
+    uint64_t epoch;      /* of the event_id counter (struct kvb_id_counter) */
     bool has_parent;
     uint64_t parent;
     const struct kvb_block *blocks; /* STORED */

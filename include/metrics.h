@@ -53,6 +53,11 @@
     X(DEVICE, "device") X(HOST_PINNED, "host_pinned") X(DISK, "disk")          \
     X(EXTERNAL, "external")
 
+/* Why a JetStream publish got no positive acknowledgement. */
+#define KVB_JS_ACK_FAILURES(X)                                                 \
+    X(TIMEOUT, "timeout") X(NO_RESPONDERS, "no_responders")                    \
+    X(UNAVAILABLE, "unavailable") X(REFUSED, "refused")
+
 #define KVB_NO_LABEL(X) X(ALL, "")
 
 /* kind, name, label name, value list, help */
@@ -96,7 +101,19 @@
     X(gauge, reading_paused, "", KVB_NO_LABEL,                                 \
       "1 while reading is paused (NATS buffer above 3/4 of its limit)")        \
     X(gauge, ready, "", KVB_NO_LABEL,                                          \
-      "1 while NATS is connected and every source is set up (/readyz)")
+      "1 while NATS is connected and every source is set up (/readyz)")         \
+    X(counter, jetstream_acks_total, "", KVB_NO_LABEL,                         \
+      "JetStream publishes acknowledged (stored, or known as duplicates)")     \
+    X(counter, jetstream_duplicates_total, "", KVB_NO_LABEL,                   \
+      "Acknowledged publishes the stream already held (same Nats-Msg-Id)")     \
+    X(counter, jetstream_ack_failures_total, "reason", KVB_JS_ACK_FAILURES,    \
+      "JetStream publishes without a positive acknowledgement, by reason")     \
+    X(counter, jetstream_resends_total, "", KVB_NO_LABEL,                      \
+      "JetStream publishes sent again (same Nats-Msg-Id)")                     \
+    X(counter, jetstream_publish_errors_total, "", KVB_NO_LABEL,               \
+      "Router events the stream refused; not sent again (a barrier follows)")  \
+    X(gauge, jetstream_pending, "", KVB_NO_LABEL,                              \
+      "JetStream publishes not yet acknowledged (in flight or to be resent)")
 
 /* Histograms: name, help, bucket list.  Buckets are upper bounds in
  * nanoseconds, exposed in seconds; +Inf is implicit. */
@@ -131,6 +148,7 @@
 #define KVB_BAR_ITEM(s, str) KVB_BAR_##s,
 #define KVB_TIER_ITEM(s, str) KVB_TIER_##s,
 #define KVB_ALL_ITEM(s, str) KVB_LBL_##s,
+#define KVB_JSF_ITEM(s, str) KVB_JSF_##s,
 enum kvb_drop_reason { KVB_DROP_REASONS(KVB_DROP_ITEM) KVB_DROP__COUNT };
 enum kvb_evt_label { KVB_EVENT_TYPES(KVB_EVT_ITEM) KVB_EVT__COUNT };
 enum kvb_revt_label { KVB_REV_TYPES(KVB_REVT_ITEM) KVB_REVT__COUNT };
@@ -138,6 +156,7 @@ enum kvb_malformed_kind { KVB_MALFORMED_KINDS(KVB_MAL_ITEM) KVB_MAL__COUNT };
 enum kvb_barrier_cause { KVB_BARRIER_CAUSES(KVB_BAR_ITEM) KVB_BAR__COUNT };
 enum kvb_tier { KVB_TIERS(KVB_TIER_ITEM) KVB_TIER__COUNT };
 enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };
+enum kvb_js_ack_failure { KVB_JS_ACK_FAILURES(KVB_JSF_ITEM) KVB_JSF__COUNT };
 
 #define KVB_COUNT_OF(list) (0 list(KVB_COUNT_ONE))
 #define KVB_COUNT_ONE(s, str) +1

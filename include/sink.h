@@ -1,4 +1,5 @@
-/* sink: router events out to NATS (nats.c), core publish.
+/* sink: router events out to NATS (nats.c): core publish, or JetStream
+ * (nats.jetstream.enabled) with acknowledgements.
  *
  * The loop thread owns the sink and is the only caller of its functions.
  * nats.c runs its own I/O threads; its callbacks only touch atomics in the
@@ -34,6 +35,41 @@
  *
  * The sink never calls nats_Close(): the process owner calls it (or
  * nats_CloseAndWait()) once at exit, after destroying every sink.
+ *
+ * JetStream mode (cfg->nats.jetstream.enabled): create also makes a
+ * JetStream context and, once connected, looks the stream up
+ * (nats.jetstream.stream_name): it must take the subject (subject_name);
+ * when it is missing and nats.jetstream.create is set it is created (subject,
+ * retention, max age, replicas, duplicate window).  At create, a refusal
+ * that trying again cannot mend (the stream exists without the subject, it
+ * is missing and create is off, the server refuses the stream's
+ * configuration) is -EACCES; JetStream not answering (not enabled, starting,
+ * a cluster without a leader) is retried until nats.connect_timeout_ms
+ * (then -EACCES, or -ETIMEDOUT when nothing answered at all); with
+ * connect_timeout_ms 0, or when not connected yet, the check is left to the
+ * sink's thread, which retries it with a backoff while publishes wait.
+ * Publishes carry the header Nats-Msg-Id (kvb_sink_publish_id) and ask for
+ * an acknowledgement.  A publish that gets none within
+ * nats.jetstream.ack_timeout_ms, or is answered "no responders" / "JetStream
+ * unavailable", is sent again (the same message, so the same Nats-Msg-Id:
+ * the stream's duplicate window drops a copy it already holds), by the
+ * sink's thread, once connected, after a growing pause for "no responders";
+ * when nats.c gives a connection up, the unacknowledged messages move to the
+ * new one, in event_id order per (worker_id, dp_rank).  Resent messages may
+ * land after later ones (never twice within the duplicate window, never
+ * missing).  A publish the stream refuses (a JetStream error, e.g. limits)
+ * is given up: counted in jetstream_publish_errors_total and in
+ * kvb_sink_losses(), so the loop publishes a barrier.  Unacknowledged
+ * publishes ("in flight", the resend queues included) are the window:
+ * kvb_sink_pending_bytes() reports the buffer as full from 3/4 of
+ * nats.jetstream.max_pending (or of reconnect_buffer_bytes, by an estimate
+ * of their size) until both are down to 1/2, so that the loop pauses the
+ * engines; publish refuses with -EAGAIN only when their size would pass
+ * reconnect_buffer_bytes (room for the events of what the loop read
+ * meanwhile, as nats.c's buffer in core mode).  kvb_sink_flush() waits until every publish is acknowledged;
+ * destroy waits for that (flush_timeout_ms), then drops what is left.
+ * Metrics: jetstream_* (metrics.h), written by nats.c's ack thread, the
+ * sink's thread and the loop thread (atomic adds).
  */
 #ifndef KVB_SINK_H
 #define KVB_SINK_H
@@ -62,23 +98,35 @@ int kvb_subject_expand(const char *tmpl, const char *ns, const char *component,
 int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wake_fd,
                     struct kvb_sink **out);
 
-/* Publish one message.  0, or -EAGAIN when nats.c's buffer is full
- * (counted as a publish error), or another negative errno. */
+/* Publish one message.  0, or -EAGAIN when nats.c's buffer is full (or, in
+ * JetStream mode, the unacknowledged ones fill reconnect_buffer_bytes)
+ * (counted as a publish error), or another negative errno.  Same as
+ * kvb_sink_publish_id() without an id. */
 int kvb_sink_publish(struct kvb_sink *s, const char *subject, const void *data,
                      size_t len);
+
+/* Publish one message; in JetStream mode with the header Nats-Msg-Id = msg_id
+ * (NULL or "": none), in core mode msg_id is ignored.  Returns as
+ * kvb_sink_publish(). */
+int kvb_sink_publish_id(struct kvb_sink *s, const char *subject, const void *data,
+                        size_t len, const char *msg_id);
 
 /* True once connected (and not currently reconnecting). Any thread. */
 bool kvb_sink_connected(const struct kvb_sink *s);
 
 /* Bytes waiting in nats.c's buffers (pending): its write buffer, plus while
  * disconnected an estimate of the reconnect buffer (protocol bytes published
- * since the outage began).  Also stores the value in the nats_pending_bytes
- * gauge. */
+ * since the outage began).  JetStream mode: at least the buffer size
+ * (reconnect_buffer_bytes) while the ack window is full (see above).  Also
+ * stores the value in the nats_pending_bytes gauge (and the window in
+ * jetstream_pending).  Loop thread only. */
 uint64_t kvb_sink_pending_bytes(const struct kvb_sink *s);
 
 /* Flush everything published so far, waiting at most timeout_ms (0 counts as
  * 1).  0, -ENOTCONN at once when not connected (nothing waits during an
- * outage), -ETIMEDOUT, -EPIPE when closed, -EIO. */
+ * outage), -ETIMEDOUT, -EPIPE when closed, -EIO.  JetStream mode: 0 once
+ * every publish so far is acknowledged by the stream (or given up, which
+ * kvb_sink_losses() counts). */
 int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms);
 
 /* Flush (cfg->nats.flush_timeout_ms, if connected), close, wait for nats.c's
@@ -87,7 +135,9 @@ int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms);
 void kvb_sink_destroy(struct kvb_sink **s);
 
 /* How many times nats.c gave up a connection (its buffered publishes are
- * then lost).  The loop publishes a "cleared" barrier after each. */
+ * then lost; not counted in JetStream mode, where they are sent again), plus
+ * JetStream publishes given up.  The loop publishes a "cleared" barrier
+ * after each change. */
 uint64_t kvb_sink_losses(const struct kvb_sink *s);
 
 #endif

@@ -1,8 +1,8 @@
 # Fuzzing (libFuzzer, clang): tests/fuzz/fuzz_*.c.
 #
-#   make fuzz [FUZZ_SECONDS=60] [FUZZ_TARGETS="fuzz_decode ..."]
+#   make [-jN] fuzz [FUZZ_SECONDS=60] [FUZZ_TARGETS="fuzz_decode ..."]
 #       build every target with clang -fsanitize=fuzzer,address,undefined into
-#       build/fuzz and run each for FUZZ_SECONDS on its corpus
+#       build/fuzz and run each (N at a time) for FUZZ_SECONDS on its corpus
 #       build/fuzz/corpus/TARGET (grown across runs), seeded from the captures
 #       (tests/fuzz/mkseeds.sh) and tests/fuzz/regressions/TARGET.  A crash
 #       leaves its input in build/fuzz/crashes/TARGET/ and fails the run.
@@ -34,23 +34,29 @@ fuzz-seeds:
 	@rm -rf $(FUZZ_B)/seeds && bash tests/fuzz/mkseeds.sh $(FUZZ_B)/seeds
 
 fuzz: fuzz-build fuzz-seeds
-	@failed=""; for t in $(FUZZ_TARGETS); do \
-	  echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
-	  mkdir -p $(FUZZ_B)/corpus/$$t $(FUZZ_B)/crashes/$$t tests/fuzz/regressions/$$t; \
-	  dict=$$(case $$t in fuzz_decode|fuzz_frames) echo tests/fuzz/msgpack.dict;; \
-	                      fuzz_config) echo tests/fuzz/config.dict;; esac); \
-	  if $(FUZZ_B)/$$t $(FUZZ_FLAGS) -max_total_time=$(FUZZ_SECONDS) \
-	       $${dict:+-dict=$$dict} -artifact_prefix=$(FUZZ_B)/crashes/$$t/ \
-	       $(FUZZ_B)/corpus/$$t $(FUZZ_B)/seeds/$$t tests/fuzz/regressions/$$t \
-	       2>$(FUZZ_B)/$$t.log; then \
-	    grep -E '^stat::(number_of_executed_units|peak_rss_mb)' $(FUZZ_B)/$$t.log || true; \
-	  else \
-	    grep -E 'ERROR|runtime error|SUMMARY|invariant|^    #[0-9] |^Running:|Test unit written' \
-	      $(FUZZ_B)/$$t.log | head -n 20; \
-	    failed="$$failed $$t"; \
-	  fi; \
-	done; \
+	@rm -f $(FUZZ_TARGETS:%=$(FUZZ_B)/%.failed)
+	@$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=fuzz-run-%)
+	@failed=""; for t in $(FUZZ_TARGETS); do [ -e $(FUZZ_B)/$$t.failed ] && failed="$$failed $$t"; done; \
 	[ -z "$$failed" ] || { echo "fuzz: failed:$$failed (inputs in $(FUZZ_B)/crashes/, logs $(FUZZ_B)/TARGET.log)"; exit 1; }
+
+# One target's run (make -jN fuzz runs N at a time); a failure is recorded
+# in $(FUZZ_B)/TARGET.failed so that every target runs.
+fuzz-run-%:
+	@t=$*; mkdir -p $(FUZZ_B)/corpus/$$t $(FUZZ_B)/crashes/$$t tests/fuzz/regressions/$$t; \
+	dict=$$(case $$t in fuzz_decode|fuzz_frames) echo tests/fuzz/msgpack.dict;; \
+	                    fuzz_config) echo tests/fuzz/config.dict;; esac); \
+	echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
+	if $(FUZZ_B)/$$t $(FUZZ_FLAGS) -max_total_time=$(FUZZ_SECONDS) \
+	     $${dict:+-dict=$$dict} -artifact_prefix=$(FUZZ_B)/crashes/$$t/ \
+	     $(FUZZ_B)/corpus/$$t $(FUZZ_B)/seeds/$$t tests/fuzz/regressions/$$t \
+	     2>$(FUZZ_B)/$$t.log; then \
+	  echo "== fuzz $$t: $$(sed -n 's/^stat::number_of_executed_units: *//p' $(FUZZ_B)/$$t.log) runs, no crash"; \
+	else \
+	  { echo "== fuzz $$t FAILED:"; \
+	    grep -E 'ERROR|runtime error|SUMMARY|invariant|^    #[0-9] |Test unit written' \
+	      $(FUZZ_B)/$$t.log | head -n 20; } ; \
+	  touch $(FUZZ_B)/$$t.failed; \
+	fi
 
 fuzz-regress:
 	@$(MAKE) --no-print-directory B=build/asan CC=clang \

@@ -88,11 +88,12 @@ struct opt {
 static const char *const mode_values[] = {"connect", "bind", NULL};
 static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "raw", NULL};
 static const char *const level_values[] = {"error", "warn", "info", "debug", NULL};
+static const char *const retention_values[] = {"limits", "interest", "workqueue", NULL};
 #define TIER_NAME(s, str) [KVB_TIER_##s] = str,
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
 static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
-    check_format, check_listen, check_host;
+    check_format, check_listen, check_host, check_js_template;
 
 #define R F_RELOAD
 #define C F_CONN
@@ -254,11 +255,58 @@ static const struct opt opts[] = {
 
     {.key = "nats.jetstream.enabled", .type = T_BOOL,
      .off = TOP(nats.jetstream.enabled, bool), .def = "false",
-     .help = "Publish through JetStream instead of core NATS."},
+     .help = "Publish through JetStream instead of core NATS: every router event "
+             "is stored in a stream and acknowledged, with the header Nats-Msg-Id "
+             "= {worker_id}.{dp_rank}.{epoch}.{event_id}, so that a message sent "
+             "again (after an ack timeout, a reconnection or a restart) is dropped "
+             "by the stream's duplicate window. nats.subject is then not used."},
     {.key = "nats.jetstream.stream", .type = T_STR,
-     .off = TOP(nats.jetstream.stream, char *), .def = "",
+     .off = TOP(nats.jetstream.stream, char *), .def = "", .check = check_js_template,
      .help = "JetStream stream name; \"\" = "
-             "namespace-{namespace}-component-{component}-kv-events."},
+             "namespace-{namespace}-component-{component}-kv-events. {namespace}, "
+             "{component} and {worker_id} are replaced."},
+    {.key = "nats.jetstream.subject", .type = T_STR,
+     .off = TOP(nats.jetstream.subject, char *), .def = "", .check = check_js_template,
+     .help = "Subject the router events are published on; \"\" = the stream name "
+             "followed by .queue (Dynamo's durable mode). {namespace}, {component} "
+             "and {worker_id} are replaced; no wildcards."},
+    {.key = "nats.jetstream.create", .type = T_BOOL,
+     .off = TOP(nats.jetstream.create, bool), .def = "true",
+     .help = "Create the stream at start when it is missing, with the subject, "
+             "retention, max_age_s, replicas and duplicate_window_s below. An "
+             "existing stream is used as it is, but it must take the subject."},
+    {.key = "nats.jetstream.retention", .type = T_ENUM,
+     .off = TOP(nats.jetstream.retention, int), .def = "limits", .values = retention_values,
+     .help = "Retention policy of a stream kvbridge creates."},
+    {.key = "nats.jetstream.max_age_s", .type = T_U32,
+     .off = TOP(nats.jetstream.max_age_s, uint32_t), .def = "3600", .min = 0,
+     .max = UINT32_MAX,
+     .help = "Age after which a stream kvbridge creates discards messages, in "
+             "seconds; 0 = unlimited."},
+    {.key = "nats.jetstream.replicas", .type = T_U32,
+     .off = TOP(nats.jetstream.replicas, uint32_t), .def = "1", .min = 1, .max = 5,
+     .help = "Replicas of a stream kvbridge creates (more than 1 needs a JetStream "
+             "cluster)."},
+    {.key = "nats.jetstream.duplicate_window_s", .type = T_U32,
+     .off = TOP(nats.jetstream.duplicate_window_s, uint32_t), .def = "120", .min = 1,
+     .max = UINT32_MAX,
+     .help = "Duplicate window of a stream kvbridge creates, in seconds: a message "
+             "whose Nats-Msg-Id the stream stored this recently is dropped. It must "
+             "cover a bridge restart (the events published after the last state.dir "
+             "save are published again), and be at most max_age_s (unless that is 0)."},
+    {.key = "nats.jetstream.max_pending", .type = T_U32,
+     .off = TOP(nats.jetstream.max_pending, uint32_t), .def = "4096", .min = 16,
+     .max = 1048576,
+     .help = "Publishes in flight (sent, not yet acknowledged) before kvbridge "
+             "stops reading the engines: from 3/4 of it until it is down to 1/2. The "
+             "events of what was read by then are still taken, up to "
+             "nats.reconnect_buffer_bytes of unacknowledged messages; beyond that a "
+             "publish is refused (a \"cleared\" barrier follows)."},
+    {.key = "nats.jetstream.ack_timeout_ms", .type = T_U32,
+     .off = TOP(nats.jetstream.ack_timeout_ms, uint32_t), .def = "5000", .min = 100,
+     .max = I32MAX,
+     .help = "How long to wait for a publish's acknowledgement, in milliseconds; "
+             "then it is sent again (with the same Nats-Msg-Id)."},
 
     {.key = "replay.timeout_ms", .type = T_U32, .off = TOP(replay.timeout_ms, uint32_t),
      .def = "2000", .min = 1, .max = I32MAX, .flags = R,
@@ -450,10 +498,26 @@ static int read_file(struct ctx *c, char **out, size_t *outlen)
     int rc;
     size_t cap = 4096, len = 0;
     char *buf = NULL;
-    int fd = open(c->path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    /* O_NONBLOCK: a FIFO would otherwise block open() until a writer comes
+     * (--check, and the loop thread on SIGHUP); it is refused below. */
+    int fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         rc = -errno;
         goto fail_errno;
+    }
+    if (fstat(fd, &st) < 0) {
+        rc = -errno;
+        goto fail_errno;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        rc = -EISDIR; /* what read() says */
+        goto fail_errno;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        err_at(c, 0, 0, "not a regular file");
+        rc = -EINVAL;
+        goto fail;
     }
     buf = malloc(cap);
     if (!buf) {
@@ -1137,6 +1201,37 @@ static int check_host(struct ctx *c, const struct opt *o, const char *dpath,
     return -1;
 }
 
+/* nats.jetstream.stream and .subject: "" or text without white space whose
+ * placeholders are {namespace}, {component} or {worker_id}. */
+static int check_js_template(struct ctx *c, const struct opt *o, const char *dpath,
+                             const void *field, const struct node *v)
+{
+    static const char *const names[] = {"{namespace}", "{component}", "{worker_id}"};
+    const char *s = *(char *const *)field;
+    (void)o;
+    if (strpbrk(s, " \t\r\n")) {
+        err_at(c, v->line, v->col, "%s: must not contain white space", dpath);
+        return -1;
+    }
+    for (const char *p = strchr(s, '{'); p; p = strchr(p + 1, '{')) {
+        bool ok = false;
+        for (size_t i = 0; i < 3 && !ok; i++)
+            ok = has_prefix(p, names[i]);
+        if (!ok) {
+            const char *e = strchr(p, '}');
+            size_t n = e ? (size_t)(e - p) + 1 : strlen(p);
+            char *sv = shown(p, n);
+            err_at(c, v->line, v->col,
+                   "%s: unknown placeholder '%s' (expected {namespace}, {component} or "
+                   "{worker_id})",
+                   dpath, SHOWN(sv));
+            free(sv);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* NKey seeds                                                                */
 
@@ -1514,7 +1609,8 @@ static int open_named(struct ctx *c, const struct opt *o, const char *path,
 {
     struct stat st;
     char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    /* O_NONBLOCK: a FIFO would block open() until a writer comes */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         err_at(c, m->line, m->col, "%s: cannot read '%s'%s: %s", o->key, SHOWN(sp), where,
                strerror(errno));
@@ -1808,10 +1904,134 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
                i, s->dp_rank, s->dp_size, UINT32_MAX);
 }
 
+/* TMPL with {namespace}, {component} and {worker_id} replaced (malloc'd; NULL
+ * when out of memory, reported).  The templates were checked already. */
+static char *js_expand(struct ctx *c, const char *tmpl, const struct kvb_config *cfg)
+{
+    char num[24];
+    snprintf(num, sizeof num, "%" PRIu64, cfg->worker_id);
+    const char *vals[3] = {cfg->nats.namespace_ ? cfg->nats.namespace_ : "",
+                           cfg->nats.component ? cfg->nats.component : "", num};
+    static const char *const names[3] = {"{namespace}", "{component}", "{worker_id}"};
+    char *out = NULL;
+    size_t len = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t n = 0;
+        for (const char *p = tmpl; *p;) {
+            size_t k = 0;
+            while (k < 3 && !has_prefix(p, names[k]))
+                k++;
+            const char *v = k < 3 ? vals[k] : p;
+            size_t vl = k < 3 ? strlen(v) : 1;
+            if (out)
+                memcpy(out + n, v, vl);
+            n += vl;
+            p += k < 3 ? strlen(names[k]) : 1;
+        }
+        if (out) {
+            out[n] = '\0';
+            break;
+        }
+        len = n;
+        if (!(out = malloc(len + 1))) {
+            oom(c);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+#define JS_NAME_MAX 255
+
+/* Why NAME is not a usable stream name (NULL: it is). */
+static const char *bad_stream_name(const char *name)
+{
+    if (!*name)
+        return "is empty";
+    if (strlen(name) > JS_NAME_MAX)
+        return "is longer than 255 bytes";
+    for (const char *p = name; *p; p++)
+        if ((unsigned char)*p <= ' ' || *p == 0x7f || strchr(".*>/\\", *p))
+            return "contains one of . * > / \\, white space or a control character";
+    return NULL;
+}
+
+/* Why SUBJ cannot be published to (NULL: it can). */
+static const char *bad_pub_subject(const char *subj)
+{
+    if (!*subj)
+        return "is empty";
+    if (strlen(subj) > JS_NAME_MAX)
+        return "is longer than 255 bytes";
+    if (subj[0] == '.' || subj[strlen(subj) - 1] == '.' || strstr(subj, ".."))
+        return "has an empty token";
+    for (const char *p = subj; *p; p++)
+        if ((unsigned char)*p <= ' ' || *p == 0x7f || *p == '*' || *p == '>')
+            return "contains a wildcard (* or >), white space or a control character";
+    return NULL;
+}
+
+/* nats.jetstream: resolve the stream name and the subject; when enabled, they
+ * must be usable, and the duplicate window must fit in max_age_s. */
+static void check_jetstream(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+{
+    const struct mark *ms = &m[opt_index("nats.jetstream.stream")];
+    const struct mark *mj = &m[opt_index("nats.jetstream.subject")];
+    const struct mark *me = &m[opt_index("nats.jetstream.enabled")];
+    const struct mark *md = &m[opt_index("nats.jetstream.duplicate_window_s")];
+    const struct mark *ma = &m[opt_index("nats.jetstream.max_age_s")];
+    const char *stream = cfg->nats.jetstream.stream, *subject = cfg->nats.jetstream.subject;
+    char *name = NULL, *subj = NULL, *tmpl = NULL;
+
+    if (ms->bad || mj->bad || !stream || !subject)
+        return;
+    name = js_expand(c, *stream ? stream
+                                : "namespace-{namespace}-component-{component}-kv-events",
+                     cfg);
+    if (name && !*subject)
+        tmpl = xasprintf(c, "%s.queue", name);
+    subj = name && (tmpl || *subject) ? js_expand(c, tmpl ? tmpl : subject, cfg) : NULL;
+    free(tmpl);
+    if (!name || !subj)
+        goto out;
+    if (cfg->nats.jetstream.enabled) {
+        const char *why;
+        const struct mark *at;
+        char *sv;
+        if ((why = bad_stream_name(name))) {
+            at = ms->set ? ms : me;
+            sv = shown(name, strlen(name));
+            err_at(c, at->line, at->col, "nats.jetstream.stream: '%s' %s", SHOWN(sv), why);
+            free(sv);
+        }
+        if ((why = bad_pub_subject(subj))) {
+            at = mj->set ? mj : ms->set ? ms : me;
+            sv = shown(subj, strlen(subj));
+            err_at(c, at->line, at->col, "nats.jetstream.subject: '%s' %s", SHOWN(sv), why);
+            free(sv);
+        }
+        uint32_t age = cfg->nats.jetstream.max_age_s, win = cfg->nats.jetstream.duplicate_window_s;
+        if (age > 0 && win > age && !md->bad && !ma->bad) {
+            at = md->set ? md : ma;
+            err_at(c, at->line, at->col,
+                   "nats.jetstream.duplicate_window_s: %" PRIu32 " is more than "
+                   "nats.jetstream.max_age_s (%" PRIu32 ")",
+                   win, age);
+        }
+    }
+    cfg->nats.jetstream.stream_name = name;
+    cfg->nats.jetstream.subject_name = subj;
+    name = subj = NULL;
+out:
+    free(name);
+    free(subj);
+}
+
 static void check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 {
     check_auth(c, cfg, m);
     check_tls(c, cfg, m);
+    check_jetstream(c, cfg, m);
 
     const struct mark *mw = &m[opt_index("nats.reconnect_wait_ms")];
     const struct mark *mx = &m[opt_index("nats.reconnect_wait_max_ms")];
@@ -2075,6 +2295,8 @@ void kvb_config_free(struct kvb_config **cfg)
         return;
     free_fields(*cfg, false);
     free((*cfg)->nats.nkey_public);
+    free((*cfg)->nats.jetstream.stream_name);
+    free((*cfg)->nats.jetstream.subject_name);
     free((*cfg)->path);
     free(*cfg);
     *cfg = NULL;
@@ -2128,6 +2350,8 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
     check_config(&c, cfg, marks);
     if (!cfg->nats.nkey_public && !(cfg->nats.nkey_public = strdup("")))
         oom(&c);
+    if (!c.nerr && (!cfg->nats.jetstream.stream_name || !cfg->nats.jetstream.subject_name))
+        oom(&c); /* resolved by check_jetstream() unless it reported something */
     if (c.nerr)
         goto fail;
     *out = cfg;
@@ -2222,6 +2446,31 @@ int kvb_config_check_reload(const struct kvb_config *old_cfg,
                         new_cfg->path ? new_cfg->path : "config", o->key);
             rc = -EINVAL;
         }
+    }
+    /* The stream and subject also follow nats.namespace, nats.component and
+     * worker_id (reloadable keys): the running sink keeps its stream. */
+    const char *names[2][5] = {
+        {"stream", old_cfg->nats.jetstream.stream_name, new_cfg->nats.jetstream.stream_name,
+         old_cfg->nats.jetstream.stream, new_cfg->nats.jetstream.stream},
+        {"subject", old_cfg->nats.jetstream.subject_name, new_cfg->nats.jetstream.subject_name,
+         old_cfg->nats.jetstream.subject, new_cfg->nats.jetstream.subject},
+    };
+    bool raw_same = true; /* else the key itself was reported above */
+    for (int i = 0; i < 2; i++)
+        raw_same = raw_same && strcmp(names[i][3] ? names[i][3] : "",
+                                      names[i][4] ? names[i][4] : "") == 0;
+    for (int i = 0; i < 2 && raw_same && old_cfg->nats.jetstream.enabled &&
+                    new_cfg->nats.jetstream.enabled;
+         i++) {
+        const char *a = names[i][1] ? names[i][1] : "", *b = names[i][2] ? names[i][2] : "";
+        if (strcmp(a, b) == 0)
+            continue;
+        if (err)
+            fprintf(err, "%s: the JetStream %s would change from '%s' to '%s' "
+                    "(nats.namespace, nats.component or worker_id changed): it needs a "
+                    "restart to take effect\n",
+                    new_cfg->path ? new_cfg->path : "config", names[i][0], a, b);
+        rc = -EINVAL;
     }
     return rc;
 }

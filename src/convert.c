@@ -123,6 +123,7 @@ static int take_id(struct kvb_converter *c, uint32_t rank, struct kvb_rev *out)
     out->worker_id = c->cfg.worker_id;
     out->dp_rank = rank;
     out->event_id = k->next_id++;
+    out->epoch = k->epoch;
     kvb_inc(&c->m->router_events_published_total[out->type]);
     return 1;
 }

@@ -15,6 +15,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "encode.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
@@ -52,6 +53,7 @@ struct kvb_daemon {
     bool stop;
 
     bool per_rank_subject;
+    bool jetstream;            /* nats.jetstream.enabled: publish with Nats-Msg-Id */
     char subject[SUBJECT_MAX]; /* when it does not depend on the rank */
     char rank_subject[SUBJECT_RANKS][SUBJECT_MAX];
     bool rank_subject_ok[SUBJECT_RANKS];
@@ -72,8 +74,17 @@ static struct kvb_pipeline_cfg pipeline_cfg(const struct kvb_config *c)
 
 static int prepare_subjects(struct kvb_daemon *d, const struct kvb_config *c)
 {
-    d->per_rank_subject = strstr(c->nats.subject, "{dp_rank}") != NULL;
     memset(d->rank_subject_ok, 0, sizeof(d->rank_subject_ok));
+    d->jetstream = c->nats.jetstream.enabled;
+    if (d->jetstream) { /* one subject, resolved by the config module */
+        const char *js = c->nats.jetstream.subject_name;
+        d->per_rank_subject = false;
+        if (!js || strlen(js) >= sizeof(d->subject))
+            return -ENAMETOOLONG;
+        strcpy(d->subject, js);
+        return 0;
+    }
+    d->per_rank_subject = strstr(c->nats.subject, "{dp_rank}") != NULL;
     int rc = kvb_subject_expand(c->nats.subject, c->nats.namespace_, c->nats.component,
                                 c->worker_id, 0, d->subject, sizeof(d->subject));
     return rc < 0 ? rc : 0;
@@ -95,11 +106,29 @@ static const char *subject_for(struct kvb_daemon *d, uint32_t rank)
     return buf;
 }
 
+/* Nats-Msg-Id (router-events.md section 2): {worker_id}.{dp_rank}.{epoch}.{event_id}. */
+static const char *msg_id(const struct kvb_rev *rev, char *buf)
+{
+    char *p = buf;
+    p += kvb_u64_to_dec(p, rev->worker_id);
+    *p++ = '.';
+    p += kvb_u64_to_dec(p, rev->dp_rank);
+    *p++ = '.';
+    p += kvb_u64_to_dec(p, rev->epoch);
+    *p++ = '.';
+    p += kvb_u64_to_dec(p, rev->event_id);
+    *p = '\0';
+    return buf;
+}
+
 static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
 {
     struct kvb_daemon *d = ctx;
+    char id[4 * 21];
     const char *subj = subject_for(d, rev->dp_rank);
-    int rc = subj ? kvb_sink_publish(d->sink, subj, data, len) : -EINVAL;
+    int rc = !subj         ? -EINVAL
+             : d->jetstream ? kvb_sink_publish_id(d->sink, subj, data, len, msg_id(rev, id))
+                            : kvb_sink_publish(d->sink, subj, data, len);
     if (rc < 0) {
         kvb_log_rl(&d->rl_publish, KVB_LOG_ERROR, "sink", "publish failed: %s (event_id %llu lost)",
                    strerror(-rc), (unsigned long long)rev->event_id);
@@ -518,13 +547,6 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     d->rl_publish = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     kvb_log_set_level(d->cfg->log.level);
 
-    if (d->cfg->nats.jetstream.enabled) {
-        /* refuse rather than publish with core NATS behind the user's back */
-        kvb_err("main", "%s: nats.jetstream.enabled: JetStream mode is not available in "
-                        "this version; use core NATS (enabled: false)", d->cfg->path);
-        exit_code = KVB_EX_CONFIG;
-        goto out;
-    }
     if ((rc = setup_fds(d)) < 0) {
         kvb_err("main", "signals: %s", strerror(-rc));
         goto out;
@@ -548,7 +570,8 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     }
     rc = kvb_sink_create(d->cfg, &d->m, d->wakefd, &d->sink);
     if (rc < 0) {
-        kvb_err("sink", "cannot reach NATS: %s", strerror(-rc));
+        kvb_err("sink", "cannot reach NATS%s: %s", d->cfg->nats.jetstream.enabled &&
+                rc == -EACCES ? " (or its JetStream stream)" : "", strerror(-rc));
         exit_code = rc == -ETIMEDOUT || rc == -EACCES ? KVB_EX_UNAVAILABLE
                     : rc == -EINVAL ? KVB_EX_CONFIG : 1;
         goto out;

@@ -19,6 +19,8 @@ sources:
     replay_endpoint: tcp://127.0.0.1:$((p + 1))
 nats:
   servers: [nats://127.0.0.1:$np]
+replay:
+  timeout_ms: 5000
 metrics:
   listen: ""
 state:

@@ -162,6 +162,17 @@ static void assert_defaults(const struct kvb_config *c)
     ck_assert_uint_eq(c->nats.flush_timeout_ms, 5000);
     ck_assert(!c->nats.jetstream.enabled);
     ck_assert_str_eq(c->nats.jetstream.stream, "");
+    ck_assert_str_eq(c->nats.jetstream.subject, "");
+    ck_assert(c->nats.jetstream.create);
+    ck_assert_int_eq(c->nats.jetstream.retention, KVB_JS_LIMITS);
+    ck_assert_uint_eq(c->nats.jetstream.max_age_s, 3600);
+    ck_assert_uint_eq(c->nats.jetstream.replicas, 1);
+    ck_assert_uint_eq(c->nats.jetstream.duplicate_window_s, 120);
+    ck_assert_uint_eq(c->nats.jetstream.max_pending, 4096);
+    ck_assert_uint_eq(c->nats.jetstream.ack_timeout_ms, 5000);
+    ck_assert_str_eq(c->nats.jetstream.stream_name, "namespace-dynamo-component-backend-kv-events");
+    ck_assert_str_eq(c->nats.jetstream.subject_name,
+                     "namespace-dynamo-component-backend-kv-events.queue");
     ck_assert_uint_eq(c->replay.timeout_ms, 2000);
     ck_assert_str_eq(c->metrics.listen, "127.0.0.1:9464");
     ck_assert_int_eq(c->log.level, KVB_LOG_INFO);
@@ -273,6 +284,8 @@ START_TEST(test_every_key)
     ck_assert_uint_eq(c->nats.flush_timeout_ms, 0);
     ck_assert(c->nats.jetstream.enabled);
     ck_assert_str_eq(c->nats.jetstream.stream, "kv-events");
+    ck_assert_str_eq(c->nats.jetstream.stream_name, "kv-events");
+    ck_assert_str_eq(c->nats.jetstream.subject_name, "kv-events.queue");
     ck_assert_uint_eq(c->replay.timeout_ms, 500);
     ck_assert_str_eq(c->metrics.listen, "[::1]:9000");
     ck_assert_int_eq(c->log.level, KVB_LOG_DEBUG);
@@ -597,6 +610,39 @@ static const struct bad_file bad_texts[] = {
      "log: {level: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}\n",
      "T:4:14: log.level: 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...' "
      "is not one of error, warn, info or debug\n"},
+    /* JetStream: names that cannot be used, once resolved; placeholders; the
+     * duplicate window longer than max_age_s; the new keys' ranges */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {namespace: a.b, jetstream: {enabled: true}}\n",
+     "T:4:45: nats.jetstream.stream: 'namespace-a.b-component-backend-kv-events' contains "
+     "one of . * > / \\, white space or a control character\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {jetstream: {enabled: true, subject: 'kv.*', stream: 's{dp_rank}'}}\n",
+     "T:4:60: nats.jetstream.stream: unknown placeholder '{dp_rank}' (expected {namespace}, "
+     "{component} or {worker_id})\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {jetstream: {enabled: true, subject: 'kv.>', stream: 'a b'}}\n",
+     "T:4:60: nats.jetstream.stream: must not contain white space\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {jetstream: {enabled: true, subject: 'kv.*.{worker_id}'}}\n",
+     "T:4:44: nats.jetstream.subject: 'kv.*.1' contains a wildcard (* or >), white space or "
+     "a control character\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {jetstream: {enabled: true, subject: 'kv..x'}}\n",
+     "T:4:44: nats.jetstream.subject: 'kv..x' has an empty token\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {jetstream: {enabled: true, max_age_s: 60}}\n",
+     "T:4:46: nats.jetstream.duplicate_window_s: 120 is more than nats.jetstream.max_age_s "
+     "(60)\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {jetstream: {retention: fifo, replicas: 6, max_pending: 8, ack_timeout_ms: 99,\n"
+     "  duplicate_window_s: 0, create: maybe}}\n",
+     "T:4:31: nats.jetstream.retention: 'fifo' is not one of limits, interest or workqueue\n"
+     "T:4:47: nats.jetstream.replicas: 6 is out of range (expected 1..5)\n"
+     "T:4:63: nats.jetstream.max_pending: 8 is out of range (expected 16..1048576)\n"
+     "T:4:82: nats.jetstream.ack_timeout_ms: 99 is out of range (expected 100..2147483647)\n"
+     "T:5:23: nats.jetstream.duplicate_window_s: 0 is out of range (expected 1..4294967295)\n"
+     "T:5:34: nats.jetstream.create: 'maybe' is not a boolean (expected true or false)\n"},
     /* syntax errors: scanner, with and without a context */
     {"worker_id: 1\nblock_size: [16\n", "T:3:1: did not find expected ',' or ']' (while "
                                        "parsing a flow sequence at 2:13)\n"},
@@ -1193,6 +1239,88 @@ START_TEST(test_check_reload)
 }
 END_TEST
 
+START_TEST(test_jetstream_names)
+{
+    /* placeholders in the stream and the subject, every key set (worker_id 1) */
+    struct kvb_config *c = load_ok("nats:\n  namespace: prod\n  component: vllm\n  jetstream:\n"
+                "    enabled: true\n    stream: 'kv-{namespace}-{component}-{worker_id}'\n"
+                "    subject: 'kv.{namespace}.{worker_id}'\n    create: false\n"
+                "    retention: workqueue\n    max_age_s: 0\n    replicas: 3\n"
+                "    duplicate_window_s: 600\n    max_pending: 16\n    ack_timeout_ms: 100\n");
+    ck_assert(c->nats.jetstream.enabled);
+    ck_assert_str_eq(c->nats.jetstream.stream_name, "kv-prod-vllm-1");
+    ck_assert_str_eq(c->nats.jetstream.subject_name, "kv.prod.1");
+    ck_assert(!c->nats.jetstream.create);
+    ck_assert_int_eq(c->nats.jetstream.retention, KVB_JS_WORKQUEUE);
+    ck_assert_uint_eq(c->nats.jetstream.max_age_s, 0); /* unlimited: any window */
+    ck_assert_uint_eq(c->nats.jetstream.replicas, 3);
+    ck_assert_uint_eq(c->nats.jetstream.duplicate_window_s, 600);
+    ck_assert_uint_eq(c->nats.jetstream.max_pending, 16);
+    ck_assert_uint_eq(c->nats.jetstream.ack_timeout_ms, 100);
+    kvb_config_free(&c);
+    /* the default stream follows namespace and component; the subject follows it */
+    c = load_ok("nats: {namespace: ns, component: comp, jetstream: {enabled: true}}\n");
+    ck_assert_str_eq(c->nats.jetstream.stream_name, "namespace-ns-component-comp-kv-events");
+    ck_assert_str_eq(c->nats.jetstream.subject_name,
+                     "namespace-ns-component-comp-kv-events.queue");
+    kvb_config_free(&c);
+    /* disabled: nothing checked (a namespace with a dot is fine for core NATS) */
+    c = load_ok("nats: {namespace: a.b, jetstream: {max_age_s: 1}}\n");
+    ck_assert(!c->nats.jetstream.enabled);
+    ck_assert_str_eq(c->nats.jetstream.stream_name, "namespace-a.b-component-backend-kv-events");
+    kvb_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_jetstream_reload)
+{
+    /* With JetStream on, a reload that would move the stream or the subject
+     * (through nats.namespace, nats.component or worker_id) needs a restart;
+     * without, namespace reloads as before. */
+    char *errs = NULL;
+    struct kvb_config *a = load_ok("nats: {jetstream: {enabled: true}}\n");
+    struct kvb_config *b = load_ok("nats: {namespace: other, jetstream: {enabled: true}}\n");
+    ck_assert_int_eq(reload(a, b, &errs), -EINVAL);
+    ck_assert_msg(strstr(errs, "the JetStream stream would change from "
+                               "'namespace-dynamo-component-backend-kv-events' to "
+                               "'namespace-other-component-backend-kv-events'"), "%s", errs);
+    ck_assert(strstr(errs, "the JetStream subject would change"));
+    free(errs);
+    kvb_config_free(&b);
+    /* a fixed stream and subject: namespace may change */
+    kvb_config_free(&a);
+    a = load_ok("nats: {jetstream: {enabled: true, stream: s, subject: x.y}}\n");
+    b = load_ok("nats: {namespace: other, jetstream: {enabled: true, stream: s, subject: x.y}}\n");
+    ck_assert_int_eq(reload(a, b, &errs), 0);
+    ck_assert_str_eq(errs, "");
+    free(errs);
+    kvb_config_free(&b);
+    /* the new keys need a restart */
+    b = load_ok("nats: {jetstream: {enabled: true, stream: s, subject: x.y, max_pending: 100}}\n");
+    ck_assert_int_eq(reload(a, b, &errs), -EINVAL);
+    ck_assert(strstr(errs, "'nats.jetstream.max_pending' changed"));
+    free(errs);
+    kvb_config_free(&b);
+    /* the stream key itself: reported once, as the key */
+    b = load_ok("nats: {jetstream: {enabled: true, stream: t, subject: x.y}}\n");
+    ck_assert_int_eq(reload(a, b, &errs), -EINVAL);
+    char want[256];
+    snprintf(want, sizeof want,
+             "%s: 'nats.jetstream.stream' changed: it needs a restart to take effect\n", b->path);
+    ck_assert_str_eq(errs, want);
+    free(errs);
+    kvb_config_free(&b);
+    kvb_config_free(&a);
+    /* core NATS: namespace reloads */
+    a = load_ok("");
+    b = load_ok("nats: {namespace: other}\n");
+    ck_assert_int_eq(reload(a, b, &errs), 0);
+    free(errs);
+    kvb_config_free(&b);
+    kvb_config_free(&a);
+}
+END_TEST
+
 START_TEST(test_block_size_reload_from_files)
 {
     /* The same check with two real files differing only in block_size. */
@@ -1243,6 +1371,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_conf_file_is_example);
     tcase_add_test(tc, test_example_write_error);
     tcase_add_test(tc, test_check_reload);
+    tcase_add_test(tc, test_jetstream_names);
+    tcase_add_test(tc, test_jetstream_reload);
     tcase_add_test(tc, test_block_size_reload_from_files);
     tcase_add_test(tc, test_free_null);
     tcase_add_test(tc, test_auth_files);

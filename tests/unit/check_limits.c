@@ -11,6 +11,8 @@
  *   enforce  limits.max_events_per_batch / max_hashes_per_event /
  *            max_tokens_per_event / max_depth are exact (N passes, N+1 fails)
  *            and the decoder's defaults are the configuration's
+ *   config   a FIFO named as the configuration file or as a *_file secret is
+ *            refused, not waited on (a SIGHUP reload would hang the loop)
  *   payload  limits.max_payload_bytes, end to end through kvb_source and real
  *            ZMQ sockets on loopback: an oversize live message never reaches
  *            the decoder and the loss is answered by a barrier; an oversize
@@ -31,7 +33,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "config.h"
@@ -1142,6 +1148,61 @@ START_TEST(fuzz_regressions_replay)
 }
 END_TEST
 
+/* ---- config: files that never end ------------------------------------------ */
+
+/* kvb_config_load(path) in a child that SIGALRM kills after 3 s: 1 when it
+ * returned an error, 0 when it loaded, -1 when it blocked. */
+static int load_bounded(const char *path)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        signal(SIGALRM, SIG_DFL); /* not Check's timeout handler (it kills the group) */
+        alarm(3);
+        FILE *null = fopen("/dev/null", "w");
+        struct kvb_config *cfg = NULL;
+        int rc = kvb_config_load(path, &cfg, null);
+        kvb_config_free(&cfg);
+        _exit(rc == 0 ? 0 : 1);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM)
+        return -1;
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+/* open() of a FIFO without O_NONBLOCK waits for a writer: `kvbridge -c FIFO
+ * --check` hangs, and so does the loop thread on SIGHUP when the file or a
+ * nats.*_file names one (config.c read_file() and open_named() check
+ * S_ISREG only after the open). */
+START_TEST(config_fifo_refused_not_waited_on)
+{
+    char dir[] = "/tmp/kvb-limits.XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char fifo[128], yaml[128];
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    snprintf(yaml, sizeof(yaml), "%s/kvbridge.yaml", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    FILE *f = fopen(yaml, "w");
+    ck_assert(f != NULL);
+    fprintf(f, "worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n"
+               "nats:\n  servers: [nats://127.0.0.1:4222]\n  user: kvb\n"
+               "  password_file: %s\n", fifo);
+    fclose(f);
+    int as_config = load_bounded(fifo);
+    int as_secret = load_bounded(yaml);
+    unlink(yaml);
+    unlink(fifo);
+    rmdir(dir);
+    ck_assert_msg(as_config != -1, "kvb_config_load blocked on a FIFO as the configuration file");
+    ck_assert_msg(as_secret != -1, "kvb_config_load blocked on a FIFO as nats.password_file");
+    ck_assert_int_eq(as_config, 1);
+    ck_assert_int_eq(as_secret, 1);
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
     Suite *s = suite_create("limits");
@@ -1172,6 +1233,11 @@ static Suite *limits_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, empty_strings);
     tcase_add_test(tc, fuzz_regressions_replay);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("config");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, config_fifo_refused_not_waited_on);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("payload");

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -68,6 +70,7 @@ static struct {
     struct kvb_sink *sink;
     struct tsub t;
     int fds[2];              /* wake pipe */
+    char jsdir[64];          /* JetStream store of the server, "" when none */
 } fx = {.pid = -1, .fds = {-1, -1}};
 
 static int free_port(void)
@@ -164,6 +167,14 @@ static void server_kill(void)
 static void tsub_close(struct tsub *t);
 static void cfg_free(struct kvb_config *c);
 
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
 static void capture_stop(void);
 
 static void fx_setup(void)
@@ -189,6 +200,9 @@ static void fx_teardown(void)
     if (fx.conf[0])
         unlink(fx.conf);
     fx.conf[0] = '\0';
+    if (fx.jsdir[0])
+        nftw(fx.jsdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    fx.jsdir[0] = '\0';
 }
 
 /* ---- config built by hand (the config module is someone else's) ---- */
@@ -237,6 +251,10 @@ static void cfg_free(struct kvb_config *c)
     free(c->nats.tls.cert);
     free(c->nats.tls.key);
     free(c->nats.tls.server_name);
+    free(c->nats.jetstream.stream);
+    free(c->nats.jetstream.subject);
+    free(c->nats.jetstream.stream_name);
+    free(c->nats.jetstream.subject_name);
     free(c);
 }
 
@@ -989,6 +1007,337 @@ START_TEST(test_destroy_while_rejected)
 }
 END_TEST
 
+/* ---- JetStream against nats-server -js ---- */
+
+#define JS_STREAM "kvtest"
+#define JS_SUBJ "kvtest.queue"
+
+/* A nats-server with JetStream (its store in fx.jsdir, kept across restarts). */
+static void js_server_start(int port)
+{
+    char conf[256];
+    if (!fx.jsdir[0]) {
+        strcpy(fx.jsdir, "/tmp/check_sink.js.XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(fx.jsdir));
+    }
+    snprintf(conf, sizeof(conf), "jetstream { store_dir: \"%s\" }\n", fx.jsdir);
+    server_start_conf(port, conf);
+}
+
+/* The JetStream keys of a hand-made config (the config module resolves the
+ * names; here they are given). */
+static void cfg_js(struct kvb_config *c, uint32_t max_pending, uint32_t ack_timeout_ms)
+{
+    c->nats.jetstream.enabled = true;
+    cfg_set(&c->nats.jetstream.stream, JS_STREAM);
+    cfg_set(&c->nats.jetstream.subject, JS_SUBJ);
+    cfg_set(&c->nats.jetstream.stream_name, JS_STREAM);
+    cfg_set(&c->nats.jetstream.subject_name, JS_SUBJ);
+    c->nats.jetstream.create = true;
+    c->nats.jetstream.retention = KVB_JS_LIMITS;
+    c->nats.jetstream.max_age_s = 600;
+    c->nats.jetstream.replicas = 1;
+    c->nats.jetstream.duplicate_window_s = 120;
+    c->nats.jetstream.max_pending = max_pending;
+    c->nats.jetstream.ack_timeout_ms = ack_timeout_ms;
+}
+
+/* The stream's info through a connection of the test's own; NULL when
+ * missing.  The caller destroys it. */
+static jsStreamInfo *js_info(int port, const char *stream)
+{
+    char url[64];
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsStreamInfo *si = NULL;
+    snprintf(url, sizeof(url), "nats://127.0.0.1:%d", port);
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    if (js_GetStreamInfo(&si, js, stream, NULL, NULL) != NATS_OK)
+        si = NULL;
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return si;
+}
+
+static int64_t js_msgs(int port, const char *stream)
+{
+    jsStreamInfo *si = js_info(port, stream);
+    int64_t n = si ? (int64_t)si->State.Msgs : -1;
+    jsStreamInfo_Destroy(si);
+    return n;
+}
+
+/* Create a stream by hand (for the refusal cases). */
+static void js_make_stream(int port, const char *name, const char *subject)
+{
+    char url[64];
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsStreamConfig c;
+    const char *subjects[1] = {subject};
+    snprintf(url, sizeof(url), "nats://127.0.0.1:%d", port);
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    jsStreamConfig_Init(&c);
+    c.Name = name;
+    c.Subjects = subjects;
+    c.SubjectsLen = 1;
+    ck_assert_int_eq(js_AddStream(NULL, js, &c, NULL, NULL), NATS_OK);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+}
+
+/* Publish N messages "PREFIX-i" with Nats-Msg-Id "7.0.EPOCH.(FIRST + i)". */
+static int js_publish_n(struct kvb_sink *s, const char *prefix, uint64_t epoch, int first,
+                        int n)
+{
+    for (int i = 0; i < n; i++) {
+        char buf[64], id[64];
+        int l = snprintf(buf, sizeof(buf), "%s-%05d", prefix, first + i);
+        snprintf(id, sizeof(id), "7.0.%" PRIu64 ".%d", epoch, first + i);
+        int rc = kvb_sink_publish_id(s, JS_SUBJ, buf, (size_t)l, id);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static bool wait_until_ms(bool (*cond)(void), unsigned ms)
+{
+    uint64_t deadline = now_ms() + ms;
+    while (!cond()) {
+        if (now_ms() >= deadline)
+            return false;
+        sleep_ms(10);
+    }
+    return true;
+}
+
+/* The stream is created with the configured settings; publishes are
+ * acknowledged, flush waits for the acks; a Nats-Msg-Id sent again is dropped
+ * by the duplicate window (and counted). */
+START_TEST(test_js_create_publish)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 3000, 100, 1000, 8 << 20);
+    cfg_js(fx.cfg, 4096, 2000);
+    fx.cfg->nats.jetstream.retention = KVB_JS_WORKQUEUE;
+    fx.cfg->nats.jetstream.duplicate_window_s = 60;
+    js_server_start(port);
+    ck_assert_int_eq(js_msgs(port, JS_STREAM), -1);
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    struct kvb_sink *s = fx.sink;
+
+    jsStreamInfo *si = js_info(port, JS_STREAM);
+    ck_assert_ptr_nonnull(si);
+    ck_assert_int_eq(si->Config->SubjectsLen, 1);
+    ck_assert_str_eq(si->Config->Subjects[0], JS_SUBJ);
+    ck_assert_int_eq(si->Config->Retention, js_WorkQueuePolicy);
+    ck_assert_int_eq(si->Config->MaxAge, 600LL * 1000000000LL);
+    ck_assert_int_eq(si->Config->Replicas, 1);
+    ck_assert_int_eq(si->Config->Duplicates, 60LL * 1000000000LL);
+    jsStreamInfo_Destroy(si);
+
+    ck_assert_int_eq(js_publish_n(s, "a", 1, 0, 100), 0);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_acks_total[0]), 100);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_duplicates_total[0]), 0);
+    ck_assert_int_eq(js_msgs(port, JS_STREAM), 100);
+    kvb_sink_pending_bytes(s);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_pending[0]), 0);
+
+    /* the same ids again (a restart re-publishing): stored once */
+    ck_assert_int_eq(js_publish_n(s, "a", 1, 90, 20), 0);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    ck_assert_int_eq(js_msgs(port, JS_STREAM), 110);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_duplicates_total[0]), 10);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_acks_total[0]), 120);
+    ck_assert_uint_eq(kvb_get(&fx.m.nats_publish_errors_total[0]), 0);
+    ck_assert_uint_eq(kvb_sink_losses(s), 0);
+    kvb_sink_destroy(&fx.sink);
+
+    /* a second sink uses the stream as it is */
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    ck_assert_int_eq(js_publish_n(fx.sink, "a", 2, 0, 5), 0);
+    ck_assert_int_eq(kvb_sink_flush(fx.sink, 3000), 0);
+    ck_assert_int_eq(js_msgs(port, JS_STREAM), 115);
+}
+END_TEST
+
+/* Streams that cannot be used stop create at once with -EACCES; JetStream not
+ * answering is waited for up to connect_timeout_ms. */
+START_TEST(test_js_refused)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 3000, 100, 1000, 8 << 20);
+    cfg_js(fx.cfg, 4096, 2000);
+    js_server_start(port);
+    capture_start();
+
+    /* exists, but not for our subject */
+    js_make_stream(port, JS_STREAM, "other.subject");
+    uint64_t t0 = now_ms();
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
+    ck_assert_uint_lt(now_ms() - t0, 2000);
+    ck_assert_ptr_null(fx.sink);
+    char *log = captured();
+    ck_assert_msg(strstr(log, "stream kvtest exists but does not take the subject kvtest.queue "
+                              "(its subjects: other.subject)"), "%s", log);
+    free(log);
+
+    /* a wildcard stream that covers it is fine */
+    js_make_stream(port, "wild", "kvwild.*");
+    cfg_set(&fx.cfg->nats.jetstream.stream_name, "wild");
+    cfg_set(&fx.cfg->nats.jetstream.subject_name, "kvwild.queue");
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    kvb_sink_destroy(&fx.sink);
+
+    /* missing, and create is off */
+    cfg_set(&fx.cfg->nats.jetstream.stream_name, "missing");
+    fx.cfg->nats.jetstream.create = false;
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
+    log = captured();
+    ck_assert(strstr(log, "stream missing does not exist (and nats.jetstream.create is false)"));
+    free(log);
+    ck_assert_int_eq(js_msgs(port, "missing"), -1);
+
+    /* replicas on a single server: the server refuses the stream */
+    fx.cfg->nats.jetstream.create = true;
+    fx.cfg->nats.jetstream.replicas = 3;
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
+    ck_assert_int_eq(js_msgs(port, "missing"), -1);
+    fx.cfg->nats.jetstream.replicas = 1;
+
+    /* no JetStream on the server: waited for, then refused */
+    server_kill();
+    server_start(port);
+    fx.cfg->nats.connect_timeout_ms = 1200;
+    atomic_store(&fx.m.nats_connected[0], 7); /* as if another sink were live */
+    t0 = now_ms();
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
+    uint64_t dt = now_ms() - t0;
+    ck_assert_msg(dt >= 900 && dt < 4000, "took %" PRIu64 " ms", dt);
+    log = captured();
+    ck_assert(strstr(log, "JetStream is not available on the server"));
+    free(log);
+    ck_assert_uint_eq(kvb_get(&fx.m.nats_connected[0]), 7); /* a failed create: untouched */
+}
+END_TEST
+
+static bool pending_zero(void)
+{
+    kvb_sink_pending_bytes(fx.sink);
+    return kvb_get(&fx.m.jetstream_pending[0]) == 0;
+}
+
+/* The ack window: from 3/4 of max_pending unacknowledged publishes the
+ * buffer reads as full (the loop pauses) until 1/2; publishes are refused
+ * only when the unacknowledged ones would pass reconnect_buffer_bytes (by
+ * their estimated size, payload + 256).  A server that stops answering makes
+ * the acks time out and the publishes go again, and the stream keeps one
+ * copy of each. */
+START_TEST(test_js_window_resend)
+{
+    enum { MAXP = 16, RBUF = 8192, COST = 7 + 256 };
+    char payload[64];
+    int port = free_port();
+    fx.cfg = cfg_new(port, 3000, 100, 500, RBUF);
+    cfg_js(fx.cfg, MAXP, 300);
+    js_server_start(port);
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    struct kvb_sink *s = fx.sink;
+    ck_assert_uint_lt(kvb_sink_pending_bytes(s), RBUF);
+
+    kill(fx.pid, SIGSTOP); /* no acks from now on */
+    int i, rc = 0;
+    uint64_t pending_at_12 = 0;
+    for (i = 0; i < 100 && rc == 0; i++) {
+        char id[32];
+        int l = snprintf(payload, sizeof(payload), "w-%05d", i);
+        ck_assert_int_eq(l, 7);
+        snprintf(id, sizeof(id), "7.0.1.%d", i);
+        if (i == MAXP / 4 * 3 - 1)
+            ck_assert_uint_lt(kvb_sink_pending_bytes(s), RBUF); /* 11: not yet */
+        rc = kvb_sink_publish_id(s, JS_SUBJ, payload, (size_t)l, id);
+        if (i == MAXP / 4 * 3 - 1)
+            pending_at_12 = kvb_sink_pending_bytes(s); /* 12: full */
+    }
+    ck_assert_uint_ge(pending_at_12, RBUF);
+    ck_assert_int_eq(rc, -EAGAIN);
+    int accepted = i - 1;
+    ck_assert_int_eq(accepted, RBUF / COST); /* then the byte bound */
+    ck_assert_uint_eq(kvb_get(&fx.m.nats_publish_errors_total[0]), 1);
+    ck_assert_uint_ge(kvb_sink_pending_bytes(s), RBUF);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_pending[0]), (uint64_t)accepted);
+    ck_assert_int_eq(kvb_sink_flush(s, 200), -ETIMEDOUT);
+    sleep_ms(800); /* past the ack timeout: sent again, still unanswered */
+    ck_assert_uint_ge(kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_TIMEOUT]),
+                      (uint64_t)accepted);
+    kill(fx.pid, SIGCONT);
+
+    ck_assert_int_eq(kvb_sink_flush(s, 5000), 0);
+    ck_assert_msg(wait_until_ms(pending_zero, 2000), "pending did not drop to 0");
+    ck_assert_uint_lt(kvb_sink_pending_bytes(s), RBUF);
+    ck_assert_uint_ge(kvb_get(&fx.m.jetstream_resends_total[0]), (uint64_t)accepted);
+    ck_assert_int_eq(js_msgs(port, JS_STREAM), accepted); /* each once */
+    ck_assert_uint_eq(kvb_sink_losses(s), 0);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_publish_errors_total[0]), 0);
+    /* and it goes on */
+    ck_assert_int_eq(js_publish_n(s, "x", 1, 1000, 10), 0);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+    ck_assert_int_eq(js_msgs(port, JS_STREAM), accepted + 10);
+}
+END_TEST
+
+static bool sink_up(void) { return kvb_sink_connected(fx.sink); }
+
+/* The server killed and restarted on the same store: what was in flight and
+ * what was published meanwhile is stored once, in order. */
+START_TEST(test_js_server_restart)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 3000, 100, 300, 8 << 20);
+    cfg_js(fx.cfg, 4096, 1000);
+    js_server_start(port);
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    struct kvb_sink *s = fx.sink;
+    ck_assert_int_eq(js_publish_n(s, "a", 1, 0, 50), 0);
+    ck_assert_int_eq(kvb_sink_flush(s, 3000), 0);
+
+    ck_assert_int_eq(js_publish_n(s, "b", 1, 50, 50), 0); /* some in flight */
+    server_kill();
+    ck_assert_msg(wait_connected(s, false, 5000), "disconnect not noticed");
+    ck_assert_int_eq(js_publish_n(s, "c", 1, 100, 50), 0); /* queued */
+    ck_assert_int_eq(kvb_sink_flush(s, 100), -ENOTCONN);
+    js_server_start(port);
+    ck_assert_msg(wait_until_ms(sink_up, 8000), "sink never reconnected");
+    ck_assert_int_eq(kvb_sink_flush(s, 8000), 0);
+    ck_assert_int_eq(js_msgs(port, JS_STREAM), 150);
+
+    /* in order: message i of the stream is event i */
+    char url[64];
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    snprintf(url, sizeof(url), "nats://127.0.0.1:%d", port);
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    for (int i = 0; i < 150; i++) {
+        natsMsg *m = NULL;
+        const char *id = NULL;
+        char want[32];
+        ck_assert_int_eq(js_GetMsg(&m, js, JS_STREAM, (uint64_t)i + 1, NULL, NULL), NATS_OK);
+        ck_assert_int_eq(natsMsgHeader_Get(m, "Nats-Msg-Id", &id), NATS_OK);
+        snprintf(want, sizeof(want), "7.0.1.%d", i);
+        ck_assert_str_eq(id, want);
+        natsMsg_Destroy(m);
+    }
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    ck_assert_uint_eq(kvb_sink_losses(s), 0);
+}
+END_TEST
+
 static Suite *sink_suite(void)
 {
     Suite *su = suite_create("sink");
@@ -1029,6 +1378,15 @@ static Suite *sink_suite(void)
     tcase_add_test(tc, test_tls_not_offered);
     tcase_add_test(tc, test_tls_bad_ca);
     tcase_add_test(tc, test_destroy_while_rejected);
+    suite_add_tcase(su, tc);
+
+    tc = tcase_create("jetstream");
+    tcase_set_timeout(tc, 30);
+    tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
+    tcase_add_test(tc, test_js_create_publish);
+    tcase_add_test(tc, test_js_refused);
+    tcase_add_test(tc, test_js_window_resend);
+    tcase_add_test(tc, test_js_server_restart);
     suite_add_tcase(su, tc);
     return su;
 }

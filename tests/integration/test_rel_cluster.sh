@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# A 3-node NATS cluster with JetStream on loopback; kvbridge is given all
+# three servers and publishes to a stream with 3 replicas.  Under 1000
+# batches/s (about 3000 router events/s, each replicated to 3 nodes), the
+# node kvbridge is connected to (found through the servers' /connz), made the
+# stream's leader first, is SIGKILLed and stays down.  kvbridge reconnects to
+# another node (core NATS reconnect), the publishes that got no ack are sent
+# again (JetStream acks, Nats-Msg-Id), and the stream, replicated on the two
+# nodes left, keeps everything stored before the kill (JetStream replicas:
+# the two others elect a new leader; meanwhile publishes get "no responders"
+# and are sent again, one at a time until one is stored).  The stream is read
+# back from a surviving node by js_check: 0 lost, 0 stored twice (and how
+# many landed out of order).
+# The output says which node was killed, whether it led the stream, and how
+# many publishes were sent again.
+source "$(dirname "$0")/lib.sh"
+
+# shellcheck disable=SC2046
+gcc -O1 -o "$T/js_check" "$ROOT/tests/integration/js_check.c" $(pkg-config --cflags --libs libnats) \
+  2>"$T/gcc.log" && ok "js_check built" || { bad_log "js_check did not build" "$T/gcc.log"; finish; exit 1; }
+
+STREAM=namespace-dynamo-component-backend-kv-events
+
+# http_get PORT PATH: body in $T/http.body (bounded: 5 s)
+http_get() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3 &&
+     timeout 5 cat <&3) 2>/dev/null | tr -d '\r' | sed '1,/^$/d' >"$T/http.body" || true
+}
+metric() { http_get "$1" /metrics; awk -v k="$2" '$1 == k { print $2; f = 1 } END { if (!f) print 0 }' "$T/http.body"; }
+# published MPORT: router events kvbridge handed to the sink so far
+published() {
+  http_get "$1" /metrics
+  awk '$1 ~ /^kvbridge_router_events_published_total/ { n += $2 } END { print n + 0 }' "$T/http.body"
+}
+# settle MPORT WANT: wait (bounded, SETTLE_S s) until kvbridge published WANT router
+# events and JetStream acknowledged every one
+settle() {
+  local end=$((SECONDS + ${SETTLE_S:-30}))
+  until [ "$(published "$1")" -ge "$2" ] && [ "$(metric "$1" kvbridge_jetstream_pending)" = 0 ]; do
+    [ $SECONDS -ge $end ] && { echo "     (not settled: published $(published "$1") of $2)"; return 1; }
+    sleep 0.2
+  done
+}
+js_stat() { grep '^jscheck:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+leader_of() { sed -n 's/^cluster: leader=\([^ ]*\).*/\1/p' "$T/$1.out"; }
+
+declare -a CP PP MP NPID
+for i in 1 2 3; do CP[$i]=$(daemon_port); PP[$i]=$(daemon_port); MP[$i]=$(daemon_port); done
+routes="nats://127.0.0.1:${CP[1]},nats://127.0.0.1:${CP[2]},nats://127.0.0.1:${CP[3]}"
+for i in 1 2 3; do
+  start "n$i" nats-server -a 127.0.0.1 -p "${PP[$i]}" -m "${MP[$i]}" -n "n$i" -js -sd "$T/js$i" \
+    --cluster_name kvbjs -cluster "nats://127.0.0.1:${CP[$i]}" -routes "$routes"
+  NPID[$i]=$LAST_PID
+done
+for i in 1 2 3; do wait_port "${PP[$i]}" 10 || { bad "node n$i did not start"; finish; exit 1; }; done
+# JetStream's meta group has a leader once the three nodes found each other
+end=$((SECONDS + 20)); meta=""
+while [ $SECONDS -lt $end ]; do
+  http_get "${MP[1]}" /jsz
+  meta=$(tr -d ' \n' <"$T/http.body" | sed -n 's/.*"meta_cluster":{[^}]*"leader":"\([^"]*\)".*/\1/p')
+  [ -n "$meta" ] && break
+  sleep 0.2
+done
+[ -n "$meta" ] && ok "JetStream cluster up (meta leader $meta)" || bad "no JetStream meta leader in 20 s"
+
+p=$(daemon_port 2); mp=$(daemon_port)
+cat >"$T/k.yaml" <<YAML
+worker_id: 7
+block_size: 16
+sources:
+  - endpoint: tcp://127.0.0.1:$p
+    replay_endpoint: tcp://127.0.0.1:$((p + 1))
+nats:
+  servers: [nats://127.0.0.1:${PP[1]}, nats://127.0.0.1:${PP[2]}, nats://127.0.0.1:${PP[3]}]
+  connect_timeout_ms: 20000
+  reconnect_wait_ms: 100
+  reconnect_wait_max_ms: 300
+  jetstream:
+    enabled: true
+    replicas: 3
+    ack_timeout_ms: 2000
+metrics:
+  listen: 127.0.0.1:$mp
+YAML
+start_kvbridge kvb "$T/k.yaml" || { bad "kvbridge did not start"; finish; exit 1; }
+kpid=$KVB_PID
+expect_eq "stream created with 3 replicas" "$(count_log "$T/kvb.log" "created stream $STREAM.*3 replica")" 1
+# the node kvbridge is connected to
+node=""
+for i in 1 2 3; do
+  http_get "${MP[$i]}" '/connz?limit=1000'
+  tr -d ' \n' <"$T/http.body" | grep -q '"name":"kvbridge"' && node=$i
+done
+[ -n "$node" ] && ok "kvbridge is connected to n$node" || { bad "kvbridge's node not found in /connz"; node=1; }
+other=$(( node % 3 + 1 ))
+# the hard case: that node also leads the stream (step-downs until it does)
+"$T/js_check" --server "nats://127.0.0.1:${PP[$other]}" --stream "$STREAM" --info 1 \
+  --leader "n$node" >"$T/lead.out" 2>&1
+expect_eq "n$node leads the stream" "$(leader_of lead)" "n$node"
+
+"$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
+  --batches 9000 --rate 1000 --seed 41 --wait-subscribers 800 --linger 4000 \
+  --record "$T/rec" 2>"$T/sim.log" &
+spid=$!; PIDS+=("$spid")
+sleep 2.5
+"$T/js_check" --server "nats://127.0.0.1:${PP[$other]}" --stream "$STREAM" --info 1 >"$T/before.out" 2>&1
+leader=$(leader_of before)
+echo "     before the kill: $(grep '^cluster:' "$T/before.out")"
+signal_pid "${NPID[$node]}" KILL 5
+expect_eq "n$node (kvbridge's node) killed" "$RC" 137
+wait_log "$T/kvb.log" "reconnected to NATS" 10 && ok "kvbridge reconnected to another node" \
+  || bad_log "kvbridge did not reconnect" "$T/kvb.log"
+wait_pid "$spid" 60
+want=$(rec_counts "$T/rec" all)
+SETTLE_S=40 settle "$mp" "$(( $(field events "$want") + 1 ))" || true
+resends=$(metric "$mp" kvbridge_jetstream_resends_total)
+dups=$(metric "$mp" kvbridge_jetstream_duplicates_total)
+timeouts=$(metric "$mp" 'kvbridge_jetstream_ack_failures_total{reason="timeout"}')
+norsp=$(metric "$mp" 'kvbridge_jetstream_ack_failures_total{reason="no_responders"}')
+unavail=$(metric "$mp" 'kvbridge_jetstream_ack_failures_total{reason="unavailable"}')
+expect_eq "nothing refused by the stream" "$(metric "$mp" kvbridge_jetstream_publish_errors_total)" 0
+expect_eq "no publish refused (window full)" "$(metric "$mp" kvbridge_nats_publish_errors_total)" 0
+expect_eq "no NATS-side barrier" "$(count_log "$T/kvb.log" "lost on the NATS side")" 0
+expect_eq "nothing unacknowledged at the end" "$(metric "$mp" kvbridge_jetstream_pending)" 0
+signal_pid "$kpid" TERM 15
+expect_eq "kvbridge exit code" "$RC" 0
+
+"$T/js_check" --server "nats://127.0.0.1:${PP[$other]}" --stream "$STREAM" >"$T/after.out" 2>"$T/after.err" \
+  || bad_log "js_check failed" "$T/after.err"
+echo "     engine: $want"
+echo "     $(grep '^cluster:' "$T/after.out")"
+echo "     $(grep '^jscheck:' "$T/after.out")"
+expect_eq "messages in the stream = engine events + start barrier" "$(js_stat after messages)" \
+  "$(( $(field events "$want") + 1 ))"
+expect_eq "no Nats-Msg-Id stored twice" "$(js_stat after dup_ids)" 0
+expect_eq "no event_id stored twice" "$(js_stat after dup_events)" 0
+expect_eq "no event_id missing (0 lost)" "$(js_stat after holes)" 0
+expect_eq "every message has a matching Nats-Msg-Id" \
+  "$(( $(js_stat after no_id) + $(js_stat after bad_id) ))" 0
+expect_eq "the start barrier only" "$(js_stat after cleared)" "$(( $(field cleared "$want") + 1 ))"
+
+after_leader=$(leader_of after)
+if [ "$leader" = "n$node" ]; then
+  how="the killed node n$node led the stream: the replicas on the two nodes left kept what it had stored and elected $after_leader"
+else
+  how="the stream's leader $leader was not killed: the replicas kept serving, only kvbridge's connection moved"
+fi
+echo "     what kept it whole: core NATS reconnect (kvbridge moved from n$node to another node) +" \
+     "JetStream acks ($timeouts ack timeouts, $norsp no responders, $unavail unavailable; $resends" \
+     "publishes sent again, $dups of them already stored and dropped by Nats-Msg-Id) + replicas: $how;" \
+     "out of order: $(js_stat after reorders)"
+for i in 1 2 3; do [ "$i" = "$node" ] || signal_pid "${NPID[$i]}" TERM 10; done
+finish

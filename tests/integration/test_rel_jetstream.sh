@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# JetStream mode (nats.jetstream.enabled): every router event is stored in a
+# stream, acknowledged, and carries Nats-Msg-Id
+# {worker_id}.{dp_rank}.{epoch}.{event_id}.  What a consumer gets is read
+# from the stream itself after each run by js_check (tests/integration/
+# js_check.c, compiled here): every message, its id, event_id runs per
+# (worker_id, dp_rank, epoch).
+#   a. nats-server -js SIGKILLed for 5 s under 2000 batches/s, restarted on
+#      the same store: unacknowledged publishes are sent again and the
+#      duplicate window drops the copies the stream already had: 0 lost,
+#      0 stored twice, every event of kvsim's record in the stream.
+#   b. kvbridge SIGKILLed under load and restarted with state.dir: the
+#      events published after the last save are published again with the same
+#      ids and dropped by the duplicate window: 0 lost, 0 stored twice.
+#   c. the stream is created when missing with the configured subject,
+#      retention, max_age_s, replicas and duplicate window; a stream that does
+#      not take the subject, or a missing one with create: false, stops
+#      kvbridge at start with exit 69 and says why.
+source "$(dirname "$0")/lib.sh"
+
+# shellcheck disable=SC2046
+gcc -O1 -o "$T/js_check" "$ROOT/tests/integration/js_check.c" $(pkg-config --cflags --libs libnats) \
+  2>"$T/gcc.log" && ok "js_check built" || { bad_log "js_check did not build" "$T/gcc.log"; finish; exit 1; }
+
+STREAM=namespace-dynamo-component-backend-kv-events
+
+# http_get PORT PATH: body in $T/http.body (bounded: 5 s)
+http_get() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3 &&
+     timeout 5 cat <&3) 2>/dev/null | tr -d '\r' | sed '1,/^$/d' >"$T/http.body" || true
+}
+# metric PORT SERIES: its value (0 when absent)
+metric() { http_get "$1" /metrics; awk -v k="$2" '$1 == k { print $2; f = 1 } END { if (!f) print 0 }' "$T/http.body"; }
+
+# js_stat NAME FIELD: FIELD=N from js_check's "jscheck:" line in $T/NAME.out
+# published MPORT: router events kvbridge handed to the sink so far
+published() {
+  http_get "$1" /metrics
+  awk '$1 ~ /^kvbridge_router_events_published_total/ { n += $2 } END { print n + 0 }' "$T/http.body"
+}
+# settle MPORT WANT: wait (bounded, SETTLE_S s) until kvbridge published WANT router
+# events and JetStream acknowledged every one
+settle() {
+  local end=$((SECONDS + ${SETTLE_S:-30}))
+  until [ "$(published "$1")" -ge "$2" ] && [ "$(metric "$1" kvbridge_jetstream_pending)" = 0 ]; do
+    [ $SECONDS -ge $end ] && { echo "     (not settled: published $(published "$1") of $2)"; return 1; }
+    sleep 0.2
+  done
+}
+js_stat() { grep '^jscheck:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+st_stat() { grep '^stream:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+
+# js_expect NAME WANT_MESSAGES: the stream holds exactly the engine's events
+# (and the start barrier), each once, no event_id missing
+js_expect() {
+  local name=$1 want=$2
+  echo "     $name: $(grep '^jscheck:' "$T/$name.out")"
+  expect_eq "$name: messages in the stream = engine events + start barrier" "$(js_stat "$name" messages)" "$want"
+  expect_eq "$name: no Nats-Msg-Id stored twice" "$(js_stat "$name" dup_ids)" 0
+  expect_eq "$name: no event_id stored twice" "$(js_stat "$name" dup_events)" 0
+  expect_eq "$name: no event_id missing" "$(js_stat "$name" holes)" 0
+  expect_eq "$name: every message has a matching Nats-Msg-Id" \
+    "$(( $(js_stat "$name" no_id) + $(js_stat "$name" bad_id) ))" 0
+  expect_eq "$name: one event_id run per (worker_id, dp_rank)" "$(js_stat "$name" pairs)" 1
+}
+
+# ---- a. nats-server killed for 5 s -----------------------------------------
+np=$(daemon_port); p=$(daemon_port 2); mp=$(daemon_port)
+start "natsA" nats-server -a 127.0.0.1 -p "$np" -js -sd "$T/jsA"
+nspid=$LAST_PID
+wait_port "$np" 10 || { bad "nats-server -js did not start"; finish; exit 1; }
+cat >"$T/a.yaml" <<YAML
+worker_id: 7
+block_size: 16
+sources:
+  - endpoint: tcp://127.0.0.1:$p
+    replay_endpoint: tcp://127.0.0.1:$((p + 1))
+nats:
+  servers: [nats://127.0.0.1:$np]
+  reconnect_wait_ms: 100
+  reconnect_wait_max_ms: 300
+  jetstream:
+    enabled: true
+    ack_timeout_ms: 1500
+metrics:
+  listen: 127.0.0.1:$mp
+YAML
+start_kvbridge kvbA "$T/a.yaml" || { bad "kvbridge did not start"; finish; exit 1; }
+kpid=$KVB_PID
+expect_eq "a: stream created at start" "$(count_log "$T/kvbA.log" "created stream $STREAM")" 1
+"$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
+  --batches 12000 --rate 2000 --seed 31 --wait-subscribers 800 --linger 8000 \
+  --record "$T/recA" 2>"$T/simA.log" &
+spid=$!; PIDS+=("$spid")
+sleep 2.5
+signal_pid "$nspid" KILL 5
+expect_eq "a: nats-server killed" "$RC" 137
+sleep 5
+start "natsA2" nats-server -a 127.0.0.1 -p "$np" -js -sd "$T/jsA"
+nspid=$LAST_PID
+wait_port "$np" 10 || bad "a: nats-server did not come back"
+wait_pid "$spid" 60
+wantA=$(rec_counts "$T/recA" all)
+settle "$mp" "$(( $(field events "$wantA") + 1 ))" || true
+for m in acks_total duplicates_total resends_total publish_errors_total \
+         'ack_failures_total{reason="timeout"}' 'ack_failures_total{reason="no_responders"}'; do
+  printf '     a: kvbridge_jetstream_%s %s\n' "$m" "$(metric "$mp" "kvbridge_jetstream_$m")"
+done
+expect_ge "a: kvbridge paused reading while the window was full" \
+  "$(count_log "$T/kvbA.log" "pausing the engine streams")" 1
+expect_ge "a: publishes without an ack were sent again" "$(metric "$mp" kvbridge_jetstream_resends_total)" 1
+expect_eq "a: nothing refused by the stream" "$(metric "$mp" kvbridge_jetstream_publish_errors_total)" 0
+expect_eq "a: no publish refused (window full)" "$(metric "$mp" kvbridge_nats_publish_errors_total)" 0
+expect_eq "a: no NATS-side barrier" "$(count_log "$T/kvbA.log" "lost on the NATS side")" 0
+signal_pid "$kpid" TERM 15
+expect_eq "a: kvbridge exit code" "$RC" 0
+"$T/js_check" --server "nats://127.0.0.1:$np" --stream "$STREAM" >"$T/a.out" 2>"$T/a.err" \
+  || bad_log "a: js_check failed" "$T/a.err"
+echo "     a: engine: $wantA"
+js_expect a "$(( $(field events "$wantA") + 1 ))"
+expect_eq "a: the start barrier only" "$(js_stat a cleared)" "$(( $(field cleared "$wantA") + 1 ))"
+echo "     a: stored out of order (resent after later ones): $(js_stat a reorders)"
+signal_pid "$nspid" TERM 10
+
+# ---- b. kvbridge killed, restarted with state.dir --------------------------
+np=$(daemon_port); p=$(daemon_port 2); mp=$(daemon_port)
+start "natsB" nats-server -a 127.0.0.1 -p "$np" -js -sd "$T/jsB"
+nspid=$LAST_PID
+wait_port "$np" 10 || { bad "nats-server -js did not start"; finish; exit 1; }
+mkdir -p "$T/stateB"
+cat >"$T/b.yaml" <<YAML
+worker_id: 7
+block_size: 16
+sources:
+  - endpoint: tcp://127.0.0.1:$p
+    replay_endpoint: tcp://127.0.0.1:$((p + 1))
+nats:
+  servers: [nats://127.0.0.1:$np]
+  jetstream:
+    enabled: true
+metrics:
+  listen: 127.0.0.1:$mp
+state:
+  dir: $T/stateB
+YAML
+start_kvbridge kvbB1 "$T/b.yaml" || { bad "kvbridge did not start"; finish; exit 1; }
+k1=$KVB_PID
+"$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
+  --batches 10000 --rate 2000 --seed 32 --wait-subscribers 800 --linger 5000 \
+  --record "$T/recB" 2>"$T/simB.log" &
+spid=$!; PIDS+=("$spid")
+sleep 2.7
+signal_pid "$k1" KILL 5
+expect_eq "b: kvbridge killed" "$RC" 137
+saved=$(awk '$1 == "stream" { print $4 }' "$T/stateB/kvbridge.state" 2>/dev/null)
+[ -n "$saved" ] && ok "b: state saved (seq $saved)" || bad "b: no state file"
+sleep 1
+start_kvbridge kvbB2 "$T/b.yaml" || { bad "kvbridge did not restart"; finish; exit 1; }
+k2=$KVB_PID
+expect_eq "b: restart resumes" "$(count_log "$T/kvbB2.log" "resuming after seq $saved")" 1
+wait_pid "$spid" 40
+wantB=$(rec_counts "$T/recB" all)
+# (the second run publishes what the first had not saved: js_check below
+# waits until the stream holds everything)
+for _ in $(seq 100); do [ "$(metric "$mp" kvbridge_jetstream_pending)" = 0 ] && break; sleep 0.1; done
+dupsB=$(metric "$mp" kvbridge_jetstream_duplicates_total)
+echo "     b: events published again after the restart, dropped by the duplicate window: $dupsB"
+expect_ge "b: the stream dropped the re-sent events" "$dupsB" 1
+expect_eq "b: no publish refused (the replay's events fit)" \
+  "$(metric "$mp" kvbridge_nats_publish_errors_total)" 0
+signal_pid "$k2" TERM 15
+expect_eq "b: kvbridge exit code" "$RC" 0
+"$T/js_check" --server "nats://127.0.0.1:$np" --stream "$STREAM" --wait-msgs "$(( $(field events "$wantB") + 1 ))" \
+  --wait-ms 20000 >"$T/b.out" 2>"$T/b.err" \
+  || bad_log "b: js_check failed" "$T/b.err"
+echo "     b: engine: $wantB"
+js_expect b "$(( $(field events "$wantB") + 1 ))"
+expect_eq "b: the first run's start barrier only" "$(js_stat b cleared)" "$(( $(field cleared "$wantB") + 1 ))"
+expect_eq "b: one epoch (restored with the counter)" "$(js_stat b epochs)" 1
+expect_eq "b: nothing out of order" "$(js_stat b reorders)" 0
+
+# ---- c. stream creation and refusals ----------------------------------------
+p=$(daemon_port 2)
+cat >"$T/c.yaml" <<YAML
+worker_id: 7
+block_size: 16
+sources:
+  - endpoint: tcp://127.0.0.1:$p
+nats:
+  servers: [nats://127.0.0.1:$np]
+  namespace: test
+  connect_timeout_ms: 3000
+  jetstream:
+    enabled: true
+    stream: "kv-{namespace}-{worker_id}"
+    subject: "kv.{namespace}.events"
+    retention: workqueue
+    max_age_s: 600
+    replicas: 1
+    duplicate_window_s: 60
+metrics:
+  listen: ""
+YAML
+start_kvbridge kvbC "$T/c.yaml" || { bad "c: kvbridge did not start"; finish; exit 1; }
+kc=$KVB_PID
+"$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --batches 50 --rate 500 --seed 33 \
+  --wait-subscribers 800 --linger 300 --record "$T/recC" 2>"$T/simC.log"
+signal_pid "$kc" TERM 15
+expect_eq "c: kvbridge exit code" "$RC" 0
+"$T/js_check" --server "nats://127.0.0.1:$np" --stream kv-test-7 >"$T/c.out" 2>"$T/c.err" \
+  || bad_log "c: js_check failed" "$T/c.err"
+echo "     c: $(grep '^stream:' "$T/c.out")"
+expect_eq "c: subject" "$(st_stat c subjects)" "kv.test.events"
+expect_eq "c: retention" "$(st_stat c retention)" workqueue
+expect_eq "c: max_age_s" "$(st_stat c max_age_s)" 600
+expect_eq "c: replicas" "$(st_stat c replicas)" 1
+expect_eq "c: duplicate window" "$(st_stat c duplicates_s)" 60
+wantC=$(rec_counts "$T/recC" all)
+js_expect c "$(( $(field events "$wantC") + 1 ))"
+
+# the stream exists (the subject of case b) but does not take this subject
+sed -e "s/stream: \"kv-{namespace}-{worker_id}\"/stream: $STREAM/" "$T/c.yaml" >"$T/c2.yaml"
+"$BIN/kvbridge" -c "$T/c2.yaml" >"$T/kvbC2.log" 2>&1 &
+wait_pid $! 15
+expect_eq "c: a stream without the subject: exit 69" "$RC" 69
+expect_eq "c: ... and says why" "$(count_log "$T/kvbC2.log" "exists but does not take the subject kv.test.events")" 1
+# missing, and create: false
+sed -e 's/stream: "kv-{namespace}-{worker_id}"/stream: nope/' -e 's/retention: workqueue/create: false/' \
+  "$T/c.yaml" >"$T/c3.yaml"
+"$BIN/kvbridge" -c "$T/c3.yaml" >"$T/kvbC3.log" 2>&1 &
+wait_pid $! 15
+expect_eq "c: a missing stream with create: false: exit 69" "$RC" 69
+expect_eq "c: ... and says why" "$(count_log "$T/kvbC3.log" "stream nope does not exist")" 1
+signal_pid "$nspid" TERM 10
+# no JetStream on the server at all
+np2=$(daemon_port)
+start_nats "$np2" || bad "c: nats-server (no JetStream) did not start"
+nspid=$NATS_PID
+sed -e "s/127.0.0.1:$np]/127.0.0.1:$np2]/" "$T/c.yaml" >"$T/c4.yaml"
+"$BIN/kvbridge" -c "$T/c4.yaml" >"$T/kvbC4.log" 2>&1 &
+wait_pid $! 15
+expect_eq "c: no JetStream on the server: exit 69" "$RC" 69
+expect_eq "c: ... and says why" "$(count_log "$T/kvbC4.log" "JetStream is not available")" 1
+signal_pid "$nspid" TERM 10
+finish
