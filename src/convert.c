@@ -201,6 +201,9 @@ int kvb_tier_from_medium(const struct kvb_str *medium, bool *unknown)
     *unknown = false;
     if (!medium->ptr)
         return KVB_TIER_DEVICE;
+    /* what engines send for nearly every event: skip the table */
+    if (medium->len == 3 && memcmp(medium->ptr, "GPU", 3) == 0)
+        return KVB_TIER_DEVICE;
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
         if (str_ieq(medium, map[i].name))
             return map[i].tier;
