@@ -28,6 +28,21 @@ enum kvb_log_level { KVB_LOG_ERROR = 0, KVB_LOG_WARN, KVB_LOG_INFO, KVB_LOG_DEBU
 /* The values match nats.c's jsRetentionPolicy. */
 enum kvb_js_retention { KVB_JS_LIMITS = 0, KVB_JS_INTEREST, KVB_JS_WORKQUEUE };
 
+/* ZMQ CURVE of one source (sources[].curve; off when secret_key_file is "").
+ * The file names are resolved at load like the nats files; the keys are read,
+ * checked and decoded then (not keys of the file).  secret_key is a secret:
+ * never printed, zeroed by kvb_config_free(). */
+struct kvb_curve_cfg {
+    char *secret_key_file;      /* "" = CURVE off */
+    char *server_public_key;    /* connect mode: the engine's key, Z85; "" = none */
+    char *allowed_clients_file; /* bind mode: "" = any client with our public key */
+    bool enabled;               /* secret_key_file is set */
+    uint8_t secret_key[32];     /* from secret_key_file */
+    uint8_t server_key[32];     /* server_public_key decoded (connect mode) */
+    uint8_t (*allowed)[32];     /* allowed_clients_file's keys; NULL when none */
+    size_t n_allowed;           /* >= 1 when allowed_clients_file is set */
+};
+
 struct kvb_source_cfg {
     char *endpoint;         /* required, e.g. tcp://127.0.0.1:5557 */
     char *replay_endpoint;  /* "" when none */
@@ -36,6 +51,7 @@ struct kvb_source_cfg {
     uint32_t dp_size;       /* >= 1; N > 1 expands to ports base+0..base+N-1 */
     uint32_t dp_rank;       /* rank when a batch carries none (first of the expansion) */
     uint32_t rcvhwm;        /* ZMQ_RCVHWM of the SUB (messages) */
+    struct kvb_curve_cfg curve;
 };
 
 struct kvb_config {
@@ -150,6 +166,11 @@ int kvb_config_write_example(FILE *f);
  * reconnect settings: the rows flagged as such in the table) is equal in A
  * and B, secrets included.  SIGHUP replaces the sink only when this is false. */
 bool kvb_config_nats_equal(const struct kvb_config *a, const struct kvb_config *b);
+
+/* True when two sources are opened the same way: every sources[] key equal,
+ * and the CURVE keys read from the files too.  SIGHUP reopens the sources
+ * when a source differs (or their number does). */
+bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b);
 
 /* SIGHUP: 0 when NEW may replace OLD in a running process; -EINVAL with a
  * message on err when a key that needs a restart changed (with JetStream on,

@@ -74,6 +74,8 @@
       "Events whose medium was not recognised (forwarded as device)")          \
     X(counter, malformed_messages_total, "kind", KVB_MALFORMED_KINDS,          \
       "Messages that could not be used, by kind")                              \
+    X(counter, curve_clients_rejected_total, "", KVB_NO_LABEL,                 \
+      "CURVE clients refused by a bind-mode source's allowed_clients_file")    \
     X(counter, barriers_total, "cause", KVB_BARRIER_CAUSES,                    \
       "\"cleared\" barriers published, by cause (one per dp_rank)")            \
     X(counter, seq_gaps_total, "", KVB_NO_LABEL,                               \

@@ -9,8 +9,13 @@
  *
  * Ownership: kvb_source_create() returns a source that owns its sockets, its
  * streams and any held batches; kvb_source_destroy(&s) closes and frees them
- * (accepts NULL and half-built sources).  The ZMQ context, the pipeline and
- * the metrics must outlive it.
+ * (accepts NULL and half-built sources).  The ZMQ context, the pipeline,
+ * the metrics and the ZAP handler (when given) must outlive it.
+ *
+ * CURVE (p->curve enabled): in bind mode the SUB is a CURVE server (with a
+ * ZAP domain when a handler is given) and the replay DEALER stays plain; in
+ * connect mode the SUB and the replay DEALER are CURVE clients of the
+ * engine's server key.
  */
 #ifndef KVB_SOURCE_H
 #define KVB_SOURCE_H
@@ -21,6 +26,7 @@
 #include "config.h"
 #include "pipeline.h"
 #include "state.h"
+#include "zap.h"
 
 struct kvb_source;
 
@@ -38,6 +44,16 @@ struct kvb_source_params {
      * no start barrier and a gap is asked from the engine's replay.  Only
      * read during kvb_source_create(); may be NULL. */
     const struct kvb_state *resume;
+    /* ZMQ CURVE (sources[].curve); NULL or !enabled: plain ZMTP.  Only read
+     * during kvb_source_create(): the source keeps the copies it needs (a
+     * connect-mode source its client keys, for the replay DEALER it opens
+     * later; zeroed by kvb_source_destroy()). */
+    const struct kvb_curve_cfg *curve;
+    /* The ZAP handler (zap.h), for bind-mode CURVE sources: required with
+     * an allowed_clients_file (kvb_source_create() fails with -EINVAL
+     * without it); without one, a source given a handler registers "any
+     * client".  May be NULL; must outlive the source. */
+    struct kvb_zap *zap;
 };
 
 /* Expand a dp_size source entry: endpoint i of n gets port + i.  Writes a

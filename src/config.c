@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yaml.h>
+#include <zmq.h>
 
 #define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
 #define MAX_NODES 65536           /* YAML nodes in one file */
@@ -145,6 +146,27 @@ static const struct opt opts[] = {
     {.key = "sources[].rcvhwm", .type = T_U32, .off = SRC(rcvhwm, uint32_t),
      .def = "1000000", .min = 0, .max = I32MAX, .flags = R,
      .help = "ZMQ_RCVHWM of the SUB socket, in messages (0 = no limit)."},
+    {.key = "sources[].curve.secret_key_file", .type = T_STR,
+     .off = SRC(curve.secret_key_file, char *), .def = "", .flags = R,
+     .help = "ZMQ CURVE (encryption and authentication of the engine link): file "
+             "holding this source's CURVE secret key, 40 Z85 characters on one line "
+             "(# comment lines allowed), as the second line of kvsim --curve-keygen "
+             "prints it; \"\" = CURVE off (plain ZMTP). A relative name is looked up "
+             "like the nats files. In bind mode the SUB is then a CURVE server (engines "
+             "connect with its public key); in connect mode a CURVE client of the "
+             "engine, for the replay socket too. Not for inproc:// endpoints."},
+    {.key = "sources[].curve.server_public_key", .type = T_STR,
+     .off = SRC(curve.server_public_key, char *), .def = "", .flags = R,
+     .help = "Connect mode with CURVE: the engine's CURVE public key, 40 Z85 "
+             "characters in single quotes (Z85 has characters YAML would read); "
+             "required then, and an error in bind mode."},
+    {.key = "sources[].curve.allowed_clients_file", .type = T_STR,
+     .off = SRC(curve.allowed_clients_file, char *), .def = "", .flags = R,
+     .help = "Bind mode with CURVE: file listing the CURVE public keys (40 Z85 "
+             "characters, one per line; # comments and blank lines allowed) of the "
+             "engines allowed to connect; others are refused during the handshake. "
+             "\"\" = any engine that knows this source's public key. An error in "
+             "connect mode."},
 
     {.key = "nats.servers", .type = T_STRLIST, .off = TOP(nats.servers, char **),
      .noff = TOP(nats.n_servers, size_t), .def = "nats://127.0.0.1:4222", .flags = R | C,
@@ -1904,6 +1926,231 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
                i, s->dp_rank, s->dp_size, UINT32_MAX);
 }
 
+/* ---- ZMQ CURVE keys (sources[].curve) ---------------------------------- */
+
+#define Z85_KEY_CHARS 40 /* a 32-byte CURVE key in Z85 */
+
+/* Decode a 40-character Z85 key into out; false when it is not one. */
+static bool z85_key(const char *s, size_t len, uint8_t out[32])
+{
+    char buf[Z85_KEY_CHARS + 1];
+    if (len != Z85_KEY_CHARS)
+        return false;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    bool ok = zmq_z85_decode(out, buf) != NULL;
+    explicit_bzero(buf, sizeof buf);
+    return ok;
+}
+
+/* The next line of *p that holds something (blank lines and # comments
+ * skipped, surrounding white space dropped): *start, *len, and its 1-based
+ * number in *lineno.  False at the end of the text.  ('#' is a Z85 character,
+ * but never the first of a key: "#0000" would be above 2^32 - 1.) */
+static bool next_line(const char **p, size_t *lineno, const char **start, size_t *len)
+{
+    while (**p) {
+        const char *s = *p, *e = strchr(s, '\n');
+        if (!e)
+            e = s + strlen(s);
+        *p = *e ? e + 1 : e;
+        ++*lineno;
+        while (s < e && (*s == ' ' || *s == '\t' || *s == '\r'))
+            s++;
+        while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
+            e--;
+        if (s == e || *s == '#')
+            continue;
+        *start = s;
+        *len = (size_t)(e - s);
+        return true;
+    }
+    return false;
+}
+
+/* Source key K written in the file with a value other than "" (or a bad one). */
+static bool src_present(const struct kvb_source_cfg *s, const struct mark *m, size_t k)
+{
+    const char *v = *(char *const *)((const char *)s + opts[k].off);
+    return m[k].set && (m[k].bad || (v && *v));
+}
+
+/* Resolve the file name in the source key K of source I (the field gets the
+ * result) and read the file: 0 and *text (malloc'd; zero it when done), or
+ * -1 (reported). */
+static int read_source_file(struct ctx *c, struct kvb_source_cfg *s, size_t i, size_t k,
+                            const struct mark *m, char **text)
+{
+    char **field = (char **)((char *)s + opts[k].off);
+    const char *where = (*field)[0] != '/' && c->creds_dir ? " (in $CREDENTIALS_DIRECTORY)"
+                                                            : "";
+    char *path = resolve_path(c, *field);
+    char *key = xasprintf(c, "sources[%zu].%s", i, opts[k].key + sizeof SRC_PREFIX);
+    int rc = -1;
+    if (path && key) {
+        str_free(*field);
+        *field = path;
+        path = NULL;
+        struct opt so = opts[k];
+        so.key = key;
+        rc = read_secret(c, &so, *field, where, &m[k], false, text);
+    }
+    free(path);
+    free(key);
+    return rc;
+}
+
+/* Error about the content of the file named in source key K (never quoted). */
+static void file_content_err(struct ctx *c, const struct kvb_source_cfg *s, size_t i, size_t k,
+                             const struct mark *m, const char *what)
+{
+    const char *path = *(char *const *)((const char *)s + opts[k].off);
+    char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
+    err_at(c, m[k].line, m[k].col, "sources[%zu].%s: '%s' %s", i,
+           opts[k].key + sizeof SRC_PREFIX, SHOWN(sp), what);
+    free(sp);
+}
+
+/* The secret key file: one line of 40 Z85 characters. */
+static void read_curve_secret(struct ctx *c, struct kvb_source_cfg *s, size_t i, size_t k,
+                              struct mark *m)
+{
+    char *text = NULL;
+    if (read_source_file(c, s, i, k, m, &text) < 0) {
+        m[k].bad = true;
+        return;
+    }
+    const char *p = text, *line, *why = NULL;
+    size_t lineno = 0, len, n = 0;
+    char msg[128];
+    while (!why && next_line(&p, &lineno, &line, &len)) {
+        if (++n > 1)
+            why = "holds more than one line besides # comments";
+        else if (!z85_key(line, len, s->curve.secret_key)) {
+            snprintf(msg, sizeof msg, "line %zu is not 40 Z85 characters", lineno);
+            why = msg;
+        }
+    }
+    if (!why && n == 0)
+        why = "holds no key (only blank lines or # comments)";
+    if (why) {
+        char what[192];
+        snprintf(what, sizeof what, "does not hold a CURVE secret key: %s", why);
+        file_content_err(c, s, i, k, m, what);
+        explicit_bzero(s->curve.secret_key, sizeof s->curve.secret_key);
+        m[k].bad = true;
+    }
+    explicit_bzero(text, strlen(text));
+    free(text);
+}
+
+/* The allowed clients file: public keys, one per line. */
+static void read_curve_allowed(struct ctx *c, struct kvb_source_cfg *s, size_t i, size_t k,
+                               struct mark *m)
+{
+    char *text = NULL;
+    if (read_source_file(c, s, i, k, m, &text) < 0) {
+        m[k].bad = true;
+        return;
+    }
+    const char *p = text, *line;
+    size_t lineno = 0, len, n = 0, cap = 0;
+    uint8_t(*keys)[32] = NULL;
+    while (next_line(&p, &lineno, &line, &len)) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint8_t(*nk)[32] = realloc(keys, cap * sizeof *keys);
+            if (!nk) {
+                oom(c);
+                break;
+            }
+            keys = nk;
+        }
+        if (!z85_key(line, len, keys[n])) {
+            char what[96];
+            snprintf(what, sizeof what, "line %zu: not a CURVE public key (40 Z85 characters)",
+                     lineno);
+            file_content_err(c, s, i, k, m, what);
+            m[k].bad = true;
+        } else {
+            n++;
+        }
+    }
+    if (n == 0 && !m[k].bad) {
+        file_content_err(c, s, i, k, m, "lists no key (\"\" allows any client)");
+        m[k].bad = true;
+    }
+    if (m[k].bad) {
+        free(keys);
+    } else {
+        s->curve.allowed = keys;
+        s->curve.n_allowed = n;
+    }
+    explicit_bzero(text, strlen(text));
+    free(text);
+}
+
+/* sources[].curve: keys for the source's mode, the files read and checked. */
+static void check_curve(struct ctx *c, struct kvb_source_cfg *s, size_t i, struct mark *m)
+{
+    size_t ik = opt_index("sources[].curve.secret_key_file");
+    size_t is = opt_index("sources[].curve.server_public_key");
+    size_t ia = opt_index("sources[].curve.allowed_clients_file");
+    bool mode_ok = !m[opt_index("sources[].mode")].bad;
+    bool bind = s->mode == KVB_MODE_BIND;
+    bool key = src_present(s, m, ik), srv = src_present(s, m, is),
+         allow = src_present(s, m, ia);
+
+    if (srv && bind && mode_ok) {
+        err_at(c, m[is].line, m[is].col, "sources[%zu].curve.server_public_key: only for "
+               "mode: connect (engines connect to a bind-mode source with its public key)", i);
+        m[is].bad = true;
+    }
+    if (allow && !bind && mode_ok) {
+        err_at(c, m[ia].line, m[ia].col, "sources[%zu].curve.allowed_clients_file: only for "
+               "mode: bind", i);
+        m[ia].bad = true;
+    }
+    for (size_t k = 0; k < 2 && !key; k++) {
+        size_t at = k ? ia : is;
+        if ((k ? allow : srv) && !m[at].bad) {
+            err_at(c, m[at].line, m[at].col, "sources[%zu].%s: needs "
+                   "sources[%zu].curve.secret_key_file (CURVE is off without it)",
+                   i, opts[at].key + sizeof SRC_PREFIX, i);
+            m[at].bad = true;
+        }
+    }
+    if (key && !m[ik].bad && s->endpoint && has_prefix(s->endpoint, "inproc://")) {
+        err_at(c, m[ik].line, m[ik].col, "sources[%zu].curve.secret_key_file: ZMQ has no "
+               "CURVE on inproc:// endpoints (use ipc:// or tcp://)", i);
+        m[ik].bad = true;
+    }
+    if (key && !bind && !srv && mode_ok && !m[ik].bad)
+        err_at(c, m[ik].line, m[ik].col, "sources[%zu].curve.secret_key_file: mode connect "
+               "needs sources[%zu].curve.server_public_key (the engine's public key) too",
+               i, i);
+    if (srv && !m[is].bad &&
+        !z85_key(s->curve.server_public_key, strlen(s->curve.server_public_key),
+                 s->curve.server_key)) {
+        err_at(c, m[is].line, m[is].col, "sources[%zu].curve.server_public_key: not a CURVE "
+               "public key (40 Z85 characters)", i);
+        m[is].bad = true;
+    }
+    if (key && !m[ik].bad)
+        read_curve_secret(c, s, i, ik, m);
+    if (allow && !m[ia].bad)
+        read_curve_allowed(c, s, i, ia, m);
+    s->curve.enabled = key;
+}
+
+static void curve_wipe(struct kvb_curve_cfg *cv)
+{
+    explicit_bzero(cv->secret_key, sizeof cv->secret_key);
+    free(cv->allowed);
+    cv->allowed = NULL;
+    cv->n_allowed = 0;
+}
+
 /* TMPL with {namespace}, {component} and {worker_id} replaced (malloc'd; NULL
  * when out of memory, reported).  The templates were checked already. */
 static char *js_expand(struct ctx *c, const char *tmpl, const struct kvb_config *cfg)
@@ -2105,6 +2352,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
             walk_map(c, item, SRC_PREFIX, ipath, &srcs[i], smarks);
             required_missing(c, item, ipath, true, smarks);
             check_source(c, &srcs[i], i, smarks);
+            check_curve(c, &srcs[i], i, smarks);
         } else if (item->kind != N_BAD) {
             err_at(c, item->line, item->col,
                    "%s: expected a mapping (endpoint: ...), found %s", ipath,
@@ -2280,8 +2528,10 @@ static void free_fields(void *base, bool sources_scope)
         } else if (o->type == T_SOURCES) {
             size_t *np = (size_t *)((char *)base + o->noff);
             struct kvb_source_cfg *s = *(struct kvb_source_cfg **)field;
-            for (size_t k = 0; s && k < *np; k++)
+            for (size_t k = 0; s && k < *np; k++) {
                 free_fields(&s[k], true);
+                curve_wipe(&s[k].curve);
+            }
             free(s);
             *(struct kvb_source_cfg **)field = NULL;
             *np = 0;
@@ -2410,6 +2660,20 @@ static bool field_eq(const struct opt *o, const void *a_base, const void *b_base
     }
     }
     return false;
+}
+
+bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b)
+{
+    if (!a || !b)
+        return a == b;
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (in_sources(&opts[i]) && !field_eq(&opts[i], a, b))
+            return false;
+    const struct kvb_curve_cfg *x = &a->curve, *y = &b->curve;
+    return x->enabled == y->enabled && x->n_allowed == y->n_allowed &&
+           memcmp(x->secret_key, y->secret_key, sizeof x->secret_key) == 0 &&
+           memcmp(x->server_key, y->server_key, sizeof x->server_key) == 0 &&
+           (!x->n_allowed || memcmp(x->allowed, y->allowed, x->n_allowed * sizeof *x->allowed) == 0);
 }
 
 bool kvb_config_nats_equal(const struct kvb_config *a, const struct kvb_config *b)

@@ -24,6 +24,7 @@
 #include "source.h"
 #include "state.h"
 #include "version.h"
+#include "zap.h"
 
 #define READ_BUDGET 256    /* live messages per source per turn: fairness */
 #define SUBJECT_MAX 512
@@ -36,6 +37,7 @@ struct kvb_daemon {
     struct kvb_config *cfg;
     struct kvb_metrics m;
     void *zctx;
+    struct kvb_zap *zap;     /* CURVE clients of bind-mode sources (zap.h) */
     struct kvb_pipeline *pipe;
     struct kvb_sink *sink;
     struct kvb_http *http;
@@ -170,7 +172,7 @@ static int build_sources(struct kvb_daemon *d, const struct kvb_config *c,
                     .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
                     .replay_timeout_ms = c->replay.timeout_ms,
                     .max_payload_bytes = c->limits.max_payload_bytes,
-                    .resume = d->resume};
+                    .resume = d->resume, .curve = &sc->curve, .zap = d->zap};
                 rc = kvb_source_create(d->zctx, &p, &d->m, &v[n]);
                 if (rc == 0) {
                     kvb_info("source", "%s %s (dp_rank %u%s%s)",
@@ -273,18 +275,13 @@ static int load_state(struct kvb_daemon *d)
 
 /* ---- reload (SIGHUP) ---------------------------------------------------- */
 
-static bool str_eq(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
-
 static bool sources_equal(const struct kvb_config *a, const struct kvb_config *b)
 {
     if (a->n_sources != b->n_sources || a->replay.timeout_ms != b->replay.timeout_ms ||
         a->limits.max_payload_bytes != b->limits.max_payload_bytes)
         return false;
     for (size_t i = 0; i < a->n_sources; i++) {
-        const struct kvb_source_cfg *x = &a->sources[i], *y = &b->sources[i];
-        if (!str_eq(x->endpoint, y->endpoint) || !str_eq(x->replay_endpoint, y->replay_endpoint) ||
-            !str_eq(x->topic, y->topic) || x->mode != y->mode || x->dp_size != y->dp_size ||
-            x->dp_rank != y->dp_rank || x->rcvhwm != y->rcvhwm)
+        if (!kvb_config_source_equal(&a->sources[i], &b->sources[i]))
             return false;
     }
     return true;
@@ -449,6 +446,7 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     size_t n = 0;
     items[n++] = (zmq_pollitem_t){NULL, d->sigfd, ZMQ_POLLIN, 0};
     items[n++] = (zmq_pollitem_t){NULL, d->wakefd, ZMQ_POLLIN, 0};
+    items[n++] = (zmq_pollitem_t){kvb_zap_socket(d->zap), 0, ZMQ_POLLIN, 0};
     uint64_t now = kvb_now_ms();
     heartbeat(d, now);
     update_gauges(d);
@@ -477,11 +475,13 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     }
     if (items[1].revents & ZMQ_POLLIN)
         drain_wake(d);
+    if (items[2].revents & ZMQ_POLLIN && (rc = kvb_zap_handle(d->zap)) < 0)
+        kvb_err("zap", "%s", strerror(-rc));
     for (size_t i = 0; i < d->n_src; i++) {
         struct kvb_source *s = d->src[i];
-        if (items[3 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read_replay(s, d->pipe)) < 0)
+        if (items[4 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read_replay(s, d->pipe)) < 0)
             kvb_err("replay", "%s: %s", kvb_source_name(s), strerror(-rc));
-        if (items[2 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
+        if (items[3 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
         if (!d->paused) /* a replay's deadline does not run out while we hold back */
             kvb_source_tick(s, d->pipe, kvb_now_ms());
@@ -577,7 +577,8 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         goto out;
     }
     d->zctx = zmq_ctx_new();
-    if (!d->zctx || (rc = build_sources(d, d->cfg, &d->src, &d->n_src)) < 0) {
+    if (!d->zctx || kvb_zap_create(d->zctx, &d->m, &d->zap) < 0 ||
+        (rc = build_sources(d, d->cfg, &d->src, &d->n_src)) < 0) {
         kvb_err("main", "cannot open the sources");
         goto out;
     }
@@ -604,7 +605,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
 
     size_t cap = 0;
     while (!d->stop) {
-        size_t need = 2 + 2 * d->n_src;
+        size_t need = 3 + 2 * d->n_src;
         if (need > cap) {
             zmq_pollitem_t *ni = realloc(items, need * sizeof(*ni));
             if (!ni)
@@ -630,6 +631,7 @@ out:
     kvb_http_stop(&d->http);
     free(items);
     destroy_sources(&d->src, &d->n_src);
+    kvb_zap_destroy(&d->zap); /* after the sources registered with it */
     if (d->zctx)
         zmq_ctx_term(d->zctx);
     kvb_sink_destroy(&d->sink);

@@ -58,6 +58,11 @@ struct kvb_source {
     size_t n_streams;
     struct replay rp;
     struct kvb_ratelimit rl_frames;
+    /* connect mode with CURVE: the client keys, for the replay DEALER too */
+    bool curve_client;
+    uint8_t curve_secret[32], curve_public[32], curve_server[32];
+    struct kvb_zap *zap;      /* with zap_domain registered, or NULL */
+    char zap_domain[KVB_ZAP_DOMAIN_MAX];
 };
 
 uint64_t kvb_now_ms(void)
@@ -92,6 +97,72 @@ int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out)
 
 static int zerr(void) { return -(zmq_errno() ? zmq_errno() : EIO); }
 
+/* The public key of a CURVE secret key (binary), through Z85. */
+static int curve_public(const uint8_t secret[32], uint8_t pub[32])
+{
+    char zs[41], zp[41];
+    int rc = zmq_z85_encode(zs, secret, 32) && zmq_curve_public(zp, zs) == 0 &&
+                     zmq_z85_decode(pub, zp)
+                 ? 0
+                 : zerr();
+    explicit_bzero(zs, sizeof(zs));
+    return rc;
+}
+
+/* A CURVE client of the engine (connect mode): the SUB, and the DEALER. */
+static int set_curve_client(const struct kvb_source *s, void *sock)
+{
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, s->curve_server, 32) < 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, s->curve_public, 32) < 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, s->curve_secret, 32) < 0)
+        return zerr();
+    return 0;
+}
+
+/* CURVE on the SUB, before its bind or connect.  Bind mode: a CURVE server
+ * whose clients the ZAP handler checks (its allowed keys, or any key); the
+ * secret key is not kept.  Connect mode: a client; the keys are kept for the
+ * replay DEALER. */
+static int setup_curve(struct kvb_source *s, const struct kvb_source_params *p)
+{
+    const struct kvb_curve_cfg *cv = p->curve;
+    int rc;
+    if (p->mode != KVB_MODE_BIND) {
+        memcpy(s->curve_secret, cv->secret_key, 32);
+        memcpy(s->curve_server, cv->server_key, 32);
+        s->curve_client = true;
+        if ((rc = curve_public(s->curve_secret, s->curve_public)) < 0 ||
+            (rc = set_curve_client(s, s->sub)) < 0)
+            return rc;
+        kvb_info("source", "%s: CURVE client of the engine%s", s->name,
+                 s->replay_endpoint[0] ? " (replay too)" : "");
+        return 0;
+    }
+    if (cv->n_allowed && !p->zap) {
+        kvb_err("source", "%s: curve.allowed_clients_file needs the ZAP handler", s->name);
+        return -EINVAL;
+    }
+    if (p->zap) {
+        if ((rc = kvb_zap_add(p->zap, s->name, cv->allowed, cv->n_allowed, s->zap_domain)) < 0)
+            return rc;
+        s->zap = p->zap;
+    }
+    int one = 1;
+    uint8_t pub[32];
+    if ((rc = curve_public(cv->secret_key, pub)) < 0)
+        return rc;
+    if (zmq_setsockopt(s->sub, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
+        zmq_setsockopt(s->sub, ZMQ_CURVE_PUBLICKEY, pub, 32) < 0 ||
+        zmq_setsockopt(s->sub, ZMQ_CURVE_SECRETKEY, cv->secret_key, 32) < 0 ||
+        (s->zap && zmq_setsockopt(s->sub, ZMQ_ZAP_DOMAIN, s->zap_domain,
+                                  strlen(s->zap_domain)) < 0))
+        return zerr();
+    kvb_info("source", "%s: CURVE server, %s", s->name,
+             cv->n_allowed ? "clients in curve.allowed_clients_file only"
+                           : "any client with its public key");
+    return 0;
+}
+
 int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
                       struct kvb_source **out)
 {
@@ -112,6 +183,8 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     s->p.replay_endpoint = s->replay_endpoint;
     s->p.topic = s->topic;
     s->p.resume = NULL;
+    s->p.curve = NULL;
+    s->p.zap = NULL;
     snprintf(s->name, sizeof(s->name), "%s", s->endpoint);
     for (size_t i = 0; p->resume && i < p->resume->n_streams; i++) {
         const struct kvb_state_stream *e = &p->resume->streams[i];
@@ -143,6 +216,10 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0) {
         rc = zerr();
+        goto fail;
+    }
+    if (p->curve && p->curve->enabled && (rc = setup_curve(s, p)) < 0) {
+        kvb_err("source", "%s: cannot set up CURVE: %s", s->endpoint, strerror(-rc));
         goto fail;
     }
     rc = p->mode == KVB_MODE_BIND ? zmq_bind(s->sub, s->endpoint)
@@ -183,6 +260,8 @@ void kvb_source_destroy(struct kvb_source **ps)
     if (s->sub)
         zmq_close(s->sub);
     close_dealer(s);
+    kvb_zap_remove(s->zap, s->zap_domain);
+    explicit_bzero(s->curve_secret, sizeof(s->curve_secret));
     drop_held(&s->rp);
     free(s->rp.held);
     for (size_t i = 0; i < s->n_streams; i++)
@@ -328,6 +407,7 @@ static int send_request(struct kvb_source *s)
         int linger = 0, hwm = 0;
         if (!s->dealer || zmq_setsockopt(s->dealer, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
             zmq_setsockopt(s->dealer, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+            (s->curve_client && set_curve_client(s, s->dealer) < 0) ||
             zmq_connect(s->dealer, s->replay_endpoint) < 0) {
             int rc = zerr();
             close_dealer(s);

@@ -375,6 +375,8 @@ enum workload { WL_REALISTIC, WL_DECODE, WL_PREFILL };
 
 struct opts {
     const char *endpoint, *replay, *topic, *record;
+    const char *curve_secret_file, *curve_server_key;
+    char curve_secret[41], curve_public[41]; /* Z85, from curve_secret_file */
     bool connect, lossless, layout_new, restart;
     unsigned dp, bs;
     enum encoding enc;
@@ -1468,6 +1470,13 @@ static void usage(FILE *f)
 "  --linger MS            keep serving replay this long after the last batch\n"
 "                         (default 1000); then queued messages get up to 2 s to\n"
 "                         flush (none after SIGINT/SIGTERM)\n"
+"  --curve-secret-file F  ZMQ CURVE with the secret key (40 Z85 characters, first\n"
+"                         line that is not a # comment) in F: the PUB and the replay\n"
+"                         ROUTER are CURVE servers, or with --curve-server-key the\n"
+"                         PUB is a CURVE client (the ROUTER stays plain)\n"
+"  --curve-server-key K   the CURVE server's public key (Z85), for a CURVE client\n"
+"  --curve-keygen         print a new CURVE key pair (public, then secret, Z85, one\n"
+"                         per line) and exit\n"
 "\n"
 "Content:\n"
 "  --encoding E           positional (vLLM<=0.23/SGLang arrays, 12-element BlockStored;\n"
@@ -1505,8 +1514,74 @@ enum {
     OPT_ENDPOINT = 256, OPT_CONNECT, OPT_REPLAY, OPT_REPLAY_BUF, OPT_LAYOUT, OPT_TOPIC, OPT_DP,
     OPT_LOSSLESS, OPT_WAIT, OPT_LINGER, OPT_ENC, OPT_HASH, OPT_BS, OPT_WL, OPT_CACHE,
     OPT_BATCHES, OPT_RATE, OPT_SEED, OPT_SEQSTART, OPT_DROPLIVE, OPT_DROPFOREVER,
-    OPT_MALFORMED, OPT_BADFRAMES, OPT_RESTART, OPT_RECORD,
+    OPT_MALFORMED, OPT_BADFRAMES, OPT_RESTART, OPT_RECORD, OPT_CURVE_SECRET,
+    OPT_CURVE_SERVER, OPT_CURVE_KEYGEN,
 };
+
+/* --curve-keygen */
+static int curve_keygen(void)
+{
+    char pub[41], sec[41];
+    if (zmq_curve_keypair(pub, sec) != 0) {
+        fprintf(stderr, "kvsim: --curve-keygen: %s\n", zmq_strerror(errno));
+        return 1;
+    }
+    printf("%s\n%s\n", pub, sec);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+static bool z85_key_ok(const char *k)
+{
+    uint8_t raw[32];
+    return strlen(k) == 40 && zmq_z85_decode(raw, k) != NULL;
+}
+
+/* --curve-secret-file: the first line that is neither blank nor a # comment,
+ * white space around it dropped; its public key derived. */
+static int read_curve_secret(struct opts *o)
+{
+    FILE *f = fopen(o->curve_secret_file, "r");
+    char line[256];
+    int rc = -EINVAL;
+    if (!f) {
+        fprintf(stderr, "kvsim: %s: %s\n", o->curve_secret_file, strerror(errno));
+        return -EINVAL;
+    }
+    while (fgets(line, sizeof line, f)) {
+        char *p = line, *e = line + strlen(line);
+        while (*p == ' ' || *p == '\t')
+            p++;
+        while (e > p && strchr(" \t\r\n", e[-1]))
+            e--;
+        *e = '\0';
+        if (!*p || *p == '#') /* no Z85 key starts with '#' */
+            continue;
+        if (z85_key_ok(p) && zmq_curve_public(o->curve_public, p) == 0) {
+            memcpy(o->curve_secret, p, 41);
+            rc = 0;
+        }
+        break;
+    }
+    fclose(f);
+    if (rc)
+        fprintf(stderr, "kvsim: %s: no CURVE secret key (40 Z85 characters)\n",
+                o->curve_secret_file);
+    return rc;
+}
+
+/* CURVE on one socket, before its bind or connect. */
+static int apply_curve(const struct opts *o, void *sock, bool server)
+{
+    int one = 1;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, o->curve_secret, 40) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, o->curve_public, 40) != 0 ||
+        (server ? zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one)
+                : zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, o->curve_server_key, 40)) != 0) {
+        fprintf(stderr, "kvsim: CURVE: %s\n", zmq_strerror(errno));
+        return -EINVAL;
+    }
+    return 0;
+}
 
 static int parse_num_opt(const char *name, const char *arg, uint64_t min, uint64_t max,
                          uint64_t *out)
@@ -1549,6 +1624,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { "bad-frames-at", required_argument, NULL, OPT_BADFRAMES },
         { "restart-at", required_argument, NULL, OPT_RESTART },
         { "record", required_argument, NULL, OPT_RECORD },
+        { "curve-secret-file", required_argument, NULL, OPT_CURVE_SECRET },
+        { "curve-server-key", required_argument, NULL, OPT_CURVE_SERVER },
+        { "curve-keygen", no_argument, NULL, OPT_CURVE_KEYGEN },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -1674,6 +1752,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->restart_at = v;
             break;
         case OPT_RECORD: o->record = optarg; break;
+        case OPT_CURVE_SECRET: o->curve_secret_file = optarg; break;
+        case OPT_CURVE_SERVER:
+            if (!z85_key_ok(optarg))
+                goto bad;
+            o->curve_server_key = optarg;
+            break;
+        case OPT_CURVE_KEYGEN: exit(curve_keygen());
         case 'h':
             usage(stdout);
             exit(0);
@@ -1690,6 +1775,12 @@ bad:
         fprintf(stderr, "kvsim: unexpected argument '%s'\n", argv[optind]);
         return -EINVAL;
     }
+    if (o->curve_server_key && !o->curve_secret_file) {
+        fprintf(stderr, "kvsim: --curve-server-key needs --curve-secret-file\n");
+        return -EINVAL;
+    }
+    if (o->curve_secret_file)
+        return read_curve_secret(o);
     return 0;
 }
 
@@ -1715,6 +1806,8 @@ static int open_sockets(struct sim *s)
         zmq_setsockopt(r->pub, ZMQ_LINGER, &linger, sizeof linger);
         if (o->lossless)
             zmq_setsockopt(r->pub, ZMQ_SNDHWM, &zero, sizeof zero);
+        if (o->curve_secret_file && apply_curve(o, r->pub, !o->curve_server_key))
+            return -EINVAL;
         if ((o->connect ? zmq_connect(r->pub, r->ep) : zmq_bind(r->pub, r->ep)) != 0) {
             fprintf(stderr, "kvsim: %s %s: %s\n", o->connect ? "connect" : "bind", r->ep,
                     zmq_strerror(errno));
@@ -1727,6 +1820,8 @@ static int open_sockets(struct sim *s)
             zmq_setsockopt(r->router, ZMQ_LINGER, &linger, sizeof linger);
             if (o->lossless)
                 zmq_setsockopt(r->router, ZMQ_SNDHWM, &zero, sizeof zero);
+            if (o->curve_secret_file && !o->curve_server_key && apply_curve(o, r->router, true))
+                return -EINVAL;
             if (zmq_bind(r->router, r->rep) != 0) {
                 fprintf(stderr, "kvsim: bind %s: %s\n", r->rep, zmq_strerror(errno));
                 return -EINVAL;

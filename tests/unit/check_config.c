@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
 #include "config.h"
 #include "metrics.h"
 
@@ -120,6 +122,19 @@ static char *read_file(const char *path, size_t *len)
 
 #define TIER(t) (1u << KVB_TIER_##t)
 
+/* The key pairs of zmq_curve(7)'s example (tests/data/config/secrets/curve-*). */
+#define CURVE_SERVER_PUBLIC "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
+#define CURVE_SERVER_SECRET "JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6"
+#define CURVE_CLIENT_PUBLIC "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"
+#define CURVE_CLIENT_SECRET "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs"
+
+static void assert_curve_key(const uint8_t key[32], const char *z85)
+{
+    uint8_t want[32];
+    ck_assert_ptr_nonnull(zmq_z85_decode(want, z85));
+    ck_assert_msg(memcmp(key, want, 32) == 0, "key is not %s", z85);
+}
+
 /* Every key at its default, except the required ones. */
 static void assert_defaults(const struct kvb_config *c)
 {
@@ -133,6 +148,12 @@ static void assert_defaults(const struct kvb_config *c)
         ck_assert_uint_eq(s->dp_size, 1);
         ck_assert_uint_eq(s->dp_rank, 0);
         ck_assert_uint_eq(s->rcvhwm, 1000000);
+        ck_assert_str_eq(s->curve.secret_key_file, "");
+        ck_assert_str_eq(s->curve.server_public_key, "");
+        ck_assert_str_eq(s->curve.allowed_clients_file, "");
+        ck_assert(!s->curve.enabled);
+        ck_assert_ptr_null(s->curve.allowed);
+        ck_assert_uint_eq(s->curve.n_allowed, 0);
     }
     ck_assert_uint_eq(c->nats.n_servers, 1);
     ck_assert_str_eq(c->nats.servers[0], "nats://127.0.0.1:4222");
@@ -256,11 +277,24 @@ START_TEST(test_every_key)
     ck_assert_uint_eq(s->dp_size, 4);
     ck_assert_uint_eq(s->dp_rank, 8);
     ck_assert_uint_eq(s->rcvhwm, 0);
+    ck_assert(s->curve.enabled);
+    ck_assert_str_eq(s->curve.secret_key_file, DATA "secrets/curve-server.secret");
+    assert_curve_key(s->curve.secret_key, CURVE_SERVER_SECRET);
+    ck_assert_str_eq(s->curve.allowed_clients_file, DATA "secrets/curve-clients");
+    ck_assert_uint_eq(s->curve.n_allowed, 2);
+    assert_curve_key(s->curve.allowed[0], CURVE_CLIENT_PUBLIC);
+    assert_curve_key(s->curve.allowed[1], CURVE_SERVER_PUBLIC);
+    ck_assert_str_eq(s->curve.server_public_key, "");
     s = &c->sources[1];
-    ck_assert_str_eq(s->endpoint, "inproc://engine");
+    ck_assert_str_eq(s->endpoint, "ipc:///run/engine.sock");
     ck_assert_str_eq(s->replay_endpoint, "");
     ck_assert_uint_eq(s->dp_size, 1);
     ck_assert_uint_eq(s->rcvhwm, 1000000);
+    ck_assert(s->curve.enabled);
+    assert_curve_key(s->curve.secret_key, CURVE_CLIENT_SECRET);
+    ck_assert_str_eq(s->curve.server_public_key, CURVE_SERVER_PUBLIC);
+    assert_curve_key(s->curve.server_key, CURVE_SERVER_PUBLIC);
+    ck_assert_uint_eq(s->curve.n_allowed, 0);
     ck_assert_uint_eq(c->nats.n_servers, 2);
     ck_assert_str_eq(c->nats.servers[0], "nats://a:4222");
     ck_assert_str_eq(c->nats.servers[1], "tls://b:4222");
@@ -1167,6 +1201,243 @@ START_TEST(test_nats_equal)
 }
 END_TEST
 
+/* ---- ZMQ CURVE (sources[].curve) ----------------------------------------- */
+
+/* One source (SRC: its YAML lines, from line 4) after worker_id and
+ * block_size; files named "%K" (the secret key file) and "%A" (the allowed
+ * clients file) in SRC are replaced by temporary files holding KEY and ALLOW
+ * (NULL: no such file), named "K" and "A" in r.errs. */
+static struct result curve_load(const char *src, const char *key, const char *allow)
+{
+    char kp[32] = "", ap[32] = "";
+    if (key)
+        temp_file(kp, key, strlen(key));
+    if (allow)
+        temp_file(ap, allow, strlen(allow));
+    size_t n = strlen(src) + 128;
+    char *text = malloc(n), *w = text;
+    ck_assert(text != NULL);
+    w += sprintf(w, "worker_id: 1\nblock_size: 16\nsources:\n");
+    for (const char *p = src; *p; p++) {
+        if (p[0] == '%' && (p[1] == 'K' || p[1] == 'A')) {
+            w += sprintf(w, "%s", p[1] == 'K' ? kp : ap);
+            p++;
+        } else {
+            *w++ = *p;
+        }
+    }
+    *w = '\0';
+    struct result r = load_text(text);
+    free(text);
+    if (kp[0]) {
+        replace_all(&r.errs, kp, "K");
+        unlink(kp);
+    }
+    if (ap[0]) {
+        replace_all(&r.errs, ap, "A");
+        unlink(ap);
+    }
+    return r;
+}
+
+START_TEST(test_curve_keys)
+{
+    /* bind mode: the secret key (comments, white space), the allowed keys */
+    struct result r = curve_load("- endpoint: 'tcp://127.0.0.1:1'\n  mode: bind\n"
+                                 "  curve: {secret_key_file: '%K', allowed_clients_file: '%A'}\n",
+                                 "\n# key\n  " CURVE_SERVER_SECRET " \r\n\n",
+                                 CURVE_CLIENT_PUBLIC "\n#" CURVE_SERVER_PUBLIC "\n");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    const struct kvb_curve_cfg *cv = &r.cfg->sources[0].curve;
+    ck_assert(cv->enabled);
+    assert_curve_key(cv->secret_key, CURVE_SERVER_SECRET);
+    ck_assert_uint_eq(cv->n_allowed, 1); /* the second line is a comment */
+    assert_curve_key(cv->allowed[0], CURVE_CLIENT_PUBLIC);
+    result_free(&r);
+
+    /* bind mode without an allowed_clients_file: any client */
+    r = curve_load("- {endpoint: 'ipc:///tmp/x', mode: bind, curve: {secret_key_file: '%K'}}\n",
+                   CURVE_SERVER_SECRET, NULL);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert(r.cfg->sources[0].curve.enabled);
+    ck_assert_uint_eq(r.cfg->sources[0].curve.n_allowed, 0);
+    ck_assert_ptr_null(r.cfg->sources[0].curve.allowed);
+    result_free(&r);
+
+    /* connect mode */
+    r = curve_load("- endpoint: 'tcp://127.0.0.1:1'\n  curve:\n    secret_key_file: '%K'\n"
+                   "    server_public_key: '" CURVE_SERVER_PUBLIC "'\n",
+                   CURVE_CLIENT_SECRET, NULL);
+    ck_assert_str_eq(r.errs, "");
+    cv = &r.cfg->sources[0].curve;
+    assert_curve_key(cv->secret_key, CURVE_CLIENT_SECRET);
+    assert_curve_key(cv->server_key, CURVE_SERVER_PUBLIC);
+    result_free(&r);
+}
+END_TEST
+
+/* Inline cases for curve_load(): source lines, secret key file, allowed
+ * clients file, expected errors. */
+static const struct {
+    const char *src, *key, *allow, *errs;
+} bad_curve[] = {
+    /* not Z85, or not 32 bytes */
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K'}}\n",
+     "# k\n" CURVE_SERVER_SECRET "x\n", NULL,
+     "T:4:64: sources[0].curve.secret_key_file: 'K' does not hold a CURVE secret key: "
+     "line 2 is not 40 Z85 characters\n"},
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K'}}\n",
+     "JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh\"", NULL,
+     "T:4:64: sources[0].curve.secret_key_file: 'K' does not hold a CURVE secret key: "
+     "line 1 is not 40 Z85 characters\n"},
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K'}}\n",
+     CURVE_SERVER_SECRET "\n" CURVE_CLIENT_SECRET "\n", NULL,
+     "T:4:64: sources[0].curve.secret_key_file: 'K' does not hold a CURVE secret key: "
+     "holds more than one line besides # comments\n"},
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K'}}\n",
+     "# nothing\n\n", NULL,
+     "T:4:64: sources[0].curve.secret_key_file: 'K' does not hold a CURVE secret key: "
+     "holds no key (only blank lines or # comments)\n"},
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K'}}\n", "\n\n", NULL,
+     "T:4:64: sources[0].curve.secret_key_file: cannot use 'K': it is empty\n"},
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: /nonexistent/k}}\n", NULL,
+     NULL,
+     "T:4:64: sources[0].curve.secret_key_file: cannot read '/nonexistent/k': No such file "
+     "or directory\n"},
+    {"- endpoint: 'tcp://h:1'\n  curve:\n    secret_key_file: '%K'\n"
+     "    server_public_key: 'rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf'\n",
+     CURVE_CLIENT_SECRET, NULL,
+     "T:7:24: sources[0].curve.server_public_key: not a CURVE public key (40 Z85 "
+     "characters)\n"},
+    {"- endpoint: 'tcp://h:1'\n  curve:\n    secret_key_file: '%K'\n"
+     "    server_public_key: '#q:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7'\n",
+     CURVE_CLIENT_SECRET, NULL,
+     "T:7:24: sources[0].curve.server_public_key: not a CURVE public key (40 Z85 "
+     "characters)\n"},
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K',\n"
+     "   allowed_clients_file: '%A'}}\n",
+     CURVE_SERVER_SECRET, "# engines\n" CURVE_CLIENT_PUBLIC "\n\n" CURVE_CLIENT_PUBLIC "=\n"
+     "abc\n",
+     "T:5:26: sources[0].curve.allowed_clients_file: 'A' line 4: not a CURVE public key (40 "
+     "Z85 characters)\n"
+     "T:5:26: sources[0].curve.allowed_clients_file: 'A' line 5: not a CURVE public key (40 "
+     "Z85 characters)\n"},
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K',\n"
+     "   allowed_clients_file: '%A'}}\n",
+     CURVE_SERVER_SECRET, "# nobody yet\n",
+     "T:5:26: sources[0].curve.allowed_clients_file: 'A' lists no key (\"\" allows any "
+     "client)\n"},
+    /* keys of the other mode, keys without a secret key, no server key */
+    {"- endpoint: 'tcp://h:1'\n  mode: bind\n  curve:\n    secret_key_file: '%K'\n"
+     "    server_public_key: '" CURVE_SERVER_PUBLIC "'\n",
+     CURVE_SERVER_SECRET, NULL,
+     "T:8:24: sources[0].curve.server_public_key: only for mode: connect (engines connect "
+     "to a bind-mode source with its public key)\n"},
+    {"- endpoint: 'tcp://h:1'\n  curve:\n    secret_key_file: '%K'\n"
+     "    server_public_key: '" CURVE_SERVER_PUBLIC "'\n    allowed_clients_file: '%A'\n",
+     CURVE_CLIENT_SECRET, CURVE_CLIENT_PUBLIC,
+     "T:8:27: sources[0].curve.allowed_clients_file: only for mode: bind\n"},
+    {"- endpoint: 'tcp://h:1'\n  curve:\n    secret_key_file: '%K'\n", CURVE_CLIENT_SECRET,
+     NULL,
+     "T:6:22: sources[0].curve.secret_key_file: mode connect needs "
+     "sources[0].curve.server_public_key (the engine's public key) too\n"},
+    {"- endpoint: 'tcp://h:1'\n- endpoint: 'tcp://h:2'\n  curve:\n"
+     "    server_public_key: '" CURVE_SERVER_PUBLIC "'\n",
+     NULL, NULL,
+     "T:7:24: sources[1].curve.server_public_key: needs sources[1].curve.secret_key_file "
+     "(CURVE is off without it)\n"},
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '',\n"
+     "   allowed_clients_file: '%A'}}\n",
+     NULL, CURVE_CLIENT_PUBLIC,
+     "T:5:26: sources[0].curve.allowed_clients_file: needs "
+     "sources[0].curve.secret_key_file (CURVE is off without it)\n"},
+    /* no CURVE on inproc:// (libzmq has no security mechanism there) */
+    {"- {endpoint: 'inproc://e', mode: bind, curve: {secret_key_file: '%K'}}\n",
+     CURVE_SERVER_SECRET, NULL,
+     "T:4:65: sources[0].curve.secret_key_file: ZMQ has no CURVE on inproc:// endpoints "
+     "(use ipc:// or tcp://)\n"},
+    /* the rest of the source is still checked */
+    {"- {endpoint: 'tcp://h:1', mode: bond, curve: {x: 1, secret_key_file: '%K'}}\n",
+     CURVE_SERVER_SECRET, NULL,
+     "T:4:33: sources[0].mode: 'bond' is not one of connect or bind\n"
+     "T:4:47: unknown key 'sources[0].curve.x'\n"},
+};
+
+START_TEST(test_curve_bad)
+{
+    struct result r = curve_load(bad_curve[_i].src, bad_curve[_i].key, bad_curve[_i].allow);
+    ck_assert_msg(r.rc == -EINVAL, "case %d: rc %d", _i, r.rc);
+    ck_assert_str_eq(r.errs, bad_curve[_i].errs);
+    /* never a secret key */
+    ck_assert(strstr(r.errs, CURVE_SERVER_SECRET) == NULL);
+    ck_assert(strstr(r.errs, CURVE_CLIENT_SECRET) == NULL);
+    result_free(&r);
+}
+END_TEST
+
+static void rewrite(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert(f != NULL);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* A bind-mode CURVE source with these files ("" = not set). */
+static struct kvb_config *curve_cfg(const char *key, const char *allow)
+{
+    char text[256];
+    snprintf(text, sizeof text, "worker_id: 1\nblock_size: 16\nsources: [{endpoint: "
+             "'tcp://h:1', mode: bind,\n curve: {secret_key_file: '%s', "
+             "allowed_clients_file: '%s'}}]\n", key, allow);
+    struct result r = load_text(text);
+    ck_assert_str_eq(r.errs, "");
+    free(r.errs);
+    return r.cfg;
+}
+
+START_TEST(test_curve_source_equal)
+{
+    /* SIGHUP reopens a source when its keys changed, even in files of the
+     * same name */
+    char kp[32], ap[32];
+    temp_file(kp, CURVE_SERVER_SECRET, 40);
+    temp_file(ap, CURVE_CLIENT_PUBLIC, 40);
+    struct kvb_config *a = curve_cfg(kp, ap), *b = curve_cfg(kp, ap);
+    ck_assert(kvb_config_source_equal(&a->sources[0], &b->sources[0]));
+    ck_assert(kvb_config_source_equal(NULL, NULL));
+    ck_assert(!kvb_config_source_equal(&a->sources[0], NULL));
+    kvb_config_free(&b);
+
+    rewrite(ap, CURVE_CLIENT_PUBLIC "\n" CURVE_SERVER_PUBLIC "\n"); /* one key more */
+    b = curve_cfg(kp, ap);
+    ck_assert(!kvb_config_source_equal(&a->sources[0], &b->sources[0]));
+    kvb_config_free(&b);
+    rewrite(ap, CURVE_SERVER_PUBLIC "\n"); /* another key */
+    b = curve_cfg(kp, ap);
+    ck_assert(!kvb_config_source_equal(&a->sources[0], &b->sources[0]));
+    kvb_config_free(&b);
+    rewrite(ap, CURVE_CLIENT_PUBLIC "\n");
+    rewrite(kp, CURVE_CLIENT_SECRET "\n"); /* another secret key */
+    b = curve_cfg(kp, ap);
+    ck_assert(!kvb_config_source_equal(&a->sources[0], &b->sources[0]));
+    kvb_config_free(&b);
+    rewrite(kp, CURVE_SERVER_SECRET "\n"); /* back: equal again */
+    b = curve_cfg(kp, ap);
+    ck_assert(kvb_config_source_equal(&a->sources[0], &b->sources[0]));
+    kvb_config_free(&b);
+    b = curve_cfg("", ""); /* CURVE off */
+    ck_assert(!kvb_config_source_equal(&a->sources[0], &b->sources[0]));
+    /* every reload of them is allowed */
+    ck_assert_int_eq(kvb_config_check_reload(a, b, NULL), 0);
+    kvb_config_free(&b);
+    kvb_config_free(&a);
+    unlink(kp);
+    unlink(ap);
+}
+END_TEST
+
 /* ---- reload ------------------------------------------------------------- */
 
 static const char reload_base[] = "worker_id: 1\nblock_size: 16\n"
@@ -1384,6 +1655,9 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_secret_file_limits);
     tcase_add_test(tc, test_secrets_not_shown);
     tcase_add_test(tc, test_nats_equal);
+    tcase_add_test(tc, test_curve_keys);
+    tcase_add_loop_test(tc, test_curve_bad, 0, (int)(sizeof bad_curve / sizeof *bad_curve));
+    tcase_add_test(tc, test_curve_source_equal);
     suite_add_tcase(s, tc);
     return s;
 }
