@@ -123,6 +123,30 @@ static uint32_t be32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+/* Bytes that follow a msgpack type byte of fixed size (fixint, nil, bool,
+ * int/uint/float 8..64, fixext, fixstr), or VARIABLE (containers, str/bin/
+ * ext 8..32, and 0xc1, which the slow path refuses). */
+#define VARIABLE 0xff
+static const uint8_t fixed_size[256] = {
+    [0x00 ... 0x7f] = 0,          /* positive fixint */
+    [0x80 ... 0x9f] = VARIABLE,   /* fixmap, fixarray */
+    [0xc0] = 0, [0xc1] = VARIABLE, [0xc2] = 0, [0xc3] = 0,
+    [0xc4 ... 0xc9] = VARIABLE,   /* bin, ext */
+    [0xca] = 4, [0xcb] = 8,
+    [0xcc] = 1, [0xcd] = 2, [0xce] = 4, [0xcf] = 8,
+    [0xd0] = 1, [0xd1] = 2, [0xd2] = 4, [0xd3] = 8,
+    [0xd4] = 2, [0xd5] = 3, [0xd6] = 5, [0xd7] = 9, [0xd8] = 17,
+    [0xd9 ... 0xdf] = VARIABLE,   /* str, array, map 8..32 */
+    [0xe0 ... 0xff] = 0,          /* negative fixint */
+#define FIXSTR(n) [0xa0 + (n)] = (n)
+    FIXSTR(0), FIXSTR(1), FIXSTR(2), FIXSTR(3), FIXSTR(4), FIXSTR(5), FIXSTR(6),
+    FIXSTR(7), FIXSTR(8), FIXSTR(9), FIXSTR(10), FIXSTR(11), FIXSTR(12), FIXSTR(13),
+    FIXSTR(14), FIXSTR(15), FIXSTR(16), FIXSTR(17), FIXSTR(18), FIXSTR(19), FIXSTR(20),
+    FIXSTR(21), FIXSTR(22), FIXSTR(23), FIXSTR(24), FIXSTR(25), FIXSTR(26), FIXSTR(27),
+    FIXSTR(28), FIXSTR(29), FIXSTR(30), FIXSTR(31),
+#undef FIXSTR
+};
+
 /* Walk one msgpack object starting at p[0..len).  On success sets *used.
  * No array or map may declare more elements than max_items (the largest of
  * the configured limits): msgpack-c would allocate 24 bytes per element
@@ -143,6 +167,21 @@ static int prescan(const uint8_t *p, size_t len, uint32_t max_depth, uint64_t ma
             }
             depth--;
         }
+        /* fast path: a run of scalars of a size known from their first byte
+         * (most of a batch: token ids, hashes, block sizes, short strings) */
+        uint64_t n = left_items[depth];
+        while (n && off < len) {
+            uint8_t s = fixed_size[p[off]];
+            if (s == VARIABLE)
+                break;
+            if (s >= len - off) /* header byte + s payload bytes */
+                return KVB_DEC_TRUNCATED;
+            off += 1u + s;
+            n--;
+        }
+        left_items[depth] = n;
+        if (n == 0)
+            continue;
         left_items[depth]--;
         if (off >= len)
             return KVB_DEC_TRUNCATED;

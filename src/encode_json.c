@@ -37,26 +37,24 @@ static const char digits2[201] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
-static const uint64_t pow10_tab[20] = {
-    1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
-    100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL,
-    10000000000000ULL, 100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
-    100000000000000000ULL, 1000000000000000000ULL, 10000000000000000000ULL};
+static const uint32_t pow10_tab[9] = {1u, 10u, 100u, 1000u, 10000u, 100000u,
+                                      1000000u, 10000000u, 100000000u};
 
-/* Digits of v: log10 estimated from the bit length, corrected by one compare. */
-static inline unsigned dec_len(uint64_t v)
+/* Digits of v (< 10^8): log10 estimated from the bit length, corrected by
+ * one compare. */
+static inline unsigned dec_len32(uint32_t v)
 {
-    unsigned t = (unsigned)(64 - __builtin_clzll(v | 1)) * 1233 >> 12;
+    unsigned t = (unsigned)(32 - __builtin_clz(v | 1)) * 1233 >> 12;
     return t + 1 - (v < pow10_tab[t] && t > 0);
 }
 
-/* Written backwards, two digits per step, straight into place. */
-size_t kvb_u64_to_dec(char *p, uint64_t v)
+/* v < 10^8, written backwards two digits per step, in 32-bit arithmetic. */
+static inline size_t put_small(char *p, uint32_t v)
 {
-    unsigned n = dec_len(v);
+    unsigned n = dec_len32(v);
     char *e = p + n;
     while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
+        unsigned r = v % 100;
         v /= 100;
         e -= 2;
         memcpy(e, digits2 + 2 * r, 2);
@@ -68,6 +66,36 @@ size_t kvb_u64_to_dec(char *p, uint64_t v)
         *--e = (char)('0' + v);
     }
     return n;
+}
+
+/* Exactly 8 digits, leading zeros included (v < 10^8). */
+static inline void put8(char *p, uint32_t v)
+{
+    uint32_t hi = v / 10000, lo = v % 10000;
+    memcpy(p, digits2 + 2 * (hi / 100), 2);
+    memcpy(p + 2, digits2 + 2 * (hi % 100), 2);
+    memcpy(p + 4, digits2 + 2 * (lo / 100), 2);
+    memcpy(p + 6, digits2 + 2 * (lo % 100), 2);
+}
+
+/* Split into 8-digit groups (one 64-bit division by a constant each, at
+ * most two), the groups in 32-bit arithmetic: hashes have 19-20 digits. */
+size_t kvb_u64_to_dec(char *p, uint64_t v)
+{
+    if (v < 100000000u)
+        return put_small(p, (uint32_t)v);
+    uint64_t hi = v / 100000000u;
+    uint32_t lo = (uint32_t)(v % 100000000u);
+    size_t n;
+    if (hi < 100000000u) {
+        n = put_small(p, (uint32_t)hi);
+    } else {
+        n = put_small(p, (uint32_t)(hi / 100000000u));
+        put8(p + n, (uint32_t)(hi % 100000000u));
+        n += 8;
+    }
+    put8(p + n, lo);
+    return n + 8;
 }
 
 #define LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) += sizeof(s) - 1)

@@ -102,6 +102,20 @@ START_TEST(decimal_matches_printf)
         }
         v = v * 3 + (uint64_t)i; /* wraps: covers every length */
     }
+    /* every length boundary, and around the 8-digit groups */
+    uint64_t p10 = 1;
+    for (int k = 0; k <= 19; k++, p10 *= 10) {
+        uint64_t cases[4] = {p10 - 1, p10, p10 + 1, p10 * 2 - 1};
+        for (int c = 0; c < 4; c++) {
+            size_t m = kvb_u64_to_dec(a, cases[c]);
+            a[m] = 0;
+            snprintf(b, sizeof(b), "%" PRIu64, cases[c]);
+            ck_assert_str_eq(a, b);
+        }
+    }
+    size_t m = kvb_u64_to_dec(a, UINT64_MAX);
+    a[m] = 0;
+    ck_assert_str_eq(a, "18446744073709551615");
     size_t n = kvb_u64_to_dec(a, 0);
     ck_assert_int_eq(n, 1);
     ck_assert_int_eq(a[0], '0');
