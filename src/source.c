@@ -206,12 +206,18 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     }
     /* reconnect to an absent engine with backoff 100 ms .. 2 s, not every 100 ms */
     int hwm = (int)(p->rcvhwm > INT32_MAX ? INT32_MAX : p->rcvhwm), linger = 0, ivl_max = 2000;
-    /* No ZMQ_MAXMSGSIZE: libzmq treats an oversize frame as a protocol error
-     * and a connecting SUB never reconnects after one (the engine would be
-     * lost for good), and nothing would be counted.  The size is checked
-     * after the receive instead (oversize()): libzmq holds one such frame at
-     * a time, kvbridge never decodes it. */
+    /* Connect mode: no ZMQ_MAXMSGSIZE: libzmq treats an oversize frame as a
+     * protocol error and a connecting SUB never reconnects after one (the
+     * engine would be lost for good), and nothing would be counted.  The
+     * size is checked after the receive instead (oversize()); kvbridge never
+     * decodes such a frame.  Bind mode: the peers connect, so they come back
+     * after libzmq drops one for an oversize frame: ZMQ_MAXMSGSIZE keeps any
+     * peer that can reach the address from making libzmq buffer a frame of
+     * any size (the lost batches show as a seq gap). */
+    int64_t maxmsg = (int64_t)p->max_payload_bytes;
     if (zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+        (p->mode == KVB_MODE_BIND && maxmsg > 0 &&
+         zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0) ||
         zmq_setsockopt(s->sub, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0) {
