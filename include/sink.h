@@ -2,8 +2,11 @@
  * (nats.jetstream.enabled) with acknowledgements.
  *
  * The loop thread owns the sink and is the only caller of its functions.
- * nats.c runs its own I/O threads; its callbacks only touch atomics in the
- * sink and write one byte to the wake fd so the loop notices state changes.
+ * The sink runs one I/O thread (nats.c in "external event loop" mode: it
+ * reads the socket, and writes what the loop does not write itself, see
+ * kvb_sink_defer_writes()); nats.c runs its reconnect, timer and callback
+ * threads; its callbacks only touch atomics in the sink and write one byte
+ * to the wake fd so the loop notices state changes.
  *
  * Ownership: kvb_sink_create() returns a sink the caller frees with
  * kvb_sink_destroy(&s) (accepts NULL / half-built, sets NULL).  The config and
@@ -133,6 +136,18 @@ int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms);
  * last callback so none can touch the freed sink, free.  Does not call
  * nats_Close(). */
 void kvb_sink_destroy(struct kvb_sink **s);
+
+/* From now on, the writes that publishes by the calling thread (the loop
+ * thread, the sink's owner) need are left to kvb_sink_service(), which that
+ * thread must then call before it waits for input: every publish of a turn
+ * goes out in one send(), without a thread switch.  Without it, each write
+ * is handed to the sink's I/O thread at once (no delay either). */
+void kvb_sink_defer_writes(struct kvb_sink *s);
+
+/* Send what the owner's publishes left in the buffer (see above); what the
+ * socket does not take now is left to the I/O thread.  Cheap when nothing is
+ * due.  Owner thread only; flush and destroy call it themselves. */
+void kvb_sink_service(struct kvb_sink *s);
 
 /* How many times nats.c gave up a connection (its buffered publishes are
  * then lost; not counted in JetStream mode, where they are sent again), plus

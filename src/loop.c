@@ -348,6 +348,7 @@ static void reload(struct kvb_daemon *d)
     if (nsink) {
         kvb_sink_destroy(&d->sink); /* flushes what it still holds */
         d->sink = nsink;
+        kvb_sink_defer_writes(d->sink);
     }
     kvb_config_free(&d->cfg);
     d->cfg = nc;
@@ -466,6 +467,7 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         if (t >= 0 && t < timeout)
             timeout = t;
     }
+    kvb_sink_service(d->sink); /* what the last turn published: one send() */
     int rc = zmq_poll(items, (int)n, timeout);
     if (rc < 0)
         return zmq_errno() == EINTR ? 0 : -zmq_errno();
@@ -576,6 +578,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
                     : rc == -EINVAL ? KVB_EX_CONFIG : 1;
         goto out;
     }
+    kvb_sink_defer_writes(d->sink);
     d->zctx = zmq_ctx_new();
     if (!d->zctx || kvb_zap_create(d->zctx, &d->m, &d->zap) < 0 ||
         (rc = build_sources(d, d->cfg, &d->src, &d->n_src)) < 0) {
