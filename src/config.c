@@ -145,7 +145,10 @@ static const struct opt opts[] = {
              "of the first port of the expansion)."},
     {.key = "sources[].rcvhwm", .type = T_U32, .off = SRC(rcvhwm, uint32_t),
      .def = "1000000", .min = 0, .max = I32MAX, .flags = R,
-     .help = "ZMQ_RCVHWM of the SUB socket, in messages (0 = no limit)."},
+     .help = "ZMQ_RCVHWM of the SUB socket, in messages (0 = no limit). Batches "
+             "queue there while kvbridge is slower than the engine or paused (NATS "
+             "away): memory up to rcvhwm x batch size; beyond it the engine drops "
+             "and replay (or a barrier) covers the gap."},
     {.key = "sources[].curve.secret_key_file", .type = T_STR,
      .off = SRC(curve.secret_key_file, char *), .def = "", .flags = R,
      .help = "ZMQ CURVE (encryption and authentication of the engine link): file "

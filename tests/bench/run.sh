@@ -25,9 +25,10 @@
 # One table on stdout and in $B/bench/results.txt (raw result lines in
 # $B/bench/raw.txt).  Environment: DUR (default 3), REPS (3), LAT_DUR (2),
 # CPU_DUR (4), MIXES ("decode prefill realistic").
-# What-if row (decode only; WHATIF=0 skips it): the baseline forwarder with
+# Extra row (decode only; WHATIF=0 skips it): the baseline forwarder with
 # nats.c's SendAsap (each publish written to the socket at once, no flusher
-# thread and its ~1 ms coalescing): what that option would do to kvbridge.
+# thread and its ~1 ms coalescing), next to kvbridge, which writes what each
+# turn of its loop published with one send() (nats.c in event-loop mode).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 DUR=${DUR:-3}
 REPS=${REPS:-3}
