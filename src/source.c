@@ -211,10 +211,14 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
      * engine would be lost for good), and nothing would be counted.  The
      * size is checked after the receive instead (oversize()); kvbridge never
      * decodes such a frame.  Bind mode: the peers connect, so they come back
-     * after libzmq drops one for an oversize frame: ZMQ_MAXMSGSIZE keeps any
-     * peer that can reach the address from making libzmq buffer a frame of
-     * any size (the lost batches show as a seq gap). */
-    int64_t maxmsg = (int64_t)p->max_payload_bytes;
+     * after libzmq drops one for an oversize frame.  ZMQ_MAXMSGSIZE there is
+     * a guard rail far above the limit (16 x, at least 64 MiB): a frame just
+     * above the limit is still received and counted (with its barrier), but
+     * no peer that can reach the address makes libzmq buffer a frame of any
+     * size (that connection is dropped; the lost batches show as a gap). */
+    int64_t maxmsg = (int64_t)p->max_payload_bytes * 16;
+    if (maxmsg < (int64_t)64 << 20)
+        maxmsg = (int64_t)64 << 20;
     if (zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
         (p->mode == KVB_MODE_BIND && maxmsg > 0 &&
          zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0) ||

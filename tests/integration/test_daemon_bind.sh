@@ -13,9 +13,12 @@ P=$(daemon_port)
 SOURCES="  - endpoint: tcp://127.0.0.1:$P
     mode: bind
     topic: engine-a" NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/bind.yaml"
+# kvbridge first, then kvtail: kvtail's --timeout runs from its start, and a
+# slow kvbridge start (make check-valgrind-integration) must not use it up;
+# kvbridge publishes nothing before kvsim's first batch
+start_kvbridge kvb "$T/bind.yaml" || bad "kvbridge did not start"
 start_kvtail tail "$NP" --check --index --expect-record "$T/rec2" --timeout 2500 || bad "kvtail not ready"
 TPID=$TAIL_PID
-start_kvbridge kvb "$T/bind.yaml" || bad "kvbridge did not start"
 expect_eq "kvbridge log: SUB bound" "$(count_log "$T/kvb.log" "bound tcp://127.0.0.1:$P (dp_rank 0)")" 1
 if wait_port "$P" 5; then ok "kvbridge listens on $P"; else bad "kvbridge does not listen on $P"; fi
 

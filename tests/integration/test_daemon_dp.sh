@@ -14,9 +14,12 @@ SOURCES="  - endpoint: tcp://127.0.0.1:$P
     replay_endpoint: tcp://127.0.0.1:$((P + 4))
     dp_size: 4" NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/dp.yaml"
 
+# kvbridge first, then kvtail: kvtail's --timeout runs from its start, and a
+# slow kvbridge start (make check-valgrind-integration) must not use it up;
+# kvbridge publishes nothing before kvsim's first batch
+start_kvbridge kvb "$T/dp.yaml" || bad "kvbridge did not start"
 start_kvtail tail "$NP" --check --index --expect-record "$T/dp.rec" --timeout 2500 || bad "kvtail not ready"
 TPID=$TAIL_PID
-start_kvbridge kvb "$T/dp.yaml" || bad "kvbridge did not start"
 timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --replay "tcp://127.0.0.1:$((P + 4))" \
   --dp-size 4 --batches 1000 --rate 1000 --seed 5 --drop-live 300 --wait-subscribers 1000 \
   --linger 500 --record "$T/dp.rec" 2>"$T/sim.log" || bad_log "kvsim failed" "$T/sim.log"

@@ -22,10 +22,13 @@ is_boundary() { rec_cumulative "$1" | awk -v n="$2" '!k && $1 == n { k = NR } EN
 # 1. SIGTERM right after the engine's last batch
 P=$(daemon_port)
 SOURCES="  - endpoint: tcp://127.0.0.1:$P" NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/end.yaml"
-start_kvtail tail-end "$NP" --quiet --check --timeout 3000 || bad "end: kvtail not ready"
-TPID=$TAIL_PID
+# kvbridge first, then kvtail: kvtail's --timeout runs from its start, and a
+# slow kvbridge start (make check-valgrind-integration) must not use it up;
+# kvbridge publishes nothing before kvsim's first batch
 start_kvbridge kvb-end "$T/end.yaml" || bad "end: kvbridge did not start"
 KPID=$KVB_PID
+start_kvtail tail-end "$NP" --quiet --check --timeout 3000 || bad "end: kvtail not ready"
+TPID=$TAIL_PID
 timeout 40 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --batches 20000 --rate 0 --lossless \
   --seed 40 --wait-subscribers 1000 --linger 500 --record "$T/end.rec" 2>"$T/sim-end.log" \
   || bad_log "end: kvsim failed" "$T/sim-end.log"
@@ -56,10 +59,10 @@ expect_eq "end: no flush warning" "$(count_log "$T/kvb-end.log" 'flush at shutdo
 # 2. SIGTERM in the middle of the stream
 P=$(daemon_port)
 SOURCES="  - endpoint: tcp://127.0.0.1:$P" NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/mid.yaml"
-start_kvtail tail-mid "$NP" --quiet --check --timeout 3000 || bad "mid: kvtail not ready"
-TPID=$TAIL_PID
 start_kvbridge kvb-mid "$T/mid.yaml" || bad "mid: kvbridge did not start"
 KPID=$KVB_PID
+start_kvtail tail-mid "$NP" --quiet --check --timeout 3000 || bad "mid: kvtail not ready"
+TPID=$TAIL_PID
 start sim-mid timeout 40 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$P" --batches 6000 --rate 3000 \
   --seed 41 --wait-subscribers 1000 --linger 300 --record "$T/mid.rec"
 SPID=$LAST_PID

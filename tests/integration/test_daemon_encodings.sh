@@ -16,11 +16,14 @@ run_combo() { # run_combo ENCODING HASH
   p=$(daemon_port)
   WORKER=18446744073709551615 SOURCES="  - endpoint: tcp://127.0.0.1:$p" \
     NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/$tag.yaml"
+  # kvbridge first, then kvtail: kvtail's --timeout runs from its start, and a
+  # slow kvbridge start (make check-valgrind-integration) must not use it up;
+  # kvbridge publishes nothing before kvsim's first batch
+  start_kvbridge "kvb-$tag" "$T/$tag.yaml" || { bad "$tag: kvbridge did not start"; return; }
+  local kvb_pid=$KVB_PID
   start_kvtail "tail-$tag" "$NP" --check --index --expect-record "$T/$tag.rec" --timeout 2500 \
     || { bad "$tag: kvtail not ready"; return; }
   local tail_pid=$TAIL_PID
-  start_kvbridge "kvb-$tag" "$T/$tag.yaml" || { bad "$tag: kvbridge did not start"; return; }
-  local kvb_pid=$KVB_PID
   timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --encoding "$enc" --hash "$hash" \
     --batches 1500 --rate 3000 --seed 11 --wait-subscribers 1000 --linger 300 \
     --record "$T/$tag.rec" 2>"$T/sim-$tag.log" || bad_log "$tag: kvsim failed" "$T/sim-$tag.log"

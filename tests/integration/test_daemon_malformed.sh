@@ -25,11 +25,14 @@ run_case() {
     SOURCES="  - endpoint: tcp://127.0.0.1:$p"
   fi
   NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/$tag.yaml"
+  # kvbridge first, then kvtail: kvtail's --timeout runs from its start, and a
+  # slow kvbridge start (make check-valgrind-integration) must not use it up;
+  # kvbridge publishes nothing before kvsim's first batch
+  start_kvbridge "kvb-$tag" "$T/$tag.yaml" || { bad "$tag: kvbridge did not start"; return; }
+  local kpid=$KVB_PID
   start_kvtail "tail-$tag" "$NP" --check --index --expect-record "$T/$tag.rec" --timeout 2500 \
     || { bad "$tag: kvtail not ready"; return; }
   local tpid=$TAIL_PID
-  start_kvbridge "kvb-$tag" "$T/$tag.yaml" || { bad "$tag: kvbridge did not start"; return; }
-  local kpid=$KVB_PID
   timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --wait-subscribers 1000 --linger 1000 \
     --batches 1000 --rate 1000 --seed 12 --record "$T/$tag.rec" "$@" 2>"$T/sim-$tag.log" \
     || bad_log "$tag: kvsim failed" "$T/sim-$tag.log"

@@ -12,13 +12,16 @@ source "$(dirname "$0")/lib.sh"
 NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 
-# setup TAG SOURCES_YAML: config, kvtail (expects $T/TAG.rec), kvbridge
+# setup TAG SOURCES_YAML: config, kvbridge, kvtail (expects $T/TAG.rec)
 setup() {
   SOURCES=$2 NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/$1.yaml"
-  start_kvtail "tail-$1" "$NP" --check --index --expect-record "$T/$1.rec" --timeout 2500 || bad "$1: kvtail not ready"
-  TPID=$TAIL_PID
+  # kvbridge first, then kvtail: kvtail's --timeout runs from its start, and a
+  # slow kvbridge start (make check-valgrind-integration) must not use it up;
+  # kvbridge publishes nothing before kvsim's first batch
   start_kvbridge "kvb-$1" "$T/$1.yaml" || bad "$1: kvbridge did not start"
   KPID=$KVB_PID
+  start_kvtail "tail-$1" "$NP" --check --index --expect-record "$T/$1.rec" --timeout 2500 || bad "$1: kvtail not ready"
+  TPID=$TAIL_PID
 }
 
 # finish_case TAG: kvtail verdict, kvbridge clean exit

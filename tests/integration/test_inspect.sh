@@ -3,7 +3,9 @@
 # byte; --decoded shows every batch; bad input gives a barrier, not a crash.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bin=build/kvbridge-inspect
+# the binary under test: build/ by default, KVB_BIN for another build (make
+# check-asan: build/asan)
+bin=${KVB_BIN:-build}/kvbridge-inspect
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0 fail=0

@@ -97,11 +97,14 @@ metrics:
   listen: 127.0.0.1:$MP
 YAML
 
+# kvbridge first, then kvtail: kvtail's --timeout runs from its start, and a
+# slow kvbridge start (make check-valgrind-integration) must not use it up;
+# kvbridge publishes nothing before kvsim's first batch
+start_kvbridge kvb "$T/kvb.yaml" || { bad "kvbridge did not start"; finish; exit 1; }
+KPID=$KVB_PID
 start_kvtail tail "$NP" --check --index --expect-record "$T/rec" --timeout 2500 \
   || { bad "kvtail not ready"; finish; exit 1; }
 TPID=$TAIL_PID
-start_kvbridge kvb "$T/kvb.yaml" || { bad "kvbridge did not start"; finish; exit 1; }
-KPID=$KVB_PID
 wait_port "$MP" 10 || bad "metrics port $MP not listening"
 
 # before any engine batch: the probes, and every family exposed at 0
