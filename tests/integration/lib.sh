@@ -169,6 +169,16 @@ tail_stat() {
   grep '^kvtail: messages=' "$T/$1.log" 2>/dev/null | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p"
 }
 
+# expect_tail_clean NAME [STAT...]: kvtail NAME found none of the problems
+# (default: holes dups bad reorders wrong badtok), each checked to be 0
+expect_tail_clean() {
+  local name=$1 s; shift
+  [ $# -gt 0 ] || set -- holes dups bad reorders wrong badtok
+  for s in "$@"; do
+    expect_eq "kvtail $s" "$(tail_stat "$name" "$s")" 0
+  done
+}
+
 # rec_counts RECORD [MODE] [RANK] [SEQ_BELOW]: the router events a correct bridge
 # publishes for the batches of a kvsim --record file, with kvbridge's default
 # filters (tier device, group 0; empty removes publish nothing), barriers not

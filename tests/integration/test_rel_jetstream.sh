@@ -161,8 +161,15 @@ expect_eq "b: restart resumes" "$(count_log "$T/kvbB2.log" "resuming after seq $
 wait_pid "$spid" 40
 wantB=$(rec_counts "$T/recB" all)
 # (the second run publishes what the first had not saved: js_check below
-# waits until the stream holds everything)
-for _ in $(seq 100); do [ "$(metric "$mp" kvbridge_jetstream_pending)" = 0 ] && break; sleep 0.1; done
+# waits until the stream holds everything).  Wait until kvbridge has read the
+# engine's last batch (it may still be working through its queue: a busy
+# machine) and JetStream acknowledged everything: a SIGTERM drops what is
+# still queued unread, and with no later batch nothing would show the gap.
+last="kvbridge_source_last_seq{source=\"tcp://127.0.0.1:$p\",topic=\"\"}"
+end=$((SECONDS + 40))
+until { [ "$(metric "$mp" "$last")" = 9999 ] && [ "$(metric "$mp" kvbridge_jetstream_pending)" = 0 ]; } ||
+  [ $SECONDS -ge $end ]; do sleep 0.2; done
+expect_eq "b: kvbridge read the engine's last batch" "$(metric "$mp" "$last")" 9999
 dupsB=$(metric "$mp" kvbridge_jetstream_duplicates_total)
 echo "     b: events published again after the restart, dropped by the duplicate window: $dupsB"
 expect_ge "b: the stream dropped the re-sent events" "$dupsB" 1
