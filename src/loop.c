@@ -53,6 +53,7 @@ struct kvb_daemon {
     size_t n_src;
     int sigfd, wakefd;
     bool stop;
+    bool failed;             /* stopping because of an error: exit 1 */
 
     bool per_rank_subject;
     bool jetstream;            /* nats.jetstream.enabled: publish with Nats-Msg-Id */
@@ -292,8 +293,51 @@ static bool nats_conn_equal(const struct kvb_config *a, const struct kvb_config 
     return kvb_config_nats_equal(a, b);
 }
 
+/* Build the sources of a new configuration.  When one would bind an address
+ * that a running source holds (a bind-mode source changed by SIGHUP), close
+ * the running sources first and try again: libzmq releases a listener
+ * asynchronously, hence a few tries.  *closed then tells the caller that the
+ * running sources are gone: reopen_sources() if the reload fails after all. */
+static int rebuild_sources(struct kvb_daemon *d, const struct kvb_config *c,
+                           struct kvb_source ***out, size_t *n_out, bool *closed)
+{
+    int rc = build_sources(d, c, out, n_out);
+    if (rc != -EADDRINUSE || !d->n_src)
+        return rc;
+    kvb_info("main", "reload: a new source binds an address the running ones hold: "
+                     "closing them first");
+    destroy_sources(&d->src, &d->n_src);
+    *closed = true;
+    for (int i = 0; i < 40 && (rc = build_sources(d, c, out, n_out)) == -EADDRINUSE; i++) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return rc;
+}
+
+/* A reload that closed the running sources failed: open them again from the
+ * running configuration (they resume from d->resume).  If even that fails,
+ * stop with an error rather than run without sources. */
+static void reopen_sources(struct kvb_daemon *d)
+{
+    bool unused = false;
+    int rc = -EADDRINUSE;
+    for (int i = 0; i < 40 && rc == -EADDRINUSE; i++) {
+        if (i) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        rc = rebuild_sources(d, d->cfg, &d->src, &d->n_src, &unused);
+    }
+    if (rc < 0) {
+        kvb_err("main", "reload: cannot reopen the running sources (%s): stopping", strerror(-rc));
+        d->stop = d->failed = true;
+    }
+}
+
 static void reload(struct kvb_daemon *d)
 {
+    bool closed = false; /* the running sources were closed (rebuild_sources) */
     struct kvb_config *nc = NULL;
     struct kvb_source **nsrc = NULL;
     size_t n_nsrc = 0;
@@ -325,7 +369,8 @@ static void reload(struct kvb_daemon *d)
         kvb_state_free(&d->resume);
         d->resume = snapshot(d);
     }
-    if (!sources_equal(d->cfg, nc) && (rc = build_sources(d, nc, &nsrc, &n_nsrc)) < 0) {
+    if (!sources_equal(d->cfg, nc) &&
+        (rc = rebuild_sources(d, nc, &nsrc, &n_nsrc, &closed)) < 0) {
         kvb_err("main", "reload: cannot open the new sources (%s), keeping the running configuration",
                 strerror(-rc));
         goto fail;
@@ -361,6 +406,8 @@ fail:
     destroy_sources(&nsrc, &n_nsrc);
     kvb_sink_destroy(&nsink);
     kvb_config_free(&nc);
+    if (closed)
+        reopen_sources(d);
 }
 
 /* ---- the loop ----------------------------------------------------------- */
@@ -629,7 +676,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
     else
         save_state(d, true);
-    exit_code = 0;
+    exit_code = d->failed ? 1 : 0;
 out:
     kvb_http_stop(&d->http);
     free(items);
