@@ -1198,6 +1198,7 @@ static void evl_forget(struct kvb_sink *s, natsConnection *nc)
             pthread_cond_wait(&s->evl_cond, &s->evl_mu);
     }
     pthread_mutex_unlock(&s->evl_mu);
+    io_kick(s); /* drops it from the poll set (and frees it once detached) */
 }
 
 /* evl_mu held: free what neither nats.c nor the sink will touch again. */
