@@ -1142,31 +1142,37 @@ static int check_word(struct ctx *c, const struct opt *o, const char *dpath,
     return 0;
 }
 
-static int check_subject(struct ctx *c, const struct opt *o, const char *dpath,
-                         const void *field, const struct node *v)
+/* Every '{' of s starts one of the n placeholders in names[] (the first n of
+ * {namespace} {component} {worker_id} {dp_rank}); expected lists them for the
+ * error. */
+static int check_placeholders(struct ctx *c, const char *dpath, const char *s,
+                              const struct node *v, size_t n, const char *expected)
 {
     static const char *const names[] = {"{namespace}", "{component}", "{worker_id}",
                                         "{dp_rank}"};
-    const char *s = *(char *const *)field;
-    if (check_word(c, o, dpath, field, v) < 0)
-        return -1;
     for (const char *p = strchr(s, '{'); p; p = strchr(p + 1, '{')) {
         bool ok = false;
-        for (size_t i = 0; i < 4 && !ok; i++)
+        for (size_t i = 0; i < n && !ok; i++)
             ok = has_prefix(p, names[i]);
         if (!ok) {
             const char *e = strchr(p, '}');
-            size_t n = e ? (size_t)(e - p) + 1 : strlen(p);
-            char *sv = shown(p, n);
-            err_at(c, v->line, v->col,
-                   "%s: unknown placeholder '%s' (expected {namespace}, {component}, "
-                   "{worker_id} or {dp_rank})",
-                   dpath, SHOWN(sv));
+            char *sv = shown(p, e ? (size_t)(e - p) + 1 : strlen(p));
+            err_at(c, v->line, v->col, "%s: unknown placeholder '%s' (expected %s)", dpath,
+                   SHOWN(sv), expected);
             free(sv);
             return -1;
         }
     }
     return 0;
+}
+
+static int check_subject(struct ctx *c, const struct opt *o, const char *dpath,
+                         const void *field, const struct node *v)
+{
+    if (check_word(c, o, dpath, field, v) < 0)
+        return -1;
+    return check_placeholders(c, dpath, *(char *const *)field, v, 4,
+                              "{namespace}, {component}, {worker_id} or {dp_rank}");
 }
 
 static int check_format(struct ctx *c, const struct opt *o, const char *dpath,
@@ -1234,30 +1240,13 @@ static int check_host(struct ctx *c, const struct opt *o, const char *dpath,
 static int check_js_template(struct ctx *c, const struct opt *o, const char *dpath,
                              const void *field, const struct node *v)
 {
-    static const char *const names[] = {"{namespace}", "{component}", "{worker_id}"};
     const char *s = *(char *const *)field;
     (void)o;
     if (strpbrk(s, " \t\r\n")) {
         err_at(c, v->line, v->col, "%s: must not contain white space", dpath);
         return -1;
     }
-    for (const char *p = strchr(s, '{'); p; p = strchr(p + 1, '{')) {
-        bool ok = false;
-        for (size_t i = 0; i < 3 && !ok; i++)
-            ok = has_prefix(p, names[i]);
-        if (!ok) {
-            const char *e = strchr(p, '}');
-            size_t n = e ? (size_t)(e - p) + 1 : strlen(p);
-            char *sv = shown(p, n);
-            err_at(c, v->line, v->col,
-                   "%s: unknown placeholder '%s' (expected {namespace}, {component} or "
-                   "{worker_id})",
-                   dpath, SHOWN(sv));
-            free(sv);
-            return -1;
-        }
-    }
-    return 0;
+    return check_placeholders(c, dpath, s, v, 3, "{namespace}, {component} or {worker_id}");
 }
 
 /* ------------------------------------------------------------------------ */
