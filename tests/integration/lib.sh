@@ -95,6 +95,51 @@ ${EXTRA:-}
 YAML
 }
 
+# ---- HTTP (kvbridge's metrics listener) -----------------------------------
+
+# http_get PORT PATH: status in HTTP_STATUS, body in $T/http.body (bounded: 5 s)
+http_get() {
+  HTTP_STATUS=000
+  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3 &&
+     timeout 5 cat <&3) >"$T/http.raw" 2>/dev/null || true
+  HTTP_STATUS=$(head -n 1 "$T/http.raw" | awk '{ print $2 }')
+  [ -n "$HTTP_STATUS" ] || HTTP_STATUS=000
+  tr -d '\r' <"$T/http.raw" | sed '1,/^$/d' >"$T/http.body"
+}
+# metric PORT SERIES [IF_ABSENT]: the series' value from /metrics (IF_ABSENT,
+# default 0, when it is not there)
+metric() {
+  http_get "$1" /metrics
+  awk -v k="$2" -v d="${3:-0}" '$1 == k { print $2; f = 1 } END { if (!f) print d }' "$T/http.body"
+}
+
+# ---- JetStream tests (test_rel_jetstream.sh, test_rel_cluster.sh) -----------
+
+STREAM=namespace-dynamo-component-backend-kv-events
+
+# js_build: compile js_check.c (reads a stream back) to $T/js_check
+js_build() {
+  # shellcheck disable=SC2046
+  gcc -O1 -o "$T/js_check" "$ROOT/tests/integration/js_check.c" $(pkg-config --cflags --libs libnats) \
+    2>"$T/gcc.log" && ok "js_check built" || { bad_log "js_check did not build" "$T/gcc.log"; return 1; }
+}
+# published MPORT: router events kvbridge handed to the sink so far
+published() {
+  http_get "$1" /metrics
+  awk '$1 ~ /^kvbridge_router_events_published_total/ { n += $2 } END { print n + 0 }' "$T/http.body"
+}
+# settle MPORT WANT: wait (bounded, SETTLE_S s) until kvbridge published WANT router
+# events and JetStream acknowledged every one
+settle() {
+  local end=$((SECONDS + ${SETTLE_S:-30}))
+  until [ "$(published "$1")" -ge "$2" ] && [ "$(metric "$1" kvbridge_jetstream_pending)" = 0 ]; do
+    [ $SECONDS -ge $end ] && { echo "     (not settled: published $(published "$1") of $2)"; return 1; }
+    sleep 0.2
+  done
+}
+# js_stat NAME FIELD: FIELD=N from js_check's "jscheck:" line in $T/NAME.out
+js_stat() { grep '^jscheck:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+
 # ---- helpers for the daemon tests (test_daemon_*.sh) ------------------------
 
 # daemon_port [N]: like free_port, but below the kernel's ephemeral range

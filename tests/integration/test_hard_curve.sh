@@ -13,11 +13,7 @@
 # CURVE off (the default) is what every other test runs.
 source "$(dirname "$0")/lib.sh"
 
-http_get() { # http_get PORT PATH: the body to $T/http.body
-  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3 &&
-     timeout 5 cat <&3) 2>/dev/null | tr -d '\r' | sed '1,/^$/d' >"$T/http.body" || true
-}
-metric() { http_get "$1" /metrics; awk -v k="$2" '$1 == k { print $2; f = 1 } END { if (!f) print "absent" }' "$T/http.body"; }
+cmetric() { metric "$1" "$2" absent; } # a counter that must be there
 
 # keys NAME: $T/NAME.pub and $T/NAME.sec (Z85, one line each)
 keys() {
@@ -81,10 +77,10 @@ expect_eq "intruder kvsim exit code" "$RC" 0
 wait_pid "$N_PID" 30
 expect_eq "plain kvsim exit code" "$RC" 0
 expect_ge "kvbridge_curve_clients_rejected_total" \
-  "$(metric "$MP" kvbridge_curve_clients_rejected_total)" 1
+  "$(cmetric "$MP" kvbridge_curve_clients_rejected_total)" 1
 expect_ge "kvbridge log: the refused client's address" \
   "$(count_log "$T/kvb.log" "CURVE client from 127.0.0.1 refused: its public key is not in curve.allowed_clients_file")" 1
-expect_eq "nothing received from them" "$(metric "$MP" kvbridge_batches_received_total)" 0
+expect_eq "nothing received from them" "$(cmetric "$MP" kvbridge_batches_received_total)" 0
 expect_eq "kvbridge log: no stream of theirs" "$(grep -c "topic '\(intruder\|plain\)'" "$T/kvb.log")" 0
 
 # the listed engine: every event
@@ -101,7 +97,7 @@ expect_eq "allowed engine: all 600 batches live" "$(field batches "$w")" 600
 expect_eq "stored = record" "$(tail_stat tail1 stored)" "$(field stored "$w")"
 expect_eq "removed = record" "$(tail_stat tail1 removed)" "$(field removed "$w")"
 expect_eq "cleared = record + start barrier" "$(tail_stat tail1 cleared)" "$(($(field cleared "$w") + 1))"
-expect_eq "kvbridge_batches_received_total = 600" "$(metric "$MP" kvbridge_batches_received_total)" 600
+expect_eq "kvbridge_batches_received_total = 600" "$(cmetric "$MP" kvbridge_batches_received_total)" 600
 signal_pid "$KVB1" TERM 15
 expect_eq "kvbridge (bind) exit code" "$RC" 0
 no_keys_in "$T/kvb.log"
@@ -155,12 +151,12 @@ expect_eq "cleared = record + start barrier (no gap barrier)" \
   "$(tail_stat tail2 cleared)" "$(($(field cleared "$w") + 1))"
 expect_eq "kvbridge log: the gap filled through the CURVE replay socket" \
   "$(count_log "$T/kvb2.log" "gap filled up to seq 209")" 1
-expect_eq "kvbridge_replays_failed_total" "$(metric "$MP2" kvbridge_replays_failed_total)" 0
-expect_eq "kvbridge_batches_received_total = 600" "$(metric "$MP2" kvbridge_batches_received_total)" 600
+expect_eq "kvbridge_replays_failed_total" "$(cmetric "$MP2" kvbridge_replays_failed_total)" 0
+expect_eq "kvbridge_batches_received_total = 600" "$(cmetric "$MP2" kvbridge_batches_received_total)" 600
 
 wait_pid "$T3" 30
 expect_eq "wrong server key: nothing on NATS" "$(tail_stat tail3 messages)" 0
-expect_eq "wrong server key: nothing received" "$(metric "$MP3" kvbridge_batches_received_total)" 0
+expect_eq "wrong server key: nothing received" "$(cmetric "$MP3" kvbridge_batches_received_total)" 0
 if kill -0 "$KVB3" 2>/dev/null; then ok "wrong server key: kvbridge still running"; else bad "wrong server key: kvbridge died"; fi
 signal_pid "$KVB2" TERM 15
 expect_eq "kvbridge (connect) exit code" "$RC" 0
@@ -172,8 +168,8 @@ wait_log "$T/kvb3.log" "(sources reopened)" 10 && ok "reload: sources reopened" 
 timeout 30 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$E" --curve-secret-file "$T/server.sec" \
   --batches 200 --rate 1600 --seed 7 --wait-subscribers 1500 --linger 200 2>"$T/sim3.log" ||
   bad_log "CURVE server kvsim (reload) failed" "$T/sim3.log"
-for _ in $(seq 50); do [ "$(metric "$MP3" kvbridge_batches_received_total)" = 200 ] && break; sleep 0.1; done
-expect_eq "reloaded server key: all 200 batches received" "$(metric "$MP3" kvbridge_batches_received_total)" 200
+for _ in $(seq 50); do [ "$(cmetric "$MP3" kvbridge_batches_received_total)" = 200 ] && break; sleep 0.1; done
+expect_eq "reloaded server key: all 200 batches received" "$(cmetric "$MP3" kvbridge_batches_received_total)" 200
 signal_pid "$KVB3" TERM 15
 expect_eq "kvbridge (reloaded key) exit code" "$RC" 0
 no_keys_in "$T/kvb2.log"

@@ -13,16 +13,6 @@
 # every metric conf/grafana-kvbridge.json queries exists in the exposition.
 source "$(dirname "$0")/lib.sh"
 
-# http_get PORT PATH: status in HTTP_STATUS, body in $T/http.body (bounded: 5 s)
-http_get() {
-  HTTP_STATUS=000
-  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3 &&
-     timeout 5 cat <&3) >"$T/http.raw" 2>/dev/null || true
-  HTTP_STATUS=$(head -n 1 "$T/http.raw" | awk '{ print $2 }')
-  [ -n "$HTTP_STATUS" ] || HTTP_STATUS=000
-  tr -d '\r' <"$T/http.raw" | sed '1,/^$/d' >"$T/http.body"
-}
-
 # scrape NAME: /metrics into $T/NAME.prom (fails the test on a non-200)
 scrape() {
   http_get "$MP" /metrics
@@ -30,8 +20,8 @@ scrape() {
   [ "$HTTP_STATUS" = 200 ] || bad "GET /metrics: status $HTTP_STATUS"
 }
 
-# metric FILE SERIES: the value of SERIES (exactly as exposed, labels included)
-metric() { awk -v k="$2" '$1 == k { print $2; f = 1 } END { if (!f) print "absent" }' "$T/$1.prom"; }
+# scraped NAME SERIES: the value of SERIES in $T/NAME.prom (exactly as exposed, labels included)
+scraped() { awk -v k="$2" '$1 == k { print $2; f = 1 } END { if (!f) print "absent" }' "$T/$1.prom"; }
 
 # wait_status PATH STATUS SECONDS: poll until PATH answers STATUS
 wait_status() {
@@ -115,9 +105,9 @@ if wait_status /readyz 200 10; then ok "GET /readyz: 200 (NATS connected, source
 http_get "$MP" /nope
 expect_eq "GET /nope: 404" "$HTTP_STATUS" 404
 scrape idle
-expect_eq "idle: kvbridge_batches_received_total 0" "$(metric idle kvbridge_batches_received_total)" 0
-expect_eq "idle: kvbridge_ready 1" "$(metric idle kvbridge_ready)" 1
-expect_eq "idle: kvbridge_nats_connected 1" "$(metric idle kvbridge_nats_connected)" 1
+expect_eq "idle: kvbridge_batches_received_total 0" "$(scraped idle kvbridge_batches_received_total)" 0
+expect_eq "idle: kvbridge_ready 1" "$(scraped idle kvbridge_ready)" 1
+expect_eq "idle: kvbridge_nats_connected 1" "$(scraped idle kvbridge_nats_connected)" 1
 expect_eq "idle: kvbridge_build_info carries the version" \
   "$(grep -c "^kvbridge_build_info{version=\"$("$BIN/kvbridge" --version | awk '{ print $2 }')\"} 1$" "$T/idle.prom")" 1
 
@@ -137,7 +127,7 @@ scrape run
 rec_expect "$T/rec" >"$T/want"
 want() { sed -n "s/^$1=//p" "$T/want"; }
 PUB_CLEARED=$(want pub_cleared)
-m() { metric run "$1"; }
+m() { scraped run "$1"; }
 
 # engine input
 expect_eq "batches_received_total = batches delivered (live or replayed, decodable)" \
@@ -239,18 +229,18 @@ stop_pid "$NATS_PID" >/dev/null
 if wait_status /readyz 503 10; then ok "nats-server stopped: /readyz 503"; else bad "nats-server stopped: /readyz $HTTP_STATUS, want 503"; fi
 expect_eq "nats-server stopped: body" "$(cat "$T/http.body")" "not ready"
 scrape down
-expect_eq "nats-server stopped: nats_connected 0" "$(metric down kvbridge_nats_connected)" 0
-expect_eq "nats-server stopped: ready 0" "$(metric down kvbridge_ready)" 0
-expect_ge "nats-server stopped: nats_disconnects_total >= 1" "$(metric down kvbridge_nats_disconnects_total)" 1
+expect_eq "nats-server stopped: nats_connected 0" "$(scraped down kvbridge_nats_connected)" 0
+expect_eq "nats-server stopped: ready 0" "$(scraped down kvbridge_ready)" 0
+expect_ge "nats-server stopped: nats_disconnects_total >= 1" "$(scraped down kvbridge_nats_disconnects_total)" 1
 http_get "$MP" /healthz
 expect_eq "nats-server stopped: /healthz still 200 (the loop turns)" "$HTTP_STATUS" 200
 
 start_nats "$NP" || bad "nats-server did not restart on port $NP"
 if wait_status /readyz 200 15; then ok "nats-server back: /readyz 200"; else bad "nats-server back: /readyz $HTTP_STATUS, want 200"; fi
 scrape back
-expect_eq "nats-server back: nats_connected 1" "$(metric back kvbridge_nats_connected)" 1
-expect_ge "nats-server back: nats_reconnects_total >= 1" "$(metric back kvbridge_nats_reconnects_total)" 1
-expect_eq "counters kept: batches_received_total" "$(metric back kvbridge_batches_received_total)" "$(m kvbridge_batches_received_total)"
+expect_eq "nats-server back: nats_connected 1" "$(scraped back kvbridge_nats_connected)" 1
+expect_ge "nats-server back: nats_reconnects_total >= 1" "$(scraped back kvbridge_nats_reconnects_total)" 1
+expect_eq "counters kept: batches_received_total" "$(scraped back kvbridge_batches_received_total)" "$(m kvbridge_batches_received_total)"
 
 signal_pid "$KPID" TERM 15
 expect_eq "kvbridge exit code" "$RC" 0

@@ -18,36 +18,7 @@
 #      kvbridge at start with exit 69 and says why.
 source "$(dirname "$0")/lib.sh"
 
-# shellcheck disable=SC2046
-gcc -O1 -o "$T/js_check" "$ROOT/tests/integration/js_check.c" $(pkg-config --cflags --libs libnats) \
-  2>"$T/gcc.log" && ok "js_check built" || { bad_log "js_check did not build" "$T/gcc.log"; finish; exit 1; }
-
-STREAM=namespace-dynamo-component-backend-kv-events
-
-# http_get PORT PATH: body in $T/http.body (bounded: 5 s)
-http_get() {
-  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3 &&
-     timeout 5 cat <&3) 2>/dev/null | tr -d '\r' | sed '1,/^$/d' >"$T/http.body" || true
-}
-# metric PORT SERIES: its value (0 when absent)
-metric() { http_get "$1" /metrics; awk -v k="$2" '$1 == k { print $2; f = 1 } END { if (!f) print 0 }' "$T/http.body"; }
-
-# js_stat NAME FIELD: FIELD=N from js_check's "jscheck:" line in $T/NAME.out
-# published MPORT: router events kvbridge handed to the sink so far
-published() {
-  http_get "$1" /metrics
-  awk '$1 ~ /^kvbridge_router_events_published_total/ { n += $2 } END { print n + 0 }' "$T/http.body"
-}
-# settle MPORT WANT: wait (bounded, SETTLE_S s) until kvbridge published WANT router
-# events and JetStream acknowledged every one
-settle() {
-  local end=$((SECONDS + ${SETTLE_S:-30}))
-  until [ "$(published "$1")" -ge "$2" ] && [ "$(metric "$1" kvbridge_jetstream_pending)" = 0 ]; do
-    [ $SECONDS -ge $end ] && { echo "     (not settled: published $(published "$1") of $2)"; return 1; }
-    sleep 0.2
-  done
-}
-js_stat() { grep '^jscheck:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+js_build || { finish; exit 1; }
 st_stat() { grep '^stream:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 
 # js_expect NAME WANT_MESSAGES: the stream holds exactly the engine's events
