@@ -293,11 +293,25 @@ static bool nats_conn_equal(const struct kvb_config *a, const struct kvb_config 
     return kvb_config_nats_equal(a, b);
 }
 
+/* build_sources(), again while an address is still in use: libzmq releases
+ * a closed listener asynchronously (up to 2 s). */
+static int build_sources_retry(struct kvb_daemon *d, const struct kvb_config *c,
+                               struct kvb_source ***out, size_t *n_out)
+{
+    int rc = build_sources(d, c, out, n_out);
+    for (int i = 0; i < 40 && rc == -EADDRINUSE; i++) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+        rc = build_sources(d, c, out, n_out);
+    }
+    return rc;
+}
+
 /* Build the sources of a new configuration.  When one would bind an address
  * that a running source holds (a bind-mode source changed by SIGHUP), close
- * the running sources first and try again: libzmq releases a listener
- * asynchronously, hence a few tries.  *closed then tells the caller that the
- * running sources are gone: reopen_sources() if the reload fails after all. */
+ * the running sources first and try again.  *closed then tells the caller
+ * that the running sources are gone: reopen_sources() if the reload fails
+ * after all. */
 static int rebuild_sources(struct kvb_daemon *d, const struct kvb_config *c,
                            struct kvb_source ***out, size_t *n_out, bool *closed)
 {
@@ -308,11 +322,7 @@ static int rebuild_sources(struct kvb_daemon *d, const struct kvb_config *c,
                      "closing them first");
     destroy_sources(&d->src, &d->n_src);
     *closed = true;
-    for (int i = 0; i < 40 && (rc = build_sources(d, c, out, n_out)) == -EADDRINUSE; i++) {
-        struct timespec ts = {0, 50 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    return rc;
+    return build_sources_retry(d, c, out, n_out);
 }
 
 /* A reload that closed the running sources failed: open them again from the
@@ -320,15 +330,7 @@ static int rebuild_sources(struct kvb_daemon *d, const struct kvb_config *c,
  * stop with an error rather than run without sources. */
 static void reopen_sources(struct kvb_daemon *d)
 {
-    bool unused = false;
-    int rc = -EADDRINUSE;
-    for (int i = 0; i < 40 && rc == -EADDRINUSE; i++) {
-        if (i) {
-            struct timespec ts = {0, 50 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-        rc = rebuild_sources(d, d->cfg, &d->src, &d->n_src, &unused);
-    }
+    int rc = build_sources_retry(d, d->cfg, &d->src, &d->n_src);
     if (rc < 0) {
         kvb_err("main", "reload: cannot reopen the running sources (%s): stopping", strerror(-rc));
         d->stop = d->failed = true;
