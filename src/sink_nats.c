@@ -1097,6 +1097,8 @@ struct evl {
     bool io_write;    /* the I/O thread polls POLLOUT for it */
     bool detached, forgotten;
     unsigned touched; /* counts callbacks, to tell progress from a stuck socket */
+    unsigned gen;     /* counts attaches and detaches: which socket fd is (a
+                       * closed fd's number comes back for the next socket) */
     struct evl *next;
 };
 
@@ -1128,6 +1130,7 @@ static natsStatus evl_attach(void **ud, void *loop, natsConnection *nc, natsSock
     e->want_write = e->io_write = false;
     e->detached = false;
     e->touched++;
+    e->gen++;
     pthread_mutex_unlock(&s->evl_mu);
     *ud = e;
     io_kick(s);
@@ -1178,6 +1181,7 @@ static natsStatus evl_detach(void *ud)
     e->fd = -1;
     e->want_read = e->want_write = e->io_write = false;
     e->touched++;
+    e->gen++;
     pthread_mutex_unlock(&e->s->evl_mu);
     io_kick(e->s);
     return NATS_OK;
@@ -1222,7 +1226,7 @@ static void *io_main(void *arg)
     struct kvb_sink *s = arg;
     struct pollfd fds[1 + IO_MAX_CONNS];
     struct evl *es[IO_MAX_CONNS];
-    unsigned touched[IO_MAX_CONNS];
+    unsigned touched[IO_MAX_CONNS], gen[IO_MAX_CONNS];
 
     for (;;) {
         size_t n = 0;
@@ -1238,6 +1242,7 @@ static void *io_main(void *arg)
             fds[1 + n] = (struct pollfd){e->fd, (short)((e->want_read ? POLLIN : 0) |
                                                         (e->io_write ? POLLOUT : 0)), 0};
             touched[n] = e->touched;
+            gen[n] = e->gen;
             es[n++] = e;
         }
         pthread_mutex_unlock(&s->evl_mu);
@@ -1258,7 +1263,7 @@ static void *io_main(void *arg)
             natsConnection *nc = NULL;
             bool rd = false, wr = false;
             pthread_mutex_lock(&s->evl_mu);
-            if (!e->forgotten && e->fd == fds[1 + i].fd) {
+            if (!e->forgotten && e->gen == gen[i]) { /* still the socket polled */
                 if (rev & POLLNVAL) {
                     e->fd = -1; /* closed under us: wait for the next attach */
                 } else {
@@ -1287,7 +1292,7 @@ static void *io_main(void *arg)
                 pthread_mutex_unlock(&s->evl_mu);
             }
             pthread_mutex_lock(&s->evl_mu);
-            if (hup && e->touched == touched[i] && e->fd == fds[1 + i].fd)
+            if (hup && e->touched == touched[i])
                 e->fd = -1;
             s->io_busy = NULL;
             pthread_cond_broadcast(&s->evl_cond);
