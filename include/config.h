@@ -24,7 +24,6 @@
 
 enum kvb_source_mode { KVB_MODE_CONNECT = 0, KVB_MODE_BIND = 1 };
 enum kvb_format { KVB_FORMAT_DYNAMO_JSON = 0, KVB_FORMAT_DYNAMO_MSGPACK, KVB_FORMAT_RAW };
-enum kvb_log_level { KVB_LOG_ERROR = 0, KVB_LOG_WARN, KVB_LOG_INFO, KVB_LOG_DEBUG };
 /* The values match nats.c's jsRetentionPolicy. */
 enum kvb_js_retention { KVB_JS_LIMITS = 0, KVB_JS_INTEREST, KVB_JS_WORKQUEUE };
 
@@ -154,6 +153,9 @@ struct kvb_config {
  * the whole file are "FILE: message" ("cannot read: ...", larger than 1 MiB).
  * At most 100 errors are printed, then one "too many errors" line. */
 int kvb_config_load(const char *path, struct kvb_config **out, FILE *err);
+/* The same, logging the errors through the log module (so that they carry
+ * the journal priority). */
+int kvb_config_load_logged(const char *path, struct kvb_config **out);
 
 /* Frees everything; secrets (and the file's text and parse tree at load) are
  * zeroed with explicit_bzero() first.  Accepts NULL and *cfg == NULL. */

@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#include "config.h" /* enum kvb_log_level */
+enum kvb_log_level { KVB_LOG_ERROR = 0, KVB_LOG_WARN, KVB_LOG_INFO, KVB_LOG_DEBUG };
 
 void kvb_log_set_level(int level);
 int kvb_log_get_level(void);
@@ -36,10 +36,6 @@ void kvb_log_rl(struct kvb_ratelimit *rl, int level, const char *stage, const ch
 
 /* Log each line of text (e.g. collected FILE:LINE:COL errors) at level. */
 void kvb_log_lines(int level, const char *stage, const char *text);
-
-/* Load a config file, logging its errors through this module (so that they
- * carry the journal priority).  Same return as kvb_config_load(). */
-int kvb_config_load_logged(const char *path, struct kvb_config **out);
 
 #define kvb_err(stage, ...) kvb_log(KVB_LOG_ERROR, stage, __VA_ARGS__)
 #define kvb_warn(stage, ...) kvb_log(KVB_LOG_WARN, stage, __VA_ARGS__)

@@ -91,6 +91,5 @@ void kvb_source_foreach_stream(const struct kvb_source *s,
                                           const struct kvb_stream *st),
                                void *ctx);
 
-uint64_t kvb_now_ms(void);
 
 #endif

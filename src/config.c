@@ -14,6 +14,7 @@
 #define _GNU_SOURCE /* strndup, open_memstream in tests; also set by the Makefile */
 #endif
 #include "config.h"
+#include "log.h"
 #include "metrics.h"
 
 #include <errno.h>
@@ -2611,6 +2612,20 @@ fail:
     if (buf)
         explicit_bzero(buf, c.len);
     free(buf);
+    return rc;
+}
+
+int kvb_config_load_logged(const char *path, struct kvb_config **out)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *err = open_memstream(&buf, &len);
+    int rc = kvb_config_load(path, out, err ? err : stderr);
+    if (err) {
+        fclose(err);
+        kvb_log_lines(KVB_LOG_ERROR, "config", buf);
+        free(buf);
+    }
     return rc;
 }
 

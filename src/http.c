@@ -12,19 +12,14 @@
 
 #include <microhttpd.h>
 
+#include "clock.h"
+
 struct kvb_http {
     struct MHD_Daemon *mhd;
     const struct kvb_metrics *m;
     const char *version;
     int port;
 };
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type,
                              void *body, size_t len, enum MHD_ResponseMemoryMode mode)
@@ -62,7 +57,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (strcmp(url, "/healthz") == 0) {
         uint64_t beat = kvb_get(&h->m->loop_heartbeat_ms);
         uint64_t ivl = kvb_get(&h->m->heartbeat_interval_ms);
-        bool alive = beat && mono_ms() - beat <= 3 * ivl + 1000;
+        bool alive = beat && kvb_mono_ms() - beat <= 3 * ivl + 1000;
         return alive ? reply(c, 200, "text/plain", ok, 3, MHD_RESPMEM_PERSISTENT)
                      : reply(c, 503, "text/plain", stalled, sizeof(stalled) - 1,
                              MHD_RESPMEM_PERSISTENT);

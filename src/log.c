@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "clock.h"
+
 static int log_level = KVB_LOG_INFO;  /* the one allowed global (with signal flags) */
 static bool log_journal = false;      /* derived from the environment at start */
 
@@ -48,18 +50,11 @@ void kvb_log(int level, const char *stage, const char *fmt, ...)
     va_end(ap);
 }
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 void kvb_log_rl(struct kvb_ratelimit *rl, int level, const char *stage, const char *fmt, ...)
 {
     if (level > log_level)
         return;
-    uint64_t now = mono_ms();
+    uint64_t now = kvb_mono_ms();
     if (rl->window_start_ms == 0 || now - rl->window_start_ms >= rl->interval_ms) {
         if (rl->suppressed)
             kvb_log(level, stage, "(%llu similar messages suppressed)",
@@ -88,18 +83,4 @@ void kvb_log_lines(int level, const char *stage, const char *text)
             kvb_log(level, stage, "%.*s", n, text);
         text += n + (nl ? 1 : 0);
     }
-}
-
-int kvb_config_load_logged(const char *path, struct kvb_config **out)
-{
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *err = open_memstream(&buf, &len);
-    int rc = kvb_config_load(path, out, err ? err : stderr);
-    if (err) {
-        fclose(err);
-        kvb_log_lines(KVB_LOG_ERROR, "config", buf);
-        free(buf);
-    }
-    return rc;
 }

@@ -15,6 +15,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "clock.h"
 #include "encode.h"
 #include "http.h"
 #include "log.h"
@@ -232,7 +233,7 @@ static struct kvb_state *snapshot(struct kvb_daemon *d)
 static void save_state(struct kvb_daemon *d, bool force)
 {
     const char *dir = d->cfg->state.dir;
-    uint64_t now = kvb_now_ms(), batches = kvb_get(&d->m.batches_received_total[0]);
+    uint64_t now = kvb_mono_ms(), batches = kvb_get(&d->m.batches_received_total[0]);
     if (!dir[0] || (!force && (now - d->last_save_ms < STATE_SAVE_MS || batches == d->saved_batches)))
         return;
     d->last_save_ms = now;
@@ -346,10 +347,7 @@ static void reload(struct kvb_daemon *d)
     struct kvb_sink *nsink = NULL;
     int rc;
     kvb_info("main", "SIGHUP: reloading %s", d->cfg->path);
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu",
-               (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_nsec / 1000);
+    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu", (unsigned long long)kvb_mono_us());
     if ((rc = kvb_config_load_logged(d->cfg->path, &nc)) < 0) {
         kvb_err("main", "reload: %s is invalid, keeping the running configuration", d->cfg->path);
         return;
@@ -497,7 +495,7 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     items[n++] = (zmq_pollitem_t){NULL, d->sigfd, ZMQ_POLLIN, 0};
     items[n++] = (zmq_pollitem_t){NULL, d->wakefd, ZMQ_POLLIN, 0};
     items[n++] = (zmq_pollitem_t){kvb_zap_socket(d->zap), 0, ZMQ_POLLIN, 0};
-    uint64_t now = kvb_now_ms();
+    uint64_t now = kvb_mono_ms();
     heartbeat(d, now);
     update_gauges(d);
     long timeout = d->paused ? PAUSED_POLL_MS : (long)d->heartbeat_ms;
@@ -535,7 +533,7 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         if (items[3 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
         if (!d->paused) /* a replay's deadline does not run out while we hold back */
-            kvb_source_tick(s, d->pipe, kvb_now_ms());
+            kvb_source_tick(s, d->pipe, kvb_mono_ms());
     }
     nats_loss_barrier(d);
     update_gauges(d);
@@ -547,9 +545,9 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
  * connected, then flush what nats.c holds.  A second SIGTERM/SIGINT gives up. */
 static int drain(struct kvb_daemon *d)
 {
-    uint64_t deadline = kvb_now_ms() + d->cfg->nats.flush_timeout_ms;
+    uint64_t deadline = kvb_mono_ms() + d->cfg->nats.flush_timeout_ms;
     while (!kvb_sink_connected(d->sink)) {
-        uint64_t now = kvb_now_ms();
+        uint64_t now = kvb_mono_ms();
         if (now >= deadline)
             return -ETIMEDOUT;
         struct pollfd fds[2] = {{d->wakefd, POLLIN, 0}, {d->sigfd, POLLIN, 0}};
@@ -562,7 +560,7 @@ static int drain(struct kvb_daemon *d)
                 return -ECANCELED;
         }
     }
-    uint64_t now = kvb_now_ms();
+    uint64_t now = kvb_mono_ms();
     return kvb_sink_flush(d->sink, now < deadline ? (uint32_t)(deadline - now) : 1);
 }
 
@@ -611,10 +609,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         kvb_err("main", "pipeline: %s", strerror(-rc));
         goto out;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe),
-                            (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000);
+    kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe), kvb_wall_ms());
     if ((rc = load_state(d)) < 0) {
         kvb_err("state", "%s", strerror(-rc));
         goto out;

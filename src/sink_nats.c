@@ -141,6 +141,7 @@
 
 #include <nats/nats.h>
 
+#include "clock.h"
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
@@ -342,13 +343,6 @@ int kvb_subject_expand(const char *tmpl, const char *ns, const char *component,
 }
 
 /* ---- small helpers ---- */
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static void sleep_ms(unsigned ms)
 {
@@ -857,7 +851,7 @@ static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void
         /* Nobody took it (JetStream starting, the stream gone, a leader
          * election): retry in rounds, with a growing pause between them,
          * and have the worker look at the stream again. */
-        uint64_t now = now_ms();
+        uint64_t now = kvb_mono_ms();
         if (atomic_exchange(&s->ack_ok, false) || s->retry_ms == 0)
             s->retry_ms = JS_RETRY_MIN_MS;
         if (now >= s->rq_not_before) {
@@ -1442,9 +1436,9 @@ static void set_conn(struct kvb_sink *s, natsConnection *nc, jsCtx *js)
 /* Every ClosedCB posted so far has run (bounded wait). */
 static bool wait_closed_cbs(struct kvb_sink *s, uint32_t ms)
 {
-    uint64_t deadline = now_ms() + ms;
+    uint64_t deadline = kvb_mono_ms() + ms;
     while (atomic_load(&s->closed_cbs) != atomic_load(&s->conns)) {
-        if (now_ms() >= deadline)
+        if (kvb_mono_ms() >= deadline)
             return false;
         sleep_ms(1);
     }
@@ -1489,7 +1483,7 @@ static void js_work(struct kvb_sink *s)
 {
     char why[512];
     bool transient;
-    uint64_t now = now_ms();
+    uint64_t now = kvb_mono_ms();
 
     if (s->js_setup_due && now >= s->js_setup_after) {
         s->js_setup_due = false;
@@ -1504,7 +1498,7 @@ static void js_work(struct kvb_sink *s)
             if (d > JS_SETUP_RETRY_MAX_MS)
                 d = JS_SETUP_RETRY_MAX_MS;
             s->js_setup_due = true;
-            s->js_setup_after = now_ms() + d;
+            s->js_setup_after = kvb_mono_ms() + d;
             kvb_log_rl(&s->rb_rl, transient ? KVB_LOG_WARN : KVB_LOG_ERROR, STAGE,
                        "JetStream: %s (publishes wait; checking again in %" PRIu64 " ms)",
                        why, d);
@@ -1522,7 +1516,7 @@ static void js_work(struct kvb_sink *s)
     /* the resend queue first, then what was published behind it; while
      * probing, one message until JetStream answers it */
     while (!s->rb_stop && !s->rb_needed && atomic_load(&s->state) == ST_CONNECTED &&
-           now_ms() >= s->rq_not_before && !(s->probing && atomic_load(&s->probe))) {
+           kvb_mono_ms() >= s->rq_not_before && !(s->probing && atomic_load(&s->probe))) {
         struct ring *r = s->rq.len ? &s->rq : s->fq.len ? &s->fq : NULL;
         struct slot sl;
         if (!r || !ring_pop(r, &sl))
@@ -1546,7 +1540,7 @@ static void js_work(struct kvb_sink *s)
                 give_up(s, m);
                 pthread_mutex_lock(&s->rb_mu);
             }
-            s->rq_not_before = now_ms() + JS_RETRY_MIN_MS;
+            s->rq_not_before = kvb_mono_ms() + JS_RETRY_MIN_MS;
             kvb_debug(STAGE, "JetStream publish from the queue: %s", natsStatus_GetText(st));
             break;
         }
@@ -1568,7 +1562,7 @@ static void *rebuild_main(void *arg)
     pthread_mutex_lock(&s->rb_mu);
     for (;;) {
         uint64_t at = 0;
-        while (!s->rb_stop && !s->rb_needed && !js_due(s, now_ms(), &at)) {
+        while (!s->rb_stop && !s->rb_needed && !js_due(s, kvb_mono_ms(), &at)) {
             if (at)
                 wait_until(s, at);
             else
@@ -1583,14 +1577,7 @@ static void *rebuild_main(void *arg)
         /* wait out the backoff (destroy interrupts it) */
         if (!delay)
             delay = backoff_ms(s, failures + 1, &s->rb_rng);
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_sec += (time_t)(delay / 1000);
-        until.tv_nsec += (long)(delay % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = kvb_mono_deadline(delay);
         int rc = 0;
         while (!s->rb_stop && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&s->rb_cond, &s->rb_mu, &until);
@@ -1679,8 +1666,8 @@ static void sink_free(struct kvb_sink *s)
          * calls it after releasing its own lock). */
         jsCtx_Destroy(s->js);
         s->js = NULL;
-        uint64_t deadline = now_ms() + CLOSE_WAIT_MS;
-        while (atomic_load(&s->ack_cbs) && now_ms() < deadline)
+        uint64_t deadline = kvb_mono_ms() + CLOSE_WAIT_MS;
+        while (atomic_load(&s->ack_cbs) && kvb_mono_ms() < deadline)
             sleep_ms(1);
         sleep_ms(JS_ACK_GRACE_MS);
         if (atomic_load(&s->ack_cbs)) {
@@ -1835,7 +1822,7 @@ static int js_start(struct kvb_sink *s, uint64_t deadline, uint32_t timeout_ms)
         return 0;
     }
     for (;;) {
-        uint64_t now = now_ms();
+        uint64_t now = kvb_mono_ms();
         int64_t wait = s->js_ack_timeout_ms;
         if (deadline && (int64_t)(deadline > now ? deadline - now : 1) < wait)
             wait = (int64_t)(deadline > now ? deadline - now : 1);
@@ -1851,10 +1838,10 @@ static int js_start(struct kvb_sink *s, uint64_t deadline, uint32_t timeout_ms)
                             "connect_timeout_ms is 0), publishes wait",
                      why);
             s->js_setup_due = true;
-            s->js_setup_after = now_ms() + JS_SETUP_RETRY_MS;
+            s->js_setup_after = kvb_mono_ms() + JS_SETUP_RETRY_MS;
             return 0;
         }
-        if (now_ms() + JS_START_RETRY_MS >= deadline) {
+        if (kvb_mono_ms() + JS_START_RETRY_MS >= deadline) {
             kvb_err(STAGE, "JetStream: %s (still after nats.connect_timeout_ms, %" PRIu32
                            " ms)",
                     why, timeout_ms);
@@ -1930,7 +1917,7 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
     s->wait_max_ms = cfg->nats.reconnect_wait_max_ms;
     s->full_bytes = cfg->nats.reconnect_buffer_bytes ? cfg->nats.reconnect_buffer_bytes
                                                      : 8u << 20; /* nats.c's default */
-    s->rng = (uint32_t)(now_ms() ^ ((uintptr_t)s >> 4) ^ ((uint32_t)getpid() << 16));
+    s->rng = (uint32_t)(kvb_mono_ms() ^ ((uintptr_t)s >> 4) ^ ((uint32_t)getpid() << 16));
     if (s->rng == 0)
         s->rng = 0x9e3779b9u;
     s->rb_rng = s->rng ^ 0x5bd1e995u;
@@ -1998,7 +1985,7 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
                         "(nats.tls.verify: false)");
 
     if (cfg->nats.connect_timeout_ms > 0)
-        deadline = now_ms() + cfg->nats.connect_timeout_ms;
+        deadline = kvb_mono_ms() + cfg->nats.connect_timeout_ms;
     for (;;) {
         enum attempt r = connect_once(s, &nc, why, sizeof(why));
         s->conn = nc; /* no other thread uses it yet */
@@ -2032,7 +2019,7 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
         }
         while (atomic_load(&s->state) != ST_CONNECTED &&
                atomic_load(&s->closed_cbs) != atomic_load(&s->conns)) {
-            if (now_ms() >= deadline) {
+            if (kvb_mono_ms() >= deadline) {
                 kvb_err(STAGE, "no NATS server reachable within %" PRIu32 " ms",
                         cfg->nats.connect_timeout_ms);
                 rc = -ETIMEDOUT;
@@ -2293,14 +2280,7 @@ uint64_t kvb_sink_pending_bytes(const struct kvb_sink *s)
 /* JetStream: every publish so far acknowledged (or given up). */
 static int js_flush(struct kvb_sink *s, uint32_t timeout_ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)(timeout_ms / 1000);
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = kvb_mono_deadline(timeout_ms);
     int rc = 0;
     pthread_mutex_lock(&s->ack_mu);
     while (atomic_load(&s->inflight) > 0 && rc != ETIMEDOUT)

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "clock.h"
 #include "log.h"
 
 #define MAX_STREAMS 64            /* distinct topics per source */
@@ -64,13 +65,6 @@ struct kvb_source {
     struct kvb_zap *zap;      /* with zap_domain registered, or NULL */
     char zap_domain[KVB_ZAP_DOMAIN_MAX];
 };
-
-uint64_t kvb_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out)
 {
@@ -435,7 +429,7 @@ static int send_request(struct kvb_source *s)
     }
     rp->req_want = rp->want;
     rp->got_reply = false;
-    rp->deadline_ms = kvb_now_ms() + s->p.replay_timeout_ms;
+    rp->deadline_ms = kvb_mono_ms() + s->p.replay_timeout_ms;
     return 0;
 }
 
@@ -557,7 +551,7 @@ static int on_replay_batch(struct kvb_source *s, struct kvb_pipeline *p, uint64_
     /* replies are flowing: a stall of this long means the reply was cut */
     uint64_t stall = s->p.replay_timeout_ms < REPLAY_STALL_MS ? s->p.replay_timeout_ms
                                                              : REPLAY_STALL_MS;
-    rp->deadline_ms = kvb_now_ms() + stall;
+    rp->deadline_ms = kvb_mono_ms() + stall;
     return kvb_pipeline_apply(p, st, seq, data, len);
 }
 
@@ -624,13 +618,6 @@ static void tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
 
 /* ---- live messages ------------------------------------------------------ */
 
-static uint64_t clock_ns(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-static uint64_t mono_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
 /* Per-stream series: copied from the streams (which the pipeline and the
  * replay code keep) after each entry point, live or replay. */
@@ -655,9 +642,9 @@ static void observe(struct kvb_source *s, struct kvb_pipeline *p, uint64_t seria
     const struct kvb_batch_info *b = kvb_pipeline_last_batch(p);
     if (b->serial == serial_before)
         return;
-    KVB_OBSERVE(s->m, batch_processing_seconds, mono_ns() - t0);
+    KVB_OBSERVE(s->m, batch_processing_seconds, kvb_mono_ns() - t0);
     if (b->decoded && b->ts > 0) {
-        double now = (double)clock_ns(CLOCK_REALTIME) / 1e9;
+        double now = (double)kvb_wall_ns() / 1e9;
         if (now >= b->ts)
             KVB_OBSERVE(s->m, publish_delay_seconds, (uint64_t)((now - b->ts) * 1e9));
     }
@@ -740,7 +727,7 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
                        "%s: too many topics (or one too long): dropped", s->name);
         } else {
-            uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = mono_ns();
+            uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
             rc = on_live(s, p, st, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]),
                          zmq_msg_size(&f[2]));
             observe(s, p, serial, t0);

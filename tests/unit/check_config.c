@@ -14,6 +14,7 @@
 #include <zmq.h>
 
 #include "config.h"
+#include "log.h"
 #include "metrics.h"
 
 #define DATA "tests/data/config/"

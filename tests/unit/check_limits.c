@@ -44,6 +44,7 @@
 #include "encode.h"
 #include "source.h"
 #include "testutil.h"
+#include "clock.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -860,9 +861,9 @@ static void net_close(struct net *n)
  * subscription) only when its own thread handles its commands. */
 static void wait_subscribed(struct net *n)
 {
-    uint64_t end = kvb_now_ms() + 5000;
+    uint64_t end = kvb_mono_ms() + 5000;
     for (;;) {
-        ck_assert_msg(kvb_now_ms() < end, "the SUB did not subscribe");
+        ck_assert_msg(kvb_mono_ms() < end, "the SUB did not subscribe");
         zmq_pollitem_t it[2] = {{n->xpub, 0, ZMQ_POLLIN, 0},
                                 {kvb_source_sub(n->src), 0, ZMQ_POLLIN, 0}};
         if (zmq_poll(it, 2, 50) > 0 && (it[0].revents & ZMQ_POLLIN)) {
@@ -888,8 +889,8 @@ static void publish(struct net *n, uint64_t seq, const uint8_t *pl, size_t len)
  * published. */
 static void pump(struct net *n, int ms, unsigned until)
 {
-    uint64_t end = kvb_now_ms() + (uint64_t)ms;
-    while (kvb_now_ms() < end && out.n < until) {
+    uint64_t end = kvb_mono_ms() + (uint64_t)ms;
+    while (kvb_mono_ms() < end && out.n < until) {
         zmq_pollitem_t it[2] = {{kvb_source_sub(n->src), 0, ZMQ_POLLIN, 0},
                                 {kvb_source_replay(n->src), 0, ZMQ_POLLIN, 0}};
         int nit = it[1].socket ? 2 : 1;
@@ -897,7 +898,7 @@ static void pump(struct net *n, int ms, unsigned until)
         ck_assert_int_ge(kvb_source_read(n->src, p, 100), 0);
         if (kvb_source_replay(n->src))
             ck_assert_int_ge(kvb_source_read_replay(n->src, p), 0);
-        kvb_source_tick(n->src, p, kvb_now_ms());
+        kvb_source_tick(n->src, p, kvb_mono_ms());
     }
 }
 
@@ -935,8 +936,8 @@ static void live_oversize(int mode)
     publish(&n, 1, big, blen);
     free(big);
     uint64_t seq = 2;
-    uint64_t end = kvb_now_ms() + 5000;
-    while (out.n < 4 && kvb_now_ms() < end) {
+    uint64_t end = kvb_mono_ms() + 5000;
+    while (out.n < 4 && kvb_mono_ms() < end) {
         publish(&n, seq++, small, len);
         pump(&n, 100, 4);
     }
@@ -1013,9 +1014,9 @@ START_TEST(payload_replay_oversize_refused)
 
     /* serve the replay request: [id, "", start seq] -> batch 1 (oversize), end */
     zmq_pollitem_t it = {n.router, 0, ZMQ_POLLIN, 0};
-    uint64_t end = kvb_now_ms() + 5000;
+    uint64_t end = kvb_mono_ms() + 5000;
     while (zmq_poll(&it, 1, 0) == 0) {
-        ck_assert_msg(kvb_now_ms() < end, "no replay request");
+        ck_assert_msg(kvb_mono_ms() < end, "no replay request");
         pump(&n, 20, 100);
     }
     uint8_t id[256], empty[8], start[8];
