@@ -28,6 +28,11 @@ struct kvb_pipeline_cfg {
 };
 
 struct kvb_pipeline;
+struct kvb_config;
+
+/* The pipeline's settings from a loaded configuration: the one derivation
+ * that the daemon and kvbridge-inspect share. */
+struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c);
 
 int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
                         kvb_emit_fn emit, void *emit_ctx, struct kvb_pipeline **out);

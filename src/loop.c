@@ -34,6 +34,14 @@
 #define PAUSED_POLL_MS 20  /* re-check the NATS buffer this often while paused */
 #define STATE_SAVE_MS 1000 /* state.dir: save at most this often (and at shutdown) */
 
+/* Where a running source comes from: its sources[] entry (in the config
+ * that built it) and its offset in that entry's dp_size expansion.  A reload
+ * keeps a source whose entry did not change, as nginx keeps a listener. */
+struct src_origin {
+    const struct kvb_source_cfg *sc;
+    uint32_t r;
+};
+
 struct kvb_daemon {
     struct kvb_config *cfg;
     struct kvb_metrics m;
@@ -51,6 +59,7 @@ struct kvb_daemon {
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
     uint64_t last_save_ms, saved_batches;
     struct kvb_source **src;
+    struct src_origin *src_from; /* parallel to src: the entry each came from */
     size_t n_src;
     int sigfd, wakefd;
     bool stop;
@@ -64,17 +73,6 @@ struct kvb_daemon {
     char scratch_subject[SUBJECT_MAX];
     struct kvb_ratelimit rl_publish;
 };
-
-static struct kvb_pipeline_cfg pipeline_cfg(const struct kvb_config *c)
-{
-    struct kvb_pipeline_cfg p = {
-        .convert = {c->worker_id, c->block_size, c->lora_salt, c->forward_tiers},
-        .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
-                   c->limits.max_tokens_per_event, c->limits.max_depth},
-        .format = c->nats.format,
-    };
-    return p;
-}
 
 static int prepare_subjects(struct kvb_daemon *d, const struct kvb_config *c)
 {
@@ -143,56 +141,111 @@ static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t l
 
 /* ---- sources ------------------------------------------------------------ */
 
-static void destroy_sources(struct kvb_source ***src, size_t *n)
+/* Close every non-NULL source of v[0..n) and free the arrays. */
+static void destroy_sources(struct kvb_source ***v, struct src_origin **from, size_t *n)
 {
     for (size_t i = 0; i < *n; i++)
-        kvb_source_destroy(&(*src)[i]);
-    free(*src);
-    *src = NULL;
+        kvb_source_destroy(&(*v)[i]);
+    free(*v);
+    free(*from);
+    *v = NULL;
+    *from = NULL;
     *n = 0;
 }
 
-static int build_sources(struct kvb_daemon *d, const struct kvb_config *c,
-                         struct kvb_source ***out, size_t *n_out)
+static int open_source(struct kvb_daemon *d, const struct kvb_config *c,
+                       const struct kvb_source_cfg *sc, uint32_t r, struct kvb_source **out)
+{
+    char *ep = NULL, *rep = NULL;
+    int rc = kvb_endpoint_with_offset(sc->endpoint, r, &ep);
+    if (rc == 0)
+        rc = kvb_endpoint_with_offset(sc->replay_endpoint, r, &rep);
+    if (rc == 0) {
+        struct kvb_source_params p = {
+            .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
+            .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
+            .replay_timeout_ms = c->replay.timeout_ms,
+            .max_payload_bytes = c->limits.max_payload_bytes,
+            .resume = d->resume, .curve = &sc->curve, .zap = d->zap};
+        rc = kvb_source_create(d->zctx, &p, &d->m, out);
+        if (rc == 0)
+            kvb_info("source", "%s %s (dp_rank %u%s%s)",
+                     sc->mode == KVB_MODE_BIND ? "bound" : "connecting to", ep, p.dp_rank,
+                     rep[0] ? ", replay " : "", rep);
+    }
+    free(ep);
+    free(rep);
+    return rc;
+}
+
+/* The running source that a new entry (sc, r) of configuration c can take
+ * over unchanged, or -1. */
+static ssize_t reusable(const struct kvb_daemon *d, const struct kvb_config *c,
+                        const struct kvb_source_cfg *sc, uint32_t r)
+{
+    if (c->replay.timeout_ms != d->cfg->replay.timeout_ms ||
+        c->limits.max_payload_bytes != d->cfg->limits.max_payload_bytes)
+        return -1;
+    for (size_t k = 0; k < d->n_src; k++)
+        if (d->src[k] && d->src_from[k].r == r && kvb_config_source_equal(d->src_from[k].sc, sc))
+            return (ssize_t)k;
+    return -1;
+}
+
+/* The sources of configuration c, into fresh arrays.  With `reuse`, a source
+ * whose entry is unchanged is moved over from the running ones (d->src[k]
+ * becomes NULL, lent[i] = k + 1, so that lend_back() can undo it); the
+ * others are opened.  On failure everything this call opened is closed and
+ * every moved source is given back. */
+static void lend_back(struct kvb_daemon *d, struct kvb_source **v, const size_t *lent, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (lent && lent[i]) {
+            d->src[lent[i] - 1] = v[i];
+            v[i] = NULL;
+        }
+}
+
+static int build_sources(struct kvb_daemon *d, const struct kvb_config *c, bool reuse,
+                         struct kvb_source ***out, struct src_origin **from_out, size_t *n_out,
+                         size_t **lent_out)
 {
     size_t total = 0;
     for (size_t i = 0; i < c->n_sources; i++)
         total += c->sources[i].dp_size;
     struct kvb_source **v = calloc(total ? total : 1, sizeof(*v));
+    struct src_origin *from = calloc(total ? total : 1, sizeof(*from));
+    size_t *lent = calloc(total ? total : 1, sizeof(*lent));
     size_t n = 0;
-    int rc = v ? 0 : -ENOMEM;
+    int rc = v && from && lent ? 0 : -ENOMEM;
     for (size_t i = 0; rc == 0 && i < c->n_sources; i++) {
         const struct kvb_source_cfg *sc = &c->sources[i];
-        for (uint32_t r = 0; rc == 0 && r < sc->dp_size; r++) {
-            char *ep = NULL, *rep = NULL;
-            rc = kvb_endpoint_with_offset(sc->endpoint, r, &ep);
-            if (rc == 0)
-                rc = kvb_endpoint_with_offset(sc->replay_endpoint, r, &rep);
-            if (rc == 0) {
-                struct kvb_source_params p = {
-                    .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
-                    .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
-                    .replay_timeout_ms = c->replay.timeout_ms,
-                    .max_payload_bytes = c->limits.max_payload_bytes,
-                    .resume = d->resume, .curve = &sc->curve, .zap = d->zap};
-                rc = kvb_source_create(d->zctx, &p, &d->m, &v[n]);
-                if (rc == 0) {
-                    kvb_info("source", "%s %s (dp_rank %u%s%s)",
-                             sc->mode == KVB_MODE_BIND ? "bound" : "connecting to", ep,
-                             p.dp_rank, rep[0] ? ", replay " : "", rep);
-                    n++;
-                }
+        for (uint32_t r = 0; rc == 0 && r < sc->dp_size; r++, n++) {
+            from[n] = (struct src_origin){sc, r};
+            ssize_t k = reuse ? reusable(d, c, sc, r) : -1;
+            if (k >= 0) {
+                v[n] = d->src[k];
+                d->src[k] = NULL;
+                lent[n] = (size_t)k + 1;
+            } else {
+                rc = open_source(d, c, sc, r, &v[n]);
             }
-            free(ep);
-            free(rep);
         }
     }
     if (rc < 0) {
-        destroy_sources(&v, &n);
+        if (v)
+            lend_back(d, v, lent, n);
+        destroy_sources(&v, &from, &n);
+        free(lent);
         return rc;
     }
     *out = v;
+    *from_out = from;
     *n_out = n;
+    if (lent_out)
+        *lent_out = lent;
+    else
+        free(lent);
     return 0;
 }
 
@@ -294,44 +347,65 @@ static bool nats_conn_equal(const struct kvb_config *a, const struct kvb_config 
     return kvb_config_nats_equal(a, b);
 }
 
-/* build_sources(), again while an address is still in use: libzmq releases
- * a closed listener asynchronously (up to 2 s). */
-static int build_sources_retry(struct kvb_daemon *d, const struct kvb_config *c,
-                               struct kvb_source ***out, size_t *n_out)
+static void pause_ms(long ms)
 {
-    int rc = build_sources(d, c, out, n_out);
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Close the running sources that the new configuration did not take over
+ * (those still in d->src): changed or removed entries. */
+static size_t close_leftovers(struct kvb_daemon *d)
+{
+    size_t closed = 0;
+    for (size_t k = 0; k < d->n_src; k++)
+        if (d->src[k]) {
+            kvb_source_destroy(&d->src[k]);
+            closed++;
+        }
+    return closed;
+}
+
+/* Build the sources of a new configuration, taking over the unchanged ones.
+ * When a new source would bind an address that a changed running source
+ * holds, close the changed running sources first and try again (libzmq
+ * releases a closed listener asynchronously, so with retries for up to 2 s).
+ * *closed then tells the caller that they are gone: reopen_closed() if the
+ * reload fails after all. */
+static int rebuild_sources(struct kvb_daemon *d, const struct kvb_config *c,
+                           struct kvb_source ***out, struct src_origin **from, size_t *n_out,
+                           size_t **lent, bool *closed)
+{
+    int rc = build_sources(d, c, true, out, from, n_out, lent);
+    if (rc != -EADDRINUSE)
+        return rc;
+    if (!close_leftovers(d))
+        return rc;
+    kvb_info("main", "reload: a new source binds an address a changed one holds: "
+                     "closed the changed ones first");
+    *closed = true;
     for (int i = 0; i < 40 && rc == -EADDRINUSE; i++) {
-        struct timespec ts = {0, 50 * 1000000L};
-        nanosleep(&ts, NULL);
-        rc = build_sources(d, c, out, n_out);
+        pause_ms(50);
+        rc = build_sources(d, c, true, out, from, n_out, lent);
     }
     return rc;
 }
 
-/* Build the sources of a new configuration.  When one would bind an address
- * that a running source holds (a bind-mode source changed by SIGHUP), close
- * the running sources first and try again.  *closed then tells the caller
- * that the running sources are gone: reopen_sources() if the reload fails
- * after all. */
-static int rebuild_sources(struct kvb_daemon *d, const struct kvb_config *c,
-                           struct kvb_source ***out, size_t *n_out, bool *closed)
-{
-    int rc = build_sources(d, c, out, n_out);
-    if (rc != -EADDRINUSE || !d->n_src)
-        return rc;
-    kvb_info("main", "reload: a new source binds an address the running ones hold: "
-                     "closing them first");
-    destroy_sources(&d->src, &d->n_src);
-    *closed = true;
-    return build_sources_retry(d, c, out, n_out);
-}
-
-/* A reload that closed the running sources failed: open them again from the
+/* A reload that closed changed sources failed: open them again from the
  * running configuration (they resume from d->resume).  If even that fails,
- * stop with an error rather than run without sources. */
-static void reopen_sources(struct kvb_daemon *d)
+ * stop with an error rather than run without them. */
+static void reopen_closed(struct kvb_daemon *d)
 {
-    int rc = build_sources_retry(d, d->cfg, &d->src, &d->n_src);
+    int rc = 0;
+    for (size_t k = 0; rc >= 0 && k < d->n_src; k++) {
+        if (d->src[k])
+            continue;
+        rc = open_source(d, d->cfg, d->src_from[k].sc, d->src_from[k].r, &d->src[k]);
+        for (int i = 0; i < 40 && rc == -EADDRINUSE; i++) {
+            pause_ms(50);
+            rc = open_source(d, d->cfg, d->src_from[k].sc, d->src_from[k].r, &d->src[k]);
+        }
+    }
     if (rc < 0) {
         kvb_err("main", "reload: cannot reopen the running sources (%s): stopping", strerror(-rc));
         d->stop = d->failed = true;
@@ -343,7 +417,8 @@ static void reload(struct kvb_daemon *d)
     bool closed = false; /* the running sources were closed (rebuild_sources) */
     struct kvb_config *nc = NULL;
     struct kvb_source **nsrc = NULL;
-    size_t n_nsrc = 0;
+    struct src_origin *nfrom = NULL;
+    size_t n_nsrc = 0, *lent = NULL;
     struct kvb_sink *nsink = NULL;
     int rc;
     kvb_info("main", "SIGHUP: reloading %s", d->cfg->path);
@@ -364,13 +439,13 @@ static void reload(struct kvb_daemon *d)
         kvb_err("main", "reload: a changed key needs a restart, keeping the running configuration");
         goto fail;
     }
-    struct kvb_pipeline_cfg pc = pipeline_cfg(nc);
+    struct kvb_pipeline_cfg pc = kvb_pipeline_cfg_of(nc);
     if (!sources_equal(d->cfg, nc)) { /* reopened sources go on from where these are */
         kvb_state_free(&d->resume);
         d->resume = snapshot(d);
     }
     if (!sources_equal(d->cfg, nc) &&
-        (rc = rebuild_sources(d, nc, &nsrc, &n_nsrc, &closed)) < 0) {
+        (rc = rebuild_sources(d, nc, &nsrc, &nfrom, &n_nsrc, &lent, &closed)) < 0) {
         kvb_err("main", "reload: cannot open the new sources (%s), keeping the running configuration",
                 strerror(-rc));
         goto fail;
@@ -385,10 +460,15 @@ static void reload(struct kvb_daemon *d)
         goto fail;
     }
     /* commit: nothing below can fail */
+    size_t kept = 0;
     if (nsrc) {
-        destroy_sources(&d->src, &d->n_src);
+        for (size_t i = 0; i < n_nsrc; i++)
+            kept += lent[i] != 0;
+        destroy_sources(&d->src, &d->src_from, &d->n_src); /* what was not taken over */
         d->src = nsrc;
+        d->src_from = nfrom;
         d->n_src = n_nsrc;
+        free(lent);
     }
     if (nsink) {
         kvb_sink_destroy(&d->sink); /* flushes what it still holds */
@@ -399,15 +479,20 @@ static void reload(struct kvb_daemon *d)
     d->cfg = nc;
     prepare_subjects(d, nc); /* validated by the config module */
     kvb_log_set_level(nc->log.level);
+    if (nsrc)
+        kvb_info("main", "reload: %zu source(s) kept, %zu opened", kept, d->n_src - kept);
     kvb_info("main", "reloaded %s%s%s", nc->path, nsrc ? " (sources reopened)" : "",
              nsink ? " (NATS reconnected)" : "");
     return;
 fail:
-    destroy_sources(&nsrc, &n_nsrc);
+    if (nsrc)
+        lend_back(d, nsrc, lent, n_nsrc);
+    free(lent);
+    destroy_sources(&nsrc, &nfrom, &n_nsrc);
     kvb_sink_destroy(&nsink);
     kvb_config_free(&nc);
     if (closed)
-        reopen_sources(d);
+        reopen_closed(d);
 }
 
 /* ---- the loop ----------------------------------------------------------- */
@@ -604,7 +689,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         kvb_err("main", "subject template: %s", strerror(-rc));
         goto out;
     }
-    struct kvb_pipeline_cfg pc = pipeline_cfg(d->cfg);
+    struct kvb_pipeline_cfg pc = kvb_pipeline_cfg_of(d->cfg);
     if ((rc = kvb_pipeline_create(&pc, &d->m, emit, d, &d->pipe)) < 0) {
         kvb_err("main", "pipeline: %s", strerror(-rc));
         goto out;
@@ -625,7 +710,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     kvb_sink_defer_writes(d->sink);
     d->zctx = zmq_ctx_new();
     if (!d->zctx || kvb_zap_create(d->zctx, &d->m, &d->zap) < 0 ||
-        (rc = build_sources(d, d->cfg, &d->src, &d->n_src)) < 0) {
+        (rc = build_sources(d, d->cfg, false, &d->src, &d->src_from, &d->n_src, NULL)) < 0) {
         kvb_err("main", "cannot open the sources");
         goto out;
     }
@@ -677,7 +762,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
 out:
     kvb_http_stop(&d->http);
     free(items);
-    destroy_sources(&d->src, &d->n_src);
+    destroy_sources(&d->src, &d->src_from, &d->n_src);
     kvb_zap_destroy(&d->zap); /* after the sources registered with it */
     if (d->zctx)
         zmq_ctx_term(d->zctx);

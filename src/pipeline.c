@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "config.h"
 #include "encode.h"
 #include "log.h"
 
@@ -220,4 +221,15 @@ int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t s
         return n;
     int rc = malformed(p, s, seq, why);
     return rc < 0 ? rc : n + rc;
+}
+
+struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
+{
+    struct kvb_pipeline_cfg p = {
+        .convert = {c->worker_id, c->block_size, c->lora_salt, c->forward_tiers},
+        .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
+                   c->limits.max_tokens_per_event, c->limits.max_depth},
+        .format = c->nats.format,
+    };
+    return p;
 }
