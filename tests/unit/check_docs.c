@@ -1,5 +1,5 @@
 /* docs: the man page (docs/kvbridge.8) and the Grafana board
- * (conf/grafana-kvbridge.json) cannot drift from the code (design.md rule 10):
+ * (conf/grafana-kvbridge.json) cannot drift from the code (docs/design.md rule 10):
  *   - every metric family of the X-macro lists (metrics.h) has its own entry
  *     in the man page (".TP" then ".B kvbridge_NAME") naming its kind, its
  *     label and every label value; and every kvbridge_ entry is a real metric
