@@ -1,4 +1,4 @@
-/* convert: decoded engine events -> router events (router-events.md 3-5).
+/* convert: decoded engine events -> router events (docs/router-events.md 3-5).
  *
  * Pure: no I/O, no clock, no globals.  The converter holds the configuration
  * and the event_id counters, one per (worker_id, dp_rank); it writes its

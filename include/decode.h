@@ -1,4 +1,4 @@
-/* decode: one engine msgpack batch -> typed views (engine-events.md sections 2-4).
+/* decode: one engine msgpack batch -> typed views (docs/engine-events.md 2-4).
  *
  * Pure: bytes in, structs out; no I/O, no clock, no globals.
  *

@@ -1,4 +1,4 @@
-/* encode: router event -> wire bytes (router-events.md section 1).
+/* encode: router event -> wire bytes (docs/router-events.md section 1).
  *
  * dynamo-json: compact JSON, fixed field order, every integer an unsigned
  * 64-bit decimal, no floating point, no snprintf.

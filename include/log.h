@@ -1,4 +1,4 @@
-/* log: one logging module for every stage (design.md rule 9).
+/* log: one logging module for every stage (docs/design.md rule 9).
  *
  * Lines go to stderr as "kvbridge[stage] level: message".  When stderr is the
  * systemd journal (JOURNAL_STREAM matches stderr's device:inode), each line

@@ -11,8 +11,9 @@
 
 #include "config.h"
 
-/* Run until SIGTERM/SIGINT.  Returns the process exit code (config.md):
- * 0 clean stop, 69 NATS unreachable within nats.connect_timeout_ms, 1 other. */
+/* Run until SIGTERM/SIGINT.  Returns the process exit code (docs/configuration.md
+ * section 4): 0 clean stop, 69 NATS unreachable within nats.connect_timeout_ms,
+ * 78 a TLS file that is not valid PEM, 1 other. */
 int kvb_daemon_run(struct kvb_config **cfg);
 
 #endif

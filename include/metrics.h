@@ -1,4 +1,4 @@
-/* metrics: every counter kvbridge keeps, defined once (design.md rule 10).
+/* metrics: every counter kvbridge keeps, defined once (docs/design.md rule 10).
  *
  * KVB_METRICS is the one list: (kind, name, label, values, help).  Each row is a
  * family; a family with a label has one series per value of its value list,
@@ -27,7 +27,7 @@
 
 #define KVB_REV_TYPES(X) X(STORED, "stored") X(REMOVED, "removed") X(CLEARED, "cleared")
 
-/* router-events.md section 4: reasons an engine event publishes nothing. */
+/* docs/router-events.md section 4: reasons an engine event publishes nothing. */
 #define KVB_DROP_REASONS(X)                                                    \
     X(NON_MAIN_GROUP, "non_main_group")                                        \
     X(NON_FULL_ATTENTION, "non_full_attention")                                \
@@ -44,7 +44,7 @@
     X(FRAMES, "frames") X(SEQ_FRAME, "seq_frame") X(BATCH, "malformed_batch")  \
     X(REPLAY_REPLY, "replay_reply") X(OVERSIZE, "oversize")
 
-/* router-events.md section 6: why a "cleared" barrier was published. */
+/* docs/router-events.md section 6: why a "cleared" barrier was published. */
 #define KVB_BARRIER_CAUSES(X)                                                  \
     X(START, "start") X(GAP, "gap") X(RESTART, "restart")                      \
     X(MALFORMED, "malformed_batch") X(NATS_LOST, "nats_lost")

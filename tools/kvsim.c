@@ -2,7 +2,7 @@
  * kvsim: engine simulator and load generator for kvbridge.
  *
  * Stands in for vLLM / SGLang: publishes KV-cache event batches on a ZeroMQ
- * PUB socket exactly as engine-events.md describes (3 frames: topic, seq as
+ * PUB socket exactly as docs/engine-events.md describes (3 frames: topic, seq as
  * 8 bytes big-endian, msgpack batch), optionally serves the replay ROUTER,
  * injects faults (drops, restarts, garbage) and writes a record of what a
  * correct bridge must publish (--record), for tools/kvtail to check against.

@@ -1,7 +1,7 @@
 /*
  * kvtail: NATS subscriber and checker for kvbridge's router events.
  *
- * Prints router events (router-events.md section 1) as they arrive and, on
+ * Prints router events (docs/router-events.md section 1) as they arrive and, on
  * request, checks them:
  *   --check          event_id contiguity per (worker_id, dp_rank)
  *   --index          applies them to an in-memory index the way Dynamo's

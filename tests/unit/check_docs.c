@@ -1,5 +1,5 @@
 /* docs: the man page (docs/kvbridge.8) and the Grafana board
- * (conf/grafana-kvbridge.json) cannot drift from the code (design.md rule 10):
+ * (conf/grafana-kvbridge.json) cannot drift from the code (docs/design.md rule 10):
  *   - every metric family of the X-macro lists (metrics.h) has its own entry
  *     in the man page (".TP" then ".B kvbridge_NAME") naming its kind, its
  *     label and every label value; and every kvbridge_ entry is a real metric
@@ -10,6 +10,12 @@
  *   - every option of `kvbridge --help`, the exit codes, signals, sections and
  *     the version (version.h) in the .TH line
  *   - the Grafana board queries every metric family and nothing else.
+ *   - docs/configuration.md: its key reference has one row per key of
+ *     conf/kvbridge.yaml (default, "required", SIGHUP or restart), and only
+ *     real keys; it lists the exit codes, the signals and the options.
+ *   - docs/engine-events.md, router-events.md and design.md keep the
+ *     numbered sections and rules that comments in the code cite
+ *     ("router-events.md section 6", "design.md rule 10").
  * Run from the project root (reads docs/, conf/ and build/kvbridge). */
 #include <check.h>
 
@@ -28,6 +34,7 @@
 #define MAN "docs/kvbridge.8"
 #define EXAMPLE "conf/kvbridge.yaml"
 #define GRAFANA "conf/grafana-kvbridge.json"
+#define CONFIG_MD "docs/configuration.md"
 
 /* ---- the man page as entries -------------------------------------------- */
 
@@ -507,6 +514,190 @@ START_TEST(grafana_matches_metrics)
 }
 END_TEST
 
+/* ---- docs/ Markdown ------------------------------------------------------------ */
+
+/* The text of the Markdown section whose heading line starts with HEAD (e.g.
+ * "## 7."), up to the next heading of the same or a higher level;
+ * malloc'ed, NULL when there is no such heading. */
+static char *md_section(const char *text, const char *head)
+{
+    size_t hl = strlen(head);
+    const char *a = NULL;
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, head, hl) == 0) {
+            a = l;
+            break;
+        }
+    }
+    if (!a)
+        return NULL;
+    size_t level = strspn(a, "#");
+    bool code = false; /* inside a ``` block: '#' lines are not headings */
+    const char *b = strchr(a, '\n');
+    while (b) {
+        const char *l = b + 1;
+        size_t lv = strspn(l, "#");
+        if (strncmp(l, "```", 3) == 0)
+            code = !code;
+        else if (!code && lv > 0 && lv <= level && l[lv] == ' ')
+            break;
+        b = strchr(l, '\n');
+    }
+    size_t n = b ? (size_t)(b - a) : strlen(a);
+    char *out = malloc(n + 1);
+    ck_assert(out != NULL);
+    memcpy(out, a, n);
+    out[n] = '\0';
+    return out;
+}
+
+/* A row "| `KEY` | DEFAULT | CHANGE | MEANING |" of the key reference. */
+struct row {
+    char key[128];
+    char def[512];
+    char change[32];
+};
+
+static size_t reference_rows(const char *section, struct row *out, size_t cap)
+{
+    size_t n = 0;
+    for (const char *l = section; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, "| `", 3) != 0)
+            continue;
+        const char *end = strchr(l, '\n');
+        size_t ll = end ? (size_t)(end - l) : strlen(l);
+        char line[4096];
+        ck_assert_msg(ll < sizeof(line), CONFIG_MD ": row too long");
+        memcpy(line, l, ll);
+        line[ll] = '\0';
+        char *cells[4] = {0};
+        int nc = 0;
+        for (char *save = NULL, *c = strtok_r(line + 1, "|", &save); c && nc < 4;
+             c = strtok_r(NULL, "|", &save)) {
+            while (*c == ' ')
+                c++;
+            size_t cl = strlen(c);
+            while (cl && c[cl - 1] == ' ')
+                c[--cl] = '\0';
+            cells[nc++] = c;
+        }
+        ck_assert_msg(nc == 4, CONFIG_MD ": a key row needs 4 cells: '%.*s'", (int)ll, l);
+        ck_assert(n < cap);
+        struct row *r = &out[n++];
+        const char *k = cells[0] + 1, *ke = strchr(k, '`');
+        ck_assert_msg(ke != NULL, CONFIG_MD ": bad key cell '%s'", cells[0]);
+        snprintf(r->key, sizeof(r->key), "%.*s", (int)(ke - k), k);
+        snprintf(r->def, sizeof(r->def), "%s", cells[1]);
+        snprintf(r->change, sizeof(r->change), "%s", cells[2]);
+    }
+    return n;
+}
+
+START_TEST(configuration_md_keys)
+{
+    static struct key keys[256];
+    static struct row rows[256];
+    size_t n = example_keys(keys, 256), len;
+    char *md = (char *)read_all(CONFIG_MD, &len);
+    char *ref = md_section(md, "## 7. Key reference");
+    ck_assert_msg(ref != NULL, CONFIG_MD ": no section '## 7. Key reference'");
+    size_t nr = reference_rows(ref, rows, 256), checked = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct key *k = &keys[i];
+        if (k->section)
+            continue;
+        const struct row *r = NULL;
+        for (size_t j = 0; j < nr; j++) {
+            if (strcmp(rows[j].key, k->path) != 0)
+                continue;
+            ck_assert_msg(r == NULL, CONFIG_MD ": key %s has two rows", k->path);
+            r = &rows[j];
+        }
+        ck_assert_msg(r != NULL, CONFIG_MD ": no row (| `%s` | ...) for the key %s of " EXAMPLE,
+                      k->path, k->path);
+        if (k->required)
+            ck_assert_msg(strstr(r->def, "required"),
+                          CONFIG_MD ": %s is required (" EXAMPLE ") but its row does not say so",
+                          k->path);
+        else if (k->value[0])
+            ck_assert_msg(strstr(r->def, k->value),
+                          CONFIG_MD ": %s: the default '%s' of " EXAMPLE " is not in its row",
+                          k->path, k->value);
+        ck_assert_msg(strcmp(r->change, k->restart ? "restart" : "SIGHUP") == 0,
+                      CONFIG_MD ": %s: change column '%s', want '%s' (" EXAMPLE ")", k->path,
+                      r->change, k->restart ? "restart" : "SIGHUP");
+        checked++;
+    }
+    ck_assert_uint_ge(checked, 30);
+    for (size_t j = 0; j < nr; j++) {
+        bool found = false;
+        for (size_t i = 0; i < n && !found; i++)
+            found = !keys[i].section && strcmp(keys[i].path, rows[j].key) == 0;
+        ck_assert_msg(found, CONFIG_MD ": documents '%s', which is not a key of " EXAMPLE,
+                      rows[j].key);
+    }
+    free(ref);
+
+    /* exit codes, signals, options */
+    char *ex = md_section(md, "## 4. Exit codes");
+    ck_assert_msg(ex != NULL, CONFIG_MD ": no section '## 4. Exit codes'");
+    char code[16];
+    const int codes[] = {0, KVB_EX_CONFIG, KVB_EX_UNAVAILABLE, 1};
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        snprintf(code, sizeof(code), "\n| %d", codes[i]);
+        ck_assert_msg(strstr(ex, code), CONFIG_MD ": exit code %d not in its table", codes[i]);
+    }
+    free(ex);
+    char *sig = md_section(md, "## 5. Signals");
+    ck_assert_msg(sig && strstr(sig, "SIGHUP") && strstr(sig, "SIGTERM") && strstr(sig, "SIGINT"),
+                  CONFIG_MD ": section 5 must cover SIGHUP, SIGTERM and SIGINT");
+    free(sig);
+    char *cli = md_section(md, "## 3. Command line");
+    static const char *const options[] = {"-c FILE", "--config", "--check", "--version",
+                                          "-h", "--help"};
+    ck_assert_msg(cli != NULL, CONFIG_MD ": no section '## 3. Command line'");
+    for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++)
+        ck_assert_msg(strstr(cli, options[i]), CONFIG_MD ": option %s not in section 3",
+                      options[i]);
+    free(cli);
+    free(md);
+}
+END_TEST
+
+/* Comments cite "engine-events.md section N", "router-events.md section N"
+ * and "design.md rule N": those headings and rules must stay. */
+START_TEST(docs_sections_stable)
+{
+    static const struct {
+        const char *file;
+        int n;
+    } docs[] = {{"docs/engine-events.md", 6}, {"docs/router-events.md", 7}};
+    for (size_t d = 0; d < sizeof(docs) / sizeof(docs[0]); d++) {
+        size_t len;
+        char *t = (char *)read_all(docs[d].file, &len);
+        for (int i = 1; i <= docs[d].n; i++) {
+            char h[16];
+            snprintf(h, sizeof(h), "## %d. ", i);
+            char *sec = md_section(t, h);
+            ck_assert_msg(sec != NULL, "%s: no section '%s...'", docs[d].file, h);
+            free(sec);
+        }
+        free(t);
+    }
+    size_t len;
+    char *t = (char *)read_all("docs/design.md", &len);
+    char *rules = md_section(t, "## House rules");
+    ck_assert_msg(rules != NULL, "docs/design.md: no section '## House rules'");
+    for (int i = 1; i <= 12; i++) {
+        char r[16];
+        snprintf(r, sizeof(r), "\n%d. ", i);
+        ck_assert_msg(strstr(rules, r), "docs/design.md: house rule %d is missing", i);
+    }
+    free(rules);
+    free(t);
+}
+END_TEST
+
 static Suite *docs_suite(void)
 {
     Suite *s = suite_create("docs");
@@ -518,6 +709,8 @@ static Suite *docs_suite(void)
     tcase_add_test(tc, sections_signals_exit_codes);
     tcase_add_test(tc, every_option_documented);
     tcase_add_test(tc, grafana_matches_metrics);
+    tcase_add_test(tc, configuration_md_keys);
+    tcase_add_test(tc, docs_sections_stable);
     suite_add_tcase(s, tc);
     return s;
 }
