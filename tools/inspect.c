@@ -361,8 +361,10 @@ int main(int argc, char **argv)
         struct kvb_config *cfg = NULL;
         if (kvb_config_load(cfg_path, &cfg, stderr) < 0)
             return KVB_EX_CONFIG;
-        o.pcfg.convert = (struct kvb_convert_cfg){cfg->worker_id, cfg->block_size,
-                                                  cfg->lora_salt, cfg->forward_tiers};
+        o.pcfg.convert = (struct kvb_convert_cfg){.worker_id = cfg->worker_id,
+                                                  .block_size = cfg->block_size,
+                                                  .lora_salt = cfg->lora_salt,
+                                                  .forward_tiers = cfg->forward_tiers};
         o.pcfg.limits = (struct kvb_decode_limits){
             cfg->limits.max_events_per_batch, cfg->limits.max_hashes_per_event,
             cfg->limits.max_tokens_per_event, cfg->limits.max_depth};
