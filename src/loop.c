@@ -68,7 +68,8 @@ struct kvb_daemon {
 static struct kvb_pipeline_cfg pipeline_cfg(const struct kvb_config *c)
 {
     struct kvb_pipeline_cfg p = {
-        .convert = {c->worker_id, c->block_size, c->lora_salt, c->forward_tiers},
+        .convert = {.worker_id = c->worker_id, .block_size = c->block_size,
+                    .lora_salt = c->lora_salt, .forward_tiers = c->forward_tiers},
         .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
                    c->limits.max_tokens_per_event, c->limits.max_depth},
         .format = c->nats.format,
