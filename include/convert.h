@@ -22,11 +22,17 @@
 #define KVB_TOKENS_HASH_SEED 1337u
 #define KVB_MAX_ID_COUNTERS 4096 /* distinct (worker_id, dp_rank) pairs */
 
+#define KVB_CACHE_SALT_PREFIX "dynamo-cache-salt:" /* Dynamo's tag in vLLM extra_keys */
+
 struct kvb_convert_cfg {
     uint64_t worker_id;
     uint32_t block_size;    /* 0 = auto: trust each event's block_size */
     bool lora_salt;
     uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
+    /* Cache namespace salt for events that carry none of their own (NULL or ""
+     * = none).  Borrowed only during kvb_converter_create/set_config: the
+     * converter keeps its hash, not the pointer. */
+    const char *cache_namespace;
 };
 
 struct kvb_block {
@@ -47,6 +53,12 @@ struct kvb_rev {
     const struct kvb_block *blocks; /* STORED */
     const uint64_t *hashes;         /* REMOVED */
     uint32_t n;                     /* blocks or hashes */
+    /* STORED, multimodal objects (mm_extra_info): block i's are
+     * mm_hashes[mm_off[i] .. mm_off[i+1]), in extra_keys order.  n_mm == 0
+     * (no block has any): both NULL. */
+    const uint64_t *mm_hashes;
+    const uint32_t *mm_off;         /* n + 1 entries */
+    uint32_t n_mm;
 };
 
 struct kvb_converter;
@@ -85,7 +97,20 @@ int kvb_converter_restore(struct kvb_converter *c, const struct kvb_id_counter *
 /* Building blocks, exposed for tests and tools. */
 uint64_t kvb_hash_normalize(const struct kvb_hash *h);
 uint64_t kvb_lora_seed(const char *name, size_t len);
+/* Dynamo's salt (kv-hashing compute_salt_hash): 1337 + XXH3_64(lora, seed 0)
+ * + XXH3_64(cache_namespace, seed 1), wrapping; an empty string is absent. */
+uint64_t kvb_salt_seed(const char *lora, size_t lora_len, const char *ns, size_t ns_len);
 uint64_t kvb_tokens_hash(const uint32_t *tokens, size_t n, uint64_t seed);
+/* The tokens as u32-LE followed by the (already sorted) multimodal hashes as
+ * u64-LE, hashed with XXH3_64 and seed.  n_mm == 0: kvb_tokens_hash(). */
+uint64_t kvb_tokens_mm_hash(const uint32_t *tokens, size_t n, const uint64_t *mm, size_t n_mm,
+                            uint64_t seed);
+/* A multimodal identifier's routing hash: a 64-hex-digit identifier gives the
+ * u64 of its first 16 digits.  When with_offset (vLLM's [identifier, offset]
+ * items) any other non-empty identifier gives XXH3_64(bytes, seed 0); a bare
+ * string that is not 64 hex digits is no multimodal identifier.  Returns false
+ * when id is none. */
+bool kvb_mm_identifier_hash(const struct kvb_str *id, bool with_offset, uint64_t *out);
 /* Tier from a medium string (case-insensitive); *unknown set when not known. */
 int kvb_tier_from_medium(const struct kvb_str *medium, bool *unknown);
 

@@ -61,6 +61,16 @@ struct kvb_str {
     uint32_t len;
 };
 
+/* One string-bearing item of a block's vLLM extra_keys entry: a bare string
+ * (LoRA name, cache salt, or a legacy 64-hex-digit multimodal identifier) or,
+ * vLLM >= 0.19, a multimodal identifier with its block-relative offset
+ * ([identifier, offset]).  Other item kinds (bin prompt-embedding digests,
+ * numbers, ...) are not kept. */
+struct kvb_extra_key {
+    struct kvb_str s;
+    bool with_offset;
+};
+
 /* Optional integer: has == false when absent or nil. */
 struct kvb_opt_int {
     bool has;
@@ -80,13 +90,23 @@ struct kvb_event {
 
     /* BlockStored only */
     struct kvb_hash parent;      /* kind KVB_HASH_NIL when nil/absent */
-    const uint32_t *tokens;      /* token ids; NULL when token_pairs */
-    uint32_t n_tokens;           /* number of token ids (or of pairs) */
-    bool token_pairs;            /* speculative-decoding [a,b] pairs */
+    const uint32_t *tokens;      /* token ids */
+    uint32_t n_tokens;           /* number of entries in tokens */
+    bool token_pairs;            /* speculative-decoding (EAGLE) [a,b] pairs, flattened
+                                    as Dynamo does: each pair's first id, then the last
+                                    pair's second (n_tokens = n_pairs + 1) */
+    uint32_t n_pairs;            /* token_pairs: number of pairs */
     struct kvb_opt_int block_size;
     struct kvb_opt_int lora_id;
     struct kvb_str lora_name;
-    struct kvb_str cache_salt;   /* SGLang metadata map at index 7 */
+    struct kvb_str cache_salt;   /* map key "cache_salt", or SGLang's metadata map at
+                                    index 7 */
+    /* extra_keys (vLLM): per block, its string-bearing items.  Block i's are
+     * xkeys[xkey_off[i] .. xkey_off[i+1]); n_xkey_blocks is 0 when extra_keys
+     * is nil, absent, or holds no string item at all. */
+    const struct kvb_extra_key *xkeys;
+    const uint32_t *xkey_off;    /* n_xkey_blocks + 1 entries */
+    uint32_t n_xkey_blocks;
     struct kvb_str spec_kind;    /* kv_cache_spec_kind */
     struct kvb_opt_int sliding_window;
 };

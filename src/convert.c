@@ -18,14 +18,29 @@ struct kvb_converter {
     size_t n_ctr, cap_ctr;
     size_t last_hit;
 
+    bool has_ns;        /* cfg.cache_namespace given: its term of the seed */
+    uint64_t ns_term;   /* XXH3_64(cache_namespace, seed 1) */
+
     struct kvb_block *blocks; /* scratch for one event, grows to the largest seen */
     uint64_t *hashes;
     size_t cap_blocks, cap_hashes;
+    uint64_t *mm, *mm_sorted; /* multimodal hashes of one event / of one block */
+    uint32_t *mm_off;         /* per block of one event, + 1 */
+    size_t cap_mm, cap_mm_sorted, cap_mm_off;
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     uint32_t *le_tokens;
     size_t cap_le;
 #endif
 };
+
+static void set_cfg(struct kvb_converter *c, const struct kvb_convert_cfg *cfg)
+{
+    c->cfg = *cfg;
+    c->cfg.cache_namespace = NULL; /* borrowed: keep only its hash */
+    size_t n = cfg->cache_namespace ? strlen(cfg->cache_namespace) : 0;
+    c->has_ns = n > 0;
+    c->ns_term = n ? XXH3_64bits_withSeed(cfg->cache_namespace, n, 1) : 0;
+}
 
 int kvb_converter_create(const struct kvb_convert_cfg *cfg, struct kvb_metrics *m,
                          struct kvb_converter **out)
@@ -33,7 +48,7 @@ int kvb_converter_create(const struct kvb_convert_cfg *cfg, struct kvb_metrics *
     struct kvb_converter *c = calloc(1, sizeof(*c));
     if (!c)
         return -ENOMEM;
-    c->cfg = *cfg;
+    set_cfg(c, cfg);
     c->m = m;
     *out = c;
     return 0;
@@ -47,6 +62,9 @@ void kvb_converter_destroy(struct kvb_converter **pc)
     free(c->ctr);
     free(c->blocks);
     free(c->hashes);
+    free(c->mm);
+    free(c->mm_sorted);
+    free(c->mm_off);
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     free(c->le_tokens);
 #endif
@@ -56,7 +74,7 @@ void kvb_converter_destroy(struct kvb_converter **pc)
 
 void kvb_converter_set_config(struct kvb_converter *c, const struct kvb_convert_cfg *cfg)
 {
-    c->cfg = *cfg;
+    set_cfg(c, cfg);
 }
 
 void kvb_converter_set_epoch(struct kvb_converter *c, uint64_t epoch_ms)
@@ -150,6 +168,88 @@ uint64_t kvb_hash_normalize(const struct kvb_hash *h)
 uint64_t kvb_lora_seed(const char *name, size_t len)
 {
     return KVB_TOKENS_HASH_SEED + XXH3_64bits_withSeed(name, len, 0);
+}
+
+uint64_t kvb_salt_seed(const char *lora, size_t lora_len, const char *ns, size_t ns_len)
+{
+    uint64_t seed = KVB_TOKENS_HASH_SEED;
+    if (lora_len)
+        seed += XXH3_64bits_withSeed(lora, lora_len, 0);
+    if (ns_len)
+        seed += XXH3_64bits_withSeed(ns, ns_len, 1);
+    return seed;
+}
+
+static void le_u32s(XXH3_state_t *st, const uint32_t *v, size_t n)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    XXH3_64bits_update(st, v, n * sizeof(*v));
+#else
+    uint8_t buf[4 * 64];
+    while (n) {
+        size_t k = n < 64 ? n : 64;
+        for (size_t i = 0; i < k; i++)
+            for (int b = 0; b < 4; b++)
+                buf[4 * i + b] = (uint8_t)(v[i] >> (8 * b));
+        XXH3_64bits_update(st, buf, 4 * k);
+        v += k;
+        n -= k;
+    }
+#endif
+}
+
+uint64_t kvb_tokens_mm_hash(const uint32_t *tokens, size_t n, const uint64_t *mm, size_t n_mm,
+                            uint64_t seed)
+{
+    if (n_mm == 0)
+        return kvb_tokens_hash(tokens, n, seed);
+    XXH3_state_t st;
+    memset(&st, 0, sizeof(st)); /* XXH3_INITSTATE, and quiets -Wmaybe-uninitialized */
+    XXH3_64bits_reset_withSeed(&st, seed);
+    le_u32s(&st, tokens, n);
+    for (size_t i = 0; i < n_mm; i++) {
+        uint8_t b[8];
+        for (int k = 0; k < 8; k++)
+            b[k] = (uint8_t)(mm[i] >> (8 * k));
+        XXH3_64bits_update(&st, b, 8);
+    }
+    return XXH3_64bits_digest(&st);
+}
+
+static int hex_digit(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+bool kvb_mm_identifier_hash(const struct kvb_str *id, bool with_offset, uint64_t *out)
+{
+    if (!id->ptr || id->len == 0)
+        return false;
+    if (id->len == 64) {
+        uint64_t v = 0;
+        uint32_t i = 0;
+        for (; i < 64; i++) {
+            int d = hex_digit(id->ptr[i]);
+            if (d < 0)
+                break;
+            if (i < 16)
+                v = v << 4 | (uint64_t)d;
+        }
+        if (i == 64) {
+            *out = v;
+            return true;
+        }
+    }
+    if (!with_offset)
+        return false;
+    *out = XXH3_64bits(id->ptr, id->len);
+    return true;
 }
 
 uint64_t kvb_tokens_hash(const uint32_t *tokens, size_t n, uint64_t seed)
@@ -260,6 +360,80 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
+static bool str_eq_str(const struct kvb_str *a, const struct kvb_str *b)
+{
+    return a->ptr && b->ptr && a->len == b->len && memcmp(a->ptr, b->ptr, a->len) == 0;
+}
+
+/* Dynamo's extra_keys_to_cache_namespace(): in the first block's entry, the
+ * first bare string tagged "dynamo-cache-salt:" (after skipping one item equal
+ * to the LoRA name), the tag stripped; empty = none. */
+static bool xkeys_namespace(const struct kvb_event *ev, struct kvb_str *ns)
+{
+    if (ev->n_xkey_blocks == 0)
+        return false;
+    static const size_t plen = sizeof(KVB_CACHE_SALT_PREFIX) - 1;
+    bool lora_pending = ev->lora_name.len > 0;
+    for (uint32_t k = ev->xkey_off[0]; k < ev->xkey_off[1]; k++) {
+        const struct kvb_extra_key *x = &ev->xkeys[k];
+        if (x->with_offset)
+            continue;
+        if (lora_pending && str_eq_str(&x->s, &ev->lora_name)) {
+            lora_pending = false;
+            continue;
+        }
+        if (x->s.len > plen && memcmp(x->s.ptr, KVB_CACHE_SALT_PREFIX, plen) == 0) {
+            ns->ptr = x->s.ptr + plen;
+            ns->len = x->s.len - (uint32_t)plen;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The seed of one stored event: LoRA name (unless lora_salt is off) and cache
+ * namespace (the event's cache_salt, else its tagged extra_keys salt, else the
+ * configured one). */
+static uint64_t event_seed(const struct kvb_converter *c, const struct kvb_event *ev)
+{
+    uint64_t seed = KVB_TOKENS_HASH_SEED;
+    if (c->cfg.lora_salt && ev->lora_name.len > 0)
+        seed = kvb_lora_seed(ev->lora_name.ptr, ev->lora_name.len);
+    struct kvb_str ns = {NULL, 0};
+    if (ev->cache_salt.len > 0)
+        ns = ev->cache_salt;
+    else
+        xkeys_namespace(ev, &ns);
+    if (ns.len > 0)
+        seed += XXH3_64bits_withSeed(ns.ptr, ns.len, 1);
+    else if (c->has_ns)
+        seed += c->ns_term;
+    return seed;
+}
+
+/* Block i's multimodal hashes (Dynamo's extra_keys_to_block_mm_infos), in
+ * extra_keys order, appended at c->mm[*n]. */
+static void block_mm(struct kvb_converter *c, const struct kvb_event *ev, uint32_t i,
+                     uint32_t *n)
+{
+    if (i >= ev->n_xkey_blocks)
+        return;
+    for (uint32_t k = ev->xkey_off[i]; k < ev->xkey_off[i + 1]; k++) {
+        const struct kvb_extra_key *x = &ev->xkeys[k];
+        if (!x->with_offset && str_eq_str(&x->s, &ev->lora_name))
+            continue; /* a LoRA name that happens to be 64 hex digits */
+        uint64_t h;
+        if (kvb_mm_identifier_hash(&x->s, x->with_offset, &h))
+            c->mm[(*n)++] = h;
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
 static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev,
                           uint32_t rank, struct kvb_rev *out, int *why)
 {
@@ -270,8 +444,12 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev,
     uint64_t bs = c->cfg.block_size;
     if (bs == 0)
         bs = ev->block_size.has ? (uint64_t)ev->block_size.v : 0;
-    /* Block i needs tokens [i*B, (i+1)*B): stop at the first one not covered. */
-    uint64_t nb = bs ? ev->n_tokens / bs : 0;
+    /* Block i needs tokens [i*B, (i+1)*B): stop at the first one not covered.
+     * EAGLE (flattened bigram pairs): windows of B+1 tokens, stride B. */
+    uint64_t window = bs + (ev->token_pairs ? 1 : 0);
+    uint64_t nb = 0;
+    if (bs && ev->n_tokens >= window)
+        nb = (ev->n_tokens - window) / bs + 1;
     if (nb > ev->n_hashes)
         nb = ev->n_hashes;
     /* An event that could fill a block of B but says another block size is a
@@ -280,20 +458,42 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev,
      * no complete block: it is not a mismatch. */
     if (nb > 0 && (!ev->block_size.has || (uint64_t)ev->block_size.v != bs))
         return drop(c, KVB_DROP_BLOCK_SIZE_MISMATCH, why);
-    if (ev->token_pairs)
-        return drop(c, KVB_DROP_UNSUPPORTED_TOKENS, why);
     if (nb == 0)
         return drop(c, KVB_DROP_NO_COMPLETE_BLOCK, why);
     if (grow((void **)&c->blocks, &c->cap_blocks, nb, sizeof(*c->blocks)) < 0)
         return -ENOMEM;
-
-    uint64_t seed = KVB_TOKENS_HASH_SEED;
-    if (c->cfg.lora_salt && ev->lora_name.len > 0)
-        seed = kvb_lora_seed(ev->lora_name.ptr, ev->lora_name.len);
-    for (uint64_t i = 0; i < nb; i++) {
-        c->blocks[i].block_hash = kvb_hash_normalize(&ev->hashes[i]);
-        c->blocks[i].tokens_hash = kvb_tokens_hash(ev->tokens + i * bs, bs, seed);
+    uint32_t n_x = 0;
+    if (ev->n_xkey_blocks) {
+        uint64_t lim = nb < ev->n_xkey_blocks ? nb : ev->n_xkey_blocks;
+        n_x = ev->xkey_off[lim];
+        if (grow((void **)&c->mm, &c->cap_mm, n_x, sizeof(*c->mm)) < 0 ||
+            grow((void **)&c->mm_sorted, &c->cap_mm_sorted, n_x, sizeof(*c->mm_sorted)) < 0 ||
+            grow((void **)&c->mm_off, &c->cap_mm_off, nb + 1, sizeof(*c->mm_off)) < 0)
+            return -ENOMEM;
     }
+
+    uint64_t seed = event_seed(c, ev);
+    uint32_t n_mm = 0;
+    for (uint64_t i = 0; i < nb; i++) {
+        struct kvb_block *b = &c->blocks[i];
+        const uint32_t *t = ev->tokens + i * bs;
+        b->block_hash = kvb_hash_normalize(&ev->hashes[i]);
+        uint32_t off = n_mm;
+        if (n_x) {
+            c->mm_off[i] = off;
+            block_mm(c, ev, (uint32_t)i, &n_mm);
+        }
+        uint32_t k = n_mm - off;
+        if (k == 0) {
+            b->tokens_hash = kvb_tokens_hash(t, window, seed);
+        } else {
+            memcpy(c->mm_sorted, c->mm + off, k * sizeof(*c->mm));
+            qsort(c->mm_sorted, k, sizeof(*c->mm_sorted), cmp_u64);
+            b->tokens_hash = kvb_tokens_mm_hash(t, window, c->mm_sorted, k, seed);
+        }
+    }
+    if (n_x)
+        c->mm_off[nb] = n_mm;
     out->type = KVB_REVT_STORED;
     out->tier = (uint8_t)tier;
     out->has_parent = ev->parent.kind != KVB_HASH_NIL;
@@ -301,6 +501,9 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev,
     out->blocks = c->blocks;
     out->hashes = NULL;
     out->n = (uint32_t)nb;
+    out->mm_hashes = n_mm ? c->mm : NULL;
+    out->mm_off = n_mm ? c->mm_off : NULL;
+    out->n_mm = n_mm;
     return take_id(c, rank, out);
 }
 
@@ -323,6 +526,9 @@ static int convert_removed(struct kvb_converter *c, const struct kvb_event *ev,
     out->blocks = NULL;
     out->hashes = c->hashes;
     out->n = ev->n_hashes;
+    out->mm_hashes = NULL;
+    out->mm_off = NULL;
+    out->n_mm = 0;
     return take_id(c, rank, out);
 }
 

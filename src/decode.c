@@ -354,6 +354,56 @@ static bool is_int(const msgpack_object *o)
            o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
 }
 
+/* One token id: a non-negative integer that fits in 32 bits. */
+static bool get_token(struct walk *w, const msgpack_object *o, uint32_t *t)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        fail_event(w, is_int(o) ? "token id is negative" : "token id is not an integer");
+        return false;
+    }
+    if (o->via.u64 > UINT32_MAX) {
+        fail_event(w, "token id exceeds 32 bits");
+        return false;
+    }
+    *t = (uint32_t)o->via.u64;
+    return true;
+}
+
+/* Speculative-decoding (EAGLE) bigrams: every element an [a, b] pair.  Flattened
+ * as Dynamo's normalize_token_ids() does: the first id of each pair, then the
+ * second id of the last pair (n pairs -> n + 1 ids). */
+static void get_token_pairs(struct walk *w, const msgpack_object_array *a,
+                            struct kvb_event *ev)
+{
+    uint32_t n = a->size;
+    if ((uint64_t)n + 1 > w->d->lim.max_tokens) {
+        fail_event(w, "too many token ids");
+        return;
+    }
+    uint32_t *t = arena_alloc(w, (size_t)n + 1, sizeof(*t));
+    if (!t) {
+        fail_event(w, "out of memory");
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *e = &a->ptr[i];
+        if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2) {
+            fail_event(w, "token_ids mixes ids and pairs, or a pair is not [a, b]");
+            return;
+        }
+        uint32_t second;
+        if (!get_token(w, &e->via.array.ptr[0], &t[i]) ||
+            !get_token(w, &e->via.array.ptr[1], &second))
+            return;
+        if (i == n - 1)
+            t[n] = second;
+    }
+    ev->token_pairs = true;
+    ev->n_pairs = n;
+    ev->tokens = t;
+    ev->n_tokens = n + 1;
+}
+
 static void get_tokens(struct walk *w, const msgpack_object *o, struct kvb_event *ev)
 {
     if (o->type == MSGPACK_OBJECT_NIL)
@@ -368,25 +418,8 @@ static void get_tokens(struct walk *w, const msgpack_object *o, struct kvb_event
         return;
     }
     const msgpack_object *a = o->via.array.ptr;
-    for (uint32_t i = 0; i < n; i++) {
-        if (a[i].type == MSGPACK_OBJECT_ARRAY) {
-            ev->token_pairs = true;
-            break;
-        }
-    }
-    if (ev->token_pairs) {
-        /* Speculative-decoding pairs: checked for shape, never hashed. */
-        for (uint32_t i = 0; i < n; i++) {
-            const msgpack_object *e = &a[i];
-            if (e->type == MSGPACK_OBJECT_ARRAY) {
-                for (uint32_t j = 0; j < e->via.array.size; j++)
-                    if (!is_int(&e->via.array.ptr[j]))
-                        fail_event(w, "token id pair holds a non-integer");
-            } else if (!is_int(e)) {
-                fail_event(w, "token id is not an integer");
-            }
-        }
-        ev->n_tokens = n;
+    if (n > 0 && a[0].type == MSGPACK_OBJECT_ARRAY) {
+        get_token_pairs(w, &o->via.array, ev);
         return;
     }
     uint32_t *t = arena_alloc(w, n, sizeof(*t));
@@ -395,16 +428,12 @@ static void get_tokens(struct walk *w, const msgpack_object *o, struct kvb_event
         return;
     }
     for (uint32_t i = 0; i < n; i++) {
-        if (a[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-            fail_event(w, is_int(&a[i]) ? "token id is negative"
-                                        : "token id is not an integer");
+        if (a[i].type == MSGPACK_OBJECT_ARRAY) {
+            fail_event(w, "token_ids mixes ids and pairs, or a pair is not [a, b]");
             return;
         }
-        if (a[i].via.u64 > UINT32_MAX) {
-            fail_event(w, "token id exceeds 32 bits");
+        if (!get_token(w, &a[i], &t[i]))
             return;
-        }
-        t[i] = (uint32_t)a[i].via.u64;
     }
     ev->tokens = t;
     ev->n_tokens = n;
@@ -462,11 +491,67 @@ static void get_lora_or_meta(struct walk *w, const msgpack_object *o, struct kvb
     }
 }
 
-static void check_extra_keys(struct walk *w, const msgpack_object *o, struct kvb_event *ev)
+/* A string-bearing extra_keys item: a str, or [str, int] (vLLM >= 0.19's
+ * multimodal identifier with its block-relative offset).  Anything else is not
+ * ours to judge (bin prompt-embedding digests, numbers): skipped. */
+static bool extra_key_item(const msgpack_object *o, struct kvb_extra_key *k)
 {
-    (void)ev;
-    if (o->type != MSGPACK_OBJECT_NIL && o->type != MSGPACK_OBJECT_ARRAY)
+    const msgpack_object *s = o;
+    bool off = false;
+    if (o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 &&
+        is_int(&o->via.array.ptr[1])) {
+        s = &o->via.array.ptr[0];
+        off = true;
+    }
+    if (s->type != MSGPACK_OBJECT_STR || !kvb_utf8_valid(s->via.str.ptr, s->via.str.size))
+        return false;
+    if (k) {
+        k->s.ptr = s->via.str.size ? s->via.str.ptr : "";
+        k->s.len = s->via.str.size;
+        k->with_offset = off;
+    }
+    return true;
+}
+
+/* extra_keys: nil, or one entry per block, each nil or an array of items. */
+static void get_extra_keys(struct walk *w, const msgpack_object *o, struct kvb_event *ev)
+{
+    if (o->type == MSGPACK_OBJECT_NIL)
+        return;
+    if (o->type != MSGPACK_OBJECT_ARRAY) {
         fail_event(w, "extra_keys is not an array");
+        return;
+    }
+    const msgpack_object_array *blocks = &o->via.array;
+    size_t count = 0;
+    for (uint32_t i = 0; i < blocks->size; i++) {
+        const msgpack_object *b = &blocks->ptr[i];
+        if (b->type != MSGPACK_OBJECT_ARRAY)
+            continue;
+        for (uint32_t j = 0; j < b->via.array.size; j++)
+            count += extra_key_item(&b->via.array.ptr[j], NULL);
+    }
+    if (count == 0)
+        return;
+    struct kvb_extra_key *keys = arena_alloc(w, count, sizeof(*keys));
+    uint32_t *off = arena_alloc(w, (size_t)blocks->size + 1, sizeof(*off));
+    if (!keys || !off) {
+        fail_event(w, "out of memory");
+        return;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < blocks->size; i++) {
+        off[i] = k;
+        const msgpack_object *b = &blocks->ptr[i];
+        if (b->type != MSGPACK_OBJECT_ARRAY)
+            continue;
+        for (uint32_t j = 0; j < b->via.array.size; j++)
+            k += extra_key_item(&b->via.array.ptr[j], &keys[k]);
+    }
+    off[blocks->size] = k;
+    ev->xkeys = keys;
+    ev->xkey_off = off;
+    ev->n_xkey_blocks = blocks->size;
 }
 
 /* Field table: name (map key), position in the BlockStored array, position in
@@ -510,7 +595,7 @@ static void set_field(struct walk *w, enum field_id f, const msgpack_object *o,
     case F_LORA_ID: get_opt_int(w, o, &ev->lora_id, "lora_id is not an integer"); break;
     case F_MEDIUM: get_opt_str(w, o, &ev->medium, "medium is not a string"); break;
     case F_LORA_NAME: get_lora_or_meta(w, o, ev); break;
-    case F_EXTRA_KEYS: check_extra_keys(w, o, ev); break;
+    case F_EXTRA_KEYS: get_extra_keys(w, o, ev); break;
     case F_GROUP_IDX: get_opt_int(w, o, &ev->group_idx, "group_idx is not an integer"); break;
     case F_SPEC_KIND:
         get_opt_str(w, o, &ev->spec_kind, "kv_cache_spec_kind is not a string");
@@ -589,6 +674,11 @@ static void decode_map(struct walk *w, const msgpack_object_map *m, struct kvb_e
         const msgpack_object *k = &m->ptr[i].key;
         if (k->type != MSGPACK_OBJECT_STR)
             continue; /* unknown keys of any kind are ignored */
+        if (ev->type == KVB_EV_STORED && str_eq(k, "cache_salt")) {
+            /* map form only (Dynamo reads it as the cache namespace) */
+            get_opt_str(w, &m->ptr[i].val, &ev->cache_salt, "cache_salt is not a string");
+            continue;
+        }
         for (size_t f = 0; f < N_FIELDS; f++) {
             if (field_pos((enum field_id)f, ev->type) > 0 && str_eq(k, fields[f].key)) {
                 set_field(w, (enum field_id)f, &m->ptr[i].val, ev);

@@ -108,6 +108,8 @@ int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data
      * the longest tier) + per block {"block_hash":U64,"tokens_hash":U64},
      * (71 bytes) or per removed hash U64, (21 bytes). */
     size_t need = 256 + (size_t)r->n * 72;
+    if (r->n_mm) /* ,"mm_extra_info":{"mm_objects":[..]} per block, 46 bytes per object */
+        need += (size_t)r->n * 40 + (size_t)r->n_mm * 48;
     if (need > e->cap) {
         size_t cap = e->cap ? e->cap : 1024;
         while (cap < need)
@@ -147,6 +149,19 @@ int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data
             U64(p, r->blocks[i].block_hash);
             LIT(p, ",\"tokens_hash\":");
             U64(p, r->blocks[i].tokens_hash);
+            /* Dynamo's KvCacheStoredBlockData; written only when the block
+             * has multimodal objects (Dynamo itself writes null otherwise) */
+            if (r->n_mm && r->mm_off[i + 1] > r->mm_off[i]) {
+                LIT(p, ",\"mm_extra_info\":{\"mm_objects\":[");
+                for (uint32_t k = r->mm_off[i]; k < r->mm_off[i + 1]; k++) {
+                    if (k > r->mm_off[i])
+                        *p++ = ',';
+                    LIT(p, "{\"mm_hash\":");
+                    U64(p, r->mm_hashes[k]);
+                    LIT(p, ",\"offsets\":[]}");
+                }
+                LIT(p, "]}");
+            }
             *p++ = '}';
         }
         LIT(p, "]}}");

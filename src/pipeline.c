@@ -226,7 +226,10 @@ int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t s
 struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
 {
     struct kvb_pipeline_cfg p = {
-        .convert = {c->worker_id, c->block_size, c->lora_salt, c->forward_tiers},
+        .convert = {.worker_id = c->worker_id,
+                    .block_size = c->block_size,
+                    .lora_salt = c->lora_salt,
+                    .forward_tiers = c->forward_tiers},
         .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
                    c->limits.max_tokens_per_event, c->limits.max_depth},
         .format = c->nats.format,

@@ -149,7 +149,7 @@ static void print_decoded(uint64_t seq, const struct kvb_batch *b)
             fputs(",\"parent_block_hash\":", stdout);
             put_hash(&e->parent);
             if (e->token_pairs) {
-                printf(",\"token_id_pairs\":%u", e->n_tokens);
+                printf(",\"token_id_pairs\":%u", e->n_pairs);
             } else {
                 fputs(",\"token_ids\":[", stdout);
                 for (uint32_t j = 0; j < e->n_tokens; j++)

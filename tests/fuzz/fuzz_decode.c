@@ -91,6 +91,14 @@ static void check_batch(const uint8_t *data, size_t size, const struct kvb_batch
         check_str(data, size, &e->lora_name, "lora_name");
         check_str(data, size, &e->cache_salt, "cache_salt");
         check_str(data, size, &e->spec_kind, "spec_kind");
+        FUZZ_CHECK(!e->token_pairs || e->n_tokens == e->n_pairs + 1, "pairs not flattened");
+        if (e->n_xkey_blocks) {
+            FUZZ_CHECK(e->xkey_off && e->xkey_off[0] == 0, "extra_keys offsets");
+            for (uint32_t k = 0; k < e->n_xkey_blocks; k++)
+                FUZZ_CHECK(e->xkey_off[k] <= e->xkey_off[k + 1], "extra_keys offsets");
+            for (uint32_t k = 0; k < e->xkey_off[e->n_xkey_blocks]; k++)
+                check_str(data, size, &e->xkeys[k].s, "extra_keys item");
+        }
         if (e->block_size.has)
             FUZZ_CHECK(e->block_size.v >= 0, "negative block_size accepted");
     }

@@ -230,10 +230,13 @@ START_TEST(filters_count_by_reason)
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
     ck_assert_int_eq(why, KVB_DROP_TIER_FILTERED);
 
+    /* EAGLE pairs are hashed now (test eagle_windows), no longer filtered:
+     * 16 pairs flatten to 17 ids, one window of B+1 */
     e.token_pairs = true;
+    e.n_pairs = 16;
+    e.n_tokens = 17;
     e.medium = S("GPU");
-    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
-    ck_assert_int_eq(why, KVB_DROP_UNSUPPORTED_TOKENS);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
 
     struct kvb_event u = {.type = KVB_EV_UNKNOWN};
     ck_assert_int_eq(kvb_convert_event(conv, &u, 0, &r, &why), 0);
@@ -245,10 +248,10 @@ START_TEST(filters_count_by_reason)
     ck_assert_uint_eq(drops(KVB_DROP_NON_MAIN_GROUP), 1);
     ck_assert_uint_eq(drops(KVB_DROP_NON_FULL_ATTENTION), 1);
     ck_assert_uint_eq(drops(KVB_DROP_TIER_FILTERED), 1);
-    ck_assert_uint_eq(drops(KVB_DROP_UNSUPPORTED_TOKENS), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_UNSUPPORTED_TOKENS), 0);
     ck_assert_uint_eq(drops(KVB_DROP_UNKNOWN_EVENT_TYPE), 1);
     ck_assert_uint_eq(drops(KVB_DROP_MALFORMED_EVENT), 1);
-    ck_assert_uint_eq(kvb_get(&m.router_events_published_total[KVB_REVT_STORED]), 4);
+    ck_assert_uint_eq(kvb_get(&m.router_events_published_total[KVB_REVT_STORED]), 5);
     ck_assert_uint_eq(kvb_get(&m.events_received_total[KVB_EVT_STORED]), 8);
 }
 END_TEST
@@ -393,6 +396,226 @@ START_TEST(counter_table_is_bounded)
 }
 END_TEST
 
+/* ---- the hash contract's newer parts (docs/hash-rules.md) ---------------- *
+ * Known answers computed independently with python3-xxhash (the script is in
+ * docs/hash-rules.md); the first two equal router-events.md's. */
+
+static const char img1[] = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
+static const char img2[] = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";
+#define IMG1 933467652192968450ULL   /* u64 of img1's first 16 hex digits */
+#define IMG2 6487179950600636046ULL
+#define OPAQUE 7447875215993299872ULL /* XXH3_64("opaque-image-0", 0) */
+
+static struct kvb_event qwen_event(const uint32_t *t, uint32_t n_tokens)
+{
+    static struct kvb_hash h;
+    h = uh(15760518052499183552ULL);
+    struct kvb_event e = {.type = KVB_EV_STORED};
+    e.hashes = &h;
+    e.n_hashes = 1;
+    e.tokens = t;
+    e.n_tokens = n_tokens;
+    e.block_size.has = true;
+    e.block_size.v = 16;
+    return e;
+}
+
+static uint64_t th0(const struct kvb_event *e)
+{
+    struct kvb_rev r;
+    int why = -1;
+    ck_assert_int_eq(kvb_convert_event(conv, e, 0, &r, &why), 1);
+    return r.blocks[0].tokens_hash;
+}
+
+START_TEST(salt_seed_known_answers)
+{
+    ck_assert_uint_eq(kvb_salt_seed(NULL, 0, NULL, 0), 1337);
+    ck_assert_uint_eq(kvb_salt_seed("adapter-a", 9, NULL, 0), kvb_lora_seed("adapter-a", 9));
+    ck_assert_uint_eq(kvb_salt_seed(NULL, 0, "tenant-a", 8), 1948188790972764086ULL);
+    ck_assert_uint_eq(kvb_tokens_hash(qwen, 16, kvb_salt_seed(NULL, 0, "tenant-a", 8)),
+                      6220064897286669353ULL);
+    ck_assert_uint_eq(kvb_tokens_hash(qwen, 16, kvb_salt_seed("adapter-a", 9, "tenant-a", 8)),
+                      17508456296452210659ULL);
+    /* an empty string is absent */
+    ck_assert_uint_eq(kvb_salt_seed("", 0, "", 0), 1337);
+}
+END_TEST
+
+START_TEST(cache_namespace_sources)
+{
+    struct kvb_event e = qwen_event(qwen, 16);
+    ck_assert_uint_eq(th0(&e), 7652252100776996844ULL);
+
+    /* configured: the converter keeps the hash, not the borrowed pointer */
+    char ns[16] = "tenant-a";
+    struct kvb_convert_cfg c = cfg16;
+    c.cache_namespace = ns;
+    kvb_converter_set_config(conv, &c);
+    memset(ns, 'x', sizeof(ns) - 1);
+    ck_assert_uint_eq(th0(&e), 6220064897286669353ULL);
+    e.lora_name = S("adapter-a");
+    ck_assert_uint_eq(th0(&e), 17508456296452210659ULL);
+    e.lora_name = S(NULL);
+
+    /* the event's own cache_salt wins over the configured one */
+    c.cache_namespace = "other";
+    kvb_converter_set_config(conv, &c);
+    e.cache_salt = S("tenant-a");
+    ck_assert_uint_eq(th0(&e), 6220064897286669353ULL);
+    e.cache_salt = S(NULL);
+
+    /* vLLM extra_keys: Dynamo's tag in the first block; a LoRA name equal to
+     * the tagged text is skipped once; untagged strings are no namespace */
+    c.cache_namespace = NULL;
+    kvb_converter_set_config(conv, &c);
+    struct kvb_extra_key xk[3] = {{S("adapter-a"), false},
+                                  {S("tenant-b"), false},
+                                  {S("dynamo-cache-salt:tenant-a"), false}};
+    uint32_t off[2] = {0, 3};
+    e.xkeys = xk;
+    e.xkey_off = off;
+    e.n_xkey_blocks = 1;
+    e.lora_name = S("adapter-a");
+    ck_assert_uint_eq(th0(&e), 17508456296452210659ULL);
+    xk[2].s = S("dynamo-cache-salt:"); /* empty after the tag: none */
+    ck_assert_uint_eq(th0(&e), 18179192224704087310ULL);
+    xk[2].s = S("tenant-a"); /* untagged */
+    ck_assert_uint_eq(th0(&e), 18179192224704087310ULL);
+
+    /* set_config without a namespace drops it */
+    e = qwen_event(qwen, 16);
+    ck_assert_uint_eq(th0(&e), 7652252100776996844ULL);
+}
+END_TEST
+
+START_TEST(multimodal_blocks)
+{
+    ck_assert(!kvb_mm_identifier_hash(&(struct kvb_str){NULL, 0}, true, &(uint64_t){0}));
+    uint64_t h;
+    struct kvb_str id = S(img1);
+    ck_assert(kvb_mm_identifier_hash(&id, false, &h));
+    ck_assert_uint_eq(h, IMG1);
+    id = S("opaque-image-0");
+    ck_assert(!kvb_mm_identifier_hash(&id, false, &h));
+    ck_assert(kvb_mm_identifier_hash(&id, true, &h));
+    ck_assert_uint_eq(h, OPAQUE);
+    id = S("");
+    ck_assert(!kvb_mm_identifier_hash(&id, true, &h));
+    id = S("0CF457E24A479F02fd4d34540389f720f0807dcff92a7562108165b2637ea82f"); /* either case */
+    ck_assert(kvb_mm_identifier_hash(&id, false, &h));
+    ck_assert_uint_eq(h, IMG1);
+    id = S("0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82g");
+    ck_assert(!kvb_mm_identifier_hash(&id, false, &h));
+
+    /* two blocks: block 0 carries img2 and img1 (hashed sorted, reported in
+     * extra_keys order), block 1 a LoRA name and an opaque offset-tagged id */
+    static uint32_t t32[32];
+    memcpy(t32, qwen, sizeof(qwen));
+    memcpy(t32 + 16, qwen, sizeof(qwen));
+    struct kvb_hash hs[2] = {uh(1), uh(2)};
+    struct kvb_event e = qwen_event(t32, 32);
+    e.hashes = hs;
+    e.n_hashes = 2;
+    struct kvb_extra_key xk[5] = {{S(img2), false},
+                                  {S(img1), true},
+                                  {S("adapter-a"), false},
+                                  {S(img1), false},
+                                  {S("opaque-image-0"), true}};
+    uint32_t off[3] = {0, 2, 5};
+    e.xkeys = xk;
+    e.xkey_off = off;
+    e.n_xkey_blocks = 2;
+    struct kvb_rev r;
+    int why;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 11552180366119068694ULL);
+    ck_assert_uint_eq(r.blocks[1].tokens_hash, 18076277279652650428ULL);
+    ck_assert_int_eq(r.n_mm, 4);
+    ck_assert_uint_eq(r.mm_off[0], 0);
+    ck_assert_uint_eq(r.mm_off[1], 2);
+    ck_assert_uint_eq(r.mm_off[2], 4);
+    ck_assert_uint_eq(r.mm_hashes[0], IMG2);
+    ck_assert_uint_eq(r.mm_hashes[1], IMG1);
+    ck_assert_uint_eq(r.mm_hashes[2], IMG1);
+    ck_assert_uint_eq(r.mm_hashes[3], OPAQUE);
+
+    /* a bare string equal to the LoRA name is never an mm identifier, even
+     * when it is 64 hex digits */
+    xk[3].s = S(img2);
+    e.lora_name = S(img2);
+    struct kvb_convert_cfg c = cfg16;
+    c.lora_salt = false;
+    kvb_converter_set_config(conv, &c);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.mm_off[2] - r.mm_off[1], 1);
+    ck_assert_uint_eq(r.mm_hashes[r.mm_off[1]], OPAQUE);
+
+    /* no mm identifier anywhere: plain hashes, no mm_extra_info */
+    e.n_xkey_blocks = 0;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.n_mm, 0);
+    ck_assert(r.mm_hashes == NULL && r.mm_off == NULL);
+    ck_assert_uint_eq(r.blocks[1].tokens_hash, 7652252100776996844ULL);
+}
+END_TEST
+
+START_TEST(eagle_windows)
+{
+    /* 16 pairs flatten to 17 ids: one window of B+1 = 17 tokens */
+    static uint32_t t17[17];
+    memcpy(t17, qwen, sizeof(qwen));
+    t17[16] = 1000;
+    struct kvb_event e = qwen_event(t17, 17);
+    e.token_pairs = true;
+    e.n_pairs = 16;
+    ck_assert_uint_eq(th0(&e), 8531672197035749033ULL);
+
+    /* 32 pairs (33 ids): windows [0,17) and [16,33), stride B */
+    static uint32_t t33[33];
+    for (uint32_t i = 0; i < 33; i++)
+        t33[i] = i * 7 + 1;
+    struct kvb_hash hs[2] = {uh(1), uh(2)};
+    e = qwen_event(t33, 33);
+    e.hashes = hs;
+    e.n_hashes = 2;
+    e.token_pairs = true;
+    e.n_pairs = 32;
+    struct kvb_rev r;
+    int why;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 7581774737841154026ULL);
+    ck_assert_uint_eq(r.blocks[1].tokens_hash, 18042718775135788396ULL);
+
+    /* 31 pairs (32 ids) cover one window only; 15 pairs none */
+    e.n_pairs = 31;
+    e.n_tokens = 32;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_int_eq(r.n, 1);
+    e.n_pairs = 15;
+    e.n_tokens = 16;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_NO_COMPLETE_BLOCK);
+
+    /* EAGLE with LoRA, namespace and an mm identifier together */
+    struct kvb_convert_cfg c = cfg16;
+    c.cache_namespace = "tenant-a";
+    kvb_converter_set_config(conv, &c);
+    struct kvb_extra_key xk = {S(img1), false};
+    uint32_t off[2] = {0, 1};
+    e = qwen_event(t17, 17);
+    e.token_pairs = true;
+    e.n_pairs = 16;
+    e.lora_name = S("adapter-a");
+    e.xkeys = &xk;
+    e.xkey_off = off;
+    e.n_xkey_blocks = 1;
+    ck_assert_uint_eq(th0(&e), 7299114549342135128ULL);
+}
+END_TEST
+
 static Suite *convert_suite(void)
 {
     Suite *s = suite_create("convert");
@@ -407,6 +630,10 @@ static Suite *convert_suite(void)
     tcase_add_test(tc, storage_tiers);
     tcase_add_test(tc, event_id_contiguity);
     tcase_add_test(tc, counter_table_is_bounded);
+    tcase_add_test(tc, salt_seed_known_answers);
+    tcase_add_test(tc, cache_namespace_sources);
+    tcase_add_test(tc, multimodal_blocks);
+    tcase_add_test(tc, eagle_windows);
     suite_add_tcase(s, tc);
     return s;
 }

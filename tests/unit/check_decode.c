@@ -514,9 +514,13 @@ START_TEST(token_pairs_and_strings)
     ck_assert(memchr(m.sb.data, 0xd9, m.sb.size) != NULL);
     ck_assert_int_eq(decode_mp(&m, &b), 0);
     ck_assert_int_eq(b.events[0].type, KVB_EV_STORED);
+    /* flattened as Dynamo does: [10,20],[11,21] -> 10, 11, 21 */
     ck_assert(b.events[0].token_pairs);
-    ck_assert(b.events[0].tokens == NULL);
-    ck_assert_int_eq(b.events[0].n_tokens, 2);
+    ck_assert_int_eq(b.events[0].n_pairs, 2);
+    ck_assert_int_eq(b.events[0].n_tokens, 3);
+    ck_assert_uint_eq(b.events[0].tokens[0], 10);
+    ck_assert_uint_eq(b.events[0].tokens[1], 11);
+    ck_assert_uint_eq(b.events[0].tokens[2], 21);
     ck_assert_int_eq(b.events[0].medium.len, 40);
     mp_free(&m);
 
@@ -795,6 +799,105 @@ START_TEST(utf8_validation)
 }
 END_TEST
 
+/* vLLM extra_keys: per-block string items (bare, or [id, offset]) are kept,
+ * everything else skipped; "cache_salt" as a map key; EAGLE pairs that mix
+ * with plain ids or are not [a, b] make the event malformed (Dynamo's
+ * KvTokenIds accepts only all-ids or all-pairs). */
+START_TEST(extra_keys_cache_salt_and_pair_shapes)
+{
+    struct mp m;
+    struct kvb_batch b;
+    mp_init(&m);
+    pack_batch_head(&m, 4);
+    /* 1: map event, extra_keys [["adapter-a", ["img", 3], b"emb", 7, ["x", "y"]], nil, []] */
+    msgpack_pack_map(&m.pk, 6);
+    mp_str(&m, "type");
+    mp_str(&m, "BlockStored");
+    mp_str(&m, "block_hashes");
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_int(&m.pk, 5);
+    mp_str(&m, "token_ids");
+    msgpack_pack_array(&m.pk, 0);
+    mp_str(&m, "block_size");
+    msgpack_pack_int(&m.pk, 16);
+    mp_str(&m, "cache_salt");
+    mp_str(&m, "tenant-a");
+    mp_str(&m, "extra_keys");
+    msgpack_pack_array(&m.pk, 3);
+    msgpack_pack_array(&m.pk, 5);
+    mp_str(&m, "adapter-a");
+    msgpack_pack_array(&m.pk, 2);
+    mp_str(&m, "img");
+    msgpack_pack_int(&m.pk, -3);
+    msgpack_pack_bin(&m.pk, 3);
+    msgpack_pack_bin_body(&m.pk, "emb", 3);
+    msgpack_pack_int(&m.pk, 7);
+    msgpack_pack_array(&m.pk, 2);
+    mp_str(&m, "x");
+    mp_str(&m, "y");
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_array(&m.pk, 0);
+    /* 2: positional, extra_keys with no string item at all */
+    msgpack_pack_array(&m.pk, 9);
+    mp_str(&m, "BlockStored");
+    msgpack_pack_array(&m.pk, 0);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_array(&m.pk, 0);
+    msgpack_pack_int(&m.pk, 16);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_int(&m.pk, 1);
+    /* 3: pairs mixed with a plain id */
+    msgpack_pack_array(&m.pk, 5);
+    mp_str(&m, "BlockStored");
+    msgpack_pack_array(&m.pk, 0);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_array(&m.pk, 2);
+    msgpack_pack_array(&m.pk, 2);
+    msgpack_pack_int(&m.pk, 1);
+    msgpack_pack_int(&m.pk, 2);
+    msgpack_pack_int(&m.pk, 3);
+    msgpack_pack_int(&m.pk, 16);
+    /* 4: a triple instead of a pair */
+    msgpack_pack_array(&m.pk, 5);
+    mp_str(&m, "BlockStored");
+    msgpack_pack_array(&m.pk, 0);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_array(&m.pk, 3);
+    msgpack_pack_int(&m.pk, 1);
+    msgpack_pack_int(&m.pk, 2);
+    msgpack_pack_int(&m.pk, 3);
+    msgpack_pack_int(&m.pk, 16);
+    msgpack_pack_nil(&m.pk); /* the batch's dp_rank */
+    ck_assert_int_eq(decode_mp(&m, &b), 0);
+
+    const struct kvb_event *e = &b.events[0];
+    ck_assert_int_eq(e->type, KVB_EV_STORED);
+    ck_assert_int_eq(e->cache_salt.len, 8);
+    ck_assert(memcmp(e->cache_salt.ptr, "tenant-a", 8) == 0);
+    ck_assert_int_eq(e->n_xkey_blocks, 3);
+    ck_assert_uint_eq(e->xkey_off[0], 0);
+    ck_assert_uint_eq(e->xkey_off[1], 2);
+    ck_assert_uint_eq(e->xkey_off[2], 2);
+    ck_assert_uint_eq(e->xkey_off[3], 2);
+    ck_assert(!e->xkeys[0].with_offset);
+    ck_assert(e->xkeys[0].s.len == 9 && memcmp(e->xkeys[0].s.ptr, "adapter-a", 9) == 0);
+    ck_assert(e->xkeys[1].with_offset);
+    ck_assert(e->xkeys[1].s.len == 3 && memcmp(e->xkeys[1].s.ptr, "img", 3) == 0);
+
+    ck_assert_int_eq(b.events[1].type, KVB_EV_STORED);
+    ck_assert_int_eq(b.events[1].n_xkey_blocks, 0);
+    ck_assert(b.events[1].xkeys == NULL);
+    ck_assert_int_eq(b.events[2].type, KVB_EV_MALFORMED);
+    ck_assert_int_eq(b.events[3].type, KVB_EV_MALFORMED);
+    mp_free(&m);
+}
+END_TEST
+
 static Suite *decode_suite(void)
 {
     Suite *s = suite_create("decode");
@@ -812,6 +915,7 @@ static Suite *decode_suite(void)
     tcase_add_test(tc, every_int_width);
     tcase_add_test(tc, bin_hashes_32_and_16);
     tcase_add_test(tc, token_pairs_and_strings);
+    tcase_add_test(tc, extra_keys_cache_salt_and_pair_shapes);
     tcase_add_test(tc, unknown_type_keeps_rest);
     tcase_add_test(tc, truncated_at_every_offset);
     tcase_add_test(tc, huge_declared_lengths);

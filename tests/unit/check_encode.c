@@ -131,6 +131,23 @@ START_TEST(formats_not_built)
 }
 END_TEST
 
+/* Multimodal blocks carry Dynamo's mm_extra_info (BlockExtraInfo): objects in
+ * extra_keys order, offsets empty; blocks without any stay as they were. */
+START_TEST(mm_extra_info)
+{
+    struct kvb_block blk[2] = {{1, 2}, {3, 4}};
+    uint64_t mm[2] = {933467652192968450ULL, UINT64_MAX};
+    uint32_t off[3] = {0, 0, 2};
+    struct kvb_rev r = {.type = KVB_REVT_STORED, .worker_id = 7, .blocks = blk, .n = 2,
+                        .mm_hashes = mm, .mm_off = off, .n_mm = 2};
+    expect(&r, "{\"worker_id\":7,\"event\":{\"event_id\":0,\"data\":{\"stored\":{\"parent_hash\":"
+               "null,\"blocks\":[{\"block_hash\":1,\"tokens_hash\":2},{\"block_hash\":3,"
+               "\"tokens_hash\":4,\"mm_extra_info\":{\"mm_objects\":[{\"mm_hash\":"
+               "933467652192968450,\"offsets\":[]},{\"mm_hash\":18446744073709551615,"
+               "\"offsets\":[]}]}}]}},\"dp_rank\":0}}");
+}
+END_TEST
+
 static Suite *encode_suite(void)
 {
     Suite *s = suite_create("encode");
@@ -141,6 +158,7 @@ static Suite *encode_suite(void)
     tcase_add_test(tc, large_event_grows_buffer);
     tcase_add_test(tc, decimal_matches_printf);
     tcase_add_test(tc, formats_not_built);
+    tcase_add_test(tc, mm_extra_info);
     suite_add_tcase(s, tc);
     return s;
 }
