@@ -9,13 +9,20 @@
  * (bounded: MAX_NODES nodes, MAX_NESTING levels, no aliases) and then walked
  * against the table.  Every error is "FILE:LINE:COLUMN: message", with the
  * 1-based position of the offending key or value.
+ *
+ * Split: src/config_yaml.c turns the file into the node tree (shared types in
+ * src/config_priv.h); src/secret.c reads the files the keys name (secrets,
+ * CURVE keys) and derives the NKey public key.  This file keeps the table,
+ * the checks, the walk of the tree against the table and the example.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strndup, open_memstream in tests; also set by the Makefile */
 #endif
 #include "config.h"
+#include "config_priv.h"
 #include "log.h"
 #include "metrics.h"
+#include "secret.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,17 +33,12 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <yaml.h>
-#include <zmq.h>
 
 #define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
-#define MAX_NODES 65536           /* YAML nodes in one file */
-#define MAX_NESTING 32            /* YAML nesting levels */
 #define MAX_SOURCES 1024
 #define MAX_ERRORS 100            /* printed; the rest are counted */
 #define MAX_SHOWN 60              /* bytes of a user value quoted in a message */
 #define MAX_SHOWN_PATH 240        /* bytes of a file name quoted in a message */
-#define MAX_SECRET_BYTES 65536    /* a password_file, token_file or nkey_seed_file */
 
 /* ------------------------------------------------------------------------ */
 /* The table                                                                 */
@@ -60,8 +62,6 @@ enum otype {
                        * readable at load; with .fills, read into that key */
 #define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
 
-struct ctx;
-struct node;
 struct opt;
 
 /* Extra validation of a converted value; reports and returns -1 when bad. */
@@ -404,17 +404,6 @@ static bool is_section(const char *path)
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */
 
-struct ctx {
-    const char *path;
-    FILE *err;
-    unsigned nerr;
-    bool oom;
-    size_t nnodes;
-    const char *buf; /* the file, for reader-error positions */
-    size_t len;
-    const char *creds_dir; /* $CREDENTIALS_DIRECTORY, NULL when unset or "" */
-};
-
 /* One mark per table row: where the key's value was, if it was present. */
 struct mark {
     size_t line, col;
@@ -422,11 +411,8 @@ struct mark {
     bool bad; /* present but rejected: skip cross-checks that use it */
 };
 
-static void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
 /* line 0: an error about the whole file ("FILE: message"). */
-static void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
+void kvb_cfg_verr(struct ctx *c, size_t line, size_t col, const char *fmt, va_list ap)
 {
     c->nerr++;
     if (!c->err || c->nerr > MAX_ERRORS + 1)
@@ -439,14 +425,11 @@ static void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
         fprintf(c->err, "%s:%zu:%zu: ", c->path, line, col);
     else
         fprintf(c->err, "%s: ", c->path);
-    va_list ap;
-    va_start(ap, fmt);
     vfprintf(c->err, fmt, ap);
-    va_end(ap);
     fputc('\n', c->err);
 }
 
-static void oom(struct ctx *c)
+void kvb_cfg_oom(struct ctx *c)
 {
     if (!c->oom)
         err_at(c, 0, 0, "out of memory");
@@ -596,251 +579,6 @@ fail:
     if (buf)
         explicit_bzero(buf, len);
     free(buf);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* YAML events -> a bounded node tree                                        */
-
-enum nkind { N_SCALAR, N_SEQ, N_MAP, N_BAD /* an alias: already reported */ };
-
-struct node {
-    enum nkind kind;
-    bool plain;          /* scalar written without quotes */
-    size_t line, col;    /* 1-based */
-    char *s;             /* scalar, NUL-terminated (may hold NULs: see len) */
-    size_t len;
-    struct node **kid;   /* seq: items; map: key, value, key, value, ... */
-    size_t n, cap;
-};
-
-/* Scalars may be secrets (nats.password, ...): every copy the parser made is
- * zeroed before it is freed.  libyaml's scanner also builds each scalar in
- * temporary buffers that it frees without zeroing; *_file keys keep secrets
- * out of the YAML entirely. */
-static void node_free(struct node *n)
-{
-    if (!n)
-        return;
-    for (size_t i = 0; i < n->n; i++)
-        node_free(n->kid[i]);
-    free(n->kid);
-    if (n->s)
-        explicit_bzero(n->s, n->len);
-    free(n->s);
-    free(n);
-}
-
-static void event_free(yaml_event_t *ev)
-{
-    if (ev->type == YAML_SCALAR_EVENT && ev->data.scalar.value)
-        explicit_bzero(ev->data.scalar.value, ev->data.scalar.length);
-    yaml_event_delete(ev);
-}
-
-static void parser_free(yaml_parser_t *p)
-{
-    if (p->raw_buffer.start)
-        explicit_bzero(p->raw_buffer.start, (size_t)(p->raw_buffer.end - p->raw_buffer.start));
-    if (p->buffer.start)
-        explicit_bzero(p->buffer.start, (size_t)(p->buffer.end - p->buffer.start));
-    yaml_parser_delete(p);
-}
-
-static const char *kind_name(const struct node *n)
-{
-    switch (n->kind) {
-    case N_SEQ: return "a list";
-    case N_MAP: return "a mapping";
-    default: return "a single value";
-    }
-}
-
-static bool is_null(const struct node *n)
-{
-    if (n->kind != N_SCALAR || !n->plain)
-        return false;
-    return n->len == 0 || strcmp(n->s, "~") == 0 || strcmp(n->s, "null") == 0 ||
-           strcmp(n->s, "Null") == 0 || strcmp(n->s, "NULL") == 0;
-}
-
-static void parser_error(struct ctx *c, const yaml_parser_t *p)
-{
-    const char *problem = p->problem ? p->problem : "invalid YAML";
-    if (p->error == YAML_MEMORY_ERROR) {
-        oom(c);
-    } else if (p->error == YAML_READER_ERROR) {
-        /* Only a byte offset: count lines and characters up to it. */
-        size_t line = 1, col = 1, end = p->problem_offset;
-        if (end > c->len)
-            end = c->len;
-        for (size_t i = 0; i < end; i++) {
-            unsigned char ch = (unsigned char)c->buf[i];
-            if (ch == '\n') {
-                line++;
-                col = 1;
-            } else if ((ch & 0xc0) != 0x80) {
-                col++;
-            }
-        }
-        if (p->problem_value >= 0)
-            err_at(c, line, col, "%s (byte 0x%02x)", problem, p->problem_value);
-        else
-            err_at(c, line, col, "%s", problem);
-    } else if (p->context) {
-        err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1,
-               "%s (%s at %zu:%zu)", problem, p->context, p->context_mark.line + 1,
-               p->context_mark.column + 1);
-    } else {
-        err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1, "%s", problem);
-    }
-}
-
-static int next_event(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev)
-{
-    if (!yaml_parser_parse(p, ev)) {
-        parser_error(c, p);
-        return -1;
-    }
-    return 0;
-}
-
-static int add_kid(struct ctx *c, struct node *parent, struct node *kid)
-{
-    if (parent->n == parent->cap) {
-        size_t ncap = parent->cap ? parent->cap * 2 : 8;
-        struct node **k = realloc(parent->kid, ncap * sizeof *k);
-        if (!k) {
-            oom(c);
-            return -1;
-        }
-        parent->kid = k;
-        parent->cap = ncap;
-    }
-    parent->kid[parent->n++] = kid;
-    return 0;
-}
-
-/* Build the node that EV starts, reading events up to its end.  EV is
- * consumed (deleted).  Returns 0, or -1 after reporting a fatal error. */
-static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned depth,
-                 struct node **out)
-{
-    int rc = -1;
-    yaml_event_t sub;
-    struct node *kid = NULL;
-    struct node *n = calloc(1, sizeof *n);
-    if (!n) {
-        oom(c);
-        goto fail;
-    }
-    n->line = ev->start_mark.line + 1;
-    n->col = ev->start_mark.column + 1;
-    if (++c->nnodes > MAX_NODES) {
-        err_at(c, n->line, n->col, "too many YAML nodes (more than %u)", MAX_NODES);
-        goto fail;
-    }
-    switch (ev->type) {
-    case YAML_SCALAR_EVENT:
-        n->kind = N_SCALAR;
-        n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-        n->len = ev->data.scalar.length;
-        n->s = malloc(n->len + 1);
-        if (!n->s) {
-            oom(c);
-            goto fail;
-        }
-        memcpy(n->s, ev->data.scalar.value, n->len);
-        n->s[n->len] = '\0';
-        break;
-    case YAML_ALIAS_EVENT:
-        n->kind = N_BAD;
-        err_at(c, n->line, n->col, "YAML aliases are not supported");
-        break;
-    case YAML_SEQUENCE_START_EVENT:
-    case YAML_MAPPING_START_EVENT: {
-        yaml_event_type_t end = ev->type == YAML_SEQUENCE_START_EVENT
-                                    ? YAML_SEQUENCE_END_EVENT
-                                    : YAML_MAPPING_END_EVENT;
-        n->kind = ev->type == YAML_SEQUENCE_START_EVENT ? N_SEQ : N_MAP;
-        if (depth >= MAX_NESTING) {
-            err_at(c, n->line, n->col, "nested too deeply (more than %u levels)",
-                   MAX_NESTING);
-            goto fail;
-        }
-        for (;;) {
-            if (next_event(c, p, &sub) < 0)
-                goto fail;
-            if (sub.type == end) {
-                event_free(&sub);
-                break;
-            }
-            if (build(c, p, &sub, depth + 1, &kid) < 0)
-                goto fail;
-            if (add_kid(c, n, kid) < 0)
-                goto fail;
-            kid = NULL;
-        }
-        break;
-    }
-    default:
-        err_at(c, n->line, n->col, "unexpected YAML event");
-        goto fail;
-    }
-    event_free(ev);
-    *out = n;
-    return 0;
-
-fail:
-    event_free(ev);
-    node_free(kid);
-    node_free(n);
-    return rc;
-}
-
-/* The whole stream: *root is NULL for a stream without a document. */
-static int parse_tree(struct ctx *c, struct node **root)
-{
-    int rc = -1;
-    yaml_parser_t p;
-    yaml_event_t ev;
-    struct node *n = NULL;
-
-    if (!yaml_parser_initialize(&p)) {
-        oom(c);
-        return -1;
-    }
-    yaml_parser_set_input_string(&p, (const unsigned char *)c->buf, c->len);
-    if (next_event(c, &p, &ev) < 0) /* STREAM-START */
-        goto fail;
-    event_free(&ev);
-    if (next_event(c, &p, &ev) < 0)
-        goto fail;
-    if (ev.type == YAML_STREAM_END_EVENT) {
-        event_free(&ev);
-        goto done;
-    }
-    event_free(&ev); /* DOCUMENT-START */
-    if (next_event(c, &p, &ev) < 0)
-        goto fail;
-    if (build(c, &p, &ev, 0, &n) < 0)
-        goto fail;
-    if (next_event(c, &p, &ev) < 0) /* DOCUMENT-END */
-        goto fail;
-    event_free(&ev);
-    if (next_event(c, &p, &ev) < 0)
-        goto fail;
-    if (ev.type == YAML_DOCUMENT_START_EVENT)
-        err_at(c, ev.start_mark.line + 1, ev.start_mark.column + 1,
-               "only one YAML document is allowed");
-    event_free(&ev);
-done:
-    rc = 0;
-    *root = n;
-    n = NULL;
-fail:
-    node_free(n);
-    parser_free(&p);
     return rc;
 }
 
@@ -1251,356 +989,6 @@ static int check_js_template(struct ctx *c, const struct opt *o, const char *dpa
 }
 
 /* ------------------------------------------------------------------------ */
-/* NKey seeds                                                                */
-
-/* An NKey seed is base32 (RFC 4648, no padding) of: two prefix bytes (seed,
- * key type), the 32-byte Ed25519 seed, CRC-16/XMODEM little-endian.  The
- * public key is base32 of: one prefix byte (key type), the 32-byte Ed25519
- * public key, the CRC.  nats.c signs with the seed (nats_Sign) but needs the
- * public key as well and cannot derive it, hence the Ed25519 base point
- * multiplication below (after TweetNaCl, public domain; constant time).  The
- * unit tests check it against RFC 8032 and keys made by other tools. */
-
-#define NKEY_SEED_CHARS 58 /* 36 bytes */
-#define NKEY_PUB_CHARS 56  /* 35 bytes */
-#define NKEY_PREFIX_SEED (18u << 3) /* 'S' */
-#define NKEY_PREFIX_USER (20u << 3) /* 'U' */
-
-static uint16_t crc16(const uint8_t *p, size_t n)
-{
-    uint16_t crc = 0;
-    for (size_t i = 0; i < n; i++) {
-        crc ^= (uint16_t)(p[i] << 8);
-        for (int b = 0; b < 8; b++)
-            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
-    }
-    return crc;
-}
-
-static const char b32_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-
-/* Bytes decoded (leftover bits dropped), or -1 on a character outside the
- * alphabet or more than cap bytes. */
-static int b32_decode(const char *s, size_t len, uint8_t *out, size_t cap)
-{
-    uint32_t acc = 0;
-    int bits = 0, rc = 0;
-    size_t n = 0;
-    for (size_t i = 0; i < len && rc == 0; i++) {
-        unsigned ch = (unsigned char)s[i], v;
-        if (ch >= 'A' && ch <= 'Z')
-            v = ch - 'A';
-        else if (ch >= '2' && ch <= '7')
-            v = ch - '2' + 26;
-        else {
-            rc = -1;
-            break;
-        }
-        acc = (acc << 5) | v;
-        bits += 5;
-        if (bits >= 8) {
-            bits -= 8;
-            if (n == cap)
-                rc = -1;
-            else
-                out[n++] = (uint8_t)(acc >> bits);
-            acc &= (1u << bits) - 1;
-        }
-    }
-    explicit_bzero(&acc, sizeof acc);
-    return rc < 0 ? -1 : (int)n;
-}
-
-static void b32_encode(const uint8_t *in, size_t n, char *out)
-{
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < n; i++) {
-        acc = (acc << 8) | in[i];
-        bits += 8;
-        while (bits >= 5) {
-            bits -= 5;
-            *out++ = b32_alphabet[(acc >> bits) & 31];
-        }
-        acc &= (1u << bits) - 1;
-    }
-    if (bits > 0)
-        *out++ = b32_alphabet[(acc << (5 - bits)) & 31];
-    *out = '\0';
-}
-
-/* SHA-512 of 32 bytes (one block). */
-static const uint64_t sha512_k[80] = {
-    0x428a2f98d728ae22ULL, 0x7137449123ef65cdULL, 0xb5c0fbcfec4d3b2fULL, 0xe9b5dba58189dbbcULL,
-    0x3956c25bf348b538ULL, 0x59f111f1b605d019ULL, 0x923f82a4af194f9bULL, 0xab1c5ed5da6d8118ULL,
-    0xd807aa98a3030242ULL, 0x12835b0145706fbeULL, 0x243185be4ee4b28cULL, 0x550c7dc3d5ffb4e2ULL,
-    0x72be5d74f27b896fULL, 0x80deb1fe3b1696b1ULL, 0x9bdc06a725c71235ULL, 0xc19bf174cf692694ULL,
-    0xe49b69c19ef14ad2ULL, 0xefbe4786384f25e3ULL, 0x0fc19dc68b8cd5b5ULL, 0x240ca1cc77ac9c65ULL,
-    0x2de92c6f592b0275ULL, 0x4a7484aa6ea6e483ULL, 0x5cb0a9dcbd41fbd4ULL, 0x76f988da831153b5ULL,
-    0x983e5152ee66dfabULL, 0xa831c66d2db43210ULL, 0xb00327c898fb213fULL, 0xbf597fc7beef0ee4ULL,
-    0xc6e00bf33da88fc2ULL, 0xd5a79147930aa725ULL, 0x06ca6351e003826fULL, 0x142929670a0e6e70ULL,
-    0x27b70a8546d22ffcULL, 0x2e1b21385c26c926ULL, 0x4d2c6dfc5ac42aedULL, 0x53380d139d95b3dfULL,
-    0x650a73548baf63deULL, 0x766a0abb3c77b2a8ULL, 0x81c2c92e47edaee6ULL, 0x92722c851482353bULL,
-    0xa2bfe8a14cf10364ULL, 0xa81a664bbc423001ULL, 0xc24b8b70d0f89791ULL, 0xc76c51a30654be30ULL,
-    0xd192e819d6ef5218ULL, 0xd69906245565a910ULL, 0xf40e35855771202aULL, 0x106aa07032bbd1b8ULL,
-    0x19a4c116b8d2d0c8ULL, 0x1e376c085141ab53ULL, 0x2748774cdf8eeb99ULL, 0x34b0bcb5e19b48a8ULL,
-    0x391c0cb3c5c95a63ULL, 0x4ed8aa4ae3418acbULL, 0x5b9cca4f7763e373ULL, 0x682e6ff3d6b2b8a3ULL,
-    0x748f82ee5defb2fcULL, 0x78a5636f43172f60ULL, 0x84c87814a1f0ab72ULL, 0x8cc702081a6439ecULL,
-    0x90befffa23631e28ULL, 0xa4506cebde82bde9ULL, 0xbef9a3f7b2c67915ULL, 0xc67178f2e372532bULL,
-    0xca273eceea26619cULL, 0xd186b8c721c0c207ULL, 0xeada7dd6cde0eb1eULL, 0xf57d4f7fee6ed178ULL,
-    0x06f067aa72176fbaULL, 0x0a637dc5a2c898a6ULL, 0x113f9804bef90daeULL, 0x1b710b35131c471bULL,
-    0x28db77f523047d84ULL, 0x32caab7b40c72493ULL, 0x3c9ebe0a15c9bebcULL, 0x431d67c49c100d4cULL,
-    0x4cc5d4becb3e42b6ULL, 0x597f299cfc657e2aULL, 0x5fcb6fab3ad6faecULL, 0x6c44198c4a475817ULL,
-};
-
-static uint64_t ror64(uint64_t x, unsigned n) { return (x >> n) | (x << (64 - n)); }
-
-static void sha512_32(const uint8_t in[32], uint8_t out[64])
-{
-    static const uint64_t h0[8] = {
-        0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
-        0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
-        0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL,
-    };
-    uint8_t blk[128] = {0};
-    uint64_t w[80], v[8];
-    memcpy(blk, in, 32);
-    blk[32] = 0x80;
-    blk[126] = 0x01; /* length: 256 bits, big-endian in the last 16 bytes */
-    for (int i = 0; i < 16; i++) {
-        w[i] = 0;
-        for (int b = 0; b < 8; b++)
-            w[i] = (w[i] << 8) | blk[8 * i + b];
-    }
-    for (int i = 16; i < 80; i++) {
-        uint64_t s0 = ror64(w[i - 15], 1) ^ ror64(w[i - 15], 8) ^ (w[i - 15] >> 7);
-        uint64_t s1 = ror64(w[i - 2], 19) ^ ror64(w[i - 2], 61) ^ (w[i - 2] >> 6);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    memcpy(v, h0, sizeof v);
-    for (int i = 0; i < 80; i++) {
-        uint64_t S1 = ror64(v[4], 14) ^ ror64(v[4], 18) ^ ror64(v[4], 41);
-        uint64_t ch = (v[4] & v[5]) ^ (~v[4] & v[6]);
-        uint64_t t1 = v[7] + S1 + ch + sha512_k[i] + w[i];
-        uint64_t S0 = ror64(v[0], 28) ^ ror64(v[0], 34) ^ ror64(v[0], 39);
-        uint64_t maj = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
-        memmove(v + 1, v, 7 * sizeof v[0]);
-        v[4] += t1;
-        v[0] = t1 + S0 + maj;
-    }
-    for (int i = 0; i < 8; i++) {
-        uint64_t h = h0[i] + v[i];
-        for (int b = 0; b < 8; b++)
-            out[8 * i + b] = (uint8_t)(h >> (56 - 8 * b));
-    }
-    explicit_bzero(blk, sizeof blk);
-    explicit_bzero(w, sizeof w);
-    explicit_bzero(v, sizeof v);
-}
-
-/* GF(2^255 - 19) in 16 limbs of 16 bits (TweetNaCl's representation). */
-typedef int64_t gf[16];
-
-static const gf gf0 = {0}, gf1 = {1},
-    ed_d2 = {0xf159, 0x26b2, 0x9b94, 0xebd6, 0xb156, 0x8283, 0x149a, 0x00e0,
-             0xd130, 0xeef3, 0x80f2, 0x198e, 0xfce7, 0x56df, 0xd9dc, 0x2406},
-    ed_x = {0xd51a, 0x8f25, 0x2d60, 0xc956, 0xa7b2, 0x9525, 0xc760, 0x692c,
-            0xdc5c, 0xfdd6, 0xe231, 0xc0a4, 0x53fe, 0xcd6e, 0x36d3, 0x2169},
-    ed_y = {0x6658, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666,
-            0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666};
-
-static void fe_copy(gf o, const gf a) { memcpy(o, a, sizeof(gf)); }
-
-static void fe_carry(gf o)
-{
-    for (int i = 0; i < 16; i++) {
-        o[i] += (int64_t)1 << 16;
-        int64_t c = o[i] >> 16; /* arithmetic shift (gcc, clang) */
-        o[(i + 1) * (i < 15)] += c - 1 + 37 * (c - 1) * (i == 15);
-        o[i] -= c * 65536;
-    }
-}
-
-/* Swap p and q when b is 1, in constant time. */
-static void fe_swap(gf p, gf q, int b)
-{
-    int64_t mask = ~((int64_t)b - 1);
-    for (int i = 0; i < 16; i++) {
-        int64_t t = mask & (p[i] ^ q[i]);
-        p[i] ^= t;
-        q[i] ^= t;
-    }
-}
-
-static void fe_pack(uint8_t o[32], const gf n)
-{
-    gf m, t;
-    fe_copy(t, n);
-    fe_carry(t);
-    fe_carry(t);
-    fe_carry(t);
-    for (int j = 0; j < 2; j++) {
-        m[0] = t[0] - 0xffed;
-        for (int i = 1; i < 15; i++) {
-            m[i] = t[i] - 0xffff - ((m[i - 1] >> 16) & 1);
-            m[i - 1] &= 0xffff;
-        }
-        m[15] = t[15] - 0x7fff - ((m[14] >> 16) & 1);
-        int b = (int)((m[15] >> 16) & 1);
-        m[14] &= 0xffff;
-        fe_swap(t, m, 1 - b);
-    }
-    for (int i = 0; i < 16; i++) {
-        o[2 * i] = (uint8_t)(t[i] & 0xff);
-        o[2 * i + 1] = (uint8_t)(t[i] >> 8);
-    }
-}
-
-static void fe_add(gf o, const gf a, const gf b)
-{
-    for (int i = 0; i < 16; i++)
-        o[i] = a[i] + b[i];
-}
-
-static void fe_sub(gf o, const gf a, const gf b)
-{
-    for (int i = 0; i < 16; i++)
-        o[i] = a[i] - b[i];
-}
-
-static void fe_mul(gf o, const gf a, const gf b)
-{
-    int64_t t[31] = {0};
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 16; j++)
-            t[i + j] += a[i] * b[j];
-    for (int i = 0; i < 15; i++)
-        t[i] += 38 * t[i + 16];
-    for (int i = 0; i < 16; i++)
-        o[i] = t[i];
-    fe_carry(o);
-    fe_carry(o);
-}
-
-static void fe_inv(gf o, const gf in)
-{
-    gf c;
-    fe_copy(c, in);
-    for (int a = 253; a >= 0; a--) {
-        fe_mul(c, c, c);
-        if (a != 2 && a != 4)
-            fe_mul(c, c, in);
-    }
-    fe_copy(o, c);
-}
-
-/* Points in extended coordinates (X, Y, Z, T). */
-static void ge_add(gf p[4], gf q[4])
-{
-    gf a, b, c, d, t, e, f, g, h;
-    fe_sub(a, p[1], p[0]);
-    fe_sub(t, q[1], q[0]);
-    fe_mul(a, a, t);
-    fe_add(b, p[0], p[1]);
-    fe_add(t, q[0], q[1]);
-    fe_mul(b, b, t);
-    fe_mul(c, p[3], q[3]);
-    fe_mul(c, c, ed_d2);
-    fe_mul(d, p[2], q[2]);
-    fe_add(d, d, d);
-    fe_sub(e, b, a);
-    fe_sub(f, d, c);
-    fe_add(g, d, c);
-    fe_add(h, b, a);
-    fe_mul(p[0], e, f);
-    fe_mul(p[1], h, g);
-    fe_mul(p[2], g, f);
-    fe_mul(p[3], e, h);
-}
-
-/* p = s * B for the 32-byte little-endian scalar s. */
-static void ge_scalarmult_base(gf p[4], const uint8_t s[32])
-{
-    gf q[4];
-    fe_copy(q[0], ed_x);
-    fe_copy(q[1], ed_y);
-    fe_copy(q[2], gf1);
-    fe_mul(q[3], ed_x, ed_y);
-    fe_copy(p[0], gf0);
-    fe_copy(p[1], gf1);
-    fe_copy(p[2], gf1);
-    fe_copy(p[3], gf0);
-    for (int i = 255; i >= 0; i--) {
-        int b = (s[i / 8] >> (i & 7)) & 1;
-        for (int k = 0; k < 4; k++)
-            fe_swap(p[k], q[k], b);
-        ge_add(q, p);
-        ge_add(p, p);
-        for (int k = 0; k < 4; k++)
-            fe_swap(p[k], q[k], b);
-    }
-    explicit_bzero(q, sizeof q);
-}
-
-static void ge_pack(uint8_t r[32], gf p[4])
-{
-    gf tx, ty, zi;
-    uint8_t xs[32];
-    fe_inv(zi, p[2]);
-    fe_mul(tx, p[0], zi);
-    fe_mul(ty, p[1], zi);
-    fe_pack(r, ty);
-    fe_pack(xs, tx);
-    r[31] ^= (uint8_t)((xs[0] & 1) << 7);
-}
-
-/* RFC 8032 5.1.5: the public key of a 32-byte Ed25519 seed. */
-static void ed25519_public(const uint8_t seed[32], uint8_t pk[32])
-{
-    uint8_t h[64];
-    gf p[4];
-    sha512_32(seed, h);
-    h[0] &= 248;
-    h[31] &= 127;
-    h[31] |= 64;
-    ge_scalarmult_base(p, h);
-    ge_pack(pk, p);
-    explicit_bzero(h, sizeof h);
-    explicit_bzero(p, sizeof p);
-}
-
-/* Check a user NKey seed and write its public key (NKEY_PUB_CHARS + NUL) to
- * pub.  NULL when it is good, else what is wrong (never the seed itself). */
-static const char *nkey_public_of(const char *seed, char pub[NKEY_PUB_CHARS + 1])
-{
-    uint8_t raw[36], key[35];
-    const char *why = NULL;
-    size_t len = strlen(seed);
-    if (seed[0] != 'S')
-        why = "seeds start with \"SU\" (one starting with \"U\" is a public key, "
-              "which cannot sign)";
-    else if (len != NKEY_SEED_CHARS)
-        why = "a seed has 58 characters";
-    else if (b32_decode(seed, len, raw, sizeof raw) != (int)sizeof raw)
-        why = "a seed has only the characters A-Z and 2-7";
-    else if (crc16(raw, 34) != (uint16_t)(raw[34] | raw[35] << 8))
-        why = "its checksum does not match (a character is wrong or missing)";
-    else if ((raw[0] & 0xf8) != NKEY_PREFIX_SEED ||
-             (((raw[0] & 7u) << 5) | (raw[1] >> 3)) != NKEY_PREFIX_USER)
-        why = "it is not a user seed (those start with \"SU\")";
-    if (!why) {
-        key[0] = NKEY_PREFIX_USER;
-        ed25519_public(raw + 2, key + 1);
-        uint16_t crc = crc16(key, 33);
-        key[33] = (uint8_t)(crc & 0xff);
-        key[34] = (uint8_t)(crc >> 8);
-        b32_encode(key, sizeof key, pub);
-    }
-    explicit_bzero(raw, sizeof raw);
-    return why;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Files named by the configuration                                          */
 
 /* A relative NAME is looked up in $CREDENTIALS_DIRECTORY when that is set
@@ -1608,38 +996,26 @@ static const char *nkey_public_of(const char *seed, char pub[NKEY_PUB_CHARS + 1]
  * file.  malloc'd; NULL when out of memory (reported). */
 static char *resolve_path(struct ctx *c, const char *name)
 {
-    if (name[0] == '/')
-        return xasprintf(c, "%s", name);
-    if (c->creds_dir) {
-        size_t n = strlen(c->creds_dir);
-        return xasprintf(c, "%s%s%s", c->creds_dir, c->creds_dir[n - 1] == '/' ? "" : "/",
-                         name);
-    }
-    const char *slash = strrchr(c->path, '/');
-    if (!slash)
-        return xasprintf(c, "%s", name);
-    return xasprintf(c, "%.*s/%s", (int)(slash - c->path), c->path, name);
+    char *p = kvb_secret_path(name, c->creds_dir, c->path);
+    if (!p)
+        oom(c);
+    return p;
 }
 
 /* Open PATH and check that it is a regular file: the fd, or -1 (reported). */
 static int open_named(struct ctx *c, const struct opt *o, const char *path,
                       const char *where, const struct mark *m)
 {
-    struct stat st;
     char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
-    /* O_NONBLOCK: a FIFO would block open() until a writer comes */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) {
-        err_at(c, m->line, m->col, "%s: cannot read '%s'%s: %s", o->key, SHOWN(sp), where,
-               strerror(errno));
-    } else if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    int fd = kvb_secret_open(path);
+    if (fd == -EINVAL)
         err_at(c, m->line, m->col, "%s: '%s'%s is not a regular file", o->key, SHOWN(sp),
                where);
-        close(fd);
-        fd = -1;
-    }
+    else if (fd < 0)
+        err_at(c, m->line, m->col, "%s: cannot read '%s'%s: %s", o->key, SHOWN(sp), where,
+               strerror(-fd));
     free(sp);
-    return fd;
+    return fd < 0 ? -1 : fd;
 }
 
 /* Read a secret from PATH into *out (malloc'd): without the trailing line
@@ -1648,63 +1024,21 @@ static int open_named(struct ctx *c, const struct opt *o, const char *path,
 static int read_secret(struct ctx *c, const struct opt *o, const char *path,
                        const char *where, const struct mark *m, bool trim, char **out)
 {
-    int rc = -1;
-    size_t len = 0;
     const char *why = NULL;
-    char *buf = NULL;
     int fd = open_named(c, o, path, where, m);
     if (fd < 0)
         return -1;
-    if (!(buf = malloc(MAX_SECRET_BYTES + 1))) {
+    int rc = kvb_secret_read_fd(fd, trim ? KVB_SECRET_TRIM : 0, out, &why);
+    close(fd);
+    if (rc == -ENOMEM) {
         oom(c);
-        goto out;
-    }
-    for (;;) {
-        ssize_t r = read(fd, buf + len, MAX_SECRET_BYTES + 1 - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            why = strerror(errno);
-            break;
-        }
-        len += (size_t)r;
-        if (r == 0 || len > MAX_SECRET_BYTES)
-            break;
-    }
-    bool big = len > MAX_SECRET_BYTES;
-    size_t start = 0;
-    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' ||
-                       (trim && (buf[len - 1] == ' ' || buf[len - 1] == '\t'))))
-        len--;
-    while (trim && start < len && (buf[start] == ' ' || buf[start] == '\t' ||
-                                   buf[start] == '\r' || buf[start] == '\n'))
-        start++;
-    if (!why && big)
-        why = "it is larger than 65536 bytes";
-    else if (!why && memchr(buf + start, '\0', len - start))
-        why = "it contains a NUL byte";
-    else if (!why && start == len)
-        why = "it is empty";
-    if (why) {
+    } else if (rc < 0) {
         char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
         err_at(c, m->line, m->col, "%s: cannot use '%s'%s: %s", o->key, SHOWN(sp), where,
-               why);
+               why ? why : strerror(-rc));
         free(sp);
-        goto out;
     }
-    if (!(*out = malloc(len - start + 1))) {
-        oom(c);
-        goto out;
-    }
-    memcpy(*out, buf + start, len - start);
-    (*out)[len - start] = '\0';
-    rc = 0;
-out:
-    if (buf)
-        explicit_bzero(buf, MAX_SECRET_BYTES + 1);
-    free(buf);
-    close(fd);
-    return rc;
+    return rc < 0 ? -1 : 0;
 }
 
 /* Every F_PATH key that is set: resolve the name (the field gets the
@@ -1827,9 +1161,9 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
     const char *seed = cfg->nats.nkey_seed;
     bool from_file = present(cfg, m, "nats.nkey_seed_file");
     const struct mark *ms = &m[opt_index(from_file ? "nats.nkey_seed_file" : "nats.nkey_seed")];
-    char pub[NKEY_PUB_CHARS + 1];
+    char pub[KVB_NKEY_PUB_CHARS + 1];
     if (seed && *seed && !ms->bad) {
-        const char *why = nkey_public_of(seed, pub);
+        const char *why = kvb_secret_nkey_public(seed, pub);
         if (why && from_file) {
             char *sp = shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
                                  MAX_SHOWN_PATH);
@@ -1924,46 +1258,6 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
 
 /* ---- ZMQ CURVE keys (sources[].curve) ---------------------------------- */
 
-#define Z85_KEY_CHARS 40 /* a 32-byte CURVE key in Z85 */
-
-/* Decode a 40-character Z85 key into out; false when it is not one. */
-static bool z85_key(const char *s, size_t len, uint8_t out[32])
-{
-    char buf[Z85_KEY_CHARS + 1];
-    if (len != Z85_KEY_CHARS)
-        return false;
-    memcpy(buf, s, len);
-    buf[len] = '\0';
-    bool ok = zmq_z85_decode(out, buf) != NULL;
-    explicit_bzero(buf, sizeof buf);
-    return ok;
-}
-
-/* The next line of *p that holds something (blank lines and # comments
- * skipped, surrounding white space dropped): *start, *len, and its 1-based
- * number in *lineno.  False at the end of the text.  ('#' is a Z85 character,
- * but never the first of a key: "#0000" would be above 2^32 - 1.) */
-static bool next_line(const char **p, size_t *lineno, const char **start, size_t *len)
-{
-    while (**p) {
-        const char *s = *p, *e = strchr(s, '\n');
-        if (!e)
-            e = s + strlen(s);
-        *p = *e ? e + 1 : e;
-        ++*lineno;
-        while (s < e && (*s == ' ' || *s == '\t' || *s == '\r'))
-            s++;
-        while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
-            e--;
-        if (s == e || *s == '#')
-            continue;
-        *start = s;
-        *len = (size_t)(e - s);
-        return true;
-    }
-    return false;
-}
-
 /* Source key K written in the file with a value other than "" (or a bad one). */
 static bool src_present(const struct kvb_source_cfg *s, const struct mark *m, size_t k)
 {
@@ -2016,24 +1310,11 @@ static void read_curve_secret(struct ctx *c, struct kvb_source_cfg *s, size_t i,
         m[k].bad = true;
         return;
     }
-    const char *p = text, *line, *why = NULL;
-    size_t lineno = 0, len, n = 0;
-    char msg[128];
-    while (!why && next_line(&p, &lineno, &line, &len)) {
-        if (++n > 1)
-            why = "holds more than one line besides # comments";
-        else if (!z85_key(line, len, s->curve.secret_key)) {
-            snprintf(msg, sizeof msg, "line %zu is not 40 Z85 characters", lineno);
-            why = msg;
-        }
-    }
-    if (!why && n == 0)
-        why = "holds no key (only blank lines or # comments)";
-    if (why) {
+    char why[128];
+    if (kvb_secret_curve_secret(text, s->curve.secret_key, why, sizeof why) < 0) {
         char what[192];
         snprintf(what, sizeof what, "does not hold a CURVE secret key: %s", why);
         file_content_err(c, s, i, k, m, what);
-        explicit_bzero(s->curve.secret_key, sizeof s->curve.secret_key);
         m[k].bad = true;
     }
     explicit_bzero(text, strlen(text));
@@ -2052,7 +1333,7 @@ static void read_curve_allowed(struct ctx *c, struct kvb_source_cfg *s, size_t i
     const char *p = text, *line;
     size_t lineno = 0, len, n = 0, cap = 0;
     uint8_t(*keys)[32] = NULL;
-    while (next_line(&p, &lineno, &line, &len)) {
+    while (kvb_secret_next_line(&p, &lineno, &line, &len)) {
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             uint8_t(*nk)[32] = realloc(keys, cap * sizeof *keys);
@@ -2062,7 +1343,7 @@ static void read_curve_allowed(struct ctx *c, struct kvb_source_cfg *s, size_t i
             }
             keys = nk;
         }
-        if (!z85_key(line, len, keys[n])) {
+        if (!kvb_secret_z85_key(line, len, keys[n])) {
             char what[96];
             snprintf(what, sizeof what, "line %zu: not a CURVE public key (40 Z85 characters)",
                      lineno);
@@ -2126,7 +1407,7 @@ static void check_curve(struct ctx *c, struct kvb_source_cfg *s, size_t i, struc
                "needs sources[%zu].curve.server_public_key (the engine's public key) too",
                i, i);
     if (srv && !m[is].bad &&
-        !z85_key(s->curve.server_public_key, strlen(s->curve.server_public_key),
+        !kvb_secret_z85_key(s->curve.server_public_key, strlen(s->curve.server_public_key),
                  s->curve.server_key)) {
         err_at(c, m[is].line, m[is].col, "sources[%zu].curve.server_public_key: not a CURVE "
                "public key (40 Z85 characters)", i);
@@ -2316,7 +1597,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
 
     if (v->kind != N_SEQ) {
         err_at(c, v->line, v->col, "%s: expected a list of sources, found %s", dpath,
-               is_null(v) ? "nothing" : kind_name(v));
+               kvb_cfg_is_null(v) ? "nothing" : kvb_cfg_kind_name(v));
         return;
     }
     if (v->n == 0) {
@@ -2352,7 +1633,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
         } else if (item->kind != N_BAD) {
             err_at(c, item->line, item->col,
                    "%s: expected a mapping (endpoint: ...), found %s", ipath,
-                   is_null(item) ? "nothing" : kind_name(item));
+                   kvb_cfg_is_null(item) ? "nothing" : kvb_cfg_kind_name(item));
         }
         free(ipath);
     }
@@ -2369,7 +1650,7 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
 
     if (v->kind != N_SEQ) {
         err_at(c, v->line, v->col, "%s: expected a list ([a, b]), found %s", dpath,
-               is_null(v) ? "nothing" : kind_name(v));
+               kvb_cfg_is_null(v) ? "nothing" : kvb_cfg_kind_name(v));
         goto fail;
     }
     if (v->n == 0) {
@@ -2384,9 +1665,9 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
         const struct node *it = v->kid[i];
         if (it->kind == N_BAD) {
             bad = true;
-        } else if (it->kind != N_SCALAR || is_null(it)) {
+        } else if (it->kind != N_SCALAR || kvb_cfg_is_null(it)) {
             err_at(c, it->line, it->col, "%s[%zu]: expected a single value, found %s",
-                   dpath, i, is_null(it) ? "nothing" : kind_name(it));
+                   dpath, i, kvb_cfg_is_null(it) ? "nothing" : kvb_cfg_kind_name(it));
             bad = true;
         } else if (conv_item(c, o, dpath, i, it->s, it->len, it->line, it->col,
                              list ? &list[i] : NULL, &mask) < 0) {
@@ -2433,8 +1714,8 @@ static void set_opt(struct ctx *c, const struct opt *o, const char *dpath,
     }
     if (v->kind != N_SCALAR) {
         err_at(c, v->line, v->col, "%s: expected a single value, found %s", dpath,
-               kind_name(v));
-    } else if (is_null(v)) {
+               kvb_cfg_kind_name(v));
+    } else if (kvb_cfg_is_null(v)) {
         err_at(c, v->line, v->col, "%s: missing value%s", dpath,
                o->type == T_STR ? " (write \"\" for an empty string)" : "");
     } else if (conv(c, o, dpath, v->s, v->len, v->line, v->col, field) == 0 &&
@@ -2460,7 +1741,7 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
             continue;
         if (k->kind != N_SCALAR) {
             err_at(c, k->line, k->col, "keys must be single values, not %s",
-                   kind_name(k));
+                   kvb_cfg_kind_name(k));
             continue;
         }
         shown_key = shown(k->s, k->len);
@@ -2492,9 +1773,9 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
             set_opt(c, o, dpath, v, base, marks);
         else if (v->kind == N_MAP)
             walk_map(c, v, tpath, dpath, base, marks);
-        else if (v->kind != N_BAD && !is_null(v)) /* "nats:" alone = all defaults */
+        else if (v->kind != N_BAD && !kvb_cfg_is_null(v)) /* "nats:" alone = all defaults */
             err_at(c, v->line, v->col, "%s: expected a mapping, found %s", dpath,
-                   kind_name(v));
+                   kvb_cfg_kind_name(v));
     next:
         free(shown_key);
         free(tpath);
@@ -2576,9 +1857,9 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
     }
     if (apply_defaults(&c, cfg, false) < 0)
         goto fail;
-    if (parse_tree(&c, &root) < 0)
+    if (kvb_cfg_parse(&c, &root) < 0)
         goto fail;
-    if (!root || is_null(root)) {
+    if (!root || kvb_cfg_is_null(root)) {
         err_at(&c, 1, 1,
                "empty configuration (worker_id, block_size and sources are required)");
         goto fail;
@@ -2587,7 +1868,7 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
         if (root->kind != N_BAD)
             err_at(&c, root->line, root->col,
                    "expected a mapping of keys at the top level, found %s",
-                   kind_name(root));
+                   kvb_cfg_kind_name(root));
         goto fail;
     }
     walk_map(&c, root, "", "", cfg, marks);
@@ -2608,7 +1889,7 @@ fail:
         rc = -ENOMEM;
     kvb_config_free(&cfg);
     free(marks);
-    node_free(root);
+    kvb_cfg_node_free(root);
     if (buf)
         explicit_bzero(buf, c.len);
     free(buf);
