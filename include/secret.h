@@ -40,7 +40,8 @@ char *kvb_secret_path(const char *name, const char *creds_dir, const char *confi
 int kvb_secret_open(const char *path);
 
 /* Flags of kvb_secret_read_fd(). */
-#define KVB_SECRET_TRIM 1u /* drop white space on both sides, not only line ends */
+#define KVB_SECRET_TRIM 1u     /* drop white space on both sides, not only line ends */
+#define KVB_SECRET_ONE_LINE 2u /* a line break before the trailing ones is an error */
 
 /* Read a secret from FD (not closed) into *out, NUL-terminated, without the
  * trailing line ends (KVB_SECRET_TRIM: without any surrounding white space).

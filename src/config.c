@@ -27,12 +27,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
 #define MAX_SOURCES 1024
@@ -79,6 +81,7 @@ struct opt {
     unsigned flags;
     check_fn *check;
     const char *fills; /* F_PATH: the F_SECRET key its file's content goes to */
+    const char *alt;   /* F_REQUIRED: absent is fine when this key is set (not "") */
     const char *help;
 };
 
@@ -95,7 +98,7 @@ static const char *const retention_values[] = {"limits", "interest", "workqueue"
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
 static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
-    check_format, check_listen, check_host, check_js_template;
+    check_format, check_listen, check_host, check_js_template, check_server_url;
 
 #define R F_RELOAD
 #define C F_CONN
@@ -103,8 +106,14 @@ static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
 
 static const struct opt opts[] = {
     {.key = "worker_id", .type = T_U64, .off = TOP(worker_id, uint64_t), .def = "0",
-     .min = 0, .max = UINT64_MAX, .flags = F_REQUIRED | R,
+     .min = 0, .max = UINT64_MAX, .flags = F_REQUIRED | R, .alt = "worker_id_file",
      .help = "The indexer's id for this engine: an unsigned 64-bit decimal integer."},
+    {.key = "worker_id_file", .type = T_STR, .off = TOP(worker_id_file, char *), .def = "",
+     .flags = R | F_PATH,
+     .help = "File holding worker_id instead (a decimal integer; white space around "
+             "it is ignored), for an id that a deployment assigns; read at start and "
+             "on SIGHUP. A relative name is looked up like the nats files. Use either "
+             "this or worker_id; \"\" = none."},
     {.key = "block_size", .type = T_BLOCKSIZE, .off = TOP(block_size, uint32_t),
      .def = "16", .min = 1, .max = 1048576, .flags = F_REQUIRED | R,
      .help = "Tokens per KV block, or \"auto\" to trust the block size each event "
@@ -174,8 +183,9 @@ static const struct opt opts[] = {
 
     {.key = "nats.servers", .type = T_STRLIST, .off = TOP(nats.servers, char **),
      .noff = TOP(nats.n_servers, size_t), .def = "nats://127.0.0.1:4222", .flags = R | C,
+     .check = check_server_url,
      .help = "NATS server URLs; list several for a cluster. tls:// URLs turn on "
-             "nats.tls.enabled."},
+             "nats.tls.enabled. A port, when given, is 1..65535 (4222 when none)."},
     {.key = "nats.subject", .type = T_STR, .off = TOP(nats.subject, char *),
      .def = "namespace.{namespace}.component.{component}.kv_events", .flags = R,
      .check = check_subject,
@@ -212,15 +222,17 @@ static const struct opt opts[] = {
              "nats.password_file."},
     {.key = "nats.password_file", .type = T_STR, .off = TOP(nats.password_file, char *),
      .def = "", .flags = R | C | F_PATH, .fills = "nats.password",
-     .help = "File holding the password (a trailing newline is ignored), read at "
-             "start and on SIGHUP; \"\" = none."},
+     .help = "File holding the password on one line (a trailing newline is "
+             "ignored, a second line is an error), read at start and on SIGHUP; \"\" = "
+             "none."},
     {.key = "nats.token", .type = T_STR, .off = TOP(nats.token, char *), .def = "",
      .flags = R | C | F_SECRET,
      .help = "Token for token authentication; \"\" = none. Better kept out of "
              "this file: see nats.token_file."},
     {.key = "nats.token_file", .type = T_STR, .off = TOP(nats.token_file, char *),
      .def = "", .flags = R | C | F_PATH, .fills = "nats.token",
-     .help = "File holding the token (a trailing newline is ignored); \"\" = none."},
+     .help = "File holding the token on one line (a trailing newline is ignored, a "
+             "second line is an error); \"\" = none."},
     {.key = "nats.nkey_seed", .type = T_STR, .off = TOP(nats.nkey_seed, char *),
      .def = "", .flags = R | C | F_SECRET,
      .help = "User NKey seed (SU...) for NKey authentication: kvbridge derives the "
@@ -341,14 +353,17 @@ static const struct opt opts[] = {
 
     {.key = "metrics.listen", .type = T_STR, .off = TOP(metrics.listen, char *),
      .def = "127.0.0.1:9464", .check = check_listen,
-     .help = "HOST:PORT serving Prometheus /metrics, /healthz and /readyz; \"\" "
-             "disables it."},
+     .help = "HOST:PORT serving Prometheus /metrics, /healthz and /readyz: a numeric "
+             "IPv4 or [IPv6] address and a port 1..65535; \"\" disables it."},
 
     {.key = "log.level", .type = T_ENUM, .off = TOP(log.level, int), .def = "info",
      .values = level_values, .flags = R, .help = "Least severe message logged."},
 
     {.key = "state.dir", .type = T_STR, .off = TOP(state.dir, char *), .def = "",
-     .help = "Directory where cursors persist across restarts; \"\" = none."},
+     .help = "Directory where cursors persist across restarts; \"\" = none. "
+             "Created (with its parents, mode 0700) at start and by --check when "
+             "missing; it must be writable, else kvbridge exits with 73 "
+             "(EX_CANTCREAT)."},
 
     {.key = "limits.max_payload_bytes", .type = T_U64,
      .off = TOP(limits.max_payload_bytes, uint64_t), .def = "16777216", .min = 1,
@@ -940,18 +955,96 @@ static long port_of(const char *s)
     return port <= 65535 ? port : -1;
 }
 
+/* HOST:PORT as src/http.c binds it: HOST a numeric IPv4 or IPv6 address
+ * (in brackets, or bare), PORT 1..65535.  NULL when good, else why not. */
+static const char *bad_listen(const char *s)
+{
+    char host[128];
+    const char *hs = s, *he = strrchr(s, ':');
+    if (s[0] == '[') {
+        const char *e = strchr(s, ']');
+        if (!e || e[1] != ':')
+            return "a bracketed IPv6 address needs ]:PORT after it";
+        hs = s + 1;
+        he = e;
+    }
+    long port = port_of(s);
+    if (port == 0)
+        return "port 0 is not a port to scrape (expected 1..65535)";
+    if ((size_t)(he - hs) >= sizeof host)
+        return "the host is too long";
+    memcpy(host, hs, (size_t)(he - hs));
+    host[he - hs] = '\0';
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
+                             .ai_socktype = SOCK_STREAM};
+    struct addrinfo *ai = NULL;
+    int r = getaddrinfo(host, "1", &hints, &ai);
+    if (ai)
+        freeaddrinfo(ai);
+    return r == 0 ? NULL : "the host must be a numeric IPv4 or IPv6 address";
+}
+
 static int check_listen(struct ctx *c, const struct opt *o, const char *dpath,
                         const void *field, const struct node *v)
 {
     (void)o;
-    const char *s = *(char *const *)field;
+    const char *s = *(char *const *)field, *why = NULL;
     if (*s == '\0')
         return 0;
     const char *colon = strrchr(s, ':');
-    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n"))
+    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n") &&
+        !(why = bad_listen(s)))
         return 0;
     char *sv = shown(s, strlen(s));
-    err_at(c, v->line, v->col, "%s: '%s' is not HOST:PORT (or \"\" to disable)", dpath,
+    if (why)
+        err_at(c, v->line, v->col, "%s: '%s': %s", dpath, SHOWN(sv), why);
+    else
+        err_at(c, v->line, v->col, "%s: '%s' is not HOST:PORT (or \"\" to disable)", dpath,
+               SHOWN(sv));
+    free(sv);
+    return -1;
+}
+
+/* nats.servers[i]: [SCHEME://][USER[:PASSWORD]@]HOST[:PORT][/...], PORT
+ * 1..65535 when given.  The URL may hold a password or token: only the
+ * port is quoted. */
+static int check_server_url(struct ctx *c, const struct opt *o, const char *dpath,
+                            const void *field, const struct node *v)
+{
+    (void)o;
+    const char *s = *(char *const *)field;
+    const char *p = strstr(s, "://");
+    p = p ? p + 3 : s;
+    size_t n = strcspn(p, "/?#");
+    const char *at = memrchr(p, '@', n);
+    if (at) {
+        n -= (size_t)(at + 1 - p);
+        p = at + 1;
+    }
+    const char *end = p + n, *port = NULL;
+    if (*p == '[') {
+        const char *e = memchr(p, ']', n);
+        if (e && e + 1 < end && e[1] == ':')
+            port = e + 2;
+        else if (!e || e + 1 != end) {
+            err_at(c, v->line, v->col, "%s: a bracketed IPv6 host needs ']' and then "
+                   "nothing or :PORT", dpath);
+            return -1;
+        }
+    } else {
+        const char *colon = memrchr(p, ':', n);
+        port = colon ? colon + 1 : NULL;
+    }
+    if (!port)
+        return 0;
+    size_t plen = (size_t)(end - port), i = 0;
+    unsigned long num = 0;
+    while (i < plen && i < 6 && port[i] >= '0' && port[i] <= '9')
+        num = num * 10 + (unsigned long)(port[i++] - '0');
+    if (plen > 0 && i == plen && num >= 1 && num <= 65535)
+        return 0;
+    char *sv = shown(port, plen);
+    err_at(c, v->line, v->col, "%s: port '%s' is not a number in 1..65535", dpath,
            SHOWN(sv));
     free(sv);
     return -1;
@@ -1018,17 +1111,16 @@ static int open_named(struct ctx *c, const struct opt *o, const char *path,
     return fd < 0 ? -1 : fd;
 }
 
-/* Read a secret from PATH into *out (malloc'd): without the trailing line
- * ends, or (TRIM) without any surrounding white space.  0, or -1 (reported;
- * the content is never shown). */
+/* Read a secret from PATH into *out (malloc'd), as kvb_secret_read_fd() with
+ * FLAGS does.  0, or -1 (reported; the content is never shown). */
 static int read_secret(struct ctx *c, const struct opt *o, const char *path,
-                       const char *where, const struct mark *m, bool trim, char **out)
+                       const char *where, const struct mark *m, unsigned flags, char **out)
 {
     const char *why = NULL;
     int fd = open_named(c, o, path, where, m);
     if (fd < 0)
         return -1;
-    int rc = kvb_secret_read_fd(fd, trim ? KVB_SECRET_TRIM : 0, out, &why);
+    int rc = kvb_secret_read_fd(fd, flags, out, &why);
     close(fd);
     if (rc == -ENOMEM) {
         oom(c);
@@ -1067,7 +1159,10 @@ static void resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m)
                        "of them", o->key, o->fills, m[t].line, m[t].col);
                 m[i].bad = true;
             } else if (read_secret(c, o, path, where, &m[i],
-                                   strcmp(o->fills, "nats.nkey_seed") == 0, &secret) < 0) {
+                                   /* a seed is checked; a password or token is one line */
+                                   strcmp(o->fills, "nats.nkey_seed") == 0
+                                       ? KVB_SECRET_TRIM : KVB_SECRET_ONE_LINE,
+                                   &secret) < 0) {
                 m[i].bad = true;
             } else {
                 str_free(*target);
@@ -1220,7 +1315,9 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
     }
 }
 
-/* dp_size > 1: every endpoint is tcp://HOST:PORT with room for the expansion. */
+/* Every tcp:// endpoint has a port ZMQ can use: 1..65535, or * (any) for the
+ * endpoint of a bind-mode source without dp_size expansion.  dp_size > 1:
+ * every endpoint is tcp://HOST:PORT with room for the expansion. */
 static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
                          const struct mark *m)
 {
@@ -1228,15 +1325,32 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
     const struct mark *mrank = &m[opt_index("sources[].dp_rank")];
     const struct mark *mend = &m[opt_index("sources[].endpoint")];
     const struct mark *mrep = &m[opt_index("sources[].replay_endpoint")];
+    const char *eps[2] = {s->endpoint, s->replay_endpoint};
+    const struct mark *ms[2] = {mend, mrep};
+    const char *names[2] = {"endpoint", "replay_endpoint"};
+    bool expand = s->dp_size > 1 && !msize->bad;
 
-    if (s->dp_size > 1 && !msize->bad) {
-        const char *eps[2] = {s->endpoint, s->replay_endpoint};
-        const struct mark *ms[2] = {mend, mrep};
-        const char *names[2] = {"endpoint", "replay_endpoint"};
+    for (size_t k = 0; k < 2; k++) {
+        if (!eps[k] || !has_prefix(eps[k], "tcp://") || ms[k]->bad)
+            continue;
+        const char *colon = strrchr(eps[k] + 6, ':');
+        long port = port_of(eps[k]);
+        bool any = colon && strcmp(colon, ":*") == 0 && k == 0 && !expand &&
+                   s->mode == KVB_MODE_BIND && !m[opt_index("sources[].mode")].bad;
+        if (port == 0 || (port < 0 && !expand && !any)) {
+            char *sv = shown(eps[k], strlen(eps[k]));
+            err_at(c, ms[k]->line, ms[k]->col, "sources[%zu].%s: '%s' needs a port in "
+                   "1..65535 (tcp://HOST:PORT)", i, names[k], SHOWN(sv));
+            free(sv);
+        }
+    }
+    if (expand) {
         for (size_t k = 0; k < 2; k++) {
             if (!eps[k] || !*eps[k] || ms[k]->bad)
                 continue;
             long port = has_prefix(eps[k], "tcp://") ? port_of(eps[k]) : -1;
+            if (port == 0)
+                continue; /* reported above */
             if (port < 0)
                 err_at(c, msize->line, msize->col,
                        "sources[%zu].dp_size: %" PRIu32 " needs sources[%zu].%s to be "
@@ -1283,7 +1397,7 @@ static int read_source_file(struct ctx *c, struct kvb_source_cfg *s, size_t i, s
         path = NULL;
         struct opt so = opts[k];
         so.key = key;
-        rc = read_secret(c, &so, *field, where, &m[k], false, text);
+        rc = read_secret(c, &so, *field, where, &m[k], 0, text);
     }
     free(path);
     free(key);
@@ -1551,8 +1665,64 @@ out:
     free(subj);
 }
 
+/* worker_id_file: not with worker_id; its content is the id. */
+static void check_worker_id_file(struct ctx *c, struct kvb_config *cfg, struct mark *m)
+{
+    size_t f = opt_index("worker_id_file"), w = opt_index("worker_id");
+    const char *path = cfg->worker_id_file;
+    char *text = NULL;
+    if (!present(cfg, m, "worker_id_file") || m[f].bad)
+        return;
+    if (m[w].set) {
+        err_at(c, m[f].line, m[f].col, "worker_id_file: worker_id is set too (at %zu:%zu): "
+               "use one of them", m[w].line, m[w].col);
+        return;
+    }
+    /* (resolve_files() made the name absolute and found the file readable) */
+    if (read_secret(c, &opts[f], path, "", &m[f], KVB_SECRET_TRIM, &text) < 0)
+        return;
+    uint64_t id = 0;
+    int pr = parse_u64(text, strlen(text), &id);
+    if (pr < 0) {
+        char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
+        err_at(c, m[f].line, m[f].col, "worker_id_file: '%s' does not hold a worker id: "
+               "its content %s (expected an unsigned 64-bit decimal integer)", SHOWN(sp),
+               pr == -2 ? "is negative" : pr == -3 ? "is too large"
+                                                   : "is not a decimal integer");
+        free(sp);
+    } else {
+        cfg->worker_id = id;
+    }
+    free(text);
+}
+
+/* Every dp rank of every source is a SUB socket, plus a DEALER when the
+ * source has a replay_endpoint; a CURVE ZAP handler takes one more.  They
+ * all live in one ZMQ context, which refuses sockets beyond
+ * ZMQ_MAX_SOCKETS_DFLT. */
+static void check_socket_count(struct ctx *c, const struct kvb_config *cfg,
+                               const struct mark *m)
+{
+    const struct mark *ms = &m[opt_index("sources")];
+    uint64_t total = 1; /* the ZAP handler */
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct kvb_source_cfg *s = &cfg->sources[i];
+        total += (uint64_t)s->dp_size * (s->replay_endpoint && *s->replay_endpoint ? 2 : 1);
+    }
+    if (total > ZMQ_MAX_SOCKETS_DFLT && ms->set && !ms->bad)
+        err_at(c, ms->line, ms->col,
+               "sources: %" PRIu64 " ZMQ sockets needed (one SUB per dp rank, one replay "
+               "DEALER per dp rank with a replay_endpoint, one for the CURVE ZAP handler), more "
+               "than ZMQ's "
+               "limit of %d: lower dp_size or split the sources over several kvbridge "
+               "instances",
+               total, ZMQ_MAX_SOCKETS_DFLT);
+}
+
 static void check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 {
+    check_worker_id_file(c, cfg, m);
+    check_socket_count(c, cfg, m);
     check_auth(c, cfg, m);
     check_tls(c, cfg, m);
     check_jetstream(c, cfg, m);
@@ -1576,12 +1746,18 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
                      const char *dprefix, void *base, struct mark *marks);
 
 static void required_missing(struct ctx *c, const struct node *map, const char *dprefix,
-                             bool sources_scope, const struct mark *marks)
+                             bool sources_scope, const void *base, const struct mark *marks)
 {
     for (size_t i = 0; i < N_OPTS; i++) {
         const struct opt *o = &opts[i];
         if (!(o->flags & F_REQUIRED) || in_sources(o) != sources_scope || marks[i].set)
             continue;
+        if (o->alt) {
+            size_t a = opt_index(o->alt);
+            const char *v = *(char *const *)((const char *)base + opts[a].off);
+            if (marks[a].set && (marks[a].bad || (v && *v)))
+                continue;
+        }
         const char *leaf = sources_scope ? o->key + sizeof SRC_PREFIX : o->key;
         err_at(c, map->line, map->col, "missing required key '%s%s%s'", dprefix,
                *dprefix ? "." : "", leaf);
@@ -1627,7 +1803,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
         apply_defaults(c, &srcs[i], true);
         if (item->kind == N_MAP) {
             walk_map(c, item, SRC_PREFIX, ipath, &srcs[i], smarks);
-            required_missing(c, item, ipath, true, smarks);
+            required_missing(c, item, ipath, true, &srcs[i], smarks);
             check_source(c, &srcs[i], i, smarks);
             check_curve(c, &srcs[i], i, smarks);
         } else if (item->kind != N_BAD) {
@@ -1672,6 +1848,11 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
         } else if (conv_item(c, o, dpath, i, it->s, it->len, it->line, it->col,
                              list ? &list[i] : NULL, &mask) < 0) {
             bad = true;
+        } else if (o->check && list) {
+            char *ipath = xasprintf(c, "%s[%zu]", dpath, i);
+            if (!ipath || o->check(c, o, ipath, &list[i], it) < 0)
+                bad = true;
+            free(ipath);
         }
     }
     if (bad)
@@ -1872,7 +2053,7 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
         goto fail;
     }
     walk_map(&c, root, "", "", cfg, marks);
-    required_missing(&c, root, "", false, marks);
+    required_missing(&c, root, "", false, cfg, marks);
     resolve_files(&c, cfg, marks);
     check_config(&c, cfg, marks);
     if (!cfg->nats.nkey_public && !(cfg->nats.nkey_public = strdup("")))
@@ -2043,7 +2224,8 @@ static const char example_header[] =
     "# Generated by kvb_config_write_example() (src/config.c); a unit test keeps\n"
     "# conf/kvbridge.yaml equal to it.  Unknown keys and bad values are errors,\n"
     "# reported as FILE:LINE:COLUMN.  `kvbridge -c FILE --check` validates a file;\n"
-    "# SIGHUP reloads it, except keys marked as needing a restart.\n";
+    "# SIGHUP reloads it, except keys marked as needing a restart.  Any value may\n"
+    "# be taken from the environment: ${NAME}, ${NAME:-default}; $$ is a literal $.\n";
 
 /* Word-wrapped "# " lines at INDENT. */
 static void put_comment(FILE *f, int indent, const char *text)
@@ -2116,12 +2298,14 @@ static char *full_help(const struct opt *o)
     if ((o->type == T_U32 || o->type == T_U64 || o->type == T_BLOCKSIZE) &&
         !(range = xasprintf(NULL, " Range: %" PRIu64 "..%" PRIu64 ".", o->min, o->max)))
         goto out;
-    s = xasprintf(NULL, "%s%s%s%s%s%s%s", o->help, list ? " One of: " : "",
+    s = xasprintf(NULL, "%s%s%s%s%s%s%s%s%s", o->help, list ? " One of: " : "",
                   list ? list : "", list ? "." : "", range ? range : "",
                   o->type == T_BOOL ? " true or false." : "",
-                  (o->flags & F_REQUIRED) ? " Required."
-                  : (o->flags & F_RELOAD) ? ""
-                                          : " Changing it needs a restart.");
+                  !(o->flags & F_REQUIRED) ? ((o->flags & F_RELOAD) ? ""
+                                              : " Changing it needs a restart.")
+                  : o->alt ? " Required unless " : " Required.",
+                  (o->flags & F_REQUIRED) && o->alt ? o->alt : "",
+                  (o->flags & F_REQUIRED) && o->alt ? " is set." : "");
 out:
     free(list);
     free(range);
@@ -2218,4 +2402,113 @@ int kvb_config_write_example(FILE *f)
     if (rc == 0 && ferror(f))
         rc = -EIO;
     return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The effective values (--check -v)                                         */
+
+#define REDACTED "(redacted)"
+
+/* A server URL, its user information (user and password, or a token)
+ * replaced by REDACTED. */
+static void put_url(FILE *f, const char *url)
+{
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    const char *at = memrchr(p, '@', strcspn(p, "/?#"));
+    if (!at) {
+        put_quoted(f, url, strlen(url));
+        return;
+    }
+    char *r = xasprintf(NULL, "%.*s" REDACTED "%s", (int)(p - url), url, at);
+    if (r)
+        put_quoted(f, r, strlen(r));
+    else
+        fputs("\"" REDACTED "\"", f);
+    free(r);
+}
+
+/* The value of table row O in BASE (the config, or one source). */
+static void put_effective(FILE *f, const struct opt *o, const void *base)
+{
+    const void *field = (const char *)base + o->off;
+    switch (o->type) {
+    case T_U64: fprintf(f, "%" PRIu64, *(const uint64_t *)field); break;
+    case T_U32: fprintf(f, "%" PRIu32, *(const uint32_t *)field); break;
+    case T_BLOCKSIZE: {
+        uint32_t v = *(const uint32_t *)field;
+        if (v)
+            fprintf(f, "%" PRIu32, v);
+        else
+            fputs("auto", f);
+        break;
+    }
+    case T_BOOL: fputs(*(const bool *)field ? "true" : "false", f); break;
+    case T_ENUM: fputs(o->values[*(const int *)field], f); break;
+    case T_STR: {
+        const char *v = *(char *const *)field;
+        if (!v)
+            v = "";
+        if ((o->flags & F_SECRET) && *v)
+            fputs(REDACTED, f);
+        else
+            put_quoted(f, v, strlen(v));
+        break;
+    }
+    case T_STRLIST: {
+        char *const *list = *(char **const *)field;
+        size_t n = *(const size_t *)((const char *)base + o->noff);
+        fputc('[', f);
+        for (size_t i = 0; i < n; i++) {
+            fputs(i ? ", " : "", f);
+            put_url(f, list[i]);
+        }
+        fputc(']', f);
+        break;
+    }
+    case T_TIERS: {
+        uint32_t mask = *(const uint32_t *)field;
+        bool first = true;
+        fputc('[', f);
+        for (int t = 0; o->values[t]; t++) {
+            if (mask & (1u << t)) {
+                fprintf(f, "%s%s", first ? "" : ", ", o->values[t]);
+                first = false;
+            }
+        }
+        fputc(']', f);
+        break;
+    }
+    case T_SOURCES:
+        break;
+    }
+}
+
+int kvb_config_write_effective(const struct kvb_config *cfg, FILE *f)
+{
+    if (!cfg || !f)
+        return -EINVAL;
+    fprintf(f, "# effective configuration of %s (secrets redacted)\n",
+            cfg->path ? cfg->path : "?");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        if (in_sources(o))
+            continue;
+        if (o->type != T_SOURCES) {
+            fprintf(f, "%s: ", o->key);
+            put_effective(f, o, cfg);
+            fputc('\n', f);
+            continue;
+        }
+        for (size_t k = 0; k < cfg->n_sources; k++) {
+            for (size_t j = 0; j < N_OPTS; j++) {
+                if (!in_sources(&opts[j]))
+                    continue;
+                fprintf(f, "sources[%zu].%s: ", k, opts[j].key + sizeof SRC_PREFIX);
+                put_effective(f, &opts[j], &cfg->sources[k]);
+                fputc('\n', f);
+            }
+        }
+    }
+    return ferror(f) ? -EIO : 0;
 }

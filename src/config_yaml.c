@@ -4,9 +4,12 @@
  */
 #include "config_priv.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
+
+#define MAX_EXPANDED (1u << 20) /* bytes of one value after ${VAR} expansion */
 
 /* Scalars may be secrets (nats.password, ...): every copy the parser made is
  * zeroed before it is freed.  libyaml's scanner also builds each scalar in
@@ -115,10 +118,143 @@ static int add_kid(struct ctx *c, struct node *parent, struct node *kid)
     return 0;
 }
 
-/* Build the node that EV starts, reading events up to its end.  EV is
- * consumed (deleted).  Returns 0, or -1 after reporting a fatal error. */
+/* ---- ${VAR} in values ------------------------------------------------------
+ *
+ * In every scalar that is not a mapping key: ${NAME} is the environment
+ * variable NAME (an error when it is unset), ${NAME:-default} the variable,
+ * or default when it is unset or empty (default runs to the first '}'), and
+ * $$ is one '$'.  Any other '$' stays as it is.  NAME is
+ * [A-Za-z_][A-Za-z0-9_]*.  The result is never a YAML null (a plain value
+ * that expands to "" is the empty string). */
+
+static bool name_start(char ch)
+{
+    return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || ch == '_';
+}
+
+static bool name_char(char ch)
+{
+    return name_start(ch) || (ch >= '0' && ch <= '9');
+}
+
+/* The construct at s[i] (a '$'): what replaces it in *val and *vlen, and its
+ * length in the scalar in *used.  0, or -1 after reporting. */
+static int env_ref(struct ctx *c, const struct node *n, size_t i, const char **val,
+                   size_t *vlen, size_t *used)
+{
+    const char *s = n->s;
+    size_t len = n->len, k = i + 2;
+    if (i + 1 < len && s[i + 1] == '$') {
+        *val = "$";
+        *vlen = 1;
+        *used = 2;
+        return 0;
+    }
+    if (i + 1 >= len || s[i + 1] != '{') {
+        *val = "$";
+        *vlen = 1;
+        *used = 1;
+        return 0;
+    }
+    while (k < len && name_char(s[k]))
+        k++;
+    size_t name_len = k - (i + 2);
+    const char *def = NULL, *end = NULL;
+    if (name_len > 0 && name_start(s[i + 2]) && k < len) {
+        if (s[k] == '}')
+            end = s + k;
+        else if (s[k] == ':' && k + 1 < len && s[k + 1] == '-' &&
+                 (end = memchr(s + k + 2, '}', len - k - 2)))
+            def = s + k + 2;
+    }
+    if (!end) {
+        err_at(c, n->line, n->col, "'${' without a valid ${NAME} or ${NAME:-default} "
+               "(write $$ for a literal $)");
+        return -1;
+    }
+    char name[256];
+    if (name_len >= sizeof name) {
+        err_at(c, n->line, n->col, "environment variable name longer than %zu characters",
+               sizeof name - 1);
+        return -1;
+    }
+    memcpy(name, s + i + 2, name_len);
+    name[name_len] = '\0';
+    const char *v = getenv(name);
+    if (def && (!v || !*v)) {
+        *val = def;
+        *vlen = (size_t)(end - def);
+    } else if (v) {
+        *val = v;
+        *vlen = strlen(v);
+    } else {
+        err_at(c, n->line, n->col, "environment variable %s is not set (${%s:-default} "
+               "gives a default)", name, name);
+        return -1;
+    }
+    *used = (size_t)(end - s) + 1 - i;
+    return 0;
+}
+
+/* Expand the scalar N in place (see above).  0, or -1 after reporting (the
+ * node is then N_BAD: already reported). */
+static int expand_env(struct ctx *c, struct node *n)
+{
+    if (!memchr(n->s, '$', n->len))
+        return 0;
+    char *out = NULL;
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t o = 0;
+        for (size_t i = 0; i < n->len;) {
+            const char *val;
+            size_t vlen, used;
+            if (n->s[i] != '$') {
+                val = n->s + i;
+                vlen = used = 1;
+            } else if (env_ref(c, n, i, &val, &vlen, &used) < 0) {
+                goto bad;
+            }
+            if (out)
+                memcpy(out + o, val, vlen);
+            o += vlen;
+            i += used;
+            if (o > MAX_EXPANDED) {
+                err_at(c, n->line, n->col, "the value is longer than %u bytes once the "
+                       "environment variables are in", MAX_EXPANDED);
+                goto bad;
+            }
+        }
+        if (out) {
+            out[o] = '\0';
+            break;
+        }
+        total = o;
+        if (!(out = malloc(total + 1))) {
+            oom(c);
+            return -1;
+        }
+    }
+    explicit_bzero(n->s, n->len);
+    free(n->s);
+    n->s = out;
+    n->len = total;
+    n->plain = false;
+    return 0;
+bad:
+    if (out) {
+        explicit_bzero(out, total + 1);
+        free(out);
+    }
+    n->kind = N_BAD;
+    return 0;
+}
+
+/* Build the node that EV starts, reading events up to its end (IS_KEY: it is
+ * a mapping key, whose text is taken as it is).  EV is consumed (deleted).
+ * Returns 0, or -1 after reporting a fatal error. */
 static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned depth,
-                 struct node **out)
+                 bool is_key, struct node **out)
 {
     int rc = -1;
     yaml_event_t sub;
@@ -146,6 +282,8 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
         }
         memcpy(n->s, ev->data.scalar.value, n->len);
         n->s[n->len] = '\0';
+        if (!is_key && expand_env(c, n) < 0)
+            goto fail;
         break;
     case YAML_ALIAS_EVENT:
         n->kind = N_BAD;
@@ -169,7 +307,7 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
                 event_free(&sub);
                 break;
             }
-            if (build(c, p, &sub, depth + 1, &kid) < 0)
+            if (build(c, p, &sub, depth + 1, n->kind == N_MAP && n->n % 2 == 0, &kid) < 0)
                 goto fail;
             if (add_kid(c, n, kid) < 0)
                 goto fail;
@@ -217,7 +355,7 @@ int kvb_cfg_parse(struct ctx *c, struct node **root)
     event_free(&ev); /* DOCUMENT-START */
     if (next_event(c, &p, &ev) < 0)
         goto fail;
-    if (build(c, &p, &ev, 0, &n) < 0)
+    if (build(c, &p, &ev, 0, false, &n) < 0)
         goto fail;
     if (next_event(c, &p, &ev) < 0) /* DOCUMENT-END */
         goto fail;

@@ -93,6 +93,9 @@ int kvb_secret_read_fd(int fd, unsigned flags, char **out, const char **why)
         *why = "it contains a NUL byte";
     else if (start == len)
         *why = "it is empty";
+    else if ((flags & KVB_SECRET_ONE_LINE) &&
+             (memchr(buf + start, '\n', len - start) || memchr(buf + start, '\r', len - start)))
+        *why = "it has more than one line (only a trailing line end is dropped)";
     if (*why)
         goto out;
     if (!(*out = malloc(len - start + 1))) {

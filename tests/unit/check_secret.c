@@ -254,6 +254,19 @@ START_TEST(test_open_and_read)
     ck_assert_str_eq(out, "a b");
     free(out);
 
+    /* one line: a trailing line end (or several) is fine, a second line is not */
+    ck_assert_int_eq(read_path(tmp_file("pw", "pw\r\n\n", 5), KVB_SECRET_ONE_LINE, &out, &why),
+                     0);
+    ck_assert_str_eq(out, "pw");
+    free(out);
+    ck_assert_int_eq(read_path(tmp_file("pw", "a\nb\n", 4), KVB_SECRET_ONE_LINE, &out, &why),
+                     -EINVAL);
+    ck_assert_str_eq(why, "it has more than one line (only a trailing line end is dropped)");
+    ck_assert_ptr_null(out);
+    ck_assert_int_eq(read_path(tmp_file("pw", "a\nb\n", 4), 0, &out, &why), 0);
+    ck_assert_str_eq(out, "a\nb");
+    free(out);
+
     ck_assert_int_eq(read_path(tmp_file("pw", "\n\n", 2), 0, &out, &why), -EINVAL);
     ck_assert_str_eq(why, "it is empty");
     ck_assert_ptr_null(out);
