@@ -2,7 +2,7 @@
 # Binaries go to build/.  `make deps` installs missing Debian packages.
 
 CC       ?= cc
-PKGS     := libzmq msgpack libnats yaml-0.1 libxxhash libmicrohttpd libsystemd
+PKGS     := libzmq msgpack libnats yaml-0.1 libxxhash libmicrohttpd libsystemd libcrypto
 OPT      ?= -O2 -g
 # Third-party headers come in through -isystem (pkg-config), so -Werror only
 # applies to our own code.
@@ -24,7 +24,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/tests/%)
 ITEST    := $(sort $(wildcard tests/integration/test_*.sh))
 
 DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
-            check libxxhash-dev libmicrohttpd-dev libsystemd-dev nats-server valgrind \
+            check libxxhash-dev libmicrohttpd-dev libsystemd-dev libssl-dev nats-server valgrind \
             systemd strace openssl curl
 
 # keep objects of pattern-built binaries

@@ -21,6 +21,7 @@
 
 #define KVB_EX_CONFIG 78      /* sysexits EX_CONFIG */
 #define KVB_EX_UNAVAILABLE 69 /* sysexits EX_UNAVAILABLE */
+#define KVB_EX_CANTCREAT 73   /* sysexits EX_CANTCREAT: state.dir unusable */
 
 enum kvb_source_mode { KVB_MODE_CONNECT = 0, KVB_MODE_BIND = 1 };
 enum kvb_format { KVB_FORMAT_DYNAMO_JSON = 0, KVB_FORMAT_DYNAMO_MSGPACK, KVB_FORMAT_RAW };
@@ -56,7 +57,9 @@ struct kvb_source_cfg {
 struct kvb_config {
     char *path;               /* the file it came from */
 
-    uint64_t worker_id;       /* required */
+    uint64_t worker_id;       /* required: from the file, or read from worker_id_file */
+    char *worker_id_file;     /* "" = none; else resolved like the nats files and
+                               * read at load (worker_id then holds its number) */
     uint32_t block_size;      /* 0 = "auto" */
     bool lora_salt;
     uint32_t forward_tiers;   /* bitmask of (1u << enum kvb_tier) */
@@ -163,6 +166,13 @@ void kvb_config_free(struct kvb_config **cfg);
 
 /* Write the commented example (every key, its default and help) to f. */
 int kvb_config_write_example(FILE *f);
+
+/* Write the effective values of CFG (after ${VAR} expansion, defaults and
+ * the files read), one "key: value" line per key of the table, the keys of
+ * each source as sources[I].key, to f (`kvbridge --check -v`).  Secrets are
+ * shown as (redacted) when set, and so is the user information of a server
+ * URL.  0, or -EIO when writing failed. */
+int kvb_config_write_effective(const struct kvb_config *cfg, FILE *f);
 
 /* True when every key the NATS connection is made from (servers, auth, TLS,
  * reconnect settings: the rows flagged as such in the table) is equal in A

@@ -34,6 +34,12 @@ struct kvb_state {
     size_t n_streams, cap_streams;
 };
 
+/* Make DIR usable before anything is saved there (--check and start): create
+ * it and its missing parents with mode 0700, then create and remove a
+ * temporary file in it.  0, or -errno with *what set to the step that failed
+ * ("cannot create", "cannot use", "cannot write to"). */
+int kvb_state_prepare_dir(const char *dir, const char **what);
+
 /* 0 and *out; -ENOENT when there is no state yet; -EINVAL for a corrupt
  * file (it is then ignored: start as if there were none, with barriers). */
 int kvb_state_load(const char *dir, struct kvb_state **out);

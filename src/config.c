@@ -9,34 +9,38 @@
  * (bounded: MAX_NODES nodes, MAX_NESTING levels, no aliases) and then walked
  * against the table.  Every error is "FILE:LINE:COLUMN: message", with the
  * 1-based position of the offending key or value.
+ *
+ * Split: src/config_yaml.c turns the file into the node tree (shared types in
+ * src/config_priv.h); src/secret.c reads the files the keys name (secrets,
+ * CURVE keys) and derives the NKey public key.  This file keeps the table,
+ * the checks, the walk of the tree against the table and the example.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strndup, open_memstream in tests; also set by the Makefile */
 #endif
 #include "config.h"
+#include "config_priv.h"
 #include "log.h"
 #include "metrics.h"
+#include "secret.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <yaml.h>
 #include <zmq.h>
 
 #define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
-#define MAX_NODES 65536           /* YAML nodes in one file */
-#define MAX_NESTING 32            /* YAML nesting levels */
 #define MAX_SOURCES 1024
 #define MAX_ERRORS 100            /* printed; the rest are counted */
 #define MAX_SHOWN 60              /* bytes of a user value quoted in a message */
 #define MAX_SHOWN_PATH 240        /* bytes of a file name quoted in a message */
-#define MAX_SECRET_BYTES 65536    /* a password_file, token_file or nkey_seed_file */
 
 /* ------------------------------------------------------------------------ */
 /* The table                                                                 */
@@ -60,8 +64,6 @@ enum otype {
                        * readable at load; with .fills, read into that key */
 #define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
 
-struct ctx;
-struct node;
 struct opt;
 
 /* Extra validation of a converted value; reports and returns -1 when bad. */
@@ -79,6 +81,7 @@ struct opt {
     unsigned flags;
     check_fn *check;
     const char *fills; /* F_PATH: the F_SECRET key its file's content goes to */
+    const char *alt;   /* F_REQUIRED: absent is fine when this key is set (not "") */
     const char *help;
 };
 
@@ -95,7 +98,7 @@ static const char *const retention_values[] = {"limits", "interest", "workqueue"
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
 static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
-    check_format, check_listen, check_host, check_js_template;
+    check_format, check_listen, check_host, check_js_template, check_server_url;
 
 #define R F_RELOAD
 #define C F_CONN
@@ -103,8 +106,14 @@ static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
 
 static const struct opt opts[] = {
     {.key = "worker_id", .type = T_U64, .off = TOP(worker_id, uint64_t), .def = "0",
-     .min = 0, .max = UINT64_MAX, .flags = F_REQUIRED | R,
+     .min = 0, .max = UINT64_MAX, .flags = F_REQUIRED | R, .alt = "worker_id_file",
      .help = "The indexer's id for this engine: an unsigned 64-bit decimal integer."},
+    {.key = "worker_id_file", .type = T_STR, .off = TOP(worker_id_file, char *), .def = "",
+     .flags = R | F_PATH,
+     .help = "File holding worker_id instead (a decimal integer; white space around "
+             "it is ignored), for an id that a deployment assigns; read at start and "
+             "on SIGHUP. A relative name is looked up like the nats files. Use either "
+             "this or worker_id; \"\" = none."},
     {.key = "block_size", .type = T_BLOCKSIZE, .off = TOP(block_size, uint32_t),
      .def = "16", .min = 1, .max = 1048576, .flags = F_REQUIRED | R,
      .help = "Tokens per KV block, or \"auto\" to trust the block size each event "
@@ -174,8 +183,9 @@ static const struct opt opts[] = {
 
     {.key = "nats.servers", .type = T_STRLIST, .off = TOP(nats.servers, char **),
      .noff = TOP(nats.n_servers, size_t), .def = "nats://127.0.0.1:4222", .flags = R | C,
+     .check = check_server_url,
      .help = "NATS server URLs; list several for a cluster. tls:// URLs turn on "
-             "nats.tls.enabled."},
+             "nats.tls.enabled. A port, when given, is 1..65535 (4222 when none)."},
     {.key = "nats.subject", .type = T_STR, .off = TOP(nats.subject, char *),
      .def = "namespace.{namespace}.component.{component}.kv_events", .flags = R,
      .check = check_subject,
@@ -212,15 +222,17 @@ static const struct opt opts[] = {
              "nats.password_file."},
     {.key = "nats.password_file", .type = T_STR, .off = TOP(nats.password_file, char *),
      .def = "", .flags = R | C | F_PATH, .fills = "nats.password",
-     .help = "File holding the password (a trailing newline is ignored), read at "
-             "start and on SIGHUP; \"\" = none."},
+     .help = "File holding the password on one line (a trailing newline is "
+             "ignored, a second line is an error), read at start and on SIGHUP; \"\" = "
+             "none."},
     {.key = "nats.token", .type = T_STR, .off = TOP(nats.token, char *), .def = "",
      .flags = R | C | F_SECRET,
      .help = "Token for token authentication; \"\" = none. Better kept out of "
              "this file: see nats.token_file."},
     {.key = "nats.token_file", .type = T_STR, .off = TOP(nats.token_file, char *),
      .def = "", .flags = R | C | F_PATH, .fills = "nats.token",
-     .help = "File holding the token (a trailing newline is ignored); \"\" = none."},
+     .help = "File holding the token on one line (a trailing newline is ignored, a "
+             "second line is an error); \"\" = none."},
     {.key = "nats.nkey_seed", .type = T_STR, .off = TOP(nats.nkey_seed, char *),
      .def = "", .flags = R | C | F_SECRET,
      .help = "User NKey seed (SU...) for NKey authentication: kvbridge derives the "
@@ -341,14 +353,17 @@ static const struct opt opts[] = {
 
     {.key = "metrics.listen", .type = T_STR, .off = TOP(metrics.listen, char *),
      .def = "127.0.0.1:9464", .check = check_listen,
-     .help = "HOST:PORT serving Prometheus /metrics, /healthz and /readyz; \"\" "
-             "disables it."},
+     .help = "HOST:PORT serving Prometheus /metrics, /healthz and /readyz: a numeric "
+             "IPv4 or [IPv6] address and a port 1..65535; \"\" disables it."},
 
     {.key = "log.level", .type = T_ENUM, .off = TOP(log.level, int), .def = "info",
      .values = level_values, .flags = R, .help = "Least severe message logged."},
 
     {.key = "state.dir", .type = T_STR, .off = TOP(state.dir, char *), .def = "",
-     .help = "Directory where cursors persist across restarts; \"\" = none."},
+     .help = "Directory where cursors persist across restarts; \"\" = none. "
+             "Created (with its parents, mode 0700) at start and by --check when "
+             "missing; it must be writable, else kvbridge exits with 73 "
+             "(EX_CANTCREAT)."},
 
     {.key = "limits.max_payload_bytes", .type = T_U64,
      .off = TOP(limits.max_payload_bytes, uint64_t), .def = "16777216", .min = 1,
@@ -404,17 +419,6 @@ static bool is_section(const char *path)
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */
 
-struct ctx {
-    const char *path;
-    FILE *err;
-    unsigned nerr;
-    bool oom;
-    size_t nnodes;
-    const char *buf; /* the file, for reader-error positions */
-    size_t len;
-    const char *creds_dir; /* $CREDENTIALS_DIRECTORY, NULL when unset or "" */
-};
-
 /* One mark per table row: where the key's value was, if it was present. */
 struct mark {
     size_t line, col;
@@ -422,11 +426,8 @@ struct mark {
     bool bad; /* present but rejected: skip cross-checks that use it */
 };
 
-static void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
 /* line 0: an error about the whole file ("FILE: message"). */
-static void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
+void kvb_cfg_verr(struct ctx *c, size_t line, size_t col, const char *fmt, va_list ap)
 {
     c->nerr++;
     if (!c->err || c->nerr > MAX_ERRORS + 1)
@@ -439,14 +440,11 @@ static void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
         fprintf(c->err, "%s:%zu:%zu: ", c->path, line, col);
     else
         fprintf(c->err, "%s: ", c->path);
-    va_list ap;
-    va_start(ap, fmt);
     vfprintf(c->err, fmt, ap);
-    va_end(ap);
     fputc('\n', c->err);
 }
 
-static void oom(struct ctx *c)
+void kvb_cfg_oom(struct ctx *c)
 {
     if (!c->oom)
         err_at(c, 0, 0, "out of memory");
@@ -596,251 +594,6 @@ fail:
     if (buf)
         explicit_bzero(buf, len);
     free(buf);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* YAML events -> a bounded node tree                                        */
-
-enum nkind { N_SCALAR, N_SEQ, N_MAP, N_BAD /* an alias: already reported */ };
-
-struct node {
-    enum nkind kind;
-    bool plain;          /* scalar written without quotes */
-    size_t line, col;    /* 1-based */
-    char *s;             /* scalar, NUL-terminated (may hold NULs: see len) */
-    size_t len;
-    struct node **kid;   /* seq: items; map: key, value, key, value, ... */
-    size_t n, cap;
-};
-
-/* Scalars may be secrets (nats.password, ...): every copy the parser made is
- * zeroed before it is freed.  libyaml's scanner also builds each scalar in
- * temporary buffers that it frees without zeroing; *_file keys keep secrets
- * out of the YAML entirely. */
-static void node_free(struct node *n)
-{
-    if (!n)
-        return;
-    for (size_t i = 0; i < n->n; i++)
-        node_free(n->kid[i]);
-    free(n->kid);
-    if (n->s)
-        explicit_bzero(n->s, n->len);
-    free(n->s);
-    free(n);
-}
-
-static void event_free(yaml_event_t *ev)
-{
-    if (ev->type == YAML_SCALAR_EVENT && ev->data.scalar.value)
-        explicit_bzero(ev->data.scalar.value, ev->data.scalar.length);
-    yaml_event_delete(ev);
-}
-
-static void parser_free(yaml_parser_t *p)
-{
-    if (p->raw_buffer.start)
-        explicit_bzero(p->raw_buffer.start, (size_t)(p->raw_buffer.end - p->raw_buffer.start));
-    if (p->buffer.start)
-        explicit_bzero(p->buffer.start, (size_t)(p->buffer.end - p->buffer.start));
-    yaml_parser_delete(p);
-}
-
-static const char *kind_name(const struct node *n)
-{
-    switch (n->kind) {
-    case N_SEQ: return "a list";
-    case N_MAP: return "a mapping";
-    default: return "a single value";
-    }
-}
-
-static bool is_null(const struct node *n)
-{
-    if (n->kind != N_SCALAR || !n->plain)
-        return false;
-    return n->len == 0 || strcmp(n->s, "~") == 0 || strcmp(n->s, "null") == 0 ||
-           strcmp(n->s, "Null") == 0 || strcmp(n->s, "NULL") == 0;
-}
-
-static void parser_error(struct ctx *c, const yaml_parser_t *p)
-{
-    const char *problem = p->problem ? p->problem : "invalid YAML";
-    if (p->error == YAML_MEMORY_ERROR) {
-        oom(c);
-    } else if (p->error == YAML_READER_ERROR) {
-        /* Only a byte offset: count lines and characters up to it. */
-        size_t line = 1, col = 1, end = p->problem_offset;
-        if (end > c->len)
-            end = c->len;
-        for (size_t i = 0; i < end; i++) {
-            unsigned char ch = (unsigned char)c->buf[i];
-            if (ch == '\n') {
-                line++;
-                col = 1;
-            } else if ((ch & 0xc0) != 0x80) {
-                col++;
-            }
-        }
-        if (p->problem_value >= 0)
-            err_at(c, line, col, "%s (byte 0x%02x)", problem, p->problem_value);
-        else
-            err_at(c, line, col, "%s", problem);
-    } else if (p->context) {
-        err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1,
-               "%s (%s at %zu:%zu)", problem, p->context, p->context_mark.line + 1,
-               p->context_mark.column + 1);
-    } else {
-        err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1, "%s", problem);
-    }
-}
-
-static int next_event(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev)
-{
-    if (!yaml_parser_parse(p, ev)) {
-        parser_error(c, p);
-        return -1;
-    }
-    return 0;
-}
-
-static int add_kid(struct ctx *c, struct node *parent, struct node *kid)
-{
-    if (parent->n == parent->cap) {
-        size_t ncap = parent->cap ? parent->cap * 2 : 8;
-        struct node **k = realloc(parent->kid, ncap * sizeof *k);
-        if (!k) {
-            oom(c);
-            return -1;
-        }
-        parent->kid = k;
-        parent->cap = ncap;
-    }
-    parent->kid[parent->n++] = kid;
-    return 0;
-}
-
-/* Build the node that EV starts, reading events up to its end.  EV is
- * consumed (deleted).  Returns 0, or -1 after reporting a fatal error. */
-static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned depth,
-                 struct node **out)
-{
-    int rc = -1;
-    yaml_event_t sub;
-    struct node *kid = NULL;
-    struct node *n = calloc(1, sizeof *n);
-    if (!n) {
-        oom(c);
-        goto fail;
-    }
-    n->line = ev->start_mark.line + 1;
-    n->col = ev->start_mark.column + 1;
-    if (++c->nnodes > MAX_NODES) {
-        err_at(c, n->line, n->col, "too many YAML nodes (more than %u)", MAX_NODES);
-        goto fail;
-    }
-    switch (ev->type) {
-    case YAML_SCALAR_EVENT:
-        n->kind = N_SCALAR;
-        n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-        n->len = ev->data.scalar.length;
-        n->s = malloc(n->len + 1);
-        if (!n->s) {
-            oom(c);
-            goto fail;
-        }
-        memcpy(n->s, ev->data.scalar.value, n->len);
-        n->s[n->len] = '\0';
-        break;
-    case YAML_ALIAS_EVENT:
-        n->kind = N_BAD;
-        err_at(c, n->line, n->col, "YAML aliases are not supported");
-        break;
-    case YAML_SEQUENCE_START_EVENT:
-    case YAML_MAPPING_START_EVENT: {
-        yaml_event_type_t end = ev->type == YAML_SEQUENCE_START_EVENT
-                                    ? YAML_SEQUENCE_END_EVENT
-                                    : YAML_MAPPING_END_EVENT;
-        n->kind = ev->type == YAML_SEQUENCE_START_EVENT ? N_SEQ : N_MAP;
-        if (depth >= MAX_NESTING) {
-            err_at(c, n->line, n->col, "nested too deeply (more than %u levels)",
-                   MAX_NESTING);
-            goto fail;
-        }
-        for (;;) {
-            if (next_event(c, p, &sub) < 0)
-                goto fail;
-            if (sub.type == end) {
-                event_free(&sub);
-                break;
-            }
-            if (build(c, p, &sub, depth + 1, &kid) < 0)
-                goto fail;
-            if (add_kid(c, n, kid) < 0)
-                goto fail;
-            kid = NULL;
-        }
-        break;
-    }
-    default:
-        err_at(c, n->line, n->col, "unexpected YAML event");
-        goto fail;
-    }
-    event_free(ev);
-    *out = n;
-    return 0;
-
-fail:
-    event_free(ev);
-    node_free(kid);
-    node_free(n);
-    return rc;
-}
-
-/* The whole stream: *root is NULL for a stream without a document. */
-static int parse_tree(struct ctx *c, struct node **root)
-{
-    int rc = -1;
-    yaml_parser_t p;
-    yaml_event_t ev;
-    struct node *n = NULL;
-
-    if (!yaml_parser_initialize(&p)) {
-        oom(c);
-        return -1;
-    }
-    yaml_parser_set_input_string(&p, (const unsigned char *)c->buf, c->len);
-    if (next_event(c, &p, &ev) < 0) /* STREAM-START */
-        goto fail;
-    event_free(&ev);
-    if (next_event(c, &p, &ev) < 0)
-        goto fail;
-    if (ev.type == YAML_STREAM_END_EVENT) {
-        event_free(&ev);
-        goto done;
-    }
-    event_free(&ev); /* DOCUMENT-START */
-    if (next_event(c, &p, &ev) < 0)
-        goto fail;
-    if (build(c, &p, &ev, 0, &n) < 0)
-        goto fail;
-    if (next_event(c, &p, &ev) < 0) /* DOCUMENT-END */
-        goto fail;
-    event_free(&ev);
-    if (next_event(c, &p, &ev) < 0)
-        goto fail;
-    if (ev.type == YAML_DOCUMENT_START_EVENT)
-        err_at(c, ev.start_mark.line + 1, ev.start_mark.column + 1,
-               "only one YAML document is allowed");
-    event_free(&ev);
-done:
-    rc = 0;
-    *root = n;
-    n = NULL;
-fail:
-    node_free(n);
-    parser_free(&p);
     return rc;
 }
 
@@ -1202,18 +955,96 @@ static long port_of(const char *s)
     return port <= 65535 ? port : -1;
 }
 
+/* HOST:PORT as src/http.c binds it: HOST a numeric IPv4 or IPv6 address
+ * (in brackets, or bare), PORT 1..65535.  NULL when good, else why not. */
+static const char *bad_listen(const char *s)
+{
+    char host[128];
+    const char *hs = s, *he = strrchr(s, ':');
+    if (s[0] == '[') {
+        const char *e = strchr(s, ']');
+        if (!e || e[1] != ':')
+            return "a bracketed IPv6 address needs ]:PORT after it";
+        hs = s + 1;
+        he = e;
+    }
+    long port = port_of(s);
+    if (port == 0)
+        return "port 0 is not a port to scrape (expected 1..65535)";
+    if ((size_t)(he - hs) >= sizeof host)
+        return "the host is too long";
+    memcpy(host, hs, (size_t)(he - hs));
+    host[he - hs] = '\0';
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
+                             .ai_socktype = SOCK_STREAM};
+    struct addrinfo *ai = NULL;
+    int r = getaddrinfo(host, "1", &hints, &ai);
+    if (ai)
+        freeaddrinfo(ai);
+    return r == 0 ? NULL : "the host must be a numeric IPv4 or IPv6 address";
+}
+
 static int check_listen(struct ctx *c, const struct opt *o, const char *dpath,
                         const void *field, const struct node *v)
 {
     (void)o;
-    const char *s = *(char *const *)field;
+    const char *s = *(char *const *)field, *why = NULL;
     if (*s == '\0')
         return 0;
     const char *colon = strrchr(s, ':');
-    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n"))
+    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n") &&
+        !(why = bad_listen(s)))
         return 0;
     char *sv = shown(s, strlen(s));
-    err_at(c, v->line, v->col, "%s: '%s' is not HOST:PORT (or \"\" to disable)", dpath,
+    if (why)
+        err_at(c, v->line, v->col, "%s: '%s': %s", dpath, SHOWN(sv), why);
+    else
+        err_at(c, v->line, v->col, "%s: '%s' is not HOST:PORT (or \"\" to disable)", dpath,
+               SHOWN(sv));
+    free(sv);
+    return -1;
+}
+
+/* nats.servers[i]: [SCHEME://][USER[:PASSWORD]@]HOST[:PORT][/...], PORT
+ * 1..65535 when given.  The URL may hold a password or token: only the
+ * port is quoted. */
+static int check_server_url(struct ctx *c, const struct opt *o, const char *dpath,
+                            const void *field, const struct node *v)
+{
+    (void)o;
+    const char *s = *(char *const *)field;
+    const char *p = strstr(s, "://");
+    p = p ? p + 3 : s;
+    size_t n = strcspn(p, "/?#");
+    const char *at = memrchr(p, '@', n);
+    if (at) {
+        n -= (size_t)(at + 1 - p);
+        p = at + 1;
+    }
+    const char *end = p + n, *port = NULL;
+    if (*p == '[') {
+        const char *e = memchr(p, ']', n);
+        if (e && e + 1 < end && e[1] == ':')
+            port = e + 2;
+        else if (!e || e + 1 != end) {
+            err_at(c, v->line, v->col, "%s: a bracketed IPv6 host needs ']' and then "
+                   "nothing or :PORT", dpath);
+            return -1;
+        }
+    } else {
+        const char *colon = memrchr(p, ':', n);
+        port = colon ? colon + 1 : NULL;
+    }
+    if (!port)
+        return 0;
+    size_t plen = (size_t)(end - port), i = 0;
+    unsigned long num = 0;
+    while (i < plen && i < 6 && port[i] >= '0' && port[i] <= '9')
+        num = num * 10 + (unsigned long)(port[i++] - '0');
+    if (plen > 0 && i == plen && num >= 1 && num <= 65535)
+        return 0;
+    char *sv = shown(port, plen);
+    err_at(c, v->line, v->col, "%s: port '%s' is not a number in 1..65535", dpath,
            SHOWN(sv));
     free(sv);
     return -1;
@@ -1251,356 +1082,6 @@ static int check_js_template(struct ctx *c, const struct opt *o, const char *dpa
 }
 
 /* ------------------------------------------------------------------------ */
-/* NKey seeds                                                                */
-
-/* An NKey seed is base32 (RFC 4648, no padding) of: two prefix bytes (seed,
- * key type), the 32-byte Ed25519 seed, CRC-16/XMODEM little-endian.  The
- * public key is base32 of: one prefix byte (key type), the 32-byte Ed25519
- * public key, the CRC.  nats.c signs with the seed (nats_Sign) but needs the
- * public key as well and cannot derive it, hence the Ed25519 base point
- * multiplication below (after TweetNaCl, public domain; constant time).  The
- * unit tests check it against RFC 8032 and keys made by other tools. */
-
-#define NKEY_SEED_CHARS 58 /* 36 bytes */
-#define NKEY_PUB_CHARS 56  /* 35 bytes */
-#define NKEY_PREFIX_SEED (18u << 3) /* 'S' */
-#define NKEY_PREFIX_USER (20u << 3) /* 'U' */
-
-static uint16_t crc16(const uint8_t *p, size_t n)
-{
-    uint16_t crc = 0;
-    for (size_t i = 0; i < n; i++) {
-        crc ^= (uint16_t)(p[i] << 8);
-        for (int b = 0; b < 8; b++)
-            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
-    }
-    return crc;
-}
-
-static const char b32_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-
-/* Bytes decoded (leftover bits dropped), or -1 on a character outside the
- * alphabet or more than cap bytes. */
-static int b32_decode(const char *s, size_t len, uint8_t *out, size_t cap)
-{
-    uint32_t acc = 0;
-    int bits = 0, rc = 0;
-    size_t n = 0;
-    for (size_t i = 0; i < len && rc == 0; i++) {
-        unsigned ch = (unsigned char)s[i], v;
-        if (ch >= 'A' && ch <= 'Z')
-            v = ch - 'A';
-        else if (ch >= '2' && ch <= '7')
-            v = ch - '2' + 26;
-        else {
-            rc = -1;
-            break;
-        }
-        acc = (acc << 5) | v;
-        bits += 5;
-        if (bits >= 8) {
-            bits -= 8;
-            if (n == cap)
-                rc = -1;
-            else
-                out[n++] = (uint8_t)(acc >> bits);
-            acc &= (1u << bits) - 1;
-        }
-    }
-    explicit_bzero(&acc, sizeof acc);
-    return rc < 0 ? -1 : (int)n;
-}
-
-static void b32_encode(const uint8_t *in, size_t n, char *out)
-{
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < n; i++) {
-        acc = (acc << 8) | in[i];
-        bits += 8;
-        while (bits >= 5) {
-            bits -= 5;
-            *out++ = b32_alphabet[(acc >> bits) & 31];
-        }
-        acc &= (1u << bits) - 1;
-    }
-    if (bits > 0)
-        *out++ = b32_alphabet[(acc << (5 - bits)) & 31];
-    *out = '\0';
-}
-
-/* SHA-512 of 32 bytes (one block). */
-static const uint64_t sha512_k[80] = {
-    0x428a2f98d728ae22ULL, 0x7137449123ef65cdULL, 0xb5c0fbcfec4d3b2fULL, 0xe9b5dba58189dbbcULL,
-    0x3956c25bf348b538ULL, 0x59f111f1b605d019ULL, 0x923f82a4af194f9bULL, 0xab1c5ed5da6d8118ULL,
-    0xd807aa98a3030242ULL, 0x12835b0145706fbeULL, 0x243185be4ee4b28cULL, 0x550c7dc3d5ffb4e2ULL,
-    0x72be5d74f27b896fULL, 0x80deb1fe3b1696b1ULL, 0x9bdc06a725c71235ULL, 0xc19bf174cf692694ULL,
-    0xe49b69c19ef14ad2ULL, 0xefbe4786384f25e3ULL, 0x0fc19dc68b8cd5b5ULL, 0x240ca1cc77ac9c65ULL,
-    0x2de92c6f592b0275ULL, 0x4a7484aa6ea6e483ULL, 0x5cb0a9dcbd41fbd4ULL, 0x76f988da831153b5ULL,
-    0x983e5152ee66dfabULL, 0xa831c66d2db43210ULL, 0xb00327c898fb213fULL, 0xbf597fc7beef0ee4ULL,
-    0xc6e00bf33da88fc2ULL, 0xd5a79147930aa725ULL, 0x06ca6351e003826fULL, 0x142929670a0e6e70ULL,
-    0x27b70a8546d22ffcULL, 0x2e1b21385c26c926ULL, 0x4d2c6dfc5ac42aedULL, 0x53380d139d95b3dfULL,
-    0x650a73548baf63deULL, 0x766a0abb3c77b2a8ULL, 0x81c2c92e47edaee6ULL, 0x92722c851482353bULL,
-    0xa2bfe8a14cf10364ULL, 0xa81a664bbc423001ULL, 0xc24b8b70d0f89791ULL, 0xc76c51a30654be30ULL,
-    0xd192e819d6ef5218ULL, 0xd69906245565a910ULL, 0xf40e35855771202aULL, 0x106aa07032bbd1b8ULL,
-    0x19a4c116b8d2d0c8ULL, 0x1e376c085141ab53ULL, 0x2748774cdf8eeb99ULL, 0x34b0bcb5e19b48a8ULL,
-    0x391c0cb3c5c95a63ULL, 0x4ed8aa4ae3418acbULL, 0x5b9cca4f7763e373ULL, 0x682e6ff3d6b2b8a3ULL,
-    0x748f82ee5defb2fcULL, 0x78a5636f43172f60ULL, 0x84c87814a1f0ab72ULL, 0x8cc702081a6439ecULL,
-    0x90befffa23631e28ULL, 0xa4506cebde82bde9ULL, 0xbef9a3f7b2c67915ULL, 0xc67178f2e372532bULL,
-    0xca273eceea26619cULL, 0xd186b8c721c0c207ULL, 0xeada7dd6cde0eb1eULL, 0xf57d4f7fee6ed178ULL,
-    0x06f067aa72176fbaULL, 0x0a637dc5a2c898a6ULL, 0x113f9804bef90daeULL, 0x1b710b35131c471bULL,
-    0x28db77f523047d84ULL, 0x32caab7b40c72493ULL, 0x3c9ebe0a15c9bebcULL, 0x431d67c49c100d4cULL,
-    0x4cc5d4becb3e42b6ULL, 0x597f299cfc657e2aULL, 0x5fcb6fab3ad6faecULL, 0x6c44198c4a475817ULL,
-};
-
-static uint64_t ror64(uint64_t x, unsigned n) { return (x >> n) | (x << (64 - n)); }
-
-static void sha512_32(const uint8_t in[32], uint8_t out[64])
-{
-    static const uint64_t h0[8] = {
-        0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
-        0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
-        0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL,
-    };
-    uint8_t blk[128] = {0};
-    uint64_t w[80], v[8];
-    memcpy(blk, in, 32);
-    blk[32] = 0x80;
-    blk[126] = 0x01; /* length: 256 bits, big-endian in the last 16 bytes */
-    for (int i = 0; i < 16; i++) {
-        w[i] = 0;
-        for (int b = 0; b < 8; b++)
-            w[i] = (w[i] << 8) | blk[8 * i + b];
-    }
-    for (int i = 16; i < 80; i++) {
-        uint64_t s0 = ror64(w[i - 15], 1) ^ ror64(w[i - 15], 8) ^ (w[i - 15] >> 7);
-        uint64_t s1 = ror64(w[i - 2], 19) ^ ror64(w[i - 2], 61) ^ (w[i - 2] >> 6);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    memcpy(v, h0, sizeof v);
-    for (int i = 0; i < 80; i++) {
-        uint64_t S1 = ror64(v[4], 14) ^ ror64(v[4], 18) ^ ror64(v[4], 41);
-        uint64_t ch = (v[4] & v[5]) ^ (~v[4] & v[6]);
-        uint64_t t1 = v[7] + S1 + ch + sha512_k[i] + w[i];
-        uint64_t S0 = ror64(v[0], 28) ^ ror64(v[0], 34) ^ ror64(v[0], 39);
-        uint64_t maj = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
-        memmove(v + 1, v, 7 * sizeof v[0]);
-        v[4] += t1;
-        v[0] = t1 + S0 + maj;
-    }
-    for (int i = 0; i < 8; i++) {
-        uint64_t h = h0[i] + v[i];
-        for (int b = 0; b < 8; b++)
-            out[8 * i + b] = (uint8_t)(h >> (56 - 8 * b));
-    }
-    explicit_bzero(blk, sizeof blk);
-    explicit_bzero(w, sizeof w);
-    explicit_bzero(v, sizeof v);
-}
-
-/* GF(2^255 - 19) in 16 limbs of 16 bits (TweetNaCl's representation). */
-typedef int64_t gf[16];
-
-static const gf gf0 = {0}, gf1 = {1},
-    ed_d2 = {0xf159, 0x26b2, 0x9b94, 0xebd6, 0xb156, 0x8283, 0x149a, 0x00e0,
-             0xd130, 0xeef3, 0x80f2, 0x198e, 0xfce7, 0x56df, 0xd9dc, 0x2406},
-    ed_x = {0xd51a, 0x8f25, 0x2d60, 0xc956, 0xa7b2, 0x9525, 0xc760, 0x692c,
-            0xdc5c, 0xfdd6, 0xe231, 0xc0a4, 0x53fe, 0xcd6e, 0x36d3, 0x2169},
-    ed_y = {0x6658, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666,
-            0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666, 0x6666};
-
-static void fe_copy(gf o, const gf a) { memcpy(o, a, sizeof(gf)); }
-
-static void fe_carry(gf o)
-{
-    for (int i = 0; i < 16; i++) {
-        o[i] += (int64_t)1 << 16;
-        int64_t c = o[i] >> 16; /* arithmetic shift (gcc, clang) */
-        o[(i + 1) * (i < 15)] += c - 1 + 37 * (c - 1) * (i == 15);
-        o[i] -= c * 65536;
-    }
-}
-
-/* Swap p and q when b is 1, in constant time. */
-static void fe_swap(gf p, gf q, int b)
-{
-    int64_t mask = ~((int64_t)b - 1);
-    for (int i = 0; i < 16; i++) {
-        int64_t t = mask & (p[i] ^ q[i]);
-        p[i] ^= t;
-        q[i] ^= t;
-    }
-}
-
-static void fe_pack(uint8_t o[32], const gf n)
-{
-    gf m, t;
-    fe_copy(t, n);
-    fe_carry(t);
-    fe_carry(t);
-    fe_carry(t);
-    for (int j = 0; j < 2; j++) {
-        m[0] = t[0] - 0xffed;
-        for (int i = 1; i < 15; i++) {
-            m[i] = t[i] - 0xffff - ((m[i - 1] >> 16) & 1);
-            m[i - 1] &= 0xffff;
-        }
-        m[15] = t[15] - 0x7fff - ((m[14] >> 16) & 1);
-        int b = (int)((m[15] >> 16) & 1);
-        m[14] &= 0xffff;
-        fe_swap(t, m, 1 - b);
-    }
-    for (int i = 0; i < 16; i++) {
-        o[2 * i] = (uint8_t)(t[i] & 0xff);
-        o[2 * i + 1] = (uint8_t)(t[i] >> 8);
-    }
-}
-
-static void fe_add(gf o, const gf a, const gf b)
-{
-    for (int i = 0; i < 16; i++)
-        o[i] = a[i] + b[i];
-}
-
-static void fe_sub(gf o, const gf a, const gf b)
-{
-    for (int i = 0; i < 16; i++)
-        o[i] = a[i] - b[i];
-}
-
-static void fe_mul(gf o, const gf a, const gf b)
-{
-    int64_t t[31] = {0};
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 16; j++)
-            t[i + j] += a[i] * b[j];
-    for (int i = 0; i < 15; i++)
-        t[i] += 38 * t[i + 16];
-    for (int i = 0; i < 16; i++)
-        o[i] = t[i];
-    fe_carry(o);
-    fe_carry(o);
-}
-
-static void fe_inv(gf o, const gf in)
-{
-    gf c;
-    fe_copy(c, in);
-    for (int a = 253; a >= 0; a--) {
-        fe_mul(c, c, c);
-        if (a != 2 && a != 4)
-            fe_mul(c, c, in);
-    }
-    fe_copy(o, c);
-}
-
-/* Points in extended coordinates (X, Y, Z, T). */
-static void ge_add(gf p[4], gf q[4])
-{
-    gf a, b, c, d, t, e, f, g, h;
-    fe_sub(a, p[1], p[0]);
-    fe_sub(t, q[1], q[0]);
-    fe_mul(a, a, t);
-    fe_add(b, p[0], p[1]);
-    fe_add(t, q[0], q[1]);
-    fe_mul(b, b, t);
-    fe_mul(c, p[3], q[3]);
-    fe_mul(c, c, ed_d2);
-    fe_mul(d, p[2], q[2]);
-    fe_add(d, d, d);
-    fe_sub(e, b, a);
-    fe_sub(f, d, c);
-    fe_add(g, d, c);
-    fe_add(h, b, a);
-    fe_mul(p[0], e, f);
-    fe_mul(p[1], h, g);
-    fe_mul(p[2], g, f);
-    fe_mul(p[3], e, h);
-}
-
-/* p = s * B for the 32-byte little-endian scalar s. */
-static void ge_scalarmult_base(gf p[4], const uint8_t s[32])
-{
-    gf q[4];
-    fe_copy(q[0], ed_x);
-    fe_copy(q[1], ed_y);
-    fe_copy(q[2], gf1);
-    fe_mul(q[3], ed_x, ed_y);
-    fe_copy(p[0], gf0);
-    fe_copy(p[1], gf1);
-    fe_copy(p[2], gf1);
-    fe_copy(p[3], gf0);
-    for (int i = 255; i >= 0; i--) {
-        int b = (s[i / 8] >> (i & 7)) & 1;
-        for (int k = 0; k < 4; k++)
-            fe_swap(p[k], q[k], b);
-        ge_add(q, p);
-        ge_add(p, p);
-        for (int k = 0; k < 4; k++)
-            fe_swap(p[k], q[k], b);
-    }
-    explicit_bzero(q, sizeof q);
-}
-
-static void ge_pack(uint8_t r[32], gf p[4])
-{
-    gf tx, ty, zi;
-    uint8_t xs[32];
-    fe_inv(zi, p[2]);
-    fe_mul(tx, p[0], zi);
-    fe_mul(ty, p[1], zi);
-    fe_pack(r, ty);
-    fe_pack(xs, tx);
-    r[31] ^= (uint8_t)((xs[0] & 1) << 7);
-}
-
-/* RFC 8032 5.1.5: the public key of a 32-byte Ed25519 seed. */
-static void ed25519_public(const uint8_t seed[32], uint8_t pk[32])
-{
-    uint8_t h[64];
-    gf p[4];
-    sha512_32(seed, h);
-    h[0] &= 248;
-    h[31] &= 127;
-    h[31] |= 64;
-    ge_scalarmult_base(p, h);
-    ge_pack(pk, p);
-    explicit_bzero(h, sizeof h);
-    explicit_bzero(p, sizeof p);
-}
-
-/* Check a user NKey seed and write its public key (NKEY_PUB_CHARS + NUL) to
- * pub.  NULL when it is good, else what is wrong (never the seed itself). */
-static const char *nkey_public_of(const char *seed, char pub[NKEY_PUB_CHARS + 1])
-{
-    uint8_t raw[36], key[35];
-    const char *why = NULL;
-    size_t len = strlen(seed);
-    if (seed[0] != 'S')
-        why = "seeds start with \"SU\" (one starting with \"U\" is a public key, "
-              "which cannot sign)";
-    else if (len != NKEY_SEED_CHARS)
-        why = "a seed has 58 characters";
-    else if (b32_decode(seed, len, raw, sizeof raw) != (int)sizeof raw)
-        why = "a seed has only the characters A-Z and 2-7";
-    else if (crc16(raw, 34) != (uint16_t)(raw[34] | raw[35] << 8))
-        why = "its checksum does not match (a character is wrong or missing)";
-    else if ((raw[0] & 0xf8) != NKEY_PREFIX_SEED ||
-             (((raw[0] & 7u) << 5) | (raw[1] >> 3)) != NKEY_PREFIX_USER)
-        why = "it is not a user seed (those start with \"SU\")";
-    if (!why) {
-        key[0] = NKEY_PREFIX_USER;
-        ed25519_public(raw + 2, key + 1);
-        uint16_t crc = crc16(key, 33);
-        key[33] = (uint8_t)(crc & 0xff);
-        key[34] = (uint8_t)(crc >> 8);
-        b32_encode(key, sizeof key, pub);
-    }
-    explicit_bzero(raw, sizeof raw);
-    return why;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Files named by the configuration                                          */
 
 /* A relative NAME is looked up in $CREDENTIALS_DIRECTORY when that is set
@@ -1608,103 +1089,48 @@ static const char *nkey_public_of(const char *seed, char pub[NKEY_PUB_CHARS + 1]
  * file.  malloc'd; NULL when out of memory (reported). */
 static char *resolve_path(struct ctx *c, const char *name)
 {
-    if (name[0] == '/')
-        return xasprintf(c, "%s", name);
-    if (c->creds_dir) {
-        size_t n = strlen(c->creds_dir);
-        return xasprintf(c, "%s%s%s", c->creds_dir, c->creds_dir[n - 1] == '/' ? "" : "/",
-                         name);
-    }
-    const char *slash = strrchr(c->path, '/');
-    if (!slash)
-        return xasprintf(c, "%s", name);
-    return xasprintf(c, "%.*s/%s", (int)(slash - c->path), c->path, name);
+    char *p = kvb_secret_path(name, c->creds_dir, c->path);
+    if (!p)
+        oom(c);
+    return p;
 }
 
 /* Open PATH and check that it is a regular file: the fd, or -1 (reported). */
 static int open_named(struct ctx *c, const struct opt *o, const char *path,
                       const char *where, const struct mark *m)
 {
-    struct stat st;
     char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
-    /* O_NONBLOCK: a FIFO would block open() until a writer comes */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) {
-        err_at(c, m->line, m->col, "%s: cannot read '%s'%s: %s", o->key, SHOWN(sp), where,
-               strerror(errno));
-    } else if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    int fd = kvb_secret_open(path);
+    if (fd == -EINVAL)
         err_at(c, m->line, m->col, "%s: '%s'%s is not a regular file", o->key, SHOWN(sp),
                where);
-        close(fd);
-        fd = -1;
-    }
+    else if (fd < 0)
+        err_at(c, m->line, m->col, "%s: cannot read '%s'%s: %s", o->key, SHOWN(sp), where,
+               strerror(-fd));
     free(sp);
-    return fd;
+    return fd < 0 ? -1 : fd;
 }
 
-/* Read a secret from PATH into *out (malloc'd): without the trailing line
- * ends, or (TRIM) without any surrounding white space.  0, or -1 (reported;
- * the content is never shown). */
+/* Read a secret from PATH into *out (malloc'd), as kvb_secret_read_fd() with
+ * FLAGS does.  0, or -1 (reported; the content is never shown). */
 static int read_secret(struct ctx *c, const struct opt *o, const char *path,
-                       const char *where, const struct mark *m, bool trim, char **out)
+                       const char *where, const struct mark *m, unsigned flags, char **out)
 {
-    int rc = -1;
-    size_t len = 0;
     const char *why = NULL;
-    char *buf = NULL;
     int fd = open_named(c, o, path, where, m);
     if (fd < 0)
         return -1;
-    if (!(buf = malloc(MAX_SECRET_BYTES + 1))) {
+    int rc = kvb_secret_read_fd(fd, flags, out, &why);
+    close(fd);
+    if (rc == -ENOMEM) {
         oom(c);
-        goto out;
-    }
-    for (;;) {
-        ssize_t r = read(fd, buf + len, MAX_SECRET_BYTES + 1 - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            why = strerror(errno);
-            break;
-        }
-        len += (size_t)r;
-        if (r == 0 || len > MAX_SECRET_BYTES)
-            break;
-    }
-    bool big = len > MAX_SECRET_BYTES;
-    size_t start = 0;
-    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' ||
-                       (trim && (buf[len - 1] == ' ' || buf[len - 1] == '\t'))))
-        len--;
-    while (trim && start < len && (buf[start] == ' ' || buf[start] == '\t' ||
-                                   buf[start] == '\r' || buf[start] == '\n'))
-        start++;
-    if (!why && big)
-        why = "it is larger than 65536 bytes";
-    else if (!why && memchr(buf + start, '\0', len - start))
-        why = "it contains a NUL byte";
-    else if (!why && start == len)
-        why = "it is empty";
-    if (why) {
+    } else if (rc < 0) {
         char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
         err_at(c, m->line, m->col, "%s: cannot use '%s'%s: %s", o->key, SHOWN(sp), where,
-               why);
+               why ? why : strerror(-rc));
         free(sp);
-        goto out;
     }
-    if (!(*out = malloc(len - start + 1))) {
-        oom(c);
-        goto out;
-    }
-    memcpy(*out, buf + start, len - start);
-    (*out)[len - start] = '\0';
-    rc = 0;
-out:
-    if (buf)
-        explicit_bzero(buf, MAX_SECRET_BYTES + 1);
-    free(buf);
-    close(fd);
-    return rc;
+    return rc < 0 ? -1 : 0;
 }
 
 /* Every F_PATH key that is set: resolve the name (the field gets the
@@ -1733,7 +1159,10 @@ static void resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m)
                        "of them", o->key, o->fills, m[t].line, m[t].col);
                 m[i].bad = true;
             } else if (read_secret(c, o, path, where, &m[i],
-                                   strcmp(o->fills, "nats.nkey_seed") == 0, &secret) < 0) {
+                                   /* a seed is checked; a password or token is one line */
+                                   strcmp(o->fills, "nats.nkey_seed") == 0
+                                       ? KVB_SECRET_TRIM : KVB_SECRET_ONE_LINE,
+                                   &secret) < 0) {
                 m[i].bad = true;
             } else {
                 str_free(*target);
@@ -1827,9 +1256,9 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
     const char *seed = cfg->nats.nkey_seed;
     bool from_file = present(cfg, m, "nats.nkey_seed_file");
     const struct mark *ms = &m[opt_index(from_file ? "nats.nkey_seed_file" : "nats.nkey_seed")];
-    char pub[NKEY_PUB_CHARS + 1];
+    char pub[KVB_NKEY_PUB_CHARS + 1];
     if (seed && *seed && !ms->bad) {
-        const char *why = nkey_public_of(seed, pub);
+        const char *why = kvb_secret_nkey_public(seed, pub);
         if (why && from_file) {
             char *sp = shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
                                  MAX_SHOWN_PATH);
@@ -1886,7 +1315,9 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
     }
 }
 
-/* dp_size > 1: every endpoint is tcp://HOST:PORT with room for the expansion. */
+/* Every tcp:// endpoint has a port ZMQ can use: 1..65535, or * (any) for the
+ * endpoint of a bind-mode source without dp_size expansion.  dp_size > 1:
+ * every endpoint is tcp://HOST:PORT with room for the expansion. */
 static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
                          const struct mark *m)
 {
@@ -1894,15 +1325,32 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
     const struct mark *mrank = &m[opt_index("sources[].dp_rank")];
     const struct mark *mend = &m[opt_index("sources[].endpoint")];
     const struct mark *mrep = &m[opt_index("sources[].replay_endpoint")];
+    const char *eps[2] = {s->endpoint, s->replay_endpoint};
+    const struct mark *ms[2] = {mend, mrep};
+    const char *names[2] = {"endpoint", "replay_endpoint"};
+    bool expand = s->dp_size > 1 && !msize->bad;
 
-    if (s->dp_size > 1 && !msize->bad) {
-        const char *eps[2] = {s->endpoint, s->replay_endpoint};
-        const struct mark *ms[2] = {mend, mrep};
-        const char *names[2] = {"endpoint", "replay_endpoint"};
+    for (size_t k = 0; k < 2; k++) {
+        if (!eps[k] || !has_prefix(eps[k], "tcp://") || ms[k]->bad)
+            continue;
+        const char *colon = strrchr(eps[k] + 6, ':');
+        long port = port_of(eps[k]);
+        bool any = colon && strcmp(colon, ":*") == 0 && k == 0 && !expand &&
+                   s->mode == KVB_MODE_BIND && !m[opt_index("sources[].mode")].bad;
+        if (port == 0 || (port < 0 && !expand && !any)) {
+            char *sv = shown(eps[k], strlen(eps[k]));
+            err_at(c, ms[k]->line, ms[k]->col, "sources[%zu].%s: '%s' needs a port in "
+                   "1..65535 (tcp://HOST:PORT)", i, names[k], SHOWN(sv));
+            free(sv);
+        }
+    }
+    if (expand) {
         for (size_t k = 0; k < 2; k++) {
             if (!eps[k] || !*eps[k] || ms[k]->bad)
                 continue;
             long port = has_prefix(eps[k], "tcp://") ? port_of(eps[k]) : -1;
+            if (port == 0)
+                continue; /* reported above */
             if (port < 0)
                 err_at(c, msize->line, msize->col,
                        "sources[%zu].dp_size: %" PRIu32 " needs sources[%zu].%s to be "
@@ -1923,46 +1371,6 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
 }
 
 /* ---- ZMQ CURVE keys (sources[].curve) ---------------------------------- */
-
-#define Z85_KEY_CHARS 40 /* a 32-byte CURVE key in Z85 */
-
-/* Decode a 40-character Z85 key into out; false when it is not one. */
-static bool z85_key(const char *s, size_t len, uint8_t out[32])
-{
-    char buf[Z85_KEY_CHARS + 1];
-    if (len != Z85_KEY_CHARS)
-        return false;
-    memcpy(buf, s, len);
-    buf[len] = '\0';
-    bool ok = zmq_z85_decode(out, buf) != NULL;
-    explicit_bzero(buf, sizeof buf);
-    return ok;
-}
-
-/* The next line of *p that holds something (blank lines and # comments
- * skipped, surrounding white space dropped): *start, *len, and its 1-based
- * number in *lineno.  False at the end of the text.  ('#' is a Z85 character,
- * but never the first of a key: "#0000" would be above 2^32 - 1.) */
-static bool next_line(const char **p, size_t *lineno, const char **start, size_t *len)
-{
-    while (**p) {
-        const char *s = *p, *e = strchr(s, '\n');
-        if (!e)
-            e = s + strlen(s);
-        *p = *e ? e + 1 : e;
-        ++*lineno;
-        while (s < e && (*s == ' ' || *s == '\t' || *s == '\r'))
-            s++;
-        while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
-            e--;
-        if (s == e || *s == '#')
-            continue;
-        *start = s;
-        *len = (size_t)(e - s);
-        return true;
-    }
-    return false;
-}
 
 /* Source key K written in the file with a value other than "" (or a bad one). */
 static bool src_present(const struct kvb_source_cfg *s, const struct mark *m, size_t k)
@@ -1989,7 +1397,7 @@ static int read_source_file(struct ctx *c, struct kvb_source_cfg *s, size_t i, s
         path = NULL;
         struct opt so = opts[k];
         so.key = key;
-        rc = read_secret(c, &so, *field, where, &m[k], false, text);
+        rc = read_secret(c, &so, *field, where, &m[k], 0, text);
     }
     free(path);
     free(key);
@@ -2016,24 +1424,11 @@ static void read_curve_secret(struct ctx *c, struct kvb_source_cfg *s, size_t i,
         m[k].bad = true;
         return;
     }
-    const char *p = text, *line, *why = NULL;
-    size_t lineno = 0, len, n = 0;
-    char msg[128];
-    while (!why && next_line(&p, &lineno, &line, &len)) {
-        if (++n > 1)
-            why = "holds more than one line besides # comments";
-        else if (!z85_key(line, len, s->curve.secret_key)) {
-            snprintf(msg, sizeof msg, "line %zu is not 40 Z85 characters", lineno);
-            why = msg;
-        }
-    }
-    if (!why && n == 0)
-        why = "holds no key (only blank lines or # comments)";
-    if (why) {
+    char why[128];
+    if (kvb_secret_curve_secret(text, s->curve.secret_key, why, sizeof why) < 0) {
         char what[192];
         snprintf(what, sizeof what, "does not hold a CURVE secret key: %s", why);
         file_content_err(c, s, i, k, m, what);
-        explicit_bzero(s->curve.secret_key, sizeof s->curve.secret_key);
         m[k].bad = true;
     }
     explicit_bzero(text, strlen(text));
@@ -2052,7 +1447,7 @@ static void read_curve_allowed(struct ctx *c, struct kvb_source_cfg *s, size_t i
     const char *p = text, *line;
     size_t lineno = 0, len, n = 0, cap = 0;
     uint8_t(*keys)[32] = NULL;
-    while (next_line(&p, &lineno, &line, &len)) {
+    while (kvb_secret_next_line(&p, &lineno, &line, &len)) {
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             uint8_t(*nk)[32] = realloc(keys, cap * sizeof *keys);
@@ -2062,7 +1457,7 @@ static void read_curve_allowed(struct ctx *c, struct kvb_source_cfg *s, size_t i
             }
             keys = nk;
         }
-        if (!z85_key(line, len, keys[n])) {
+        if (!kvb_secret_z85_key(line, len, keys[n])) {
             char what[96];
             snprintf(what, sizeof what, "line %zu: not a CURVE public key (40 Z85 characters)",
                      lineno);
@@ -2126,7 +1521,7 @@ static void check_curve(struct ctx *c, struct kvb_source_cfg *s, size_t i, struc
                "needs sources[%zu].curve.server_public_key (the engine's public key) too",
                i, i);
     if (srv && !m[is].bad &&
-        !z85_key(s->curve.server_public_key, strlen(s->curve.server_public_key),
+        !kvb_secret_z85_key(s->curve.server_public_key, strlen(s->curve.server_public_key),
                  s->curve.server_key)) {
         err_at(c, m[is].line, m[is].col, "sources[%zu].curve.server_public_key: not a CURVE "
                "public key (40 Z85 characters)", i);
@@ -2270,8 +1665,64 @@ out:
     free(subj);
 }
 
+/* worker_id_file: not with worker_id; its content is the id. */
+static void check_worker_id_file(struct ctx *c, struct kvb_config *cfg, struct mark *m)
+{
+    size_t f = opt_index("worker_id_file"), w = opt_index("worker_id");
+    const char *path = cfg->worker_id_file;
+    char *text = NULL;
+    if (!present(cfg, m, "worker_id_file") || m[f].bad)
+        return;
+    if (m[w].set) {
+        err_at(c, m[f].line, m[f].col, "worker_id_file: worker_id is set too (at %zu:%zu): "
+               "use one of them", m[w].line, m[w].col);
+        return;
+    }
+    /* (resolve_files() made the name absolute and found the file readable) */
+    if (read_secret(c, &opts[f], path, "", &m[f], KVB_SECRET_TRIM, &text) < 0)
+        return;
+    uint64_t id = 0;
+    int pr = parse_u64(text, strlen(text), &id);
+    if (pr < 0) {
+        char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
+        err_at(c, m[f].line, m[f].col, "worker_id_file: '%s' does not hold a worker id: "
+               "its content %s (expected an unsigned 64-bit decimal integer)", SHOWN(sp),
+               pr == -2 ? "is negative" : pr == -3 ? "is too large"
+                                                   : "is not a decimal integer");
+        free(sp);
+    } else {
+        cfg->worker_id = id;
+    }
+    free(text);
+}
+
+/* Every dp rank of every source is a SUB socket, plus a DEALER when the
+ * source has a replay_endpoint; a CURVE ZAP handler takes one more.  They
+ * all live in one ZMQ context, which refuses sockets beyond
+ * ZMQ_MAX_SOCKETS_DFLT. */
+static void check_socket_count(struct ctx *c, const struct kvb_config *cfg,
+                               const struct mark *m)
+{
+    const struct mark *ms = &m[opt_index("sources")];
+    uint64_t total = 1; /* the ZAP handler */
+    for (size_t i = 0; i < cfg->n_sources; i++) {
+        const struct kvb_source_cfg *s = &cfg->sources[i];
+        total += (uint64_t)s->dp_size * (s->replay_endpoint && *s->replay_endpoint ? 2 : 1);
+    }
+    if (total > ZMQ_MAX_SOCKETS_DFLT && ms->set && !ms->bad)
+        err_at(c, ms->line, ms->col,
+               "sources: %" PRIu64 " ZMQ sockets needed (one SUB per dp rank, one replay "
+               "DEALER per dp rank with a replay_endpoint, one for the CURVE ZAP handler), more "
+               "than ZMQ's "
+               "limit of %d: lower dp_size or split the sources over several kvbridge "
+               "instances",
+               total, ZMQ_MAX_SOCKETS_DFLT);
+}
+
 static void check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 {
+    check_worker_id_file(c, cfg, m);
+    check_socket_count(c, cfg, m);
     check_auth(c, cfg, m);
     check_tls(c, cfg, m);
     check_jetstream(c, cfg, m);
@@ -2295,12 +1746,18 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
                      const char *dprefix, void *base, struct mark *marks);
 
 static void required_missing(struct ctx *c, const struct node *map, const char *dprefix,
-                             bool sources_scope, const struct mark *marks)
+                             bool sources_scope, const void *base, const struct mark *marks)
 {
     for (size_t i = 0; i < N_OPTS; i++) {
         const struct opt *o = &opts[i];
         if (!(o->flags & F_REQUIRED) || in_sources(o) != sources_scope || marks[i].set)
             continue;
+        if (o->alt) {
+            size_t a = opt_index(o->alt);
+            const char *v = *(char *const *)((const char *)base + opts[a].off);
+            if (marks[a].set && (marks[a].bad || (v && *v)))
+                continue;
+        }
         const char *leaf = sources_scope ? o->key + sizeof SRC_PREFIX : o->key;
         err_at(c, map->line, map->col, "missing required key '%s%s%s'", dprefix,
                *dprefix ? "." : "", leaf);
@@ -2316,7 +1773,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
 
     if (v->kind != N_SEQ) {
         err_at(c, v->line, v->col, "%s: expected a list of sources, found %s", dpath,
-               is_null(v) ? "nothing" : kind_name(v));
+               kvb_cfg_is_null(v) ? "nothing" : kvb_cfg_kind_name(v));
         return;
     }
     if (v->n == 0) {
@@ -2346,13 +1803,13 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
         apply_defaults(c, &srcs[i], true);
         if (item->kind == N_MAP) {
             walk_map(c, item, SRC_PREFIX, ipath, &srcs[i], smarks);
-            required_missing(c, item, ipath, true, smarks);
+            required_missing(c, item, ipath, true, &srcs[i], smarks);
             check_source(c, &srcs[i], i, smarks);
             check_curve(c, &srcs[i], i, smarks);
         } else if (item->kind != N_BAD) {
             err_at(c, item->line, item->col,
                    "%s: expected a mapping (endpoint: ...), found %s", ipath,
-                   is_null(item) ? "nothing" : kind_name(item));
+                   kvb_cfg_is_null(item) ? "nothing" : kvb_cfg_kind_name(item));
         }
         free(ipath);
     }
@@ -2369,7 +1826,7 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
 
     if (v->kind != N_SEQ) {
         err_at(c, v->line, v->col, "%s: expected a list ([a, b]), found %s", dpath,
-               is_null(v) ? "nothing" : kind_name(v));
+               kvb_cfg_is_null(v) ? "nothing" : kvb_cfg_kind_name(v));
         goto fail;
     }
     if (v->n == 0) {
@@ -2384,13 +1841,18 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
         const struct node *it = v->kid[i];
         if (it->kind == N_BAD) {
             bad = true;
-        } else if (it->kind != N_SCALAR || is_null(it)) {
+        } else if (it->kind != N_SCALAR || kvb_cfg_is_null(it)) {
             err_at(c, it->line, it->col, "%s[%zu]: expected a single value, found %s",
-                   dpath, i, is_null(it) ? "nothing" : kind_name(it));
+                   dpath, i, kvb_cfg_is_null(it) ? "nothing" : kvb_cfg_kind_name(it));
             bad = true;
         } else if (conv_item(c, o, dpath, i, it->s, it->len, it->line, it->col,
                              list ? &list[i] : NULL, &mask) < 0) {
             bad = true;
+        } else if (o->check && list) {
+            char *ipath = xasprintf(c, "%s[%zu]", dpath, i);
+            if (!ipath || o->check(c, o, ipath, &list[i], it) < 0)
+                bad = true;
+            free(ipath);
         }
     }
     if (bad)
@@ -2433,8 +1895,8 @@ static void set_opt(struct ctx *c, const struct opt *o, const char *dpath,
     }
     if (v->kind != N_SCALAR) {
         err_at(c, v->line, v->col, "%s: expected a single value, found %s", dpath,
-               kind_name(v));
-    } else if (is_null(v)) {
+               kvb_cfg_kind_name(v));
+    } else if (kvb_cfg_is_null(v)) {
         err_at(c, v->line, v->col, "%s: missing value%s", dpath,
                o->type == T_STR ? " (write \"\" for an empty string)" : "");
     } else if (conv(c, o, dpath, v->s, v->len, v->line, v->col, field) == 0 &&
@@ -2460,7 +1922,7 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
             continue;
         if (k->kind != N_SCALAR) {
             err_at(c, k->line, k->col, "keys must be single values, not %s",
-                   kind_name(k));
+                   kvb_cfg_kind_name(k));
             continue;
         }
         shown_key = shown(k->s, k->len);
@@ -2492,9 +1954,9 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
             set_opt(c, o, dpath, v, base, marks);
         else if (v->kind == N_MAP)
             walk_map(c, v, tpath, dpath, base, marks);
-        else if (v->kind != N_BAD && !is_null(v)) /* "nats:" alone = all defaults */
+        else if (v->kind != N_BAD && !kvb_cfg_is_null(v)) /* "nats:" alone = all defaults */
             err_at(c, v->line, v->col, "%s: expected a mapping, found %s", dpath,
-                   kind_name(v));
+                   kvb_cfg_kind_name(v));
     next:
         free(shown_key);
         free(tpath);
@@ -2576,9 +2038,9 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
     }
     if (apply_defaults(&c, cfg, false) < 0)
         goto fail;
-    if (parse_tree(&c, &root) < 0)
+    if (kvb_cfg_parse(&c, &root) < 0)
         goto fail;
-    if (!root || is_null(root)) {
+    if (!root || kvb_cfg_is_null(root)) {
         err_at(&c, 1, 1,
                "empty configuration (worker_id, block_size and sources are required)");
         goto fail;
@@ -2587,11 +2049,11 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
         if (root->kind != N_BAD)
             err_at(&c, root->line, root->col,
                    "expected a mapping of keys at the top level, found %s",
-                   kind_name(root));
+                   kvb_cfg_kind_name(root));
         goto fail;
     }
     walk_map(&c, root, "", "", cfg, marks);
-    required_missing(&c, root, "", false, marks);
+    required_missing(&c, root, "", false, cfg, marks);
     resolve_files(&c, cfg, marks);
     check_config(&c, cfg, marks);
     if (!cfg->nats.nkey_public && !(cfg->nats.nkey_public = strdup("")))
@@ -2608,7 +2070,7 @@ fail:
         rc = -ENOMEM;
     kvb_config_free(&cfg);
     free(marks);
-    node_free(root);
+    kvb_cfg_node_free(root);
     if (buf)
         explicit_bzero(buf, c.len);
     free(buf);
@@ -2762,7 +2224,8 @@ static const char example_header[] =
     "# Generated by kvb_config_write_example() (src/config.c); a unit test keeps\n"
     "# conf/kvbridge.yaml equal to it.  Unknown keys and bad values are errors,\n"
     "# reported as FILE:LINE:COLUMN.  `kvbridge -c FILE --check` validates a file;\n"
-    "# SIGHUP reloads it, except keys marked as needing a restart.\n";
+    "# SIGHUP reloads it, except keys marked as needing a restart.  Any value may\n"
+    "# be taken from the environment: ${NAME}, ${NAME:-default}; $$ is a literal $.\n";
 
 /* Word-wrapped "# " lines at INDENT. */
 static void put_comment(FILE *f, int indent, const char *text)
@@ -2835,12 +2298,14 @@ static char *full_help(const struct opt *o)
     if ((o->type == T_U32 || o->type == T_U64 || o->type == T_BLOCKSIZE) &&
         !(range = xasprintf(NULL, " Range: %" PRIu64 "..%" PRIu64 ".", o->min, o->max)))
         goto out;
-    s = xasprintf(NULL, "%s%s%s%s%s%s%s", o->help, list ? " One of: " : "",
+    s = xasprintf(NULL, "%s%s%s%s%s%s%s%s%s", o->help, list ? " One of: " : "",
                   list ? list : "", list ? "." : "", range ? range : "",
                   o->type == T_BOOL ? " true or false." : "",
-                  (o->flags & F_REQUIRED) ? " Required."
-                  : (o->flags & F_RELOAD) ? ""
-                                          : " Changing it needs a restart.");
+                  !(o->flags & F_REQUIRED) ? ((o->flags & F_RELOAD) ? ""
+                                              : " Changing it needs a restart.")
+                  : o->alt ? " Required unless " : " Required.",
+                  (o->flags & F_REQUIRED) && o->alt ? o->alt : "",
+                  (o->flags & F_REQUIRED) && o->alt ? " is set." : "");
 out:
     free(list);
     free(range);
@@ -2937,4 +2402,113 @@ int kvb_config_write_example(FILE *f)
     if (rc == 0 && ferror(f))
         rc = -EIO;
     return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The effective values (--check -v)                                         */
+
+#define REDACTED "(redacted)"
+
+/* A server URL, its user information (user and password, or a token)
+ * replaced by REDACTED. */
+static void put_url(FILE *f, const char *url)
+{
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    const char *at = memrchr(p, '@', strcspn(p, "/?#"));
+    if (!at) {
+        put_quoted(f, url, strlen(url));
+        return;
+    }
+    char *r = xasprintf(NULL, "%.*s" REDACTED "%s", (int)(p - url), url, at);
+    if (r)
+        put_quoted(f, r, strlen(r));
+    else
+        fputs("\"" REDACTED "\"", f);
+    free(r);
+}
+
+/* The value of table row O in BASE (the config, or one source). */
+static void put_effective(FILE *f, const struct opt *o, const void *base)
+{
+    const void *field = (const char *)base + o->off;
+    switch (o->type) {
+    case T_U64: fprintf(f, "%" PRIu64, *(const uint64_t *)field); break;
+    case T_U32: fprintf(f, "%" PRIu32, *(const uint32_t *)field); break;
+    case T_BLOCKSIZE: {
+        uint32_t v = *(const uint32_t *)field;
+        if (v)
+            fprintf(f, "%" PRIu32, v);
+        else
+            fputs("auto", f);
+        break;
+    }
+    case T_BOOL: fputs(*(const bool *)field ? "true" : "false", f); break;
+    case T_ENUM: fputs(o->values[*(const int *)field], f); break;
+    case T_STR: {
+        const char *v = *(char *const *)field;
+        if (!v)
+            v = "";
+        if ((o->flags & F_SECRET) && *v)
+            fputs(REDACTED, f);
+        else
+            put_quoted(f, v, strlen(v));
+        break;
+    }
+    case T_STRLIST: {
+        char *const *list = *(char **const *)field;
+        size_t n = *(const size_t *)((const char *)base + o->noff);
+        fputc('[', f);
+        for (size_t i = 0; i < n; i++) {
+            fputs(i ? ", " : "", f);
+            put_url(f, list[i]);
+        }
+        fputc(']', f);
+        break;
+    }
+    case T_TIERS: {
+        uint32_t mask = *(const uint32_t *)field;
+        bool first = true;
+        fputc('[', f);
+        for (int t = 0; o->values[t]; t++) {
+            if (mask & (1u << t)) {
+                fprintf(f, "%s%s", first ? "" : ", ", o->values[t]);
+                first = false;
+            }
+        }
+        fputc(']', f);
+        break;
+    }
+    case T_SOURCES:
+        break;
+    }
+}
+
+int kvb_config_write_effective(const struct kvb_config *cfg, FILE *f)
+{
+    if (!cfg || !f)
+        return -EINVAL;
+    fprintf(f, "# effective configuration of %s (secrets redacted)\n",
+            cfg->path ? cfg->path : "?");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *o = &opts[i];
+        if (in_sources(o))
+            continue;
+        if (o->type != T_SOURCES) {
+            fprintf(f, "%s: ", o->key);
+            put_effective(f, o, cfg);
+            fputc('\n', f);
+            continue;
+        }
+        for (size_t k = 0; k < cfg->n_sources; k++) {
+            for (size_t j = 0; j < N_OPTS; j++) {
+                if (!in_sources(&opts[j]))
+                    continue;
+                fprintf(f, "sources[%zu].%s: ", k, opts[j].key + sizeof SRC_PREFIX);
+                put_effective(f, &opts[j], &cfg->sources[k]);
+                fputc('\n', f);
+            }
+        }
+    }
+    return ferror(f) ? -EIO : 0;
 }

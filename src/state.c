@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define STATE_FILE "kvbridge.state"
@@ -80,6 +81,45 @@ const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s,
         if (strcmp(s->streams[i].source, source) == 0 && strcmp(s->streams[i].topic, topic) == 0)
             return &s->streams[i];
     return NULL;
+}
+
+int kvb_state_prepare_dir(const char *dir, const char **what)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    struct stat st;
+    size_t n = strlen(dir);
+    *what = "cannot create";
+    if (n == 0 || n >= sizeof(path) || n + sizeof("/.kvbridge-check.XXXXXX") > sizeof(tmp))
+        return -ENAMETOOLONG;
+    memcpy(path, dir, n + 1);
+    /* every prefix ending before a '/', then the whole path */
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && path[i] != '/')
+            continue;
+        char save = path[i];
+        path[i] = '\0';
+        if (mkdir(path, 0700) < 0 && errno != EEXIST) {
+            int e = errno;
+            path[i] = save;
+            return -e;
+        }
+        path[i] = save;
+    }
+    if (stat(dir, &st) < 0)
+        return -errno;
+    if (!S_ISDIR(st.st_mode)) {
+        *what = "cannot use";
+        return -ENOTDIR;
+    }
+    *what = "cannot write to";
+    snprintf(tmp, sizeof(tmp), "%s/.kvbridge-check.XXXXXX", dir);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return -errno;
+    close(fd);
+    if (unlink(tmp) < 0)
+        return -errno;
+    return 0;
 }
 
 static void path_of(char *buf, size_t n, const char *dir, const char *name)

@@ -184,8 +184,9 @@ signal_pid() {
   wait_pid "$1" "${3:-10}"
 }
 
-# count_log FILE PATTERN: number of lines matching (0 when none or no file)
-count_log() { grep -c -- "$2" "$1" 2>/dev/null || true; }
+# count_log FILE PATTERN: number of lines matching (0 when none or no file:
+# start() creates FILE in the background, and a wait loop must not see "")
+count_log() { local n; n=$(grep -c -- "$2" "$1" 2>/dev/null) || true; echo "${n:-0}"; }
 
 # start_kvtail NAME NATS_PORT [kvtail options]: returns once subscribed (ready
 # file written); PID in TAIL_PID.  Its stdout (the messages unless --quiet,

@@ -2,7 +2,8 @@
 # kvbridge's command line and exit codes (config.md): --check 0 / 78 with
 # FILE:LINE:COL for each error, --version and --help 0, usage errors 1, a bad
 # file at start 78, no NATS within nats.connect_timeout_ms 69 (in about that
-# time), a source that cannot bind 1.
+# time), a source that cannot bind 1, an unusable state.dir 73; ${VAR} in
+# values and --check -v.
 source "$(dirname "$0")/lib.sh"
 
 KVB=$BIN/kvbridge
@@ -65,6 +66,58 @@ expect_eq "--check missing file: exit code 78" "$RC" 78
 
 run badrun -c "$T/bad.yaml"
 expect_eq "running with a bad file: exit code 78" "$RC" 78
+
+# ${VAR} in values; --check -v prints the effective values, secrets redacted
+cat >"$T/env.yaml" <<'YAML'
+worker_id: ${KVB_CLI_WORKER}
+block_size: ${KVB_CLI_UNSET:-32}
+sources:
+  - endpoint: "tcp://127.0.0.1:${KVB_CLI_PORT}"
+nats:
+  servers: ["nats://u:${KVB_CLI_PW}@127.0.0.1:4222"]
+  token: ${KVB_CLI_PW}
+metrics:
+  listen: ""
+YAML
+RC=0; KVB_CLI_WORKER=4242 KVB_CLI_PORT=$P KVB_CLI_PW=pw-s3cret timeout 20 "$KVB" -c "$T/env.yaml" --check -v \
+  >"$T/env.out" 2>&1 </dev/null || RC=$?
+expect_eq "--check -v with \${VAR}: exit code" "$RC" 0
+expect_eq "--check -v: worker_id from the environment" "$(grep -cx 'worker_id: 4242' "$T/env.out")" 1
+expect_eq "--check -v: block_size from the default" "$(grep -cx 'block_size: 32' "$T/env.out")" 1
+expect_eq "--check -v: endpoint expanded" \
+  "$(grep -cx "sources\[0\].endpoint: \"tcp://127.0.0.1:$P\"" "$T/env.out")" 1
+expect_eq "--check -v: token redacted" "$(grep -cx 'nats.token: (redacted)' "$T/env.out")" 1
+expect_eq "--check -v: no secret printed" "$(grep -c 'pw-s3cret' "$T/env.out")" 0
+expect_eq "--check -v: still says ok" "$(tail -n 1 "$T/env.out")" "$T/env.yaml: ok"
+RC=0; KVB_CLI_PORT=$P KVB_CLI_PW=x timeout 20 "$KVB" -c "$T/env.yaml" --check >"$T/envunset.out" 2>&1 </dev/null || RC=$?
+expect_eq "--check unset variable: exit code 78" "$RC" 78
+expect_eq "--check unset variable: FILE:LINE:COL and its name" \
+  "$(grep -c "^$T/env.yaml:1:12: environment variable KVB_CLI_WORKER is not set" "$T/envunset.out")" 1
+run verbose-alone -c "$T/good.yaml" -v
+expect_eq "-v without --check: exit code 1" "$RC" 1
+
+# state.dir: a missing one is created (mode 0700, parents too); one that
+# cannot be created (under a regular file: fails as root as well) is 73, with
+# --check and at start
+EXTRA="state:
+  dir: $T/state/a/b" SOURCES="  - endpoint: tcp://127.0.0.1:$P" NATS_URLS="nats://127.0.0.1:$P" \
+  kvbridge_config "$T/statedir.yaml"
+run statedir -c "$T/statedir.yaml" --check
+expect_eq "--check missing state.dir: exit code 0" "$RC" 0
+expect_eq "--check missing state.dir: created, mode 0700" "$(stat -c %a "$T/state/a/b" 2>&1)" 700
+expect_eq "--check missing state.dir: parents 0700" "$(stat -c %a "$T/state" 2>&1)" 700
+touch "$T/plainfile"
+EXTRA="state:
+  dir: $T/plainfile/sub" SOURCES="  - endpoint: tcp://127.0.0.1:$P" NATS_URLS="nats://127.0.0.1:$P" \
+  kvbridge_config "$T/statebad.yaml"
+run statebad -c "$T/statebad.yaml" --check
+expect_eq "--check unusable state.dir: exit code 73" "$RC" 73
+expect_eq "--check unusable state.dir: path and reason" \
+  "$(grep -c "state.dir: cannot create '$T/plainfile/sub': Not a directory" "$T/statebad.out")" 1
+run statebadrun -c "$T/statebad.yaml"
+expect_eq "start with unusable state.dir: exit code 73" "$RC" 73
+expect_eq "start with unusable state.dir: logged" \
+  "$(grep -c "state.dir: cannot create '$T/plainfile/sub': Not a directory" "$T/statebadrun.out")" 1
 
 # no NATS server within connect_timeout_ms: 69, after about that long
 NP=$(daemon_port)

@@ -1622,6 +1622,237 @@ START_TEST(test_free_null)
 }
 END_TEST
 
+/* ---- ${VAR} in values (issue 17) ---------------------------------------- */
+
+START_TEST(test_env_expand)
+{
+    setenv("KVB_T_ID", "12345", 1);
+    setenv("KVB_T_PORT", "5557", 1);
+    setenv("KVB_T_EMPTY", "", 1);
+    setenv("KVB_T_TIER", "disk", 1);
+    unsetenv("KVB_T_UNSET");
+    /* set, default (unset and empty), $$, inside lists and maps, in quotes */
+    struct result r = load_text(
+        "worker_id: ${KVB_T_ID}\nblock_size: ${KVB_T_UNSET:-32}\n"
+        "forward_tiers: [device, '${KVB_T_TIER}']\n"
+        "sources:\n  - endpoint: \"tcp://127.0.0.1:${KVB_T_PORT}\"\n"
+        "    topic: ${KVB_T_EMPTY:-kv}\n"
+        "    replay_endpoint: ${KVB_T_EMPTY}\n"
+        "nats:\n  servers: [\"nats://h:${KVB_T_UNSET:-4223}\", nats://a$$b:1]\n"
+        "  namespace: ns$${KVB_T_ID}$x\n");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    ck_assert_uint_eq(r.cfg->worker_id, 12345);
+    ck_assert_uint_eq(r.cfg->block_size, 32);
+    ck_assert_uint_eq(r.cfg->forward_tiers, (1u << KVB_TIER_DEVICE) | (1u << KVB_TIER_DISK));
+    ck_assert_str_eq(r.cfg->sources[0].endpoint, "tcp://127.0.0.1:5557");
+    ck_assert_str_eq(r.cfg->sources[0].topic, "kv");
+    ck_assert_str_eq(r.cfg->sources[0].replay_endpoint, ""); /* "", not a missing value */
+    ck_assert_str_eq(r.cfg->nats.servers[0], "nats://h:4223");
+    ck_assert_str_eq(r.cfg->nats.servers[1], "nats://a$b:1");
+    ck_assert_str_eq(r.cfg->nats.namespace_, "ns${KVB_T_ID}$x");
+    result_free(&r);
+
+    /* unset without a default: FILE:LINE:COL and the name; the other values
+     * are still checked */
+    r = load_text("worker_id: 1\nblock_size: 16\n"
+                  "sources: [{endpoint: 'tcp://h:${KVB_T_UNSET}'}]\n"
+                  "nats: {servers: [a, '${KVB_T_UNSET2}'], subject: '${KVB_T_EMPTY'}\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs,
+                     "T:3:22: environment variable KVB_T_UNSET is not set "
+                     "(${KVB_T_UNSET:-default} gives a default)\n"
+                     "T:4:21: environment variable KVB_T_UNSET2 is not set "
+                     "(${KVB_T_UNSET2:-default} gives a default)\n"
+                     "T:4:50: '${' without a valid ${NAME} or ${NAME:-default} (write $$ "
+                     "for a literal $)\n");
+    result_free(&r);
+
+    /* keys are taken as written */
+    r = load_text("worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+                  "${KVB_T_ID}: 1\n");
+    ck_assert_str_eq(r.errs, "T:4:1: unknown key '${KVB_T_ID}'\n");
+    result_free(&r);
+    unsetenv("KVB_T_ID");
+    unsetenv("KVB_T_PORT");
+    unsetenv("KVB_T_EMPTY");
+    unsetenv("KVB_T_TIER");
+}
+END_TEST
+
+/* ---- worker_id_file (issue 18) ------------------------------------------ */
+
+START_TEST(test_worker_id_file)
+{
+    char path[32], text[200], want[300];
+    temp_file(path, " 18446744073709551615\n\n", 23);
+    snprintf(text, sizeof text,
+             "worker_id_file: '%s'\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n",
+             path);
+    struct result r = load_text(text);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_uint_eq(r.cfg->worker_id, UINT64_MAX);
+    ck_assert_str_eq(r.cfg->worker_id_file, path);
+    result_free(&r);
+
+    /* both */
+    snprintf(text, sizeof text,
+             "worker_id: 3\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+             "worker_id_file: '%s'\n", path);
+    r = load_text(text);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs, "T:4:17: worker_id_file: worker_id is set too (at 1:12): use one "
+                             "of them\n");
+    result_free(&r);
+    unlink(path);
+
+    /* bad content names the file */
+    temp_file(path, "12x\n", 4);
+    snprintf(text, sizeof text,
+             "worker_id_file: '%s'\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n",
+             path);
+    r = load_text(text);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    snprintf(want, sizeof want, "T:1:17: worker_id_file: '%s' does not hold a worker id: its "
+             "content is not a decimal integer (expected an unsigned 64-bit decimal "
+             "integer)\n", path);
+    ck_assert_str_eq(r.errs, want);
+    result_free(&r);
+    unlink(path);
+
+    /* missing file */
+    r = load_text("worker_id_file: /nonexistent/id\nblock_size: 16\n"
+                  "sources: [{endpoint: 'inproc://x'}]\n");
+    ck_assert_str_eq(r.errs, "T:1:17: worker_id_file: cannot read '/nonexistent/id': No such "
+                             "file or directory\n");
+    result_free(&r);
+
+    /* neither (worker_id_file: "" is none) */
+    r = load_text("worker_id_file: ''\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n");
+    ck_assert_str_eq(r.errs, "T:1:1: missing required key 'worker_id'\n");
+    result_free(&r);
+}
+END_TEST
+
+/* ---- what --check refuses because it would fail at run time ------------ */
+
+static const struct bad_file runtime_bad[] = {
+    /* tcp:// ports: not a number, too large, 0, none; replay too */
+    {"worker_id: 1\nblock_size: 16\nsources:\n"
+     "  - {endpoint: 'tcp://h:x'}\n  - {endpoint: 'tcp://h:65536'}\n"
+     "  - {endpoint: 'tcp://h:0'}\n  - {endpoint: 'tcp://h', replay_endpoint: 'tcp://h:*'}\n"
+     "  - {endpoint: 'tcp://h:*'}\n",
+     "T:4:16: sources[0].endpoint: 'tcp://h:x' needs a port in 1..65535 (tcp://HOST:PORT)\n"
+     "T:5:16: sources[1].endpoint: 'tcp://h:65536' needs a port in 1..65535 "
+     "(tcp://HOST:PORT)\n"
+     "T:6:16: sources[2].endpoint: 'tcp://h:0' needs a port in 1..65535 (tcp://HOST:PORT)\n"
+     "T:7:16: sources[3].endpoint: 'tcp://h' needs a port in 1..65535 (tcp://HOST:PORT)\n"
+     "T:7:44: sources[3].replay_endpoint: 'tcp://h:*' needs a port in 1..65535 "
+     "(tcp://HOST:PORT)\n"
+     "T:8:16: sources[4].endpoint: 'tcp://h:*' needs a port in 1..65535 (tcp://HOST:PORT)\n"},
+    /* NATS URLs (the user information is never quoted) and metrics.listen */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats: {servers: ['nats://u:pw@h:99999', 'tls://h:', 'nats://[::1]:0', h:4x]}\n"
+     "metrics: {listen: '127.0.0.1:0'}\n",
+     "T:4:18: nats.servers[0]: port '99999' is not a number in 1..65535\n"
+     "T:4:41: nats.servers[1]: port '' is not a number in 1..65535\n"
+     "T:4:53: nats.servers[2]: port '0' is not a number in 1..65535\n"
+     "T:4:71: nats.servers[3]: port '4x' is not a number in 1..65535\n"
+     "T:5:19: metrics.listen: '127.0.0.1:0': port 0 is not a port to scrape (expected "
+     "1..65535)\n"},
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "metrics: {listen: 'localhost:9464'}\n",
+     "T:4:19: metrics.listen: 'localhost:9464': the host must be a numeric IPv4 or IPv6 "
+     "address\n"},
+    /* more sockets than ZMQ's default limit: 2 x (511 SUB + 511 DEALER) + ZAP */
+    {"worker_id: 1\nblock_size: 16\nsources:\n"
+     "  - {endpoint: 'tcp://h:1000', replay_endpoint: 'tcp://h:2000', dp_size: 511}\n"
+     "  - {endpoint: 'tcp://h:3000', dp_size: 2}\n",
+     "T:4:3: sources: 1025 ZMQ sockets needed (one SUB per dp rank, one replay DEALER per "
+     "dp rank with a replay_endpoint, one for the CURVE ZAP handler), more than ZMQ's "
+     "limit of 1023: lower dp_size or split the sources over several kvbridge "
+     "instances\n"},
+};
+
+START_TEST(test_runtime_bad)
+{
+    struct result r = load_text(runtime_bad[_i].file);
+    ck_assert_msg(r.rc == -EINVAL, "case %d: rc %d", _i, r.rc);
+    ck_assert_str_eq(r.errs, runtime_bad[_i].errs);
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_runtime_good)
+{
+    /* the limits themselves (1023 sockets), a bind-mode wildcard port, URLs
+     * without a port */
+    struct result r = load_text(
+        "worker_id: 1\nblock_size: 16\nsources:\n"
+        "  - {endpoint: 'tcp://h:1000', replay_endpoint: 'tcp://h:2000', dp_size: 510}\n"
+        "  - {endpoint: 'tcp://[::1]:65535'}\n  - {endpoint: 'tcp://*:*', mode: bind}\n"
+        "nats: {servers: ['nats://u:p@h', 'tls://[::1]:1/x', 'h:65535']}\n"
+        "metrics: {listen: '[::1]:1'}\n");
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_int_eq(r.rc, 0);
+    result_free(&r);
+}
+END_TEST
+
+START_TEST(test_multiline_secret_file)
+{
+    char path[32], text[160], want[300];
+    /* one line and a trailing newline (or two) is fine */
+    temp_file(path, "pw\r\n\n", 5);
+    snprintf(text, sizeof text, "nats: {user: u, password_file: '%s'}\n", path);
+    struct result r = load_extra(text);
+    ck_assert_str_eq(r.errs, "");
+    ck_assert_str_eq(r.cfg->nats.password, "pw");
+    result_free(&r);
+    unlink(path);
+
+    /* a second line is an error naming the file (and not quoting it) */
+    temp_file(path, "pw-line-1\npw-line-2\n", 20);
+    snprintf(text, sizeof text, "nats: {token_file: '%s'}\n", path);
+    r = load_extra(text);
+    ck_assert_int_eq(r.rc, -EINVAL);
+    snprintf(want, sizeof want, "T:4:20: nats.token_file: cannot use '%s': it has more than "
+             "one line (only a trailing line end is dropped)\n", path);
+    ck_assert_str_eq(r.errs, want);
+    result_free(&r);
+    unlink(path);
+}
+END_TEST
+
+START_TEST(test_write_effective)
+{
+    setenv("KVB_T_PW", "hunter2-env", 1);
+    struct result r = load_extra("nats:\n  user: u\n  password: ${KVB_T_PW}\n"
+                                 "  servers: ['nats://u:tok3n@h:4222', 'nats://h2']\n");
+    ck_assert_str_eq(r.errs, "");
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    ck_assert_int_eq(kvb_config_write_effective(r.cfg, f), 0);
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(out, "\nworker_id: 1\n"));
+    ck_assert_ptr_nonnull(strstr(out, "\nblock_size: 16\n"));
+    ck_assert_ptr_nonnull(strstr(out, "\nsources[0].endpoint: \"inproc://x\"\n"));
+    ck_assert_ptr_nonnull(strstr(out, "\nsources[0].mode: connect\n"));
+    ck_assert_ptr_nonnull(strstr(out, "\nnats.user: \"u\"\n"));
+    ck_assert_ptr_nonnull(strstr(out, "\nnats.password: (redacted)\n"));
+    ck_assert_ptr_nonnull(strstr(out, "\nnats.token: \"\"\n"));
+    ck_assert_ptr_nonnull(
+        strstr(out, "\nnats.servers: [\"nats://(redacted)@h:4222\", \"nats://h2\"]\n"));
+    ck_assert_ptr_nonnull(strstr(out, "\nforward_tiers: [device]\n"));
+    ck_assert_ptr_null(strstr(out, "hunter2"));
+    ck_assert_ptr_null(strstr(out, "tok3n"));
+    free(out);
+    result_free(&r);
+    unsetenv("KVB_T_PW");
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -1659,6 +1890,12 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_curve_keys);
     tcase_add_loop_test(tc, test_curve_bad, 0, (int)(sizeof bad_curve / sizeof *bad_curve));
     tcase_add_test(tc, test_curve_source_equal);
+    tcase_add_test(tc, test_env_expand);
+    tcase_add_test(tc, test_worker_id_file);
+    tcase_add_loop_test(tc, test_runtime_bad, 0, (int)(sizeof runtime_bad / sizeof *runtime_bad));
+    tcase_add_test(tc, test_runtime_good);
+    tcase_add_test(tc, test_multiline_secret_file);
+    tcase_add_test(tc, test_write_effective);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -143,6 +143,40 @@ START_TEST(save_replaces_whole_file)
 }
 END_TEST
 
+/* state.dir at --check and start: created with its parents (0700), found
+ * writable; a path under a regular file fails (as root too). */
+START_TEST(prepare_dir)
+{
+    char p[160], q[160], f[160];
+    const char *what = NULL;
+    struct stat st;
+    snprintf(p, sizeof(p), "%s/x/y/", dir);
+    ck_assert_int_eq(kvb_state_prepare_dir(p, &what), 0);
+    snprintf(p, sizeof(p), "%s/x/y", dir);
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert(S_ISDIR(st.st_mode));
+    ck_assert_uint_eq(st.st_mode & 07777, 0700);
+    snprintf(q, sizeof(q), "%s/x", dir);
+    ck_assert_int_eq(stat(q, &st), 0);
+    ck_assert_uint_eq(st.st_mode & 07777, 0700);
+    /* existing: fine, and the test file is gone */
+    ck_assert_int_eq(kvb_state_prepare_dir(p, &what), 0);
+    ck_assert_int_eq(rmdir(p), 0); /* empty */
+    ck_assert_int_eq(rmdir(q), 0);
+
+    snprintf(f, sizeof(f), "%s/file", dir);
+    FILE *fp = fopen(f, "w");
+    ck_assert(fp != NULL);
+    fclose(fp);
+    snprintf(p, sizeof(p), "%s/file/sub", dir);
+    ck_assert_int_eq(kvb_state_prepare_dir(p, &what), -ENOTDIR);
+    ck_assert_str_eq(what, "cannot create");
+    ck_assert_int_eq(kvb_state_prepare_dir(f, &what), -ENOTDIR); /* not a directory */
+    ck_assert_str_eq(what, "cannot use");
+    ck_assert_int_eq(unlink(f), 0);
+}
+END_TEST
+
 static Suite *state_suite(void)
 {
     Suite *s = suite_create("state");
@@ -151,6 +185,7 @@ static Suite *state_suite(void)
     tcase_add_test(tc, round_trip);
     tcase_add_test(tc, missing_and_corrupt);
     tcase_add_test(tc, save_replaces_whole_file);
+    tcase_add_test(tc, prepare_dir);
     suite_add_tcase(s, tc);
     return s;
 }
