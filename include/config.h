@@ -1,4 +1,4 @@
-/* config: the YAML file (shared spec config.md), parsed through libyaml.
+/* config: the YAML file (docs/configuration.md), parsed through libyaml.
  *
  * One table in config.c (key, type, offset, default, limits, reloadable, help)
  * drives parsing, defaults, validation, --check and the commented example

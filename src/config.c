@@ -1,6 +1,6 @@
-/* config: the YAML file (shared spec config.md), parsed with libyaml's event API.
+/* config: the YAML file (docs/configuration.md), parsed with libyaml's event API.
  *
- * Everything hangs off one table, `opts[]` (design.md rule 7): each row is a key
+ * Everything hangs off one table, `opts[]` (docs/design.md rule 7): each row is a key
  * path, a type, an offset, a default, limits, a reloadable flag, an optional
  * check and the help text.  Parsing, defaults, validation, freeing, reload
  * checks and the commented example are all loops over that table.
