@@ -239,7 +239,7 @@ void kvb_engine_load_finish(struct kvb_engine_load *cur, const struct kvb_engine
             double total = r->v[KVB_LOAD_TOTAL_BLOCKS], u = r->v[KVB_LOAD_KV_USAGE];
             u = u < 0 ? 0 : u > 1 ? 1 : u;
             if (total >= 0 && isfinite(total))
-                set(r, KVB_LOAD_USED_BLOCKS, round(u * total));
+                set(r, KVB_LOAD_USED_BLOCKS, fmin(round(u * total), total));
         }
         if (!kvb_load_has(r, KVB_LOAD_HIT_RATE) && kvb_load_has(r, KVB_LOAD_PREFIX_QUERIES) &&
             kvb_load_has(r, KVB_LOAD_PREFIX_HITS)) {

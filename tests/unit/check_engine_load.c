@@ -182,6 +182,13 @@ START_TEST(test_rank_rules)
     EQ(field(l, 0, KVB_LOAD_BLOCK_TOKENS), 16);
     ck_assert_uint_eq(l->ignored, 1);
     free(l);
+    /* used blocks never exceed the total, even for a total that is not an
+     * integer (round(1 x 2.5) = 3 before the fix) */
+    l = load_str(KVB_ENGINE_VLLM, "vllm:cache_config_info{num_gpu_blocks=\"2.5\"} 1\n"
+                                  "vllm:kv_cache_usage_perc 1\n");
+    kvb_engine_load_finish(l, NULL, 0);
+    ck_assert(field(l, 0, KVB_LOAD_USED_BLOCKS) <= 2.5);
+    free(l);
     /* more ranks than KVB_LOAD_MAX_RANKS: the extra ones are counted */
     size_t cap = (KVB_LOAD_MAX_RANKS + 2) * 64;
     char *page = malloc(cap);
