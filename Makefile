@@ -2,7 +2,7 @@
 # Binaries go to build/.  `make deps` installs missing Debian packages.
 
 CC       ?= cc
-PKGS     := libzmq msgpack libnats yaml-0.1 libxxhash libmicrohttpd libsystemd libcrypto
+PKGS     := libzmq msgpack libnats yaml-0.1 libxxhash libmicrohttpd libsystemd libcrypto libcurl
 OPT      ?= -O2 -g
 # Third-party headers come in through -isystem (pkg-config), so -Werror only
 # applies to our own code.
@@ -10,7 +10,7 @@ CPPFLAGS += -Iinclude -D_GNU_SOURCE
 CFLAGS   += -std=c11 $(OPT) -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
             -Wmissing-prototypes -MMD -MP \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
 
@@ -25,7 +25,7 @@ ITEST    := $(sort $(wildcard tests/integration/test_*.sh))
 
 DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
             check libxxhash-dev libmicrohttpd-dev libsystemd-dev libssl-dev nats-server valgrind \
-            systemd strace openssl curl
+            systemd strace openssl curl libcurl4-openssl-dev
 
 # keep objects of pattern-built binaries
 .SECONDARY:

@@ -7,15 +7,17 @@
 #                         (decode -> convert -> encode), per mix, plus the top
 #                         functions (callgrind_annotate)
 #   make bench-rss        kvbridge fed 10M events (decode mix): VmRSS every second
+#   make bench-scrape     CPU of scraping an engine's /metrics (the vLLM page)
+#                         every 500 ms for 20 s: build/bench/scrape-cost
 #
 # Tools go to $(B)/bench/; they link $(B)/libkvb.a like the unit tests.
 
 BENCH_OUT   := $(B)/bench
 BENCH_TOOLS := $(BENCH_OUT)/bench-pub $(BENCH_OUT)/count-sub $(BENCH_OUT)/forwarder \
-               $(BENCH_OUT)/capture $(BENCH_OUT)/pipeline-bench
+               $(BENCH_OUT)/capture $(BENCH_OUT)/pipeline-bench $(BENCH_OUT)/scrape-cost
 BENCH_DEPS  := $(B)/kvbridge $(B)/kvsim $(BENCH_TOOLS)
 
-.PHONY: bench bench-tools bench-callgrind bench-rss
+.PHONY: bench bench-tools bench-callgrind bench-rss bench-scrape
 
 bench-tools: $(BENCH_TOOLS)
 
@@ -56,3 +58,11 @@ bench-rss: $(BENCH_DEPS)
 .PHONY: bench-metrics-cost
 bench-metrics-cost:
 	@B=$(B) bash tests/bench/metrics_cost.sh
+
+$(BENCH_OUT)/scrape-cost: $(B)/obj/tests/bench/scrape_cost.o $(B)/libkvb.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# CPU of the scraper: one vLLM page every 500 ms for 20 s
+bench-scrape: $(BENCH_OUT)/scrape-cost
+	$(BENCH_OUT)/scrape-cost tests/data/metrics/vllm.txt 20 500 1

@@ -44,7 +44,8 @@ fuzz: fuzz-build fuzz-seeds
 fuzz-run-%:
 	@t=$*; mkdir -p $(FUZZ_B)/corpus/$$t $(FUZZ_B)/crashes/$$t tests/fuzz/regressions/$$t; \
 	dict=$$(case $$t in fuzz_decode|fuzz_frames) echo tests/fuzz/msgpack.dict;; \
-	                    fuzz_config) echo tests/fuzz/config.dict;; esac); \
+	                    fuzz_config) echo tests/fuzz/config.dict;; \
+	                    fuzz_promtext) echo tests/fuzz/promtext.dict;; esac); \
 	echo "== fuzz $$t for $(FUZZ_SECONDS) s"; \
 	if $(FUZZ_B)/$$t $(FUZZ_FLAGS) -max_total_time=$(FUZZ_SECONDS) \
 	     $${dict:+-dict=$$dict} -artifact_prefix=$(FUZZ_B)/crashes/$$t/ \

@@ -6,10 +6,11 @@
 #                     fuzz_frames.c for the format): in order, with a gap,
 #                     going back (restart), with a garbage batch, reconfigured
 #   OUT/fuzz_config   tests/data/config/*.yaml and conf/kvbridge.yaml
+#   OUT/fuzz_promtext tests/data/metrics/*.txt (engine /metrics pages, edge cases)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${1:?usage: mkseeds.sh OUT}
-mkdir -p "$OUT/fuzz_decode" "$OUT/fuzz_frames" "$OUT/fuzz_config"
+mkdir -p "$OUT/fuzz_decode" "$OUT/fuzz_frames" "$OUT/fuzz_config" "$OUT/fuzz_promtext"
 
 for f in "$ROOT"/tests/data/*/*.msgpack; do
   d=$(basename "$(dirname "$f")")
@@ -17,6 +18,7 @@ for f in "$ROOT"/tests/data/*/*.msgpack; do
 done
 cp "$ROOT"/tests/data/config/*.yaml "$OUT/fuzz_config/"
 cp "$ROOT"/conf/kvbridge.yaml "$OUT/fuzz_config/conf-kvbridge.yaml"
+cp "$ROOT"/tests/data/metrics/*.txt "$OUT/fuzz_promtext/"
 
 byte() { printf "\\x$(printf %02x "$1")"; }
 # record CODE FILE: seq code, 16-bit little-endian length, payload
