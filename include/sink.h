@@ -85,12 +85,6 @@ struct kvb_config;
 struct kvb_metrics;
 struct kvb_sink;
 
-/* Expand a subject template: {namespace} {component} {worker_id} {dp_rank}.
- * Returns the length written (NUL-terminated), or -ENAMETOOLONG / -EINVAL
- * (unknown {placeholder}). */
-int kvb_subject_expand(const char *tmpl, const char *ns, const char *component,
-                       uint64_t worker_id, uint32_t dp_rank, char *out, size_t cap);
-
 /* Create and start connecting.  wake_fd: the write end of the loop's wake pipe
  * (or an eventfd), -1 for none.  Returns 0 or a negative errno; when
  * cfg->nats.connect_timeout_ms is 0 the sink keeps retrying in the background
