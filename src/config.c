@@ -23,6 +23,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "secret.h"
+#include "subject.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -896,28 +897,25 @@ static int check_word(struct ctx *c, const struct opt *o, const char *dpath,
     return 0;
 }
 
-/* Every '{' of s starts one of the n placeholders in names[] (the first n of
- * {namespace} {component} {worker_id} {dp_rank}); expected lists them for the
- * error. */
+/* Every '{' of s starts one of the first n placeholders of {namespace}
+ * {component} {worker_id} {dp_rank} (subject.h checks); expected lists them
+ * for the error. */
 static int check_placeholders(struct ctx *c, const char *dpath, const char *s,
                               const struct node *v, size_t n, const char *expected)
 {
-    static const char *const names[] = {"{namespace}", "{component}", "{worker_id}",
-                                        "{dp_rank}"};
-    for (const char *p = strchr(s, '{'); p; p = strchr(p + 1, '{')) {
-        bool ok = false;
-        for (size_t i = 0; i < n && !ok; i++)
-            ok = has_prefix(p, names[i]);
-        if (!ok) {
-            const char *e = strchr(p, '}');
-            char *sv = shown(p, e ? (size_t)(e - p) + 1 : strlen(p));
-            err_at(c, v->line, v->col, "%s: unknown placeholder '%s' (expected %s)", dpath,
-                   SHOWN(sv), expected);
-            free(sv);
-            return -1;
-        }
-    }
-    return 0;
+    static const unsigned bits[] = {KVB_PH_NAMESPACE, KVB_PH_COMPONENT, KVB_PH_WORKER_ID,
+                                    KVB_PH_DP_RANK};
+    unsigned allowed = 0;
+    size_t off = 0, len = 0;
+    for (size_t i = 0; i < n && i < sizeof(bits) / sizeof(bits[0]); i++)
+        allowed |= bits[i];
+    if (kvb_subject_check(s, allowed, &off, &len) == 0)
+        return 0;
+    char *sv = shown(s + off, len);
+    err_at(c, v->line, v->col, "%s: unknown placeholder '%s' (expected %s)", dpath, SHOWN(sv),
+           expected);
+    free(sv);
+    return -1;
 }
 
 static int check_subject(struct ctx *c, const struct opt *o, const char *dpath,

@@ -16,7 +16,6 @@
 #include <systemd/sd-daemon.h>
 
 #include "clock.h"
-#include "encode.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
@@ -24,6 +23,7 @@
 #include "sink.h"
 #include "source.h"
 #include "state.h"
+#include "subject.h"
 #include "version.h"
 #include "zap.h"
 
@@ -111,22 +111,13 @@ static const char *subject_for(struct kvb_daemon *d, uint32_t rank)
 /* Nats-Msg-Id (router-events.md section 2): {worker_id}.{dp_rank}.{epoch}.{event_id}. */
 static const char *msg_id(const struct kvb_rev *rev, char *buf)
 {
-    char *p = buf;
-    p += kvb_u64_to_dec(p, rev->worker_id);
-    *p++ = '.';
-    p += kvb_u64_to_dec(p, rev->dp_rank);
-    *p++ = '.';
-    p += kvb_u64_to_dec(p, rev->epoch);
-    *p++ = '.';
-    p += kvb_u64_to_dec(p, rev->event_id);
-    *p = '\0';
-    return buf;
+    return kvb_subject_msg_id(buf, rev->worker_id, rev->dp_rank, rev->epoch, rev->event_id);
 }
 
 static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
 {
     struct kvb_daemon *d = ctx;
-    char id[4 * 21];
+    char id[KVB_MSG_ID_MAX];
     const char *subj = subject_for(d, rev->dp_rank);
     int rc = !subj         ? -EINVAL
              : d->jetstream ? kvb_sink_publish_id(d->sink, subj, data, len, msg_id(rev, id))

@@ -405,78 +405,6 @@ static bool wait_connected(struct kvb_sink *s, bool want, unsigned ms)
     return true;
 }
 
-/* ---- subject templates ---- */
-
-START_TEST(test_subject_default)
-{
-    char out[128];
-    int n = kvb_subject_expand(DEFAULT_SUBJECT, "dynamo", "backend", 1, 0, out, sizeof(out));
-    ck_assert_int_eq(n, (int)strlen(SUBJ));
-    ck_assert_str_eq(out, SUBJ);
-}
-END_TEST
-
-START_TEST(test_subject_all_placeholders)
-{
-    char out[128];
-    int n = kvb_subject_expand("kv.{namespace}.{component}.{worker_id}.{dp_rank}.x", "ns",
-                               "comp", 7587890738027725506ull, 3, out, sizeof(out));
-    ck_assert_str_eq(out, "kv.ns.comp.7587890738027725506.3.x");
-    ck_assert_int_eq(n, (int)strlen(out));
-
-    n = kvb_subject_expand("{worker_id}{dp_rank}{worker_id}", "a", "b", UINT64_MAX,
-                           UINT32_MAX, out, sizeof(out));
-    ck_assert_str_eq(out, "18446744073709551615429496729518446744073709551615");
-    ck_assert_int_eq(n, (int)strlen(out));
-
-    n = kvb_subject_expand("plain.subject", "a", "b", 0, 0, out, sizeof(out));
-    ck_assert_str_eq(out, "plain.subject");
-
-    n = kvb_subject_expand("", "a", "b", 0, 0, out, sizeof(out));
-    ck_assert_int_eq(n, 0);
-    ck_assert_str_eq(out, "");
-
-    /* A lone '}' is literal. */
-    n = kvb_subject_expand("a}.{dp_rank}", "a", "b", 0, 12, out, sizeof(out));
-    ck_assert_str_eq(out, "a}.12");
-}
-END_TEST
-
-START_TEST(test_subject_errors)
-{
-    char out[32];
-    memset(out, 'Z', sizeof(out));
-
-    ck_assert_int_eq(kvb_subject_expand("a.{nope}.b", "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
-    ck_assert_int_eq(kvb_subject_expand("a.{}.b", "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
-    ck_assert_int_eq(kvb_subject_expand("a.{namespace", "n", "c", 1, 0, out, sizeof(out)),
-                     -EINVAL);
-    ck_assert_int_eq(kvb_subject_expand("{Namespace}", "n", "c", 1, 0, out, sizeof(out)),
-                     -EINVAL);
-    ck_assert_int_eq(kvb_subject_expand(NULL, "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
-    ck_assert_int_eq(kvb_subject_expand("x", NULL, "c", 1, 0, out, sizeof(out)), -EINVAL);
-    /* out is written only on success */
-    ck_assert_int_eq(out[0], 'Z');
-
-    /* "namespace.dynamo.component.backend.kv_events" is 44 chars: fits in 45. */
-    char big[45];
-    ck_assert_int_eq(kvb_subject_expand(DEFAULT_SUBJECT, "dynamo", "backend", 0, 0, big, 44),
-                     -ENAMETOOLONG);
-    ck_assert_int_eq(kvb_subject_expand(DEFAULT_SUBJECT, "dynamo", "backend", 0, 0, big, 45), 44);
-    ck_assert_str_eq(big, SUBJ);
-    ck_assert_int_eq(kvb_subject_expand("x", "n", "c", 0, 0, out, 0), -ENAMETOOLONG);
-    ck_assert_int_eq(kvb_subject_expand("", "n", "c", 0, 0, out, 1), 0);
-    /* Overflow inside a placeholder value, and an error after an overflow-free prefix. */
-    memset(out, 'Z', sizeof(out));
-    ck_assert_int_eq(kvb_subject_expand("w.{worker_id}", "n", "c", UINT64_MAX, 0, out, 10),
-                     -ENAMETOOLONG);
-    ck_assert_int_eq(out[0], 'Z');
-    ck_assert_int_eq(kvb_subject_expand("w.{worker_id}.{bad}", "n", "c", 1, 0, out, sizeof(out)),
-                     -EINVAL);
-    ck_assert_int_eq(out[0], 'Z');
-}
-END_TEST
-
 /* ---- sink without a server ---- */
 
 START_TEST(test_destroy_null)
@@ -1341,13 +1269,7 @@ END_TEST
 static Suite *sink_suite(void)
 {
     Suite *su = suite_create("sink");
-    TCase *tc = tcase_create("subject");
-    tcase_add_test(tc, test_subject_default);
-    tcase_add_test(tc, test_subject_all_placeholders);
-    tcase_add_test(tc, test_subject_errors);
-    suite_add_tcase(su, tc);
-
-    tc = tcase_create("no_server");
+    TCase *tc = tcase_create("no_server");
     tcase_set_timeout(tc, 15);
     tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
     tcase_add_test(tc, test_destroy_null);
