@@ -1,11 +1,11 @@
 /* sink guard: abandon NATS connection attempts whose handshake never ends.
  *
- * nats.c up to 3.7 (Debian's 3.4.1 included) reads the server's answer to its
- * first PING with _readProto(), which only leaves its loop on a byte '\n' or
- * on the connection's end: once the attempt's deadline has passed, every
- * read fails at once with a timeout and the loop spins, appending a byte per
- * turn to a buffer that grows until memory runs out (nats.c issue #706,
- * fixed by PR #707 in 3.8.0).  A server that sends INFO and never answers
+ * nats.c before its PR #707 (January 2024: 3.7 and older, Debian's 3.4.1
+ * included) reads the server's answer to its first PING with _readProto(),
+ * which only leaves its loop on a byte '\n' or on the connection's end: once
+ * the attempt's deadline has passed, every read fails at once with a timeout
+ * and the loop spins, appending a byte per turn to a buffer that grows until
+ * memory runs out (nats.c issue #706).  A server that sends INFO and never answers
  * PONG (a wedged server, a proxy, an attacker) thus keeps a thread at 100%
  * CPU forever: at start the thread of natsConnection_Connect (the loop's),
  * at a reconnect nats.c's reconnect thread, which holds the connection's
