@@ -30,6 +30,10 @@
  * logged (rate-limited).  With a nats.c that does not spin the attempt ends
  * at its deadline by itself and the guard never acts.
  *
+ * When destroy starts (kvb_sink_guard_hurry) it no longer waits for the
+ * attempt's timeout: a handshake unanswered for GUARD_TICK_MS is cut at once,
+ * so that stopping does not wait for nats.c's attempt.
+ *
  * The guard never calls nats.c (it must run while nats.c is stuck), sleeps
  * while the sink is connected (set_state kicks it) and looks every
  * GUARD_TICK_MS otherwise.  It owns guard_mu; its tables are its own.
@@ -216,6 +220,11 @@ static void guard_scan(struct kvb_sink *s, struct sockinfo *socks)
     size_t n_att = kvb_sink_io_attached(s, attached, 16);
     size_t n = nats_sockets(s, socks);
     uint64_t now = kvb_mono_ms();
+    /* destroy is waiting for the attempt in progress: no need to give it
+     * its full time, only to see that it went unanswered for a tick */
+    bool hurry = atomic_load(&s->guard_hurry);
+    uint64_t limit = hurry ? 0 : s->guard_limit_ms;
+    uint32_t quiet = hurry ? GUARD_TICK_MS : s->guard_limit_ms - GUARD_GRACE_MS;
 
     for (size_t c = 0; c < s->n_guard_cand; c++)
         s->guard_cand[c].seen = false;
@@ -234,8 +243,7 @@ static void guard_scan(struct kvb_sink *s, struct sockinfo *socks)
             continue;
         }
         s->guard_cand[c].seen = true;
-        if (now - s->guard_cand[c].since >= s->guard_limit_ms &&
-            unanswered(socks[i].fd, s->guard_limit_ms - GUARD_GRACE_MS)) {
+        if (now - s->guard_cand[c].since >= limit && unanswered(socks[i].fd, quiet)) {
             abandon(s, &socks[i], now - s->guard_cand[c].since);
             s->guard_cand[c].seen = false; /* forgotten: it is gone */
         }
@@ -329,6 +337,12 @@ void kvb_sink_guard_kick(struct kvb_sink *s)
     s->guard_kicked = true;
     pthread_cond_signal(&s->guard_cond);
     pthread_mutex_unlock(&s->guard_mu);
+}
+
+void kvb_sink_guard_hurry(struct kvb_sink *s)
+{
+    atomic_store(&s->guard_hurry, true);
+    kvb_sink_guard_kick(s);
 }
 
 void kvb_sink_guard_count(struct kvb_sink *s)

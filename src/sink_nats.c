@@ -517,6 +517,7 @@ static void sink_free(struct kvb_sink *s)
     if (!s)
         return;
     atomic_store(&s->live, false);
+    kvb_sink_guard_hurry(s); /* the worker or nats.c may be in a handshake */
     if (s->rb_started) {
         pthread_mutex_lock(&s->rb_mu);
         s->rb_stop = true;
