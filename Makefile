@@ -35,7 +35,7 @@ DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-d
 # keep objects of pattern-built binaries
 .SECONDARY:
 
-.PHONY: all check unit integration check-valgrind deps clean demo
+.PHONY: all check unit integration tools-selftest check-valgrind deps clean demo
 all: $(PROGS) $(UNIT_BIN)
 
 $(B)/obj/%.o: %.c
@@ -74,11 +74,18 @@ $(B)/tests/%: $(B)/obj/tests/unit/%.o $(B)/libkvb.a
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
+# Every test runs (300 s each at most); the failed ones are listed, then
+# "integration: N passed, N failed".  One test: timeout 300 bash tests/integration/test_X.sh
 integration: $(PROGS)
-	@set -e; for t in $(ITEST); do echo "== $$t"; timeout 300 bash $$t; done
+	@bash tests/integration/run.sh $(ITEST)
+
+# The test instruments kvsim and kvtail tested on their own (tools/README.md).
+tools-selftest: $(ORACLE)
+	@bash tests/integration/tools_selftest.sh
 
 check: all
 	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory tools-selftest
 	@$(MAKE) --no-print-directory integration
 
 # Every unit test under memcheck: any leak or error fails.
