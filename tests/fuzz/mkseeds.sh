@@ -20,7 +20,7 @@ cp "$ROOT"/tests/data/config/*.yaml "$OUT/fuzz_config/"
 cp "$ROOT"/conf/kvbridge.yaml "$OUT/fuzz_config/conf-kvbridge.yaml"
 cp "$ROOT"/tests/data/metrics/*.txt "$OUT/fuzz_promtext/"
 
-byte() { printf "\\x$(printf %02x "$1")"; }
+byte() { printf '%b' "\\x$(printf %02x "$1")"; }
 # record CODE FILE: seq code, 16-bit little-endian length, payload
 record() {
   local n
