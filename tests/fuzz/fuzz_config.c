@@ -21,6 +21,7 @@
 
 #include "config.h"
 #include "fuzz_common.h"
+#include "log.h"
 
 static void check_loaded(const struct kvb_config *c)
 {
