@@ -123,6 +123,7 @@ struct held {
     uint64_t seq;
     size_t len;
     uint8_t *data;
+    bool reject;   /* above limits.max_payload_bytes: kept without its payload */
 };
 
 struct kvb_replay {
@@ -140,7 +141,7 @@ struct kvb_replay {
     uint64_t req_want;       /* want when the last request was sent */
     bool got_reply;          /* the current request has had a reply */
     unsigned rounds;         /* requests sent again after a partial reply */
-    bool barrier_sent;       /* part of the gap was lost: barrier published */
+    bool barrier_sent;       /* part of the gap was lost: barrier published (not filled) */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
 };
@@ -211,7 +212,7 @@ static bool oversize(struct kvb_replay *r, size_t len)
     return true;
 }
 
-static int hold(struct kvb_replay *r, uint64_t seq, const void *data, size_t len)
+static int hold(struct kvb_replay *r, uint64_t seq, const void *data, size_t len, bool reject)
 {
     if (r->n_held >= r->cfg.max_held_msgs || r->held_bytes + len > r->cfg.max_held_bytes)
         return -ENOBUFS;
@@ -228,7 +229,7 @@ static int hold(struct kvb_replay *r, uint64_t seq, const void *data, size_t len
         return -ENOMEM;
     if (len)
         memcpy(copy, data, len);
-    r->held[r->n_held++] = (struct held){seq, len, copy};
+    r->held[r->n_held++] = (struct held){seq, len, copy, reject};
     r->held_bytes += len;
     return 0;
 }
@@ -285,23 +286,26 @@ static int replay_again(struct kvb_replay *r, size_t from, uint64_t now_ms)
 
 /* The replay is over (filled or not): publish the barrier if part of the gap
  * stayed missing, then the held live batches, oldest first.  A new gap among
- * the held batches is recovered by another replay. */
-static int finish_replay(struct kvb_replay *r, const char *why, uint64_t now_ms)
+ * the held batches is recovered by another replay (unless !again: then it
+ * is a barrier too, and nothing stays held). */
+static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms, bool again)
 {
     struct kvb_stream *st = r->st;
     int rc = 0, n = 0;
-    bool filled = r->want >= r->until && !r->barrier_sent;
+    /* the tail of the gap is missing: a barrier, even when one was
+     * published for an earlier part of it (this is a loss after it) */
+    bool missing = r->want < r->until;
     cancel(r); /* late replies of this request must not reach the next one */
     r->active = false;
-    if (filled) {
+    if (!missing && !r->barrier_sent) {
         kvb_inc(&r->m->replays_filled_total[0]);
         kvb_info("replay", "%s: gap filled up to seq %llu", st->name,
                  (unsigned long long)(r->until - 1));
     } else {
         kvb_inc(&r->m->replays_failed_total[0]);
-        kvb_warn("replay", "%s: gap before seq %llu not recovered (%s): publishing barrier",
-                 st->name, (unsigned long long)r->until, why);
-        if (!r->barrier_sent && (rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
+        kvb_warn("replay", "%s: gap before seq %llu not recovered (%s)%s", st->name,
+                 (unsigned long long)r->until, why, missing ? ": publishing barrier" : "");
+        if (missing && (rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
             goto out;
         n += rc;
     }
@@ -315,16 +319,24 @@ static int finish_replay(struct kvb_replay *r, const char *why, uint64_t now_ms)
             kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay",
                      st->name, (unsigned long long)kvb_seq_missing(st, h->seq),
                      (unsigned long long)h->seq);
-            if (replay_again(r, i, now_ms) == 0)
+            if (again && replay_again(r, i, now_ms) == 0)
                 return n; /* the rest stays held */
             kvb_inc(&r->m->replays_failed_total[0]);
             if ((rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
                 goto out;
             n += rc;
-            i = 0; /* held[] now starts at the batch after the gap */
-            h = &r->held[0];
+            if (again) { /* replay_again() dropped held[..i) */
+                i = 0;
+                h = &r->held[0];
+            }
         }
-        if ((rc = kvb_seq_apply(st, &r->ops, h->seq, h->data, h->len)) < 0)
+        if (h->reject) {
+            advance(st, h->seq);
+            rc = r->ops.reject(r->ops.ctx, st, h->seq, "payload above limits.max_payload_bytes");
+        } else {
+            rc = kvb_seq_apply(st, &r->ops, h->seq, h->data, h->len);
+        }
+        if (rc < 0)
             goto out;
         n += rc;
     }
@@ -333,6 +345,11 @@ out:
     r->active = false;
     r->st = NULL;
     return rc < 0 ? rc : n;
+}
+
+static int finish_replay(struct kvb_replay *r, const char *why, uint64_t now_ms)
+{
+    return finish_replay_(r, why, now_ms, true);
 }
 
 static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
@@ -353,17 +370,17 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
              * some; the engine still has them, ask again from want */
             r->rounds++;
             cancel(r);
-            return send_request(r, now_ms);
+            if (send_request(r, now_ms) == 0)
+                return 0;
+            return finish_replay(r, "request failed", now_ms);
         }
         /* the first reply starts later than asked: the engine's buffer no
-         * longer holds the beginning of the gap */
-        if (!r->barrier_sent) {
-            kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier",
-                     st->name, (unsigned long long)seq, (unsigned long long)r->want);
-            if ((n = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
-                return n;
-            r->barrier_sent = true;
-        }
+         * longer holds the beginning of the (rest of the) gap */
+        kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier",
+                 st->name, (unsigned long long)seq, (unsigned long long)r->want);
+        if ((n = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
+            return n;
+        r->barrier_sent = true;
     }
     r->got_reply = true;
     r->want = seq + 1;
@@ -424,21 +441,20 @@ int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
                     const uint8_t *data, size_t len, uint64_t now_ms)
 {
     int rc, n = 0;
-    if (oversize(r, len)) {
-        if (r->active && r->st == st) {
-            if ((n = finish_replay(r, "an oversize batch arrived meanwhile", now_ms)) < 0)
-                return n;
-        }
-        rc = kvb_seq_reject(st, r->m, &r->ops, seq, "payload above limits.max_payload_bytes");
-        return rc < 0 ? rc : n + rc;
-    }
+    bool big = oversize(r, len);
     if (r->active && r->st == st) {
-        if ((rc = hold(r, seq, data, len)) == 0)
+        /* held in order; an oversize batch without its payload (it is
+         * rejected when its turn comes) */
+        if ((rc = big ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0)
             return 0;
         kvb_warn("replay", "%s: too many live batches held during replay", st->name);
-        if ((n = finish_replay(r, "hold queue full", now_ms)) < 0)
+        /* give up: barrier, then everything held (no new replay: there is
+         * no room to hold), then this batch as a live one */
+        if ((n = finish_replay_(r, "hold queue full", now_ms, false)) < 0)
             return n;
-        rc = kvb_seq_live(st, r->m, &r->ops, seq, data, len);
+    }
+    if (big) {
+        rc = kvb_seq_reject(st, r->m, &r->ops, seq, "payload above limits.max_payload_bytes");
         return rc < 0 ? rc : n + rc;
     }
     if (kvb_seq_classify(st, seq) == KVB_SEQ_GAP && r->endpoint[0] && !r->active) {
@@ -447,19 +463,21 @@ int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
         kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
                  (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
         rc = start_replay(r, st, seq, now_ms);
-        if (rc == 0 && (rc = hold(r, seq, data, len)) == 0)
-            return 0;
+        if (rc == 0 && (rc = hold(r, seq, data, len, false)) == 0)
+            return n;
         kvb_warn("replay", "%s: cannot request replay: %s", st->name, strerror(-rc));
         if (r->active) {
-            n = finish_replay(r, "request failed", now_ms); /* publishes the barrier */
+            rc = finish_replay(r, "request failed", now_ms); /* publishes the barrier */
         } else {
             kvb_inc(&r->m->replays_failed_total[0]);
-            n = barrier(&r->ops, st, KVB_BAR_GAP);
+            rc = barrier(&r->ops, st, KVB_BAR_GAP);
         }
-        if (n < 0)
-            return n;
+        if (rc < 0)
+            return rc;
+        n += rc;
         rc = kvb_seq_apply(st, &r->ops, seq, data, len);
         return rc < 0 ? rc : n + rc;
     }
-    return kvb_seq_live(st, r->m, &r->ops, seq, data, len);
+    rc = kvb_seq_live(st, r->m, &r->ops, seq, data, len);
+    return rc < 0 ? rc : n + rc;
 }

@@ -282,13 +282,15 @@ static void serve(int n, uint64_t now)
         payload(id, F->b[id].kind, &d, &len);
         call_done(kvb_replay_reply(F->r, F->b[id].seq, d, len, now), "reply");
     }
+    if (F->reply_pos >= F->n_reply)
+        F->pending = false; /* the ROUTER has sent (or dropped) all of it */
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool quiet;
-    if (!quiet) {
-        kvb_log_set_level(KVB_LOG_ERROR - 1);
+    if (!quiet) { /* KVB_FUZZ_LOG=1: the module's log lines, to read a finding */
+        kvb_log_set_level(getenv("KVB_FUZZ_LOG") ? KVB_LOG_DEBUG : KVB_LOG_ERROR - 1);
         quiet = true;
     }
     if (size < 1)
@@ -353,6 +355,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* drain: the engines answer everything, then time runs out */
     F->drop_next = F->fail_next = false;
     for (int round = 0; round < 10000 && kvb_replay_active(F->r); round++) {
+        if (getenv("KVB_FUZZ_LOG") && round < 5)
+            fprintf(stderr, "drain: pending %d pos %d/%d\n", F->pending, F->reply_pos,
+                    F->n_reply);
         if (F->pending)
             serve(BUF_STEPS + 1, now);
         else {

@@ -286,10 +286,64 @@ START_TEST(oversize_rejected)
     ck_assert_int_eq(kvb_replay_live(r, &st, 1, big, sizeof(big), 0), 1);
     TRACE("A0 X1 ");
     ck_assert_uint_eq(kvb_get(&m.malformed_messages_total[KVB_MAL_OVERSIZE]), 1);
-    /* during a replay: the replay ends (barrier), then the reject */
+    /* during a replay: held in its place (without its payload) */
     live(&st, 5, 0);
-    kvb_replay_live(r, &st, 6, big, sizeof(big), 0);
-    TRACE("A0 X1 R2 C Bg A5 X6 ");
+    ck_assert_int_eq(kvb_replay_live(r, &st, 6, big, sizeof(big), 0), 0);
+    live(&st, 7, 0);
+    TRACE("A0 X1 R2 ");
+    reply(2, 1);
+    reply(3, 1);
+    reply(4, 1);
+    TRACE("A0 X1 R2 A2 A3 A4 C A5 X6 A7 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+}
+END_TEST
+
+/* fuzz_replay found: an oversize live batch during a replay ended it, the
+ * held batches had a second gap (a new replay), and the oversize batch was
+ * then rejected at once: before the batches of the new replay. */
+START_TEST(oversize_during_replay_keeps_order)
+{
+    static uint8_t big[1001];
+    live(&st, 0, 0);
+    live(&st, 2, 0); /* gap: 1 */
+    live(&st, 4, 0); /* 3 missing among the held */
+    kvb_replay_live(r, &st, 5, big, sizeof(big), 0);
+    reply(1, 1);
+    TRACE("A0 R1 A1 C A2 R3 ");
+    reply(3, 2);
+    TRACE("A0 R1 A1 C A2 R3 A3 C A4 X5 ");
+    ck_assert_uint_eq(st.last, 5);
+}
+END_TEST
+
+/* fuzz_replay found: a reply that started late published a barrier; the
+ * rest of the gap then timed out, and no barrier covered that second loss. */
+START_TEST(second_loss_in_one_gap_second_barrier)
+{
+    live(&st, 0, 0);
+    live(&st, 4, 0); /* 1..3 missing */
+    reply(2, 10);    /* 1 no longer held: barrier, then 2 */
+    kvb_replay_tick(r, 300); /* cut: ask again from 3 */
+    TRACE("A0 R1 Bg A2 C R3 ");
+    kvb_replay_tick(r, 1300); /* 3 never comes */
+    TRACE("A0 R1 Bg A2 C R3 C Bg A4 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+}
+END_TEST
+
+/* A full hold queue with a second gap among the held batches: no new replay
+ * (no room to hold), a barrier for each gap, everything in order. */
+START_TEST(hold_full_second_gap)
+{
+    kvb_replay_destroy(&r);
+    setup_with("tcp://127.0.0.1:1", 2, 0);
+    live(&st, 0, 0);
+    live(&st, 5, 0);
+    live(&st, 7, 0); /* 6 missing */
+    live(&st, 8, 0); /* no room */
+    TRACE("A0 R1 C Bg A5 Bg A7 A8 ");
+    ck_assert(!kvb_replay_active(r));
 }
 END_TEST
 
@@ -329,6 +383,9 @@ Suite *replay_suite(void)
     tcase_add_test(tc, other_stream_goes_through);
     tcase_add_test(tc, oversize_rejected);
     tcase_add_test(tc, hold_full_gives_up);
+    tcase_add_test(tc, oversize_during_replay_keeps_order);
+    tcase_add_test(tc, hold_full_second_gap);
+    tcase_add_test(tc, second_loss_in_one_gap_second_barrier);
     suite_add_tcase(s, tc);
     return s;
 }
