@@ -14,6 +14,7 @@
 #define MAX_STREAMS 64            /* distinct topics per source */
 #define MAX_TOPIC 256
 #define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
+#define MIN_HELD_MSGS 10000       /* ... even with a smaller rcvhwm */
 #define MAX_HELD_BYTES (256u << 20)
 #define REPLAY_END UINT64_MAX
 #define REPLAY_STALL_MS 250       /* no reply for this long once replies flow: cut */
@@ -379,9 +380,16 @@ static bool oversize(struct kvb_source *s, size_t len)
     return true;
 }
 
-static int hold(struct replay *rp, uint64_t seq, const void *data, size_t len)
+/* At most rcvhwm batches (what the SUB would have queued had kvbridge not
+ * read them), but room for MIN_HELD_MSGS whatever rcvhwm is (a replay of a
+ * few seconds under a fast engine), and MAX_HELD_MSGS without an rcvhwm:
+ * the memory bound of kvbridge(8), MEMORY. */
+static int hold(struct replay *rp, uint32_t rcvhwm, uint64_t seq, const void *data, size_t len)
 {
-    if (rp->n_held >= MAX_HELD_MSGS || rp->held_bytes + len > MAX_HELD_BYTES)
+    size_t max_msgs = !rcvhwm || rcvhwm > MAX_HELD_MSGS ? MAX_HELD_MSGS
+                      : rcvhwm < MIN_HELD_MSGS          ? MIN_HELD_MSGS
+                                                        : rcvhwm;
+    if (rp->n_held >= max_msgs || rp->held_bytes + len > MAX_HELD_BYTES)
         return -ENOBUFS;
     if (rp->n_held == rp->cap_held) {
         size_t cap = rp->cap_held ? rp->cap_held * 2 : 64;
@@ -663,7 +671,7 @@ static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *
         return kvb_pipeline_reject(p, &st->st, seq, "payload above limits.max_payload_bytes");
     }
     if (rp->active && rp->st == st) {
-        int rc = hold(rp, seq, data, len);
+        int rc = hold(rp, s->p.rcvhwm, seq, data, len);
         if (rc == 0)
             return 0;
         kvb_warn("replay", "%s: too many live batches held during replay", st->name);
@@ -678,7 +686,7 @@ static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *
         kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
                  (unsigned long long)kvb_seq_missing(&st->st, seq), (unsigned long long)seq);
         int rc = start_replay(s, st, seq);
-        if (rc == 0 && (rc = hold(rp, seq, data, len)) == 0)
+        if (rc == 0 && (rc = hold(rp, s->p.rcvhwm, seq, data, len)) == 0)
             return 0;
         kvb_warn("replay", "%s: cannot request replay: %s", st->name, strerror(-rc));
         if (rp->active) {
