@@ -95,7 +95,7 @@ static const char *const retention_values[] = {"limits", "interest", "workqueue"
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
 static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
-    check_format, check_listen, check_host, check_js_template;
+    check_format, check_listen, check_host, check_js_template, check_query_subject;
 
 #define R F_RELOAD
 #define C F_CONN
@@ -370,6 +370,24 @@ static const struct opt opts[] = {
     {.key = "limits.max_depth", .type = T_U32, .off = TOP(limits.max_depth, uint32_t),
      .def = "16", .min = 1, .max = 31, .flags = R,
      .help = "Deepest msgpack nesting accepted in an engine message."},
+    {.key = "limits.max_resident_blocks", .type = T_U64,
+     .off = TOP(limits.max_resident_blocks, uint64_t), .def = "1048576", .min = 0,
+     .max = 1073741824,
+     .help = "Most blocks the residency mirror holds over every (worker_id, dp_rank, "
+             "tier), about 48 bytes each (up to 85 right after its tables grew): 1M "
+             "blocks in 48-85 MB. A store past it is refused with a loud error and a "
+             "\"cleared\" barrier for that pair. 0 turns the mirror and the query API "
+             "off."},
+
+    {.key = "query.recent_events", .type = T_U32,
+     .off = TOP(query.recent_events, uint32_t), .def = "4096", .min = 0, .max = 1048576,
+     .help = "Router events kept per (worker_id, dp_rank) for /v1/events (a consumer "
+             "with a short gap asks for the events after an event_id instead of a dump); "
+             "about 552 bytes each. 0 keeps none."},
+    {.key = "query.subject", .type = T_STR, .off = TOP(query.subject, char *),
+     .def = "kvbridge.query.{worker_id}", .check = check_query_subject,
+     .help = "NATS subject of the query API's request/reply ({namespace}, {component} "
+             "and {worker_id} are replaced); \"\" = HTTP only."},
 };
 #undef R
 #undef C
@@ -1174,6 +1192,22 @@ static int check_subject(struct ctx *c, const struct opt *o, const char *dpath,
         return -1;
     return check_placeholders(c, dpath, *(char *const *)field, v, 4,
                               "{namespace}, {component}, {worker_id} or {dp_rank}");
+}
+
+/* query.subject: "" (off), or a subject without wildcards nor {dp_rank}. */
+static int check_query_subject(struct ctx *c, const struct opt *o, const char *dpath,
+                               const void *field, const struct node *v)
+{
+    const char *s = *(char *const *)field;
+    if (*s == '\0')
+        return 0;
+    if (check_word(c, o, dpath, field, v) < 0)
+        return -1;
+    if (strpbrk(s, "*>")) {
+        err_at(c, v->line, v->col, "%s: must not contain the wildcards '*' or '>'", dpath);
+        return -1;
+    }
+    return check_placeholders(c, dpath, s, v, 3, "{namespace}, {component} or {worker_id}");
 }
 
 static int check_format(struct ctx *c, const struct opt *o, const char *dpath,

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "pipeline.h"
+#include "residency.h"
 #include "sink.h"
 #include "source.h"
 #include "state.h"
@@ -50,6 +51,7 @@ struct kvb_daemon {
     struct kvb_pipeline *pipe;
     struct kvb_sink *sink;
     struct kvb_http *http;
+    struct kvb_residency *res; /* the residency mirror and its queries */
     uint64_t heartbeat_ms;   /* loop wake-up period */
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
@@ -136,6 +138,9 @@ static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t l
                    strerror(-rc), (unsigned long long)rev->event_id);
         d->barrier_due = true; /* the router must not keep a view with a hole */
     }
+    /* The mirror is full: "cleared" for the pair (it comes back here). */
+    if (kvb_residency_apply(d->res, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED)
+        kvb_pipeline_cleared(d->pipe, rev->dp_rank, KVB_BAR_MIRROR_FULL);
     return 0; /* a refused publish is counted by the sink; the stream goes on */
 }
 
@@ -478,6 +483,7 @@ static void reload(struct kvb_daemon *d)
     kvb_config_free(&d->cfg);
     d->cfg = nc;
     prepare_subjects(d, nc); /* validated by the config module */
+    kvb_residency_reconfigure(d->res, nc);
     kvb_log_set_level(nc->log.level);
     if (nsrc)
         kvb_info("main", "reload: %zu source(s) kept, %zu opened", kept, d->n_src - kept);
@@ -562,6 +568,7 @@ static void update_gauges(struct kvb_daemon *d)
     kvb_set(&d->m.reading_paused[0], paused);
     kvb_set(&d->m.nats_pending_bytes[0], pending);
     kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink));
+    kvb_residency_gauges(d->res);
 }
 
 /* Liveness: /healthz reads the heartbeat; systemd's watchdog gets WATCHDOG=1. */
@@ -607,8 +614,10 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         handle_signals(d);
         return 0; /* the sources may have been replaced */
     }
-    if (items[1].revents & ZMQ_POLLIN)
+    if (items[1].revents & ZMQ_POLLIN) {
         drain_wake(d);
+        kvb_residency_serve(d->res); /* queries handed over by HTTP / NATS */
+    }
     if (items[2].revents & ZMQ_POLLIN && (rc = kvb_zap_handle(d->zap)) < 0)
         kvb_err("zap", "%s", strerror(-rc));
     for (size_t i = 0; i < d->n_src; i++) {
@@ -695,6 +704,10 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         goto out;
     }
     kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe), kvb_wall_ms());
+    if ((rc = kvb_residency_create(d->cfg, &d->m, d->wakefd, &d->res)) < 0) {
+        kvb_err("main", "residency mirror: %s", strerror(-rc));
+        goto out;
+    }
     if ((rc = load_state(d)) < 0) {
         kvb_err("state", "%s", strerror(-rc));
         goto out;
@@ -720,6 +733,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
             goto out;
         }
         kvb_info("http", "metrics on http://%s/metrics", d->cfg->metrics.listen);
+        kvb_http_set_query(d->http, kvb_residency_query(d->res));
     }
     uint64_t wd_usec = 0;
     d->heartbeat_ms = HEARTBEAT_MS;
@@ -753,6 +767,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     /* Stop reading; everything read is already decoded and handed to nats.c:
      * flush it out before leaving (waiting for NATS if it is away). */
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
+    kvb_residency_close(d->res); /* queries get 503 from now on */
     rc = drain(d);
     if (rc < 0)
         kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
@@ -760,6 +775,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         save_state(d, true);
     exit_code = d->failed ? 1 : 0;
 out:
+    kvb_residency_close(d->res);
     kvb_http_stop(&d->http);
     free(items);
     destroy_sources(&d->src, &d->src_from, &d->n_src);
@@ -768,6 +784,7 @@ out:
         zmq_ctx_term(d->zctx);
     kvb_sink_destroy(&d->sink);
     kvb_pipeline_destroy(&d->pipe);
+    kvb_residency_destroy(&d->res); /* after the HTTP server and the sink */
     kvb_state_free(&d->resume);
     if (d->sigfd >= 0)
         close(d->sigfd);

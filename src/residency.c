@@ -1,0 +1,115 @@
+/* residency: the mirror fed by the loop, and the queries served from it.
+ * See include/residency.h. */
+#include "residency.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "mirror.h"
+#include "query.h"
+
+struct kvb_residency {
+    struct kvb_metrics *m;
+    struct kvb_mirror *mirror; /* NULL: off */
+    struct kvb_query *query;
+    uint64_t max_blocks;
+    struct kvb_ratelimit rl_full;
+};
+
+static struct kvb_query_cfg query_cfg(const struct kvb_config *c)
+{
+    return (struct kvb_query_cfg){.worker_id = c->worker_id, .block_size = c->block_size,
+                                  .lora_salt = c->lora_salt};
+}
+
+int kvb_residency_create(const struct kvb_config *c, struct kvb_metrics *m, int wake_fd,
+                         struct kvb_residency **out)
+{
+    struct kvb_residency *r = calloc(1, sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    r->m = m;
+    r->max_blocks = c->limits.max_resident_blocks;
+    r->rl_full = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
+    struct kvb_query_cfg qc = query_cfg(c);
+    int rc = kvb_query_create(&qc, m, wake_fd, &r->query);
+    if (rc == 0 && r->max_blocks) {
+        struct kvb_mirror_cfg mc = {.max_blocks = r->max_blocks,
+                                    .recent_events = c->query.recent_events};
+        rc = kvb_mirror_create(&mc, &r->mirror);
+    }
+    if (rc < 0) {
+        kvb_residency_destroy(&r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+void kvb_residency_destroy(struct kvb_residency **pr)
+{
+    struct kvb_residency *r = pr ? *pr : NULL;
+    if (!r)
+        return;
+    kvb_query_close(r->query);
+    kvb_query_destroy(&r->query);
+    kvb_mirror_destroy(&r->mirror);
+    free(r);
+    *pr = NULL;
+}
+
+void kvb_residency_reconfigure(struct kvb_residency *r, const struct kvb_config *c)
+{
+    if (!r)
+        return;
+    struct kvb_query_cfg qc = query_cfg(c);
+    kvb_query_set_config(r->query, &qc);
+}
+
+int kvb_residency_apply(struct kvb_residency *r, const struct kvb_rev *rev)
+{
+    if (!r || !r->mirror)
+        return 0;
+    int rc = kvb_mirror_apply(r->mirror, rev);
+    if (rc == 0)
+        return 0;
+    kvb_inc(&r->m->mirror_overflows_total[0]);
+    kvb_log_rl(&r->rl_full, KVB_LOG_ERROR, "mirror",
+               "worker_id %llu dp_rank %u: %s (event_id %llu, %u blocks; "
+               "limits.max_resident_blocks %llu): publishing a barrier for the pair",
+               (unsigned long long)rev->worker_id, rev->dp_rank,
+               rc == -ENOSPC ? "residency mirror full" : strerror(-rc),
+               (unsigned long long)rev->event_id, rev->n, (unsigned long long)r->max_blocks);
+    return -ENOSPC;
+}
+
+void kvb_residency_serve(struct kvb_residency *r)
+{
+    if (!r)
+        return;
+    kvb_query_serve(r->query, r->mirror);
+}
+
+void kvb_residency_gauges(struct kvb_residency *r)
+{
+    if (!r || !r->mirror)
+        return;
+    for (int t = 0; t < KVB_TIER__COUNT; t++)
+        kvb_set(&r->m->mirror_resident_blocks[t], kvb_mirror_blocks(r->mirror, t));
+    kvb_set(&r->m->mirror_bytes[0], kvb_mirror_bytes(r->mirror));
+    kvb_set(&r->m->mirror_orphans_total[0], kvb_mirror_orphans(r->mirror));
+}
+
+struct kvb_query *kvb_residency_query(struct kvb_residency *r)
+{
+    return r ? r->query : NULL;
+}
+
+void kvb_residency_close(struct kvb_residency *r)
+{
+    if (r)
+        kvb_query_close(r->query);
+}
