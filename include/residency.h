@@ -54,6 +54,15 @@ void kvb_residency_gauges(struct kvb_residency *r);
 /* The hub the HTTP server serves /v1/ from (kvb_http_set_query()). */
 struct kvb_query *kvb_residency_query(struct kvb_residency *r);
 
+/* Answer the NATS requests on query.subject through the sink's connection
+ * (kvb_sink_serve()); detach before destroying that sink (it serves the
+ * queued queries while a request callback ends, so none waits on the loop
+ * in vain).  0 or a negative errno (the subscription is retried on the
+ * sink's next connection). */
+struct kvb_sink;
+int kvb_residency_attach(struct kvb_residency *r, struct kvb_sink *sink);
+void kvb_residency_detach(struct kvb_residency *r, struct kvb_sink *sink);
+
 /* Shutdown: queued and later queries get 503 (nothing waits on the loop). */
 void kvb_residency_close(struct kvb_residency *r);
 

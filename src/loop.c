@@ -476,9 +476,11 @@ static void reload(struct kvb_daemon *d)
         free(lent);
     }
     if (nsink) {
+        kvb_residency_detach(d->res, d->sink);
         kvb_sink_destroy(&d->sink); /* flushes what it still holds */
         d->sink = nsink;
         kvb_sink_defer_writes(d->sink);
+        kvb_residency_attach(d->res, d->sink);
     }
     kvb_config_free(&d->cfg);
     d->cfg = nc;
@@ -721,6 +723,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         goto out;
     }
     kvb_sink_defer_writes(d->sink);
+    kvb_residency_attach(d->res, d->sink); /* NATS queries (query.subject) */
     d->zctx = zmq_ctx_new();
     if (!d->zctx || kvb_zap_create(d->zctx, &d->m, &d->zap) < 0 ||
         (rc = build_sources(d, d->cfg, false, &d->src, &d->src_from, &d->n_src, NULL)) < 0) {
@@ -782,6 +785,7 @@ out:
     kvb_zap_destroy(&d->zap); /* after the sources registered with it */
     if (d->zctx)
         zmq_ctx_term(d->zctx);
+    kvb_residency_detach(d->res, d->sink);
     kvb_sink_destroy(&d->sink);
     kvb_pipeline_destroy(&d->pipe);
     kvb_residency_destroy(&d->res); /* after the HTTP server and the sink */

@@ -5,11 +5,15 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config.h"
 #include "log.h"
 #include "mirror.h"
+#include "clock.h"
 #include "query.h"
+#include "query_nats.h"
+#include "sink.h"
 
 struct kvb_residency {
     struct kvb_metrics *m;
@@ -17,6 +21,7 @@ struct kvb_residency {
     struct kvb_query *query;
     uint64_t max_blocks;
     struct kvb_ratelimit rl_full;
+    char subject[512];         /* query.subject expanded; "" = none */
 };
 
 static struct kvb_query_cfg query_cfg(const struct kvb_config *c)
@@ -35,7 +40,13 @@ int kvb_residency_create(const struct kvb_config *c, struct kvb_metrics *m, int 
     r->max_blocks = c->limits.max_resident_blocks;
     r->rl_full = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
     struct kvb_query_cfg qc = query_cfg(c);
-    int rc = kvb_query_create(&qc, m, wake_fd, &r->query);
+    int rc = 0;
+    if (c->query.subject[0] &&
+        (rc = kvb_subject_expand(c->query.subject, c->nats.namespace_, c->nats.component,
+                                 c->worker_id, 0, r->subject, sizeof(r->subject))) > 0)
+        rc = 0;
+    if (rc == 0)
+        rc = kvb_query_create(&qc, m, wake_fd, &r->query);
     if (rc == 0 && r->max_blocks) {
         struct kvb_mirror_cfg mc = {.max_blocks = r->max_blocks,
                                     .recent_events = c->query.recent_events};
@@ -112,4 +123,29 @@ void kvb_residency_close(struct kvb_residency *r)
 {
     if (r)
         kvb_query_close(r->query);
+}
+
+int kvb_residency_attach(struct kvb_residency *r, struct kvb_sink *sink)
+{
+    if (!r || !r->subject[0] || !sink)
+        return 0;
+    int rc = kvb_sink_serve(sink, r->subject, kvb_query_nats_handle, r->query);
+    if (rc == 0)
+        kvb_info("query", "answering queries on NATS subject %s", r->subject);
+    return rc;
+}
+
+void kvb_residency_detach(struct kvb_residency *r, struct kvb_sink *sink)
+{
+    if (!r || !sink)
+        return;
+    kvb_sink_unserve(sink);
+    /* a request callback may be waiting for this (the loop) thread: serve
+     * until none is left (bounded by the hub's own wait) */
+    uint64_t until = kvb_mono_ms() + 10000;
+    while (kvb_sink_serving(sink) && kvb_mono_ms() < until) {
+        kvb_query_serve(r->query, r->mirror);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
 }
