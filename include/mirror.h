@@ -63,6 +63,11 @@ void kvb_mirror_destroy(struct kvb_mirror **m);
  * published: a consumer asking for events after an older id gets it). */
 int kvb_mirror_apply(struct kvb_mirror *m, const struct kvb_rev *rev);
 
+/* After a load (the blocks applied as stored events): the pair's last
+ * event_id is `last`, its ring empty (events_since() before it: -ESTALE). */
+int kvb_mirror_set_last(struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
+                        uint64_t last);
+
 /* Gauges: resident blocks in one tier (over every pair), the bytes the
  * mirror holds, stores dropped for an unknown parent. */
 uint64_t kvb_mirror_blocks(const struct kvb_mirror *m, int tier);

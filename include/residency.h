@@ -23,6 +23,7 @@
 #ifndef KVB_RESIDENCY_H
 #define KVB_RESIDENCY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "convert.h"
@@ -62,6 +63,29 @@ struct kvb_query *kvb_residency_query(struct kvb_residency *r);
 struct kvb_sink;
 int kvb_residency_attach(struct kvb_residency *r, struct kvb_sink *sink);
 void kvb_residency_detach(struct kvb_residency *r, struct kvb_sink *sink);
+
+/* Persistence (state.dir; include/mirror_state.h): with the mirror on, the
+ * cursors are saved together with it, by a thread of the saver: the loop
+ * hands kvb_residency_save() the cursors it has just taken (after the NATS
+ * flush), which takes the mirror's snapshots (memcpy) and returns.
+ * persists: the mirror saves the cursors (else the caller saves them).
+ * save_busy: a save is in progress or too recent (skip this turn).
+ * save: 0 (started, or done with wait: *st is taken), -EBUSY, -ENOTSUP
+ * (not persisting), or the write's error with wait. */
+struct kvb_state;
+bool kvb_residency_persists(const struct kvb_residency *r);
+bool kvb_residency_save_busy(struct kvb_residency *r);
+int kvb_residency_save(struct kvb_residency *r, const char *dir, struct kvb_state **st,
+                       bool wait);
+
+/* At start, after the cursors were loaded and the sink made: load the saved
+ * mirror for the pairs it holds consistently with the cursors; call barrier
+ * for every other pair of the cursors (the caller publishes a "cleared" for
+ * it, which empties the pair here and in every consumer).  Returns how many
+ * pairs need a barrier, or a negative errno. */
+int kvb_residency_load(struct kvb_residency *r, const char *dir, const struct kvb_state *cursors,
+                       void (*barrier)(void *ctx, uint64_t worker_id, uint32_t dp_rank),
+                       void *ctx);
 
 /* Shutdown: queued and later queries get 503 (nothing waits on the loop). */
 void kvb_residency_close(struct kvb_residency *r);

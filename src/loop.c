@@ -294,6 +294,8 @@ static void save_state(struct kvb_daemon *d, bool force)
     uint64_t now = kvb_mono_ms(), batches = kvb_get(&d->m.batches_received_total[0]);
     if (!dir[0] || (!force && (now - d->last_save_ms < STATE_SAVE_MS || batches == d->saved_batches)))
         return;
+    if (!force && kvb_residency_save_busy(d->res))
+        return; /* the mirror (saved with the cursors) is being written: next turn */
     d->last_save_ms = now;
     int frc = kvb_sink_flush(d->sink, 1000);
     if (frc < 0) {
@@ -301,7 +303,13 @@ static void save_state(struct kvb_daemon *d, bool force)
         return; /* NATS away: keep the older, safe file */
     }
     struct kvb_state *st = snapshot(d);
-    int rc = st ? kvb_state_save(dir, st) : -ENOMEM;
+    int rc = !st ? -ENOMEM
+             : kvb_residency_persists(d->res) ? kvb_residency_save(d->res, dir, &st, force)
+                                              : kvb_state_save(dir, st);
+    if (rc == -EBUSY) {
+        kvb_state_free(&st);
+        return;
+    }
     if (rc < 0)
         kvb_warn("state", "cannot save to %s: %s", dir, strerror(-rc));
     else
@@ -331,6 +339,15 @@ static int load_state(struct kvb_daemon *d)
     kvb_info("state", "%s: resuming %zu stream(s), %zu event_id counter(s)", dir,
              d->resume->n_streams, d->resume->n_counters);
     return 0;
+}
+
+/* A pair the saved mirror cannot vouch for: "cleared", so that consumers and
+ * the mirror start it over together. */
+static void mirror_barrier(void *ctx, uint64_t worker_id, uint32_t dp_rank)
+{
+    struct kvb_daemon *d = ctx;
+    if (worker_id == d->cfg->worker_id)
+        kvb_pipeline_cleared(d->pipe, dp_rank, KVB_BAR_START);
 }
 
 /* ---- reload (SIGHUP) ---------------------------------------------------- */
@@ -724,6 +741,8 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     }
     kvb_sink_defer_writes(d->sink);
     kvb_residency_attach(d->res, d->sink); /* NATS queries (query.subject) */
+    if (d->resume && kvb_residency_load(d->res, d->cfg->state.dir, d->resume, mirror_barrier, d) < 0)
+        kvb_warn("state", "residency mirror: cannot load (out of memory)");
     d->zctx = zmq_ctx_new();
     if (!d->zctx || kvb_zap_create(d->zctx, &d->m, &d->zap) < 0 ||
         (rc = build_sources(d, d->cfg, false, &d->src, &d->src_from, &d->n_src, NULL)) < 0) {

@@ -468,6 +468,19 @@ int kvb_mirror_apply(struct kvb_mirror *m, const struct kvb_rev *rev)
     return res;
 }
 
+int kvb_mirror_set_last(struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
+                        uint64_t last)
+{
+    struct pair *p = pair_make(m, worker_id, dp_rank);
+    if (!p)
+        return -ENOMEM;
+    p->has_last = true;
+    p->last = last;
+    p->head = p->count = p->w_used = p->w_head = 0;
+    p->ring_from = last + 1; /* what came before is not in the ring */
+    return 0;
+}
+
 uint64_t kvb_mirror_blocks(const struct kvb_mirror *m, int tier)
 {
     return tier >= 0 && tier < KVB_TIER__COUNT ? m->tier_blocks[tier] : m->blocks;

@@ -10,6 +10,7 @@
 #include "config.h"
 #include "log.h"
 #include "mirror.h"
+#include "mirror_state.h"
 #include "clock.h"
 #include "query.h"
 #include "query_nats.h"
@@ -22,6 +23,7 @@ struct kvb_residency {
     uint64_t max_blocks;
     struct kvb_ratelimit rl_full;
     char subject[512];         /* query.subject expanded; "" = none */
+    struct kvb_mirror_saver *saver; /* state.dir */
 };
 
 static struct kvb_query_cfg query_cfg(const struct kvb_config *c)
@@ -51,6 +53,8 @@ int kvb_residency_create(const struct kvb_config *c, struct kvb_metrics *m, int 
         struct kvb_mirror_cfg mc = {.max_blocks = r->max_blocks,
                                     .recent_events = c->query.recent_events};
         rc = kvb_mirror_create(&mc, &r->mirror);
+        if (rc == 0 && c->state.dir[0])
+            rc = kvb_mirror_saver_create(&r->saver);
     }
     if (rc < 0) {
         kvb_residency_destroy(&r);
@@ -67,6 +71,7 @@ void kvb_residency_destroy(struct kvb_residency **pr)
         return;
     kvb_query_close(r->query);
     kvb_query_destroy(&r->query);
+    kvb_mirror_saver_destroy(&r->saver); /* waits for a write in progress */
     kvb_mirror_destroy(&r->mirror);
     free(r);
     *pr = NULL;
@@ -112,6 +117,51 @@ void kvb_residency_gauges(struct kvb_residency *r)
         kvb_set(&r->m->mirror_resident_blocks[t], kvb_mirror_blocks(r->mirror, t));
     kvb_set(&r->m->mirror_bytes[0], kvb_mirror_bytes(r->mirror));
     kvb_set(&r->m->mirror_orphans_total[0], kvb_mirror_orphans(r->mirror));
+    bool done = false;
+    int rc = r->saver ? kvb_mirror_save_result(r->saver, &done) : 0;
+    if (done && rc < 0)
+        kvb_warn("state", "cannot save the residency mirror and the cursors: %s", strerror(-rc));
+}
+
+bool kvb_residency_persists(const struct kvb_residency *r)
+{
+    return r && r->saver;
+}
+
+bool kvb_residency_save_busy(struct kvb_residency *r)
+{
+    return r && r->saver && kvb_mirror_save_busy(r->saver);
+}
+
+int kvb_residency_save(struct kvb_residency *r, const char *dir, struct kvb_state **st,
+                       bool wait)
+{
+    if (!kvb_residency_persists(r))
+        return -ENOTSUP;
+    return kvb_mirror_save_start(r->saver, r->mirror, dir, st, wait);
+}
+
+int kvb_residency_load(struct kvb_residency *r, const char *dir, const struct kvb_state *cursors,
+                       void (*barrier)(void *ctx, uint64_t worker_id, uint32_t dp_rank),
+                       void *ctx)
+{
+    if (!r || !r->mirror || !cursors)
+        return 0;
+    size_t cap = cursors->n_counters, loaded = 0;
+    struct kvb_mirror_pair *v = calloc(cap ? cap : 1, sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    int n = kvb_mirror_load(r->mirror, dir, cursors, v, cap, &loaded);
+    if (n < 0) {
+        free(v);
+        return n;
+    }
+    kvb_info("state", "%s: residency mirror: %zu pair(s) loaded (%llu blocks), %d to clear",
+             dir, loaded, (unsigned long long)kvb_mirror_blocks(r->mirror, -1), n);
+    for (int i = 0; i < n; i++)
+        barrier(ctx, v[i].worker_id, v[i].dp_rank);
+    free(v);
+    return n;
 }
 
 struct kvb_query *kvb_residency_query(struct kvb_residency *r)

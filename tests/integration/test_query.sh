@@ -14,6 +14,10 @@
 #            a dump instead
 #   full:    limits.max_resident_blocks too small: overflows counted, a
 #            mirror_full barrier, and a plain consumer still right
+#   restart: with state.dir, kvbridge stopped in the middle of a run and
+#            started again: it loads the mirror saved with its cursors (no
+#            barrier), replays what it missed, and a consumer started after
+#            the restart recovers to the engine's truth
 source "$(dirname "$0")/lib.sh"
 
 NP=$(daemon_port)
@@ -198,5 +202,36 @@ expect_eq "full: dump blocks = gauge" "$(dump_blocks "$T/http.body")" \
   "$(metric "$MP" 'kvbridge_mirror_resident_blocks{tier="device"}')"
 signal_pid "$KPID" TERM 15
 expect_eq "kvbridge c exit code" "$RC" 0
+
+# ---- 4. a kvbridge restart (state.dir): the mirror comes back ---------------
+EP=$(daemon_port 2); MP=$(daemon_port)
+mkdir -p "$T/state"
+config "$T/d.yaml" "$EP" "$MP" "state:
+  dir: $T/state"
+sed -i "s|^  - endpoint: .*|&\n    replay_endpoint: tcp://127.0.0.1:$((EP + 1))|" "$T/d.yaml"
+start_kvbridge kvb-d1 "$T/d.yaml" || bad "kvbridge d did not start"
+KPID=$KVB_PID
+start "sim-d" timeout 60 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$EP" --replay "tcp://127.0.0.1:$((EP + 1))" \
+  --batches 5000 --rate 700 --seed 14 --wait-subscribers 2000 --linger 2000 --record "$T/d.rec"
+SIM=$LAST_PID
+end=$((SECONDS + 20))
+until [ "$(published "$MP")" -ge 3000 ] || [ $SECONDS -ge $end ]; do sleep 0.1; done
+signal_pid "$KPID" TERM 15
+expect_eq "restart: first kvbridge exit code" "$RC" 0
+[ -s "$T/state/kvbridge.mirror" ] && ok "restart: mirror saved" || bad "restart: no $T/state/kvbridge.mirror"
+start_kvbridge kvb-d2 "$T/d.yaml" || bad "kvbridge d2 did not start"
+KPID=$KVB_PID
+expect_eq "restart: the mirror was loaded, nothing to clear" \
+  "$(grep -c 'residency mirror: 1 pair(s) loaded ([0-9]* blocks), 0 to clear' "$T/kvb-d2.log")" 1
+start_kvtail restarted "$NP" --quiet --recover --query kvbridge.query.7 --pair 7:0 \
+  --expect-record "$T/d.rec" --timeout 3000 || bad "kvtail restarted not ready"
+wait_pid "$SIM" 60
+expect_eq "restart: kvsim exit code" "$RC" 0
+wait_pid "$TAIL_PID" 30
+recover_clean restarted
+expect_eq "restart: no barrier after the restart" \
+  "$(http_get "$MP" /metrics; awk '$1 ~ /^kvbridge_barriers_total/ { n += $2 } END { print n + 0 }' "$T/http.body")" 0
+signal_pid "$KPID" TERM 15
+expect_eq "kvbridge d2 exit code" "$RC" 0
 
 finish
