@@ -7,6 +7,8 @@
 #                         (decode -> convert -> encode), per mix, plus the top
 #                         functions (callgrind_annotate)
 #   make bench-rss        kvbridge fed 10M events (decode mix): VmRSS every second
+#   make bench-query      publish delay of a live stream while 1M-block dumps
+#                         are served (/v1/dump), against the same stream quiet
 #
 # Tools go to $(B)/bench/; they link $(B)/libkvb.a like the unit tests.
 
@@ -15,7 +17,7 @@ BENCH_TOOLS := $(BENCH_OUT)/bench-pub $(BENCH_OUT)/count-sub $(BENCH_OUT)/forwar
                $(BENCH_OUT)/capture $(BENCH_OUT)/pipeline-bench
 BENCH_DEPS  := $(B)/kvbridge $(B)/kvsim $(BENCH_TOOLS)
 
-.PHONY: bench bench-tools bench-callgrind bench-rss
+.PHONY: bench bench-tools bench-callgrind bench-rss bench-query
 
 bench-tools: $(BENCH_TOOLS)
 
@@ -56,3 +58,6 @@ bench-rss: $(BENCH_DEPS)
 .PHONY: bench-metrics-cost
 bench-metrics-cost:
 	@B=$(B) bash tests/bench/metrics_cost.sh
+
+bench-query: $(B)/kvbridge $(B)/kvsim
+	B=$(B) bash tests/bench/query_dump.sh
