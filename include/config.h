@@ -146,7 +146,13 @@ struct kvb_config {
         uint32_t max_hashes_per_event;
         uint32_t max_tokens_per_event;
         uint32_t max_depth;
+        uint64_t max_resident_blocks; /* residency mirror; 0 = off */
     } limits;
+
+    struct {
+        uint32_t recent_events; /* ring per (worker_id, dp_rank) */
+        char *subject;          /* NATS request/reply template; "" = none */
+    } query;
 };
 
 /* Parse and validate PATH.  On success returns 0 and sets *out.  On failure

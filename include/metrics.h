@@ -47,7 +47,8 @@
 /* docs/router-events.md section 6: why a "cleared" barrier was published. */
 #define KVB_BARRIER_CAUSES(X)                                                  \
     X(START, "start") X(GAP, "gap") X(RESTART, "restart")                      \
-    X(MALFORMED, "malformed_batch") X(NATS_LOST, "nats_lost")
+    X(MALFORMED, "malformed_batch") X(NATS_LOST, "nats_lost")                 \
+    X(MIRROR_FULL, "mirror_full")
 
 #define KVB_TIERS(X)                                                           \
     X(DEVICE, "device") X(HOST_PINNED, "host_pinned") X(DISK, "disk")          \
@@ -57,6 +58,10 @@
 #define KVB_JS_ACK_FAILURES(X)                                                 \
     X(TIMEOUT, "timeout") X(NO_RESPONDERS, "no_responders")                    \
     X(UNAVAILABLE, "unavailable") X(REFUSED, "refused")
+
+/* Query operations (query.h); "invalid": requests refused before the loop. */
+#define KVB_QUERY_OPS(X)                                                       \
+    X(DUMP, "dump") X(EVENTS, "events") X(MATCH, "match") X(INVALID, "invalid")
 
 #define KVB_NO_LABEL(X) X(ALL, "")
 
@@ -117,7 +122,19 @@
     X(counter, jetstream_publish_errors_total, "", KVB_NO_LABEL,               \
       "Router events the stream refused; not sent again (a barrier follows)")  \
     X(gauge, jetstream_pending, "", KVB_NO_LABEL,                              \
-      "JetStream publishes not yet acknowledged (in flight or to be resent)")
+      "JetStream publishes not yet acknowledged (in flight or to be resent)")  \
+    X(gauge, mirror_resident_blocks, "tier", KVB_TIERS,                        \
+      "Blocks the residency mirror holds, by tier")                            \
+    X(gauge, mirror_bytes, "", KVB_NO_LABEL,                                   \
+      "Memory held by the residency mirror and its recent-events rings")       \
+    X(counter, mirror_overflows_total, "", KVB_NO_LABEL,                       \
+      "Stores refused past limits.max_resident_blocks (a barrier follows)")    \
+    X(counter, mirror_orphans_total, "", KVB_NO_LABEL,                         \
+      "Stores the mirror dropped for an unknown parent, as an indexer does")   \
+    X(counter, queries_total, "op", KVB_QUERY_OPS,                             \
+      "Queries answered (HTTP and NATS), by operation")                        \
+    X(counter, query_bytes_total, "op", KVB_QUERY_OPS,                         \
+      "Bytes of query answers handed to the transport, by operation")
 
 /* Histograms: name, help, bucket list.  Buckets are upper bounds in
  * nanoseconds, exposed in seconds; +Inf is implicit. */
@@ -133,7 +150,9 @@
     X(publish_delay_seconds, KVB_DELAY_BUCKETS,                                \
       "Engine batch timestamp to publish (wall clock; needs synced clocks)")   \
     X(batch_processing_seconds, KVB_PROC_BUCKETS,                              \
-      "Time to decode, convert, encode and publish one live batch")
+      "Time to decode, convert, encode and publish one live batch")            \
+    X(query_duration_seconds, KVB_DELAY_BUCKETS,                               \
+      "Time to answer a query, from its request to its last byte")
 
 /* Per stream (source endpoint, topic), labels source and topic. */
 #define KVB_STREAM_METRICS(X)                                                  \
@@ -153,6 +172,7 @@
 #define KVB_TIER_ITEM(s, str) KVB_TIER_##s,
 #define KVB_ALL_ITEM(s, str) KVB_LBL_##s,
 #define KVB_JSF_ITEM(s, str) KVB_JSF_##s,
+#define KVB_QOP_ITEM(s, str) KVB_QOP_##s,
 enum kvb_drop_reason { KVB_DROP_REASONS(KVB_DROP_ITEM) KVB_DROP__COUNT };
 enum kvb_evt_label { KVB_EVENT_TYPES(KVB_EVT_ITEM) KVB_EVT__COUNT };
 enum kvb_revt_label { KVB_REV_TYPES(KVB_REVT_ITEM) KVB_REVT__COUNT };
@@ -161,6 +181,7 @@ enum kvb_barrier_cause { KVB_BARRIER_CAUSES(KVB_BAR_ITEM) KVB_BAR__COUNT };
 enum kvb_tier { KVB_TIERS(KVB_TIER_ITEM) KVB_TIER__COUNT };
 enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };
 enum kvb_js_ack_failure { KVB_JS_ACK_FAILURES(KVB_JSF_ITEM) KVB_JSF__COUNT };
+enum kvb_qop_label { KVB_QUERY_OPS(KVB_QOP_ITEM) KVB_QOP__COUNT };
 
 #define KVB_COUNT_OF(list) (0 list(KVB_COUNT_ONE))
 #define KVB_COUNT_ONE(s, str) +1
@@ -206,6 +227,11 @@ static inline void kvb_add(_Atomic uint64_t *c, uint64_t n)
 #endif
 }
 static inline void kvb_inc(_Atomic uint64_t *c) { kvb_add(c, 1); }
+/* For the few metrics several threads write (query_*): an atomic add. */
+static inline void kvb_add_shared(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
 static inline uint64_t kvb_get(const _Atomic uint64_t *c)
 {
     return atomic_load_explicit((_Atomic uint64_t *)c, memory_order_relaxed);
@@ -216,12 +242,15 @@ static inline void kvb_set(_Atomic uint64_t *c, uint64_t v)
     atomic_store_explicit(c, v, memory_order_relaxed);
 }
 
-/* Record one observation (single writer). */
+/* Record one observation (single writer; _shared: atomic adds, any thread). */
 void kvb_histogram_observe(struct kvb_histogram *h, const uint64_t *bounds, int n_bounds,
                            uint64_t ns);
+void kvb_histogram_observe_shared(struct kvb_histogram *h, const uint64_t *bounds,
+                                  int n_bounds, uint64_t ns);
 #define KVB_OBSERVE(m, name, ns) kvb_metrics_observe_##name((m), (ns))
 #define KVB_HIST_DECL(name, buckets, help)                                     \
-    void kvb_metrics_observe_##name(struct kvb_metrics *m, uint64_t ns);
+    void kvb_metrics_observe_##name(struct kvb_metrics *m, uint64_t ns);       \
+    void kvb_metrics_observe_shared_##name(struct kvb_metrics *m, uint64_t ns);
 KVB_HISTOGRAMS(KVB_HIST_DECL)
 
 /* The slot of stream (source, topic), claimed on first use by the loop

@@ -17,8 +17,9 @@
  * after an event_id instead of a dump.
  *
  * Memory: at most max_blocks resident blocks over all spaces.  A store that
- * would pass it is refused with -ENOSPC: the caller must then publish a
- * barrier for that pair (and apply it here), never let the two diverge.
+ * would pass it is refused with -ENOSPC (its blocks are not added; the event
+ * still goes to the ring): the caller must then publish a barrier for that
+ * pair (and apply it here), never let the two diverge.
  * Per block: a 32-byte entry in a dense array (grown by doubling) and a
  * 4-byte slot in each of two open-addressing tables (grown by doubling at
  * 3/4 full): 48 bytes per block at 1M blocks (check_mirror measures it),
@@ -56,9 +57,16 @@ int kvb_mirror_create(const struct kvb_mirror_cfg *cfg, struct kvb_mirror **out)
 void kvb_mirror_destroy(struct kvb_mirror **m);
 
 /* Apply one published router event.  0, or -ENOSPC (a store past
- * max_blocks: nothing of it was applied, the caller publishes a barrier for
- * the pair and applies it), or -ENOMEM. */
+ * max_blocks: none of its blocks was added, the caller publishes a barrier
+ * for the pair and applies it), or -ENOMEM (the same, for lack of memory).
+ * Even then the event counts as the pair's last and goes to the ring (it was
+ * published: a consumer asking for events after an older id gets it). */
 int kvb_mirror_apply(struct kvb_mirror *m, const struct kvb_rev *rev);
+
+/* After a load (the blocks applied as stored events): the pair's last
+ * event_id is `last`, its ring empty (events_since() before it: -ESTALE). */
+int kvb_mirror_set_last(struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
+                        uint64_t last);
 
 /* Gauges: resident blocks in one tier (over every pair), the bytes the
  * mirror holds, stores dropped for an unknown parent. */

@@ -75,6 +75,12 @@ struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p);
  * configured rank if none), counted under cause (enum kvb_barrier_cause). */
 int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause);
 
+/* "cleared" for one dp_rank of this worker, counted under cause (the
+ * residency mirror's barrier: residency.h).  May be called from inside the
+ * emit callback: the event being emitted is published by then.  1 or a
+ * negative errno. */
+int kvb_pipeline_cleared(struct kvb_pipeline *p, uint32_t dp_rank, int cause);
+
 /* What the last kvb_pipeline_apply() saw, for metrics. */
 struct kvb_batch_info {
     uint64_t serial;   /* +1 per apply */

@@ -9,6 +9,8 @@
 #   make bench-rss        kvbridge fed 10M events (decode mix): VmRSS every second
 #   make bench-scrape     CPU of scraping an engine's /metrics (the vLLM page)
 #                         every 500 ms for 20 s: build/bench/scrape-cost
+#   make bench-query      publish delay of a live stream while 1M-block dumps
+#                         are served (/v1/dump), against the same stream quiet
 #
 # Tools go to $(B)/bench/; they link $(B)/libkvb.a like the unit tests.
 
@@ -17,7 +19,7 @@ BENCH_TOOLS := $(BENCH_OUT)/bench-pub $(BENCH_OUT)/count-sub $(BENCH_OUT)/forwar
                $(BENCH_OUT)/capture $(BENCH_OUT)/pipeline-bench $(BENCH_OUT)/scrape-cost
 BENCH_DEPS  := $(B)/kvbridge $(B)/kvsim $(BENCH_TOOLS)
 
-.PHONY: bench bench-tools bench-callgrind bench-rss bench-scrape
+.PHONY: bench bench-tools bench-callgrind bench-rss bench-scrape bench-query
 
 bench-tools: $(BENCH_TOOLS)
 
@@ -66,3 +68,6 @@ $(BENCH_OUT)/scrape-cost: $(B)/obj/tests/bench/scrape_cost.o $(B)/libkvb.a
 # CPU of the scraper: one vLLM page every 500 ms for 20 s
 bench-scrape: $(BENCH_OUT)/scrape-cost
 	$(BENCH_OUT)/scrape-cost tests/data/metrics/vllm.txt 20 500 1
+
+bench-query: $(B)/kvbridge $(B)/kvsim
+	B=$(B) bash tests/bench/query_dump.sh

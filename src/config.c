@@ -59,6 +59,7 @@ static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 #define check_host kvb_cfg_check_host
 #define check_js_template kvb_cfg_check_js_template
 #define check_server_url kvb_cfg_check_server_url
+#define check_query_subject kvb_cfg_check_query_subject
 
 #define R F_RELOAD
 #define C F_CONN
@@ -350,6 +351,24 @@ static const struct opt opts[] = {
     {.key = "limits.max_depth", .type = T_U32, .off = TOP(limits.max_depth, uint32_t),
      .def = "16", .min = 1, .max = 31, .flags = R,
      .help = "Deepest msgpack nesting accepted in an engine message."},
+    {.key = "limits.max_resident_blocks", .type = T_U64,
+     .off = TOP(limits.max_resident_blocks, uint64_t), .def = "1048576", .min = 0,
+     .max = 1073741824,
+     .help = "Most blocks the residency mirror holds over every (worker_id, dp_rank, "
+             "tier), about 48 bytes each (up to 85 right after its tables grew): 1M "
+             "blocks in 48-85 MB. A store past it is refused with a loud error and a "
+             "\"cleared\" barrier for that pair. 0 turns the mirror and the query API "
+             "off."},
+
+    {.key = "query.recent_events", .type = T_U32,
+     .off = TOP(query.recent_events, uint32_t), .def = "4096", .min = 0, .max = 1048576,
+     .help = "Router events kept per (worker_id, dp_rank) for /v1/events (a consumer "
+             "with a short gap asks for the events after an event_id instead of a dump); "
+             "about 552 bytes each. 0 keeps none."},
+    {.key = "query.subject", .type = T_STR, .off = TOP(query.subject, char *),
+     .def = "kvbridge.query.{worker_id}", .check = check_query_subject,
+     .help = "NATS subject of the query API's request/reply ({namespace}, {component} "
+             "and {worker_id} are replaced); \"\" = HTTP only."},
 };
 #undef R
 #undef C

@@ -139,6 +139,22 @@ int kvb_cfg_check_subject(struct ctx *c, const struct opt *o, const char *dpath,
                               "{namespace}, {component}, {worker_id} or {dp_rank}");
 }
 
+/* query.subject: "" (off), or a subject without wildcards nor {dp_rank}. */
+int kvb_cfg_check_query_subject(struct ctx *c, const struct opt *o, const char *dpath,
+                                const void *field, const struct node *v)
+{
+    const char *s = *(char *const *)field;
+    if (*s == '\0')
+        return 0;
+    if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
+        return -1;
+    if (strpbrk(s, "*>")) {
+        err_at(c, v->line, v->col, "%s: must not contain the wildcards '*' or '>'", dpath);
+        return -1;
+    }
+    return check_placeholders(c, dpath, s, v, 3, "{namespace}, {component} or {worker_id}");
+}
+
 int kvb_cfg_check_format(struct ctx *c, const struct opt *o, const char *dpath,
                          const void *field, const struct node *v)
 {

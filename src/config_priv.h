@@ -169,7 +169,7 @@ char *kvb_cfg_shown(const char *s, size_t len);
 /* Checks of one value, named by the table's .check. */
 check_fn kvb_cfg_check_endpoint, kvb_cfg_check_opt_endpoint, kvb_cfg_check_subject,
     kvb_cfg_check_word, kvb_cfg_check_format, kvb_cfg_check_listen, kvb_cfg_check_host,
-    kvb_cfg_check_js_template, kvb_cfg_check_server_url;
+    kvb_cfg_check_js_template, kvb_cfg_check_server_url, kvb_cfg_check_query_subject;
 
 /* Checks across keys, once the tree was walked; they report and set the
  * marks (M, one per table row) of keys found bad.  kvb_cfg_resolve_files():

@@ -1,8 +1,9 @@
-/* http: /metrics, /healthz, /readyz.  See include/http.h. */
+/* http: /metrics, /healthz, /readyz, and /v1/ (http_query.c).  See include/http.h. */
 #include "http.h"
 
 #include <errno.h>
 #include <netdb.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,12 +14,14 @@
 #include <microhttpd.h>
 
 #include "clock.h"
+#include "http_query.h"
 
 struct kvb_http {
     struct MHD_Daemon *mhd;
     const struct kvb_metrics *m;
     const char *version;
     int port;
+    _Atomic(struct kvb_query *) query; /* /v1/: NULL = off */
 };
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type,
@@ -38,12 +41,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                               size_t *upload_size, void **con_cls)
 {
     (void)version;
-    (void)upload;
-    (void)upload_size;
-    (void)con_cls;
     struct kvb_http *h = cls;
     static char not_found[] = "not found\n", bad_method[] = "method not allowed\n";
     static char ok[] = "ok\n", stalled[] = "loop stalled\n", not_ready[] = "not ready\n";
+    if (strncmp(url, "/v1/", 4) == 0)
+        return kvb_http_query(c, atomic_load(&h->query), url, method, upload, upload_size,
+                              con_cls);
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return reply(c, 405, "text/plain", bad_method, sizeof(bad_method) - 1,
                      MHD_RESPMEM_PERSISTENT);
@@ -69,6 +72,21 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                              MHD_RESPMEM_PERSISTENT);
     }
     return reply(c, 404, "text/plain", not_found, sizeof(not_found) - 1, MHD_RESPMEM_PERSISTENT);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)c;
+    (void)toe;
+    kvb_http_query_completed(con_cls);
+}
+
+void kvb_http_set_query(struct kvb_http *h, struct kvb_query *q)
+{
+    if (h)
+        atomic_store(&h->query, q);
 }
 
 /* "host:port" or "[v6]:port" -> sockaddr (numeric hosts only). */
@@ -132,7 +150,8 @@ int kvb_http_start(const char *listen, const struct kvb_metrics *m, const char *
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)KVB_HTTP_CONN_LIMIT,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)KVB_HTTP_PER_IP_LIMIT,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVB_HTTP_IDLE_TIMEOUT_S,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVB_HTTP_CONN_MEMORY, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVB_HTTP_CONN_MEMORY,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_END);
     if (!h->mhd) {
         rc = errno ? -errno : -EADDRINUSE;
         free(h);

@@ -20,6 +20,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "pipeline.h"
+#include "residency.h"
 #include "sink.h"
 #include "source.h"
 #include "state.h"
@@ -50,6 +51,7 @@ struct kvb_daemon {
     struct kvb_pipeline *pipe;
     struct kvb_sink *sink;
     struct kvb_http *http;
+    struct kvb_residency *res; /* the residency mirror and its queries */
     uint64_t heartbeat_ms;   /* loop wake-up period */
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
@@ -127,6 +129,9 @@ static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t l
                    strerror(-rc), (unsigned long long)rev->event_id);
         d->barrier_due = true; /* the router must not keep a view with a hole */
     }
+    /* The mirror is full: "cleared" for the pair (it comes back here). */
+    if (kvb_residency_apply(d->res, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED)
+        kvb_pipeline_cleared(d->pipe, rev->dp_rank, KVB_BAR_MIRROR_FULL);
     return 0; /* a refused publish is counted by the sink; the stream goes on */
 }
 
@@ -280,6 +285,8 @@ static void save_state(struct kvb_daemon *d, bool force)
     uint64_t now = kvb_mono_ms(), batches = kvb_get(&d->m.batches_received_total[0]);
     if (!dir[0] || (!force && (now - d->last_save_ms < STATE_SAVE_MS || batches == d->saved_batches)))
         return;
+    if (!force && kvb_residency_save_busy(d->res))
+        return; /* the mirror (saved with the cursors) is being written: next turn */
     d->last_save_ms = now;
     int frc = kvb_sink_flush(d->sink, 1000);
     if (frc < 0) {
@@ -287,7 +294,13 @@ static void save_state(struct kvb_daemon *d, bool force)
         return; /* NATS away: keep the older, safe file */
     }
     struct kvb_state *st = snapshot(d);
-    int rc = st ? kvb_state_save(dir, st) : -ENOMEM;
+    int rc = !st ? -ENOMEM
+             : kvb_residency_persists(d->res) ? kvb_residency_save(d->res, dir, &st, force)
+                                              : kvb_state_save(dir, st);
+    if (rc == -EBUSY) {
+        kvb_state_free(&st);
+        return;
+    }
     if (rc < 0)
         kvb_warn("state", "cannot save to %s: %s", dir, strerror(-rc));
     else
@@ -317,6 +330,15 @@ static int load_state(struct kvb_daemon *d)
     kvb_info("state", "%s: resuming %zu stream(s), %zu event_id counter(s)", dir,
              d->resume->n_streams, d->resume->n_counters);
     return 0;
+}
+
+/* A pair the saved mirror cannot vouch for: "cleared", so that consumers and
+ * the mirror start it over together. */
+static void mirror_barrier(void *ctx, uint64_t worker_id, uint32_t dp_rank)
+{
+    struct kvb_daemon *d = ctx;
+    if (worker_id == d->cfg->worker_id)
+        kvb_pipeline_cleared(d->pipe, dp_rank, KVB_BAR_START);
 }
 
 /* ---- reload (SIGHUP) ---------------------------------------------------- */
@@ -462,13 +484,16 @@ static void reload(struct kvb_daemon *d)
         free(lent);
     }
     if (nsink) {
+        kvb_residency_detach(d->res, d->sink);
         kvb_sink_destroy(&d->sink); /* flushes what it still holds */
         d->sink = nsink;
         kvb_sink_defer_writes(d->sink);
+        kvb_residency_attach(d->res, d->sink);
     }
     kvb_config_free(&d->cfg);
     d->cfg = nc;
     prepare_subjects(d, nc); /* validated by the config module */
+    kvb_residency_reconfigure(d->res, nc);
     kvb_log_set_level(nc->log.level);
     if (nsrc)
         kvb_info("main", "reload: %zu source(s) kept, %zu opened", kept, d->n_src - kept);
@@ -553,6 +578,7 @@ static void update_gauges(struct kvb_daemon *d)
     kvb_set(&d->m.reading_paused[0], paused);
     kvb_set(&d->m.nats_pending_bytes[0], pending);
     kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink));
+    kvb_residency_gauges(d->res);
 }
 
 /* Liveness: /healthz reads the heartbeat; systemd's watchdog gets WATCHDOG=1. */
@@ -598,8 +624,10 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         handle_signals(d);
         return 0; /* the sources may have been replaced */
     }
-    if (items[1].revents & ZMQ_POLLIN)
+    if (items[1].revents & ZMQ_POLLIN) {
         drain_wake(d);
+        kvb_residency_serve(d->res); /* queries handed over by HTTP / NATS */
+    }
     if (items[2].revents & ZMQ_POLLIN && (rc = kvb_zap_handle(d->zap)) < 0)
         kvb_err("zap", "%s", strerror(-rc));
     for (size_t i = 0; i < d->n_src; i++) {
@@ -686,6 +714,10 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         goto out;
     }
     kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe), kvb_wall_ms());
+    if ((rc = kvb_residency_create(d->cfg, &d->m, d->wakefd, &d->res)) < 0) {
+        kvb_err("main", "residency mirror: %s", strerror(-rc));
+        goto out;
+    }
     if ((rc = load_state(d)) < 0) {
         kvb_err("state", "%s", strerror(-rc));
         goto out;
@@ -699,6 +731,9 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         goto out;
     }
     kvb_sink_defer_writes(d->sink);
+    kvb_residency_attach(d->res, d->sink); /* NATS queries (query.subject) */
+    if (d->resume && kvb_residency_load(d->res, d->cfg->state.dir, d->resume, mirror_barrier, d) < 0)
+        kvb_warn("state", "residency mirror: cannot load (out of memory)");
     d->zctx = zmq_ctx_new();
     if (!d->zctx || kvb_zap_create(d->zctx, &d->m, &d->zap) < 0 ||
         (rc = build_sources(d, d->cfg, false, &d->src, &d->src_from, &d->n_src, NULL)) < 0) {
@@ -711,6 +746,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
             goto out;
         }
         kvb_info("http", "metrics on http://%s/metrics", d->cfg->metrics.listen);
+        kvb_http_set_query(d->http, kvb_residency_query(d->res));
     }
     uint64_t wd_usec = 0;
     d->heartbeat_ms = HEARTBEAT_MS;
@@ -744,6 +780,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     /* Stop reading; everything read is already decoded and handed to nats.c:
      * flush it out before leaving (waiting for NATS if it is away). */
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
+    kvb_residency_close(d->res); /* queries get 503 from now on */
     rc = drain(d);
     if (rc < 0)
         kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
@@ -751,14 +788,17 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         save_state(d, true);
     exit_code = d->failed ? 1 : 0;
 out:
+    kvb_residency_close(d->res);
     kvb_http_stop(&d->http);
     free(items);
     destroy_sources(&d->src, &d->src_from, &d->n_src);
     kvb_zap_destroy(&d->zap); /* after the sources registered with it */
     if (d->zctx)
         zmq_ctx_term(d->zctx);
+    kvb_residency_detach(d->res, d->sink);
     kvb_sink_destroy(&d->sink);
     kvb_pipeline_destroy(&d->pipe);
+    kvb_residency_destroy(&d->res); /* after the HTTP server and the sink */
     kvb_state_free(&d->resume);
     if (d->sigfd >= 0)
         close(d->sigfd);

@@ -36,6 +36,17 @@ void kvb_histogram_observe(struct kvb_histogram *h, const uint64_t *bounds, int 
     kvb_add(&h->sum_ns, ns);
 }
 
+void kvb_histogram_observe_shared(struct kvb_histogram *h, const uint64_t *bounds,
+                                  int n_bounds, uint64_t ns)
+{
+    int i = 0;
+    while (i < n_bounds && ns > bounds[i])
+        i++;
+    kvb_add_shared(&h->buckets[i], 1);
+    kvb_add_shared(&h->count, 1);
+    kvb_add_shared(&h->sum_ns, ns);
+}
+
 #define KVB_BOUND(ns) (uint64_t)(ns),
 #define KVB_HIST_DEF(name, buckets, help)                                      \
     static const uint64_t bounds_##name[] = {buckets(KVB_BOUND)};              \
@@ -44,6 +55,11 @@ void kvb_histogram_observe(struct kvb_histogram *h, const uint64_t *bounds, int 
     {                                                                          \
         kvb_histogram_observe(&m->name, bounds_##name,                         \
                               (int)(sizeof(bounds_##name) / sizeof(uint64_t)), ns); \
+    }                                                                          \
+    void kvb_metrics_observe_shared_##name(struct kvb_metrics *m, uint64_t ns) \
+    {                                                                          \
+        kvb_histogram_observe_shared(&m->name, bounds_##name,                  \
+                                     (int)(sizeof(bounds_##name) / sizeof(uint64_t)), ns); \
     }
 KVB_HISTOGRAMS(KVB_HIST_DEF)
 

@@ -427,6 +427,7 @@ static void clear_pair(struct kvb_mirror *m, uint64_t worker, uint32_t rank)
 
 int kvb_mirror_apply(struct kvb_mirror *m, const struct kvb_rev *rev)
 {
+    int res = 0;
     struct pair *p = pair_make(m, rev->worker_id, rev->dp_rank);
     if (!p)
         return -ENOMEM;
@@ -436,12 +437,9 @@ int kvb_mirror_apply(struct kvb_mirror *m, const struct kvb_rev *rev)
             return -ENOMEM;
         if (rev->has_parent && find_block(s, rev->parent) < 0) {
             m->orphans++; /* an indexer drops the whole store */
-        } else {
-            if (m->blocks + rev->n > m->cfg.max_blocks)
-                return -ENOSPC;
-            int rc = space_reserve(m, s, rev->n);
-            if (rc < 0)
-                return rc;
+        } else if (m->blocks + rev->n > m->cfg.max_blocks) {
+            res = -ENOSPC; /* published all the same: it goes to the ring */
+        } else if ((res = space_reserve(m, s, rev->n)) == 0) {
             for (uint32_t i = 0; i < rev->n; i++) {
                 bool first = i == 0;
                 put_block(m, s, rev->blocks[i].block_hash, first ? rev->has_parent : 1,
@@ -467,6 +465,19 @@ int kvb_mirror_apply(struct kvb_mirror *m, const struct kvb_rev *rev)
         ring_push(p, rev);
     else
         p->ring_from = rev->event_id + 1;
+    return res;
+}
+
+int kvb_mirror_set_last(struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
+                        uint64_t last)
+{
+    struct pair *p = pair_make(m, worker_id, dp_rank);
+    if (!p)
+        return -ENOMEM;
+    p->has_last = true;
+    p->last = last;
+    p->head = p->count = p->w_used = p->w_head = 0;
+    p->ring_from = last + 1; /* what came before is not in the ring */
     return 0;
 }
 

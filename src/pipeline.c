@@ -105,6 +105,11 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
     return rc < 0 ? rc : 1;
 }
 
+int kvb_pipeline_cleared(struct kvb_pipeline *p, uint32_t dp_rank, int cause)
+{
+    return cleared(p, dp_rank, cause);
+}
+
 int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause)
 {
     if (s->n_ranks == 0)

@@ -381,6 +381,82 @@ static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char 
     return ATT_FAILED;
 }
 
+/* ---- request serving (kvb_sink_serve) ---- */
+
+static void srv_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    (void)sub;
+    struct kvb_sink *s = closure;
+    s->srv_fn(s->srv_closure, nc, msg); /* srv_fn is set before any subscription */
+}
+
+static void srv_on_complete(void *closure)
+{
+    struct kvb_sink *s = closure;
+    atomic_fetch_sub(&s->srv_live, 1);
+}
+
+/* conn_mu held: drop the current subscription (its callbacks end on their own). */
+static void srv_drop(struct kvb_sink *s)
+{
+    if (!s->srv_sub)
+        return;
+    natsSubscription_Unsubscribe(s->srv_sub); /* a closed connection: already gone */
+    natsSubscription_Destroy(s->srv_sub);
+    s->srv_sub = NULL;
+}
+
+/* conn_mu held: subscribe on the current connection, if any. */
+static int srv_subscribe(struct kvb_sink *s)
+{
+    if (!s->srv_subject || !s->conn || s->srv_sub)
+        return 0;
+    natsSubscription *sub = NULL;
+    natsStatus st = natsConnection_Subscribe(&sub, s->conn, s->srv_subject, srv_on_msg, s);
+    if (st == NATS_OK) {
+        atomic_fetch_add(&s->srv_live, 1);
+        if (natsSubscription_SetOnCompleteCB(sub, srv_on_complete, s) != NATS_OK)
+            atomic_fetch_sub(&s->srv_live, 1); /* cannot happen on a fresh subscription */
+        s->srv_sub = sub;
+        return 0;
+    }
+    kvb_warn(STAGE, "cannot subscribe to %s: %s", s->srv_subject, natsStatus_GetText(st));
+    return kvb_sink_errno(st);
+}
+
+int kvb_sink_serve(struct kvb_sink *s, const char *subject, kvb_sink_request_fn fn,
+                   void *closure)
+{
+    char *subj = strdup(subject);
+    if (!subj)
+        return -ENOMEM;
+    pthread_mutex_lock(&s->conn_mu);
+    srv_drop(s);
+    free(s->srv_subject);
+    s->srv_subject = subj;
+    s->srv_fn = fn;
+    s->srv_closure = closure;
+    int rc = srv_subscribe(s);
+    pthread_mutex_unlock(&s->conn_mu);
+    return rc;
+}
+
+void kvb_sink_unserve(struct kvb_sink *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->conn_mu);
+    srv_drop(s);
+    free(s->srv_subject);
+    s->srv_subject = NULL;
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
+bool kvb_sink_serving(const struct kvb_sink *s)
+{
+    return s && atomic_load(&((struct kvb_sink *)s)->srv_live) > 0;
+}
+
 /* Swap in a new connection and its JetStream context (NULL: none); the old
  * connection is closed already. */
 static void set_conn(struct kvb_sink *s, natsConnection *nc, jsCtx *js)
@@ -390,8 +466,11 @@ static void set_conn(struct kvb_sink *s, natsConnection *nc, jsCtx *js)
     pthread_mutex_lock(&s->conn_mu);
     old = s->conn;
     old_js = s->js;
+    if (old != nc)
+        srv_drop(s);
     s->conn = nc;
     s->js = js;
+    srv_subscribe(s); /* requests go on on the new connection */
     pthread_mutex_unlock(&s->conn_mu);
     jsCtx_Destroy(old_js);
     conn_destroy(s, old);
@@ -526,6 +605,7 @@ static void sink_free(struct kvb_sink *s)
         pthread_join(s->rb_thread, NULL);
     }
     atomic_store(&s->closing, true);
+    kvb_sink_unserve(s);
     if (!kvb_sink_js_close(s))
         return;
     if (s->conn)
@@ -535,6 +615,10 @@ static void sink_free(struct kvb_sink *s)
                 CLOSE_WAIT_MS);
         return;
     }
+    /* a request callback still running (bounded: the query's own wait) */
+    for (uint64_t until = kvb_mono_ms() + CLOSE_WAIT_MS;
+         atomic_load(&s->srv_live) > 0 && kvb_mono_ms() < until;)
+        kvb_sink_sleep_ms(1);
     conn_destroy(s, s->conn);
     kvb_sink_guard_stop(s); /* no connection left to shake hands */
     kvb_sink_io_stop(s);

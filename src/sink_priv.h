@@ -174,6 +174,14 @@ struct kvb_sink {
     bool in_publish;           /* owner only: inside a publish call */
     atomic_bool owner_write;   /* a write is left to kvb_sink_service() */
 
+    /* Requests served on one subject (kvb_sink_serve()): subscribed again on
+     * each new connection.  conn_mu guards all but srv_live. */
+    char *srv_subject;         /* NULL: not serving */
+    kvb_sink_request_fn srv_fn;
+    void *srv_closure;
+    natsSubscription *srv_sub;
+    _Atomic int srv_live;      /* subscriptions whose callbacks may still run */
+
     /* ---- guard (sink_guard.c) ----
      * guard_mu + guard_cond: guard_stop, guard_kicked.  The tables are the
      * guard thread's (written by create before it starts). */

@@ -9,7 +9,12 @@
  *   --expect-record  compares that index with kvsim's --record file: an entry
  *                    the engine does not hold at the end is WRONG (fails);
  *                    an engine block absent from the index is only "missing"
- * and publishes test input with --publish FILE.
+ *   --recover        with --index and --query: start late and recover from
+ *                    kvbridge's query API (a dump, then the live events after
+ *                    its last_event_id; on an event_id hole the events since,
+ *                    or a dump when they are gone), never needing a "cleared"
+ * and publishes test input with --publish FILE; --dump / --match ask
+ * kvbridge's query API once and print the answer (a dump as a summary).
  *
  * Independent test instrument: uses nothing from src/.
  * Build: make build/kvtail, or
@@ -221,6 +226,7 @@ struct stream {
     uint64_t worker, rank, next;
     struct hole holes[MAX_HOLES];
     size_t nholes;
+    bool synced;        /* --recover: the index holds this pair up to next - 1 */
 };
 
 /* ------------------------------------------------------------- the state */
@@ -235,22 +241,40 @@ struct rev {
     struct vec h, th;
 };
 
+#define MAX_PAIRS 64
+
+struct pair_arg {
+    uint64_t worker, rank;
+};
+
 struct opts {
     const char *server, *subject, *expect, *ready, *publish;
     uint64_t count;
     long timeout_ms;
     bool quiet, check, index, allow_offset;
+    const char *query;          /* kvbridge's query subject */
+    bool recover;
+    struct pair_arg pairs[MAX_PAIRS]; /* --pair: dumps asked at start */
+    size_t npairs;
+    bool dump, match;           /* one-shot queries (on pairs[0]) */
+    const char *tokens, *lora;
+    uint64_t block_size;
+    uint64_t cut_after;         /* --cut-after N:MS: test hook */
+    long cut_ms;
 };
 
 struct stats {
     uint64_t messages, stored, removed, cleared, holes, hole_ids, dups, reorders, resets, bad,
         orphans, unknown_removes, wrong, missing, badtok, indexed, blocks;
+    /* --recover */
+    uint64_t dumps, dump_blocks, events_asked, events_got, gone, skipped, query_errors;
 };
 
 struct tail {
     struct opts o;
     struct stats st;
     struct rev ev;
+    natsConnection *nc;         /* --recover: for the queries */
     struct stream *streams;
     size_t nstreams;
     struct spaces index, truth;
@@ -500,6 +524,232 @@ static void apply_index(struct tail *t, const struct rev *ev)
     }
 }
 
+/* ------------------------------------------- kvbridge's query API (NATS) */
+
+/*
+ * A request is a JSON object published to the query subject with our own
+ * inbox as the reply subject; the answer comes in parts (headers Kvb-Status,
+ * Kvb-Part 1, 2, ..., Kvb-Last true on the last one), each a run of whole
+ * lines.  line_fn gets every line; returns the status (200, 404, 410, ...),
+ * or -1 when no answer came (timeout, no responders, parts out of order).
+ */
+typedef void (*line_fn)(void *ctx, const char *line, size_t len);
+
+static int ask(natsConnection *nc, const char *subject, const char *req, line_fn fn, void *ctx)
+{
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    int status = -1;
+    unsigned want = 1;
+    natsStatus s = natsInbox_Create(&inbox);
+
+    if (s == NATS_OK)
+        s = natsConnection_SubscribeSync(&sub, nc, inbox);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(sub, -1, -1);
+    if (s == NATS_OK)
+        s = natsConnection_PublishRequestString(nc, subject, inbox, req);
+    while (s == NATS_OK) {
+        natsMsg *m = NULL;
+        const char *v = NULL, *p, *e;
+        bool last;
+        s = natsSubscription_NextMsg(&m, sub, 30000);
+        if (s != NATS_OK)
+            break;
+        if (natsMsg_IsNoResponders(m)) {
+            fprintf(stderr, "kvtail: query: no responders on %s\n", subject);
+            natsMsg_Destroy(m);
+            break;
+        }
+        if (natsMsgHeader_Get(m, "Kvb-Part", &v) != NATS_OK || strtoul(v, NULL, 10) != want) {
+            fprintf(stderr, "kvtail: query: part %s, expected %u\n", v ? v : "(none)", want);
+            natsMsg_Destroy(m);
+            status = -1;
+            break;
+        }
+        want++;
+        if (natsMsgHeader_Get(m, "Kvb-Status", &v) == NATS_OK)
+            status = atoi(v);
+        last = natsMsgHeader_Get(m, "Kvb-Last", &v) == NATS_OK && !strcmp(v, "true");
+        p = natsMsg_GetData(m);
+        e = p + natsMsg_GetDataLength(m);
+        while (p < e) {
+            const char *nl = memchr(p, '\n', (size_t)(e - p));
+            size_t n = nl ? (size_t)(nl - p) : (size_t)(e - p);
+            fn(ctx, p, n);
+            p += n + 1;
+        }
+        natsMsg_Destroy(m);
+        if (last)
+            break;
+    }
+    if (s != NATS_OK) {
+        fprintf(stderr, "kvtail: query %s: %s\n", subject, natsStatus_GetText(s));
+        status = -1;
+    }
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    return status;
+}
+
+/* {"last_event_id":N}: true and *id. */
+static bool last_line(const char *line, size_t len, uint64_t *id)
+{
+    struct cur c = { line, line + len };
+    return lit(&c, "{\"last_event_id\":") && num(&c, id) && lit(&c, "}") && c.p == c.e;
+}
+
+/* What an answer's lines did: router events applied (from id `from` on),
+ * the last_event_id line, errors. */
+struct answer {
+    struct tail *t;
+    struct rev ev;      /* its own: t->ev may hold the live event being handled */
+    uint64_t from;      /* events below it are already in the index */
+    bool has_last;
+    uint64_t last, events, blocks;
+    bool bad;
+    char error[256];
+};
+
+static void answer_line(void *ctx, const char *line, size_t len)
+{
+    struct answer *a = ctx;
+    struct cur c = { line, line + len };
+    struct rev *ev = &a->ev;
+    if (len == 0)
+        return;
+    if (last_line(line, len, &a->last)) {
+        a->has_last = true;
+        return;
+    }
+    if (len > 9 && !memcmp(line, "{\"error\":", 9)) {
+        snprintf(a->error, sizeof a->error, "%.*s", (int)len, line);
+        return;
+    }
+    if (parse_rev(&c, ev)) {
+        if (!a->bad)
+            fprintf(stderr, "kvtail: query: BAD line: %.*s\n", (int)(len > 300 ? 300 : len), line);
+        a->bad = true;
+        a->t->st.bad++;
+        return;
+    }
+    if (ev->id < a->from)
+        return;
+    a->events++;
+    if (ev->kind == K_STORED)
+        a->blocks += ev->h.n;
+    apply_index(a->t, ev);
+}
+
+static void pair_request(char *buf, size_t cap, const char *op, uint64_t worker, uint64_t rank,
+                         const char *extra)
+{
+    snprintf(buf, cap, "{\"op\":\"%s\",\"worker_id\":%" PRIu64 ",\"dp_rank\":%" PRIu64 "%s}", op,
+             worker, rank, extra ? extra : "");
+}
+
+/* The pair's whole state from a dump: the index of the pair is replaced
+ * (every tier emptied first: the dump is all of it). */
+static bool recover_dump(struct tail *t, struct stream *s)
+{
+    char req[256];
+    struct answer a = { .t = t };
+    int st;
+    spaces_clear(&t->index, s->worker, s->rank);
+    pair_request(req, sizeof req, "dump", s->worker, s->rank, NULL);
+    st = ask(t->nc, t->o.query, req, answer_line, &a);
+    free(a.ev.h.v);
+    free(a.ev.th.v);
+    if (st != 200 || !a.has_last || a.bad) {
+        t->st.query_errors++;
+        fprintf(stderr, "kvtail: dump worker_id=%" PRIu64 " dp_rank=%" PRIu64 ": status %d %s\n",
+                s->worker, s->rank, st, a.error);
+        return false;
+    }
+    t->st.dumps++;
+    t->st.dump_blocks += a.blocks;
+    s->next = a.last + 1;
+    s->synced = true;
+    fprintf(stderr, "kvtail: dump worker_id=%" PRIu64 " dp_rank=%" PRIu64 ": %" PRIu64
+                    " blocks in %" PRIu64 " events, last_event_id %" PRIu64 "\n",
+            s->worker, s->rank, a.blocks, a.events, a.last);
+    return true;
+}
+
+/* Events after next - 1 from kvbridge's ring; a dump when they are gone. */
+static bool recover_events(struct tail *t, struct stream *s)
+{
+    char req[256], extra[64];
+    struct answer a = { .t = t, .from = s->next };
+    int st;
+    snprintf(extra, sizeof extra, ",\"since\":%" PRIu64, s->next - 1);
+    pair_request(req, sizeof req, "events", s->worker, s->rank, extra);
+    t->st.events_asked++;
+    st = ask(t->nc, t->o.query, req, answer_line, &a);
+    free(a.ev.h.v);
+    free(a.ev.th.v);
+    if (st == 200 && a.has_last && !a.bad) {
+        t->st.events_got += a.events;
+        fprintf(stderr, "kvtail: events worker_id=%" PRIu64 " dp_rank=%" PRIu64 " since %" PRIu64
+                        ": %" PRIu64 " events, last_event_id %" PRIu64 "\n",
+                s->worker, s->rank, s->next - 1, a.events, a.last);
+        if (a.last + 1 > s->next)
+            s->next = a.last + 1;
+        return true;
+    }
+    if (st == 410) {
+        t->st.gone++;
+        fprintf(stderr, "kvtail: events since %" PRIu64 " are gone (410): asking for a dump\n",
+                s->next - 1);
+    } else {
+        t->st.query_errors++;
+        fprintf(stderr, "kvtail: events: status %d %s: asking for a dump\n", st, a.error);
+    }
+    return recover_dump(t, s);
+}
+
+/* One live event with --recover: a pair seen for the first time starts from
+ * a dump; an event the dump or an events answer already had is skipped; an
+ * event_id hole is filled from the events since (or a dump). */
+static void recover_live(struct tail *t, const struct rev *ev)
+{
+    bool fresh;
+    struct stream *s = stream_get(t, ev->worker, ev->rank, &fresh);
+    if (!s->synced && !recover_dump(t, s)) {
+        s->next = ev->id;       /* no dump: from here on, as a live consumer */
+        s->synced = true;
+    }
+    if (ev->id < s->next) {
+        if (ev->id == 0 && ev->kind == K_CLEARED) {  /* a new epoch of the counter */
+            t->st.resets++;
+            apply_index(t, ev);
+            s->next = 1;
+            return;
+        }
+        t->st.skipped++;
+        return;
+    }
+    if (ev->id > s->next)
+        recover_events(t, s);
+    if (ev->id < s->next) {
+        t->st.skipped++;
+        return;
+    }
+    if (ev->id > s->next)       /* nothing could fill it */
+        add_hole(t, s, s->next, ev->id - 1);
+    apply_index(t, ev);
+    s->next = ev->id + 1;
+}
+
+/* At the end: events published after the last one received (the tail a
+ * cut or a slow start left), so the index is as of kvbridge's last event. */
+static void recover_tail(struct tail *t)
+{
+    for (size_t i = 0; i < t->nstreams; i++)
+        if (t->streams[i].synced)
+            recover_events(t, &t->streams[i]);
+}
+
 static void handle_message(struct tail *t, const char *data, size_t len)
 {
     struct cur c = { data, data + len };
@@ -525,6 +775,10 @@ static void handle_message(struct tail *t, const char *data, size_t len)
         break;
     case K_REMOVED: t->st.removed++; break;
     case K_CLEARED: t->st.cleared++; break;
+    }
+    if (t->o.recover) {
+        recover_live(t, &t->ev);
+        return;
     }
     if (t->o.check)
         check_ids(t, &t->ev);
@@ -922,6 +1176,98 @@ out:
     return rc;
 }
 
+/* --dump W:R: a summary of the dump; --match W:R: the answer as it is. */
+struct summary {
+    uint64_t lines, events, blocks, tier_blocks[NTIER], last;
+    bool has_last, bad;
+    char error[256], match[512];
+};
+
+static void summary_line(void *ctx, const char *line, size_t len)
+{
+    struct summary *m = ctx;
+    struct cur c = { line, line + len };
+    struct rev ev;
+    if (len == 0)
+        return;
+    m->lines++;
+    if (last_line(line, len, &m->last)) {
+        m->has_last = true;
+        return;
+    }
+    if (len > 9 && !memcmp(line, "{\"error\":", 9)) {
+        snprintf(m->error, sizeof m->error, "%.*s", (int)len, line);
+        return;
+    }
+    if (len > 18 && !memcmp(line, "{\"matched_blocks\":", 18)) {
+        snprintf(m->match, sizeof m->match, "%.*s", (int)len, line);
+        return;
+    }
+    memset(&ev, 0, sizeof ev);
+    if (parse_rev(&c, &ev)) {
+        m->bad = true;
+    } else {
+        m->events++;
+        if (ev.kind == K_STORED) {
+            m->blocks += ev.h.n;
+            m->tier_blocks[ev.tier] += ev.h.n;
+        }
+    }
+    free(ev.h.v);
+    free(ev.th.v);
+}
+
+static int do_query_once(const struct opts *o)
+{
+    natsConnection *nc = connect_nats(o->server);
+    struct summary m;
+    char *req = NULL;
+    size_t cap = 0;
+    FILE *f;
+    int st, rc = 1;
+
+    if (!nc)
+        return 2;
+    memset(&m, 0, sizeof m);
+    f = open_memstream(&req, &cap);
+    if (!f) {
+        natsConnection_Destroy(nc);
+        return 2;
+    }
+    fprintf(f, "{\"op\":\"%s\",\"worker_id\":%" PRIu64 ",\"dp_rank\":%" PRIu64,
+            o->dump ? "dump" : "match", o->pairs[0].worker, o->pairs[0].rank);
+    if (o->match) {
+        fprintf(f, ",\"token_ids\":[%s]", o->tokens ? o->tokens : "");
+        if (o->lora)
+            fprintf(f, ",\"lora_name\":\"%s\"", o->lora);
+        if (o->block_size)
+            fprintf(f, ",\"block_size\":%" PRIu64, o->block_size);
+    }
+    fputc('}', f);
+    fclose(f);
+    st = ask(nc, o->query, req, summary_line, &m);
+    if (st != 200) {
+        fprintf(stderr, "kvtail: query: status %d %s\n", st, m.error);
+    } else if (o->match) {
+        printf("%s\n", m.match);
+        rc = 0;
+    } else if (m.has_last && !m.bad) {
+        printf("kvtail: dump worker_id=%" PRIu64 " dp_rank=%" PRIu64 " last_event_id=%" PRIu64
+               " lines=%" PRIu64 " events=%" PRIu64 " blocks=%" PRIu64,
+               o->pairs[0].worker, o->pairs[0].rank, m.last, m.lines, m.events, m.blocks);
+        for (int i = 0; i < NTIER; i++)
+            printf(" %s=%" PRIu64, tier_names[i], m.tier_blocks[i]);
+        printf("\n");
+        rc = 0;
+    } else {
+        fprintf(stderr, "kvtail: dump: %s\n", m.bad ? "a line is not a router event" :
+                                                      "no last_event_id line");
+    }
+    free(req);
+    natsConnection_Destroy(nc);
+    return rc;
+}
+
 static int write_ready(const char *path)
 {
     char tmp[4096];
@@ -970,6 +1316,22 @@ static void usage(FILE *f)
 "  --ready-file PATH     written once subscribed (start publishers after it exists)\n"
 "  --publish FILE        publish each non-empty line of FILE ('-' = stdin) to\n"
 "                        --subject, then exit\n"
+"  --query SUBJ          kvbridge's query subject (query.subject, e.g.\n"
+"                        kvbridge.query.7), for the options below\n"
+"  --recover             with --index: start late and recover from the query API:\n"
+"                        a pair's first event brings a dump (the index of the pair\n"
+"                        is replaced by it, live events up to its last_event_id are\n"
+"                        skipped); an event_id hole asks for the events since (a\n"
+"                        dump when they are gone: 410); at exit the events after\n"
+"                        the last one received are asked once more\n"
+"  --pair W:R            with --recover: ask this pair's dump at start (repeatable)\n"
+"  --cut-after N:MS      test hook: after N messages, unsubscribe for MS ms\n"
+"  --dump W:R            print a summary of the pair's dump, then exit:\n"
+"                        kvtail: dump ... last_event_id=N blocks=N device=N ...\n"
+"  --match W:R           print {\"matched_blocks\":{...}} for --tokens, then exit\n"
+"  --tokens LIST         comma-separated token ids (--match)\n"
+"  --lora NAME           LoRA adapter name (--match)\n"
+"  --block-size N        when kvbridge's block_size is auto (--match)\n"
 "  -h, --help            this text\n"
 "\n"
 "Prints each message on its own line on stdout (unless --quiet); at exit a summary\n"
@@ -981,8 +1343,23 @@ static void usage(FILE *f)
 
 enum {
     OPT_SERVER = 256, OPT_SUBJECT, OPT_COUNT, OPT_TIMEOUT, OPT_QUIET, OPT_CHECK, OPT_OFFSET,
-    OPT_INDEX, OPT_EXPECT, OPT_READY, OPT_PUBLISH,
+    OPT_INDEX, OPT_EXPECT, OPT_READY, OPT_PUBLISH, OPT_QUERY, OPT_RECOVER, OPT_PAIR, OPT_CUT,
+    OPT_DUMP, OPT_MATCH, OPT_TOKENS, OPT_LORA, OPT_BS,
 };
+
+/* "W:R" -> a pair; false when malformed. */
+static bool parse_pair(const char *s, struct pair_arg *p)
+{
+    char *end;
+    if (*s < '0' || *s > '9')
+        return false;
+    errno = 0;
+    p->worker = strtoull(s, &end, 10);
+    if (errno || *end != ':' || end[1] < '0' || end[1] > '9')
+        return false;
+    p->rank = strtoull(end + 1, &end, 10);
+    return !errno && !*end && p->rank <= UINT32_MAX;
+}
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
@@ -998,6 +1375,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { "expect-record", required_argument, NULL, OPT_EXPECT },
         { "ready-file", required_argument, NULL, OPT_READY },
         { "publish", required_argument, NULL, OPT_PUBLISH },
+        { "query", required_argument, NULL, OPT_QUERY },
+        { "recover", no_argument, NULL, OPT_RECOVER },
+        { "pair", required_argument, NULL, OPT_PAIR },
+        { "cut-after", required_argument, NULL, OPT_CUT },
+        { "dump", required_argument, NULL, OPT_DUMP },
+        { "match", required_argument, NULL, OPT_MATCH },
+        { "tokens", required_argument, NULL, OPT_TOKENS },
+        { "lora", required_argument, NULL, OPT_LORA },
+        { "block-size", required_argument, NULL, OPT_BS },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -1027,6 +1413,39 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case OPT_EXPECT: o->expect = optarg; o->index = true; break;
         case OPT_READY: o->ready = optarg; break;
         case OPT_PUBLISH: o->publish = optarg; break;
+        case OPT_QUERY: o->query = optarg; break;
+        case OPT_RECOVER: o->recover = true; break;
+        case OPT_PAIR:
+        case OPT_DUMP:
+        case OPT_MATCH:
+            if (o->npairs == MAX_PAIRS || !parse_pair(optarg, &o->pairs[o->npairs])) {
+                fprintf(stderr, "kvtail: bad pair '%s' (WORKER_ID:DP_RANK)\n", optarg);
+                return -EINVAL;
+            }
+            o->npairs++;
+            o->dump |= c == OPT_DUMP;
+            o->match |= c == OPT_MATCH;
+            break;
+        case OPT_CUT: {
+            unsigned long long n;
+            long ms;
+            char tail;
+            if (sscanf(optarg, "%llu:%ld%c", &n, &ms, &tail) != 2 || ms < 0) {
+                fprintf(stderr, "kvtail: bad --cut-after '%s' (N:MS)\n", optarg);
+                return -EINVAL;
+            }
+            o->cut_after = n;
+            o->cut_ms = ms;
+            break;
+        }
+        case OPT_TOKENS: o->tokens = optarg; break;
+        case OPT_LORA: o->lora = optarg; break;
+        case OPT_BS:
+            if (parse_u64(optarg, &o->block_size) || !o->block_size) {
+                fprintf(stderr, "kvtail: bad --block-size '%s'\n", optarg);
+                return -EINVAL;
+            }
+            break;
         case 'h':
             usage(stdout);
             exit(0);
@@ -1043,6 +1462,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
         fprintf(stderr, "kvtail: empty --subject\n");
         return -EINVAL;
     }
+    if ((o->recover || o->dump || o->match) && !o->query) {
+        fprintf(stderr, "kvtail: --recover, --dump and --match need --query SUBJ\n");
+        return -EINVAL;
+    }
+    if (o->dump + o->match + o->recover > 1 || ((o->dump || o->match) && o->npairs != 1)) {
+        fprintf(stderr, "kvtail: one of --recover, --dump W:R, --match W:R\n");
+        return -EINVAL;
+    }
+    if (o->recover)
+        o->index = true;
     return 0;
 }
 
@@ -1069,16 +1498,26 @@ static void report(struct tail *t, int64_t dropped)
         fprintf(stderr,
                 "kvtail: record: indexed=%" PRIu64 " wrong=%" PRIu64 " wrong_tokens_hash=%" PRIu64
                 " missing=%" PRIu64 "\n", s->indexed, s->wrong, s->badtok, s->missing);
+    if (t->o.recover)
+        fprintf(stderr,
+                "kvtail: recover: dumps=%" PRIu64 " (%" PRIu64 " blocks) events_asked=%" PRIu64
+                " (%" PRIu64 " events) gone=%" PRIu64 " skipped=%" PRIu64 " query_errors=%" PRIu64
+                "\n", s->dumps, s->dump_blocks, s->events_asked, s->events_got, s->gone,
+                s->skipped, s->query_errors);
     if (dropped > 0)
         fprintf(stderr, "kvtail: WARNING: %" PRId64 " messages dropped by the client (slow)\n",
                 dropped);
     printf("kvtail: messages=%" PRIu64 " stored=%" PRIu64 " removed=%" PRIu64 " cleared=%" PRIu64
            " holes=%" PRIu64 " dups=%" PRIu64 " wrong=%" PRIu64 " missing=%" PRIu64
            " bad=%" PRIu64 " reorders=%" PRIu64 " resets=%" PRIu64 " orphans=%" PRIu64
-           " unknown_removes=%" PRIu64 " badtok=%" PRIu64 " indexed=%" PRIu64 "\n",
+           " unknown_removes=%" PRIu64 " badtok=%" PRIu64 " indexed=%" PRIu64 "%s",
            s->messages, s->stored, s->removed, s->cleared, s->holes, s->dups, s->wrong,
            s->missing, s->bad, s->reorders, s->resets, s->orphans, s->unknown_removes, s->badtok,
-           s->indexed);
+           s->indexed, t->o.recover ? "" : "\n");
+    if (t->o.recover)
+        printf(" dumps=%" PRIu64 " events_asked=%" PRIu64 " gone=%" PRIu64 " skipped=%" PRIu64
+               " query_errors=%" PRIu64 "\n", s->dumps, s->events_asked, s->gone, s->skipped,
+               s->query_errors);
     fflush(stdout);
 }
 
@@ -1106,6 +1545,11 @@ int main(int argc, char **argv)
         nats_Close();
         return rc;
     }
+    if (t.o.dump || t.o.match) {
+        rc = do_query_once(&t.o);
+        nats_Close();
+        return rc;
+    }
     if (!t.o.quiet && isatty(STDOUT_FILENO))
         setvbuf(stdout, NULL, _IOLBF, 0);
 
@@ -1120,6 +1564,13 @@ int main(int argc, char **argv)
     if (s != NATS_OK) {
         fprintf(stderr, "kvtail: subscribe %s: %s\n", t.o.subject, natsStatus_GetText(s));
         goto out;
+    }
+    t.nc = nc;
+    for (size_t i = 0; t.o.recover && i < t.o.npairs; i++) {
+        bool fresh;
+        struct stream *st = stream_get(&t, t.o.pairs[i].worker, t.o.pairs[i].rank, &fresh);
+        if (!st->synced)
+            recover_dump(&t, st);   /* 404 (nothing yet): the first event brings one */
     }
     if (t.o.ready && write_ready(t.o.ready)) {
         fprintf(stderr, "kvtail: %s: %s\n", t.o.ready, strerror(errno));
@@ -1139,6 +1590,28 @@ int main(int argc, char **argv)
             if (left < wait)
                 wait = left;
         }
+        if (t.o.cut_after && t.st.messages >= t.o.cut_after) {
+            /* test hook: the subscription is cut for cut_ms */
+            int64_t until = now_ms() + t.o.cut_ms;
+            fprintf(stderr, "kvtail: cutting the subscription for %ld ms\n", t.o.cut_ms);
+            natsSubscription_GetDropped(sub, &dropped);
+            natsSubscription_Unsubscribe(sub);
+            natsSubscription_Destroy(sub);
+            sub = NULL;
+            t.o.cut_after = 0;
+            while (!stop_flag && now_ms() < until)
+                usleep(10000);
+            s = natsConnection_SubscribeSync(&sub, nc, t.o.subject);
+            if (s == NATS_OK)
+                s = natsSubscription_SetPendingLimits(sub, -1, -1);
+            if (s != NATS_OK) {
+                fprintf(stderr, "kvtail: subscribe again: %s\n", natsStatus_GetText(s));
+                conn_lost = true;
+                break;
+            }
+            last = now_ms();
+            continue;
+        }
         s = natsSubscription_NextMsg(&msg, sub, wait);
         if (s == NATS_TIMEOUT)
             continue;
@@ -1154,7 +1627,14 @@ int main(int argc, char **argv)
         got_any = true;
         last = now_ms();
     }
-    natsSubscription_GetDropped(sub, &dropped);
+    {
+        int64_t d = 0;
+        if (sub)
+            natsSubscription_GetDropped(sub, &d);
+        dropped += d;
+    }
+    if (t.o.recover && !conn_lost)
+        recover_tail(&t);
     if (t.o.expect && load_record(&t) == 0)
         compare_with_record(&t);
     else if (t.o.expect)
@@ -1167,6 +1647,8 @@ int main(int argc, char **argv)
     if ((t.o.check || t.o.index) && t.st.bad)
         rc = 1;
     if (t.o.expect && (t.st.wrong || t.st.badtok))
+        rc = 1;
+    if (t.o.recover && (t.st.query_errors || t.st.holes))
         rc = 1;
     if ((t.o.check || t.o.index) && dropped > 0)
         rc = 1;

@@ -124,6 +124,38 @@ START_TEST(limit_refuses_whole_store)
 }
 END_TEST
 
+/* A refused store was published all the same: it is the pair's last event
+ * and a consumer asking for the events after an older id gets it, then the
+ * barrier. */
+static int count_fn(void *ctx, const struct kvb_rev *r)
+{
+    uint64_t *ids = ctx;
+    ids[++ids[0]] = r->event_id;
+    return 0;
+}
+
+START_TEST(refused_store_in_ring)
+{
+    struct kvb_mirror *m = mk(2, 16);
+    uint64_t last = 0;
+    struct kvb_block b[3] = {{11, 1}, {12, 2}, {13, 3}};
+    struct kvb_rev r = {.type = KVB_REVT_STORED, .worker_id = W, .event_id = 40, .blocks = b,
+                        .n = 3};
+    ck_assert_int_eq(kvb_mirror_apply(m, &r), -ENOSPC);
+    ck_assert(kvb_mirror_last_event_id(m, W, 0, &last));
+    ck_assert_uint_eq(last, 40);
+    struct kvb_rev c = {.type = KVB_REVT_CLEARED, .worker_id = W, .event_id = 41};
+    ck_assert_int_eq(kvb_mirror_apply(m, &c), 0);
+    uint64_t ids[8] = {0};
+    ck_assert_int_eq(kvb_mirror_events_since(m, W, 0, 39, count_fn, ids), 0);
+    ck_assert_uint_eq(ids[0], 2);
+    ck_assert_uint_eq(ids[1], 40);
+    ck_assert_uint_eq(ids[2], 41);
+    ck_assert_uint_eq(kvb_mirror_blocks(m, -1), 0);
+    kvb_mirror_destroy(&m);
+}
+END_TEST
+
 struct collect {
     uint64_t ids[64];
     int types[64];
@@ -372,6 +404,7 @@ static Suite *mirror_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, store_match_remove);
     tcase_add_test(tc, limit_refuses_whole_store);
+    tcase_add_test(tc, refused_store_in_ring);
     tcase_add_test(tc, recent_events);
     tcase_add_test(tc, random_walk_against_reference);
     tcase_add_test(tc, dump_order_and_cycles);

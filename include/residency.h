@@ -1,0 +1,93 @@
+/* residency: what the engine holds, kept by the daemon's loop and handed to
+ * any consumer that asks (README "Query API").
+ *
+ * Owns the residency mirror (mirror.h: per (worker_id, dp_rank, tier) the
+ * resident blocks, per pair a ring of the recent router events) and the
+ * query hub (query.h) that the HTTP server and the NATS request subject
+ * (query.subject) hand their requests to.
+ *
+ * The loop feeds it every router event it publishes, after the same filters
+ * and barriers (kvb_residency_apply()), so the mirror equals, by
+ * construction, what a correct consumer holds.  Memory is bounded by
+ * limits.max_resident_blocks: a store past it returns -ENOSPC, counted in
+ * mirror_overflows_total and logged as an error; the caller must then
+ * publish a "cleared" barrier for that pair (cause mirror_full), which empties
+ * the pair here too: never a silent divergence.
+ *
+ * Threads: everything here is the loop thread's, except what query.h says of
+ * the hub.  Ownership: kvb_residency_create() returns an object freed by
+ * kvb_residency_destroy(&r) (accepts NULL), after kvb_residency_close() and
+ * after the HTTP server that serves from it has stopped.  The metrics must
+ * outlive it.
+ */
+#ifndef KVB_RESIDENCY_H
+#define KVB_RESIDENCY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "convert.h"
+#include "metrics.h"
+
+struct kvb_config;
+struct kvb_query;
+struct kvb_residency;
+
+/* limits.max_resident_blocks 0 turns the mirror off: queries answer 503. */
+int kvb_residency_create(const struct kvb_config *c, struct kvb_metrics *m, int wake_fd,
+                         struct kvb_residency **out);
+void kvb_residency_destroy(struct kvb_residency **r);
+
+/* SIGHUP: worker_id, block_size and lora_salt for match (the mirror's
+ * limits need a restart). */
+void kvb_residency_reconfigure(struct kvb_residency *r, const struct kvb_config *c);
+
+/* One router event, as published.  0, or -ENOSPC when a barrier is due for
+ * (rev->worker_id, rev->dp_rank) (the mirror is full or out of memory). */
+int kvb_residency_apply(struct kvb_residency *r, const struct kvb_rev *rev);
+
+/* Answer the queued queries (after the loop's wake fd fired). */
+void kvb_residency_serve(struct kvb_residency *r);
+
+/* Gauges: mirror_resident_blocks{tier}, mirror_bytes, mirror_orphans_total. */
+void kvb_residency_gauges(struct kvb_residency *r);
+
+/* The hub the HTTP server serves /v1/ from (kvb_http_set_query()). */
+struct kvb_query *kvb_residency_query(struct kvb_residency *r);
+
+/* Answer the NATS requests on query.subject through the sink's connection
+ * (kvb_sink_serve()); detach before destroying that sink (it serves the
+ * queued queries while a request callback ends, so none waits on the loop
+ * in vain).  0 or a negative errno (the subscription is retried on the
+ * sink's next connection). */
+struct kvb_sink;
+int kvb_residency_attach(struct kvb_residency *r, struct kvb_sink *sink);
+void kvb_residency_detach(struct kvb_residency *r, struct kvb_sink *sink);
+
+/* Persistence (state.dir; include/mirror_state.h): with the mirror on, the
+ * cursors are saved together with it, by a thread of the saver: the loop
+ * hands kvb_residency_save() the cursors it has just taken (after the NATS
+ * flush), which takes the mirror's snapshots (memcpy) and returns.
+ * persists: the mirror saves the cursors (else the caller saves them).
+ * save_busy: a save is in progress or too recent (skip this turn).
+ * save: 0 (started, or done with wait: *st is taken), -EBUSY, -ENOTSUP
+ * (not persisting), or the write's error with wait. */
+struct kvb_state;
+bool kvb_residency_persists(const struct kvb_residency *r);
+bool kvb_residency_save_busy(struct kvb_residency *r);
+int kvb_residency_save(struct kvb_residency *r, const char *dir, struct kvb_state **st,
+                       bool wait);
+
+/* At start, after the cursors were loaded and the sink made: load the saved
+ * mirror for the pairs it holds consistently with the cursors; call barrier
+ * for every other pair of the cursors (the caller publishes a "cleared" for
+ * it, which empties the pair here and in every consumer).  Returns how many
+ * pairs need a barrier, or a negative errno. */
+int kvb_residency_load(struct kvb_residency *r, const char *dir, const struct kvb_state *cursors,
+                       void (*barrier)(void *ctx, uint64_t worker_id, uint32_t dp_rank),
+                       void *ctx);
+
+/* Shutdown: queued and later queries get 503 (nothing waits on the loop). */
+void kvb_residency_close(struct kvb_residency *r);
+
+#endif
