@@ -150,6 +150,13 @@ static const struct opt opts[] = {
              "queue there while kvbridge is slower than the engine or paused (NATS "
              "away): memory up to rcvhwm x batch size; beyond it the engine drops "
              "and replay (or a barrier) covers the gap."},
+    {.key = "sources[].reconnect_max_ms", .type = T_U32,
+     .off = SRC(reconnect_max_ms, uint32_t), .def = "250", .min = 10, .max = 60000,
+     .flags = R,
+     .help = "Connect mode: the longest wait between two attempts to reach an absent "
+             "engine, in milliseconds (libzmq's reconnect timer: no busy loop). A "
+             "restarted engine is reached within it; what it published meanwhile "
+             "comes from its replay socket."},
     {.key = "sources[].curve.secret_key_file", .type = T_STR,
      .off = SRC(curve.secret_key_file, char *), .def = "", .flags = R,
      .help = "ZMQ CURVE (encryption and authentication of the engine link): file "
