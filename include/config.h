@@ -51,6 +51,7 @@ struct kvb_source_cfg {
     uint32_t dp_size;       /* >= 1; N > 1 expands to ports base+0..base+N-1 */
     uint32_t dp_rank;       /* rank when a batch carries none (first of the expansion) */
     uint32_t rcvhwm;        /* ZMQ_RCVHWM of the SUB (messages) */
+    uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap */
     struct kvb_curve_cfg curve;
 };
 

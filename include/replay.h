@@ -16,8 +16,21 @@
  * (source.c) owns the sockets and the frames; the pipeline (pipeline.c) owns
  * decode -> convert -> encode -> emit and the dp_ranks of a stream.
  *
- * Writers of struct kvb_stream: the cursor (has_last, last) and gaps only
- * here; n_ranks/ranks, batches and events only the pipeline.
+ * Writers of struct kvb_stream: the cursor (has_last, last, has_hash,
+ * last_hash), suspect and gaps only here; n_ranks/ranks, batches and events
+ * only the pipeline.
+ *
+ * Restarts and reconnects (issue 12): a seq that goes back is a restart
+ * (barrier) unless it repeats the last batch byte for byte (a duplicate,
+ * dropped).  After the engine's connection dropped (kvb_replay_peer_reset),
+ * the next batch is a new incarnation unless proven otherwise: the replay
+ * socket is asked for the last applied seq, and the same bytes (XXH3) prove
+ * continuity (the gap, if any, is filled by the same request); anything else
+ * is a restart (barrier).  Without a replay endpoint a reconnect is a
+ * restart.  The first batch of a new stream (kvbridge's start, or after a
+ * restart) with seq S > 0 asks the replay socket for 0..S-1 and applies
+ * what the engine still holds before S; what it no longer holds is covered
+ * by the start or restart barrier already published.
  *
  * Ownership: kvb_replay_create() returns a replay state that owns the live
  * batches it holds; kvb_replay_destroy(&r) frees them (accepts NULL).  The
@@ -31,6 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "log.h"
 #include "metrics.h"
 
 #define KVB_MAX_STREAM_RANKS 64
@@ -49,6 +63,11 @@ struct kvb_stream {
     uint64_t batches;   /* batches applied (live or replayed) */
     uint64_t events;    /* engine events in them */
     uint64_t gaps;      /* sequence gaps seen */
+    /* the module's: */
+    bool has_hash;
+    uint64_t last_hash; /* XXH3 of the last applied batch's payload */
+    bool suspect;       /* the engine's connection dropped since the last batch */
+    struct kvb_ratelimit rl; /* gap / restart / duplicate warnings */
 };
 
 enum kvb_seq_verdict {
@@ -138,5 +157,9 @@ bool kvb_replay_active(const struct kvb_replay *r);
 size_t kvb_replay_held(const struct kvb_replay *r);
 /* The stream being recovered (or whose replay is being requested), or NULL. */
 const struct kvb_stream *kvb_replay_stream(const struct kvb_replay *r);
+/* The connection that carried stream st dropped: a replay of it ends (what
+ * it got is applied), and its next batch must prove it continues the stream
+ * (else: restart barrier). */
+void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms);
 
 #endif

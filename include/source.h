@@ -37,6 +37,7 @@ struct kvb_source_params {
     int mode;                    /* enum kvb_source_mode */
     uint32_t dp_rank;            /* configured rank of this endpoint */
     uint32_t rcvhwm;
+    uint32_t reconnect_max_ms;   /* connect mode: reconnect interval cap (0: 250) */
     uint32_t replay_timeout_ms;
     uint64_t max_payload_bytes;
     /* Streams persisted by a previous run (state.dir): a stream found here
@@ -64,17 +65,23 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
                       struct kvb_source **out);
 void kvb_source_destroy(struct kvb_source **s);
 
-/* Sockets to poll for ZMQ_POLLIN: the SUB, and the replay DEALER (NULL while
- * no replay is in flight). */
+/* Sockets to poll for ZMQ_POLLIN: the SUB, the replay DEALER (NULL while
+ * no replay is in flight), and the SUB's connection monitor. */
 void *kvb_source_sub(struct kvb_source *s);
 void *kvb_source_replay(struct kvb_source *s);
+void *kvb_source_monitor(struct kvb_source *s);
+
+/* Connection events of the SUB (read before its messages): a dropped
+ * connection makes its streams' next batches prove they continue them
+ * (replay.h); in bind mode only the streams that came on that connection. */
+int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p);
 const char *kvb_source_name(const struct kvb_source *s);
 
 /* Read up to `budget` live messages without blocking and push them through
  * the pipeline.  Returns messages read, or a negative errno on a fatal error. */
 int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget);
 
-/* Read replay replies without blocking. */
+/* Read replay replies without blocking (at most a few hundred per call). */
 int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
 
 /* Milliseconds until this source needs kvb_source_tick() (replay deadline),

@@ -123,6 +123,13 @@ static const struct opt opts[] = {
              "overhead), "
              "60 MiB for 1 KiB batches (kvbridge(8), MEMORY); beyond it the engine "
              "drops and replay (or a barrier) covers the gap."},
+    {.key = "sources[].reconnect_max_ms", .type = T_U32,
+     .off = SRC(reconnect_max_ms, uint32_t), .def = "250", .min = 10, .max = 60000,
+     .flags = R,
+     .help = "Connect mode: the longest wait between two attempts to reach an absent "
+             "engine, in milliseconds (libzmq's reconnect timer: no busy loop). A "
+             "restarted engine is reached within it; what it published meanwhile "
+             "comes from its replay socket."},
     {.key = "sources[].curve.secret_key_file", .type = T_STR,
      .off = SRC(curve.secret_key_file, char *), .def = "", .flags = R,
      .help = "ZMQ CURVE (encryption and authentication of the engine link): file "

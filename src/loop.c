@@ -160,6 +160,7 @@ static int open_source(struct kvb_daemon *d, const struct kvb_config *c,
         struct kvb_source_params p = {
             .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
             .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
+            .reconnect_max_ms = sc->reconnect_max_ms,
             .replay_timeout_ms = c->replay.timeout_ms,
             .max_payload_bytes = c->limits.max_payload_bytes,
             .resume = d->resume, .curve = &sc->curve, .zap = d->zap};
@@ -607,11 +608,13 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         if (left < timeout)
             timeout = left;
     }
-    for (size_t i = 0; i < d->n_src && n + 2 <= cap; i++) {
+    for (size_t i = 0; i < d->n_src && n + 3 <= cap; i++) {
         void *sub = d->paused ? NULL : kvb_source_sub(d->src[i]);
         void *rs = d->paused ? NULL : kvb_source_replay(d->src[i]);
+        void *mon = kvb_source_monitor(d->src[i]);
         items[n++] = (zmq_pollitem_t){sub, sub ? 0 : -1, sub ? ZMQ_POLLIN : 0, 0};
         items[n++] = (zmq_pollitem_t){rs, rs ? 0 : -1, rs ? ZMQ_POLLIN : 0, 0};
+        items[n++] = (zmq_pollitem_t){mon, mon ? 0 : -1, mon ? ZMQ_POLLIN : 0, 0};
         long t = d->paused ? -1 : kvb_source_next_deadline(d->src[i], now);
         if (t >= 0 && t < timeout)
             timeout = t;
@@ -632,9 +635,13 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         kvb_err("zap", "%s", strerror(-rc));
     for (size_t i = 0; i < d->n_src; i++) {
         struct kvb_source *s = d->src[i];
-        if (items[4 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read_replay(s, d->pipe)) < 0)
+        /* connection events first: a drop must be known before the
+         * batches that came after it */
+        if (items[5 + 3 * i].revents & ZMQ_POLLIN)
+            kvb_source_read_monitor(s, d->pipe);
+        if (items[4 + 3 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read_replay(s, d->pipe)) < 0)
             kvb_err("replay", "%s: %s", kvb_source_name(s), strerror(-rc));
-        if (items[3 + 2 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
+        if (items[3 + 3 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
         if (!d->paused) /* a replay's deadline does not run out while we hold back */
             kvb_source_tick(s, d->pipe, kvb_mono_ms());
@@ -764,7 +771,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
 
     size_t cap = 0;
     while (!d->stop) {
-        size_t need = 3 + 2 * d->n_src;
+        size_t need = 3 + 3 * d->n_src;
         if (need > cap) {
             zmq_pollitem_t *ni = realloc(items, need * sizeof(*ni));
             if (!ni)

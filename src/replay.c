@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "log.h"
 
 #define DEFAULT_HELD_MSGS 100000      /* live batches held while a replay runs */
@@ -20,6 +22,7 @@ void kvb_stream_init(struct kvb_stream *s, const char *name, uint32_t cfg_rank)
     memset(s, 0, sizeof(*s));
     s->name = name;
     s->cfg_rank = cfg_rank;
+    s->rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
 }
 
 int kvb_seq_classify(const struct kvb_stream *s, uint64_t seq)
@@ -76,12 +79,12 @@ static int live_rules(struct kvb_stream *s, struct kvb_metrics *m, const struct 
     case KVB_SEQ_GAP:
         kvb_inc(&m->seq_gaps_total[0]);
         s->gaps++;
-        kvb_log(KVB_LOG_WARN, "source", "%s: seq gap: %llu missing before %llu, publishing barrier",
+        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source", "%s: seq gap: %llu missing before %llu, publishing barrier",
                 s->name, (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
         return barrier(ops, s, KVB_BAR_GAP);
     case KVB_SEQ_BACK:
         kvb_inc(&m->engine_restarts_total[0]);
-        kvb_log(KVB_LOG_WARN, "source", "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
+        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source", "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
                 s->name, (unsigned long long)s->last, (unsigned long long)seq);
         return barrier(ops, s, KVB_BAR_RESTART);
     default:
@@ -93,6 +96,8 @@ int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t 
                   const uint8_t *data, size_t len)
 {
     advance(s, seq);
+    s->last_hash = XXH3_64bits(data, len); /* proves continuity after a reconnect */
+    s->has_hash = true;
     return ops->apply(ops->ctx, s, seq, data, len);
 }
 
@@ -126,6 +131,14 @@ struct held {
     bool reject;   /* above limits.max_payload_bytes: kept without its payload */
 };
 
+/* What a replay is for. */
+enum rp_mode {
+    RP_GAP,   /* seqs last+1 .. until-1 went missing */
+    RP_PROVE, /* after a reconnect: is seq `last` still the same batch? */
+    RP_START, /* a new stream (kvbridge's start, or a restarted engine) whose first
+               * seq seen is until > 0: its batches from 0 (what the engine holds) */
+};
+
 struct kvb_replay {
     struct kvb_replay_cfg cfg;
     char *name, *endpoint;
@@ -134,14 +147,18 @@ struct kvb_replay {
     struct kvb_ratelimit rl_oversize;
 
     bool active;
+    enum rp_mode mode;
     struct kvb_stream *st;   /* the stream being recovered */
     uint64_t want;           /* next seq we need */
     uint64_t until;          /* seq of the first held live batch */
-    uint64_t deadline_ms;
+    uint64_t deadline_ms;    /* of the current request (stall or timeout) */
+    uint64_t end_ms;         /* of the whole replay: replay.timeout_ms */
     uint64_t req_want;       /* want when the last request was sent */
     bool got_reply;          /* the current request has had a reply */
     unsigned rounds;         /* requests sent again after a partial reply */
-    bool barrier_sent;       /* part of the gap was lost: barrier published (not filled) */
+    bool fresh;              /* a barrier covers everything before want: nothing
+                              * applied since it (a loss now needs no other) */
+    bool lost;               /* part of it was lost (barrier, or not decoded) */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
 };
@@ -172,12 +189,10 @@ int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
     return 0;
 }
 
-static void drop_held(struct kvb_replay *r)
+static void free_held(struct held *h, size_t n)
 {
-    for (size_t i = 0; i < r->n_held; i++)
-        free(r->held[i].data);
-    r->n_held = 0;
-    r->held_bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        free(h[i].data);
 }
 
 void kvb_replay_destroy(struct kvb_replay **pr)
@@ -185,7 +200,7 @@ void kvb_replay_destroy(struct kvb_replay **pr)
     if (!pr || !*pr)
         return;
     struct kvb_replay *r = *pr;
-    drop_held(r);
+    free_held(r->held, r->n_held);
     free(r->held);
     free(r->name);
     free(r->endpoint);
@@ -212,28 +227,34 @@ static bool oversize(struct kvb_replay *r, size_t len)
     return true;
 }
 
+static int push_held(struct kvb_replay *r, struct held h)
+{
+    if (r->n_held == r->cap_held) {
+        size_t cap = r->cap_held ? r->cap_held * 2 : 64;
+        struct held *v = realloc(r->held, cap * sizeof(*v));
+        if (!v)
+            return -ENOMEM;
+        r->held = v;
+        r->cap_held = cap;
+    }
+    r->held[r->n_held++] = h;
+    r->held_bytes += h.len;
+    return 0;
+}
+
 static int hold(struct kvb_replay *r, uint64_t seq, const void *data, size_t len, bool reject)
 {
     if (r->n_held >= r->cfg.max_held_msgs || r->held_bytes + len > r->cfg.max_held_bytes)
         return -ENOBUFS;
-    if (r->n_held == r->cap_held) {
-        size_t cap = r->cap_held ? r->cap_held * 2 : 64;
-        struct held *h = realloc(r->held, cap * sizeof(*h));
-        if (!h)
-            return -ENOMEM;
-        r->held = h;
-        r->cap_held = cap;
-    }
     uint8_t *copy = malloc(len ? len : 1);
     if (!copy)
         return -ENOMEM;
     if (len)
         memcpy(copy, data, len);
-    r->held[r->n_held++] = (struct held){seq, len, copy, reject};
-    r->held_bytes += len;
-    /* copy is owned by r->held (cppcheck does not follow the compound literal) */
-    // cppcheck-suppress memleak
-    return 0;
+    int rc = push_held(r, (struct held){seq, len, copy, reject});
+    if (rc < 0)
+        free(copy);
+    return rc;
 }
 
 static void cancel(struct kvb_replay *r)
@@ -244,7 +265,8 @@ static void cancel(struct kvb_replay *r)
 
 /* Ask the engine for every batch from r->want on.  The ROUTER's send
  * high-water mark may drop the tail of a long reply: the deadline then asks
- * again from where it got to (kvb_replay_tick). */
+ * again from where it got to (kvb_replay_tick).  No request outlives the
+ * whole replay's end_ms. */
 static int send_request(struct kvb_replay *r, uint64_t now_ms)
 {
     int rc = r->ops.request ? r->ops.request(r->ops.ctx, r->want) : -ENOTSUP;
@@ -253,99 +275,223 @@ static int send_request(struct kvb_replay *r, uint64_t now_ms)
     r->req_want = r->want;
     r->got_reply = false;
     r->deadline_ms = now_ms + r->cfg.timeout_ms;
+    if (r->deadline_ms > r->end_ms)
+        r->deadline_ms = r->end_ms;
     return 0;
 }
 
-static int start_replay(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
-                        uint64_t now_ms)
+static const char *const mode_what[] = {
+    [RP_GAP] = "requesting seq", [RP_PROVE] = "engine reconnected: asking for seq",
+    [RP_START] = "stream starts at a later seq: asking the engine for seq"};
+
+/* A replay of stream st in mode, from seq `from` until the live batch at
+ * `until` (which the caller then holds). */
+static int start_replay(struct kvb_replay *r, struct kvb_stream *st, enum rp_mode mode,
+                        uint64_t from, uint64_t until, uint64_t now_ms)
 {
     r->st = st;
-    r->want = st->last + 1;
-    r->until = seq;
-    r->barrier_sent = false;
+    r->mode = mode;
+    r->want = from;
+    r->until = until;
+    r->fresh = mode == RP_START; /* a restart or the start barrier covers it */
+    r->lost = false;
     r->rounds = 0;
+    r->end_ms = now_ms + r->cfg.timeout_ms;
     int rc = send_request(r, now_ms);
     if (rc < 0)
         return rc;
     r->active = true;
     kvb_inc(&r->m->replays_requested_total[0]);
-    kvb_info("replay", "%s: requesting seq %llu..%llu from %s", st->name,
-             (unsigned long long)r->want, (unsigned long long)(seq - 1), r->endpoint);
+    kvb_info("replay", "%s: %s %llu..%llu from %s", st->name, mode_what[mode],
+             (unsigned long long)from,
+             (unsigned long long)(mode == RP_PROVE ? from : until - 1), r->endpoint);
     return 0;
 }
 
-/* Keep held[from..] and recover the gap before held[from] with a new replay. */
-static int replay_again(struct kvb_replay *r, size_t from, uint64_t now_ms)
+/* The engine restarted: the barrier, and the stream starts afresh (nothing
+ * of the new incarnation applied yet). */
+static int restart(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const char *why)
 {
-    for (size_t i = 0; i < from; i++) {
-        r->held_bytes -= r->held[i].len;
-        free(r->held[i].data);
-    }
-    memmove(r->held, r->held + from, (r->n_held - from) * sizeof(*r->held));
-    r->n_held -= from;
-    return start_replay(r, r->st, r->held[0].seq, now_ms);
+    kvb_inc(&r->m->engine_restarts_total[0]);
+    st->suspect = false;
+    if (why)
+        kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+                   "%s: engine reconnected and seq %llu %s: engine restart, publishing barrier",
+                   st->name, (unsigned long long)seq, why);
+    else
+        kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+                   "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
+                   st->name, (unsigned long long)st->last, (unsigned long long)seq);
+    int rc = barrier(&r->ops, st, KVB_BAR_RESTART);
+    st->has_last = false;
+    st->has_hash = false;
+    return rc;
 }
 
-/* The replay is over (filled or not): publish the barrier if part of the gap
- * stayed missing, then the held live batches, oldest first.  A new gap among
- * the held batches is recovered by another replay (unless !again: then it
- * is a barrier too, and nothing stays held). */
+/* Apply (or reject) one batch whose seq is judged. */
+static int apply_one(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
+                     const uint8_t *data, size_t len, bool reject)
+{
+    if (!reject)
+        return kvb_seq_apply(st, &r->ops, seq, data, len);
+    advance(st, seq);
+    st->has_hash = false;
+    return r->ops.reject(r->ops.ctx, st, seq, "payload above limits.max_payload_bytes");
+}
+
+/* One batch of stream st by the rules: a suspect stream proven or restarted,
+ * a duplicate dropped, a restart, a new stream's start or a gap recovered by
+ * a replay (may_replay: then the batch is held and *held set), else the
+ * barrier it needs; then the batch.  Returns the router events emitted. */
+static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
+                size_t len, bool reject, bool may_replay, bool *held, uint64_t now_ms)
+{
+    int n = 0, rc;
+    bool can = may_replay && r->endpoint[0] && !r->active;
+    *held = false;
+    if (st->suspect && st->has_last) {
+        /* the connection dropped since the last batch: a new incarnation
+         * unless the engine still holds our last batch, the same bytes */
+        if (can && st->has_hash && seq > st->last &&
+            start_replay(r, st, RP_PROVE, st->last, seq, now_ms) == 0) {
+            st->suspect = false; /* the proof is under way */
+            if ((rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
+                *held = true;
+                return 0;
+            }
+            r->active = false; /* cannot hold: no proof */
+            cancel(r);
+        }
+        if (seq > st->last) {
+            if ((rc = restart(r, st, seq, r->endpoint[0] ? "cannot be proven to continue the stream"
+                                                         : "continuity cannot be proven without a "
+                                                           "replay endpoint")) < 0)
+                return rc;
+            n += rc;
+        }
+    }
+    st->suspect = false;
+    switch (kvb_seq_classify(st, seq)) {
+    case KVB_SEQ_BACK:
+        if (seq == st->last && !reject && st->has_hash &&
+            XXH3_64bits(data, len) == st->last_hash) {
+            kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+                       "%s: seq %llu again, the same batch: duplicate dropped", st->name,
+                       (unsigned long long)seq);
+            return n;
+        }
+        if ((rc = restart(r, st, seq, NULL)) < 0)
+            return rc;
+        n += rc;
+        /* the first batch of a new incarnation */
+        __attribute__((fallthrough));
+    case KVB_SEQ_FIRST:
+        if (can && seq > 0 && seq != UINT64_MAX &&
+            start_replay(r, st, RP_START, 0, seq, now_ms) == 0) {
+            if ((rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
+                *held = true;
+                return n;
+            }
+            r->active = false;
+            cancel(r);
+        }
+        break;
+    case KVB_SEQ_GAP:
+        kvb_inc(&r->m->seq_gaps_total[0]);
+        st->gaps++;
+        if (can) {
+            kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+                       "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
+                       (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
+            rc = start_replay(r, st, RP_GAP, st->last + 1, seq, now_ms);
+            if (rc == 0 &&
+                (rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
+                *held = true;
+                return n;
+            }
+            kvb_warn("replay", "%s: cannot request replay: %s", st->name, strerror(-rc));
+            if (r->active) {
+                r->active = false;
+                cancel(r);
+            }
+            kvb_inc(&r->m->replays_failed_total[0]);
+        } else {
+            kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+                       "%s: seq gap: %llu missing before %llu, publishing barrier", st->name,
+                       (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
+        }
+        if ((rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
+            return rc;
+        n += rc;
+        break;
+    default:
+        break;
+    }
+    if ((rc = apply_one(r, st, seq, data, len, reject)) < 0)
+        return rc;
+    return n + rc;
+}
+
+/* The replay is over (complete or not): publish the barrier if part of it
+ * stayed missing, then the held live batches, oldest first, through the
+ * rules again (a new gap among them, or a restart, is recovered the same
+ * way; not when !again: a full hold queue, then barriers). */
 static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms, bool again)
 {
     struct kvb_stream *st = r->st;
     int rc = 0, n = 0;
-    /* the tail of the gap is missing: a barrier, even when one was
-     * published for an earlier part of it (this is a loss after it) */
-    bool missing = r->want < r->until;
+    bool missing = r->want != r->until;
     cancel(r); /* late replies of this request must not reach the next one */
     r->active = false;
-    if (!missing && !r->barrier_sent) {
+    if (r->mode == RP_GAP && !missing && !r->lost) {
         kvb_inc(&r->m->replays_filled_total[0]);
         kvb_info("replay", "%s: gap filled up to seq %llu", st->name,
                  (unsigned long long)(r->until - 1));
-    } else {
+    } else if (r->mode == RP_GAP || (missing && !r->fresh)) {
         kvb_inc(&r->m->replays_failed_total[0]);
         kvb_warn("replay", "%s: gap before seq %llu not recovered (%s)%s", st->name,
-                 (unsigned long long)r->until, why, missing ? ": publishing barrier" : "");
-        if (missing && (rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
+                 (unsigned long long)r->until, why,
+                 missing && !r->fresh ? ": publishing barrier" : "");
+    } else if (r->mode == RP_START) {
+        kvb_info("replay", "%s: stream start: seq %llu..%llu applied from the engine's buffer",
+                 st->name, (unsigned long long)r->want, (unsigned long long)(r->until - 1));
+    }
+    if (missing && !r->fresh) {
+        if ((rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
             goto out;
         n += rc;
     }
-    for (size_t i = 0; i < r->n_held; i++) {
-        struct held *h = &r->held[i];
-        if (st->has_last && h->seq <= st->last)
-            continue; /* already applied from the replay */
-        if (i > 0 && kvb_seq_classify(st, h->seq) == KVB_SEQ_GAP) {
-            kvb_inc(&r->m->seq_gaps_total[0]);
-            st->gaps++;
-            kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay",
-                     st->name, (unsigned long long)kvb_seq_missing(st, h->seq),
-                     (unsigned long long)h->seq);
-            if (again && replay_again(r, i, now_ms) == 0)
-                return n; /* the rest stays held */
-            kvb_inc(&r->m->replays_failed_total[0]);
-            if ((rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
-                goto out;
-            n += rc;
-            if (again) { /* replay_again() dropped held[..i) */
-                i = 0;
-                h = &r->held[0];
-            }
-        }
-        if (h->reject) {
-            advance(st, h->seq);
-            rc = r->ops.reject(r->ops.ctx, st, h->seq, "payload above limits.max_payload_bytes");
+    /* the held batches, taken out: a new replay holds into a new queue */
+    struct held *h = r->held;
+    size_t nh = r->n_held;
+    r->held = NULL;
+    r->n_held = r->cap_held = r->held_bytes = 0;
+    size_t i = 0;
+    for (; i < nh; i++) {
+        bool held = false;
+        if (i == 0 && kvb_seq_classify(st, h[0].seq) != KVB_SEQ_BACK) {
+            /* the batch the replay was for: its gap (or start) is dealt with */
+            rc = apply_one(r, st, h[0].seq, h[0].data, h[0].len, h[0].reject);
         } else {
-            rc = kvb_seq_apply(st, &r->ops, h->seq, h->data, h->len);
+            rc = step(r, st, h[i].seq, h[i].data, h[i].len, h[i].reject, again, &held, now_ms);
         }
         if (rc < 0)
-            goto out;
+            break;
         n += rc;
+        if (held) { /* a new replay: the rest stays held behind it */
+            for (size_t j = i + 1; j < nh; j++) {
+                if (push_held(r, h[j]) < 0)
+                    break;
+                h[j].data = NULL;
+            }
+            break;
+        }
     }
+    free_held(h, nh);
+    free(h);
 out:
-    drop_held(r);
-    r->active = false;
-    r->st = NULL;
+    if (!r->active)
+        r->st = NULL;
     return rc < 0 ? rc : n;
 }
 
@@ -354,19 +500,60 @@ static int finish_replay(struct kvb_replay *r, const char *why, uint64_t now_ms)
     return finish_replay_(r, why, now_ms, true);
 }
 
+/* A proof after a reconnect failed (not held, other bytes, no answer): the
+ * engine restarted.  Barrier, then the new stream's start from 0. */
+static int proof_failed(struct kvb_replay *r, uint64_t seq, const char *why, uint64_t now_ms)
+{
+    struct kvb_stream *st = r->st;
+    int n = restart(r, st, seq, why);
+    if (n < 0)
+        return n;
+    cancel(r);
+    r->mode = RP_START;
+    r->want = 0;
+    r->fresh = true;
+    r->rounds = 0;
+    r->end_ms = now_ms + r->cfg.timeout_ms;
+    if (r->until == 0 || r->until == UINT64_MAX || send_request(r, now_ms) < 0) {
+        r->want = r->until; /* nothing to ask: the held batches */
+        int rc = finish_replay(r, why, now_ms);
+        return rc < 0 ? rc : n + rc;
+    }
+    kvb_info("replay", "%s: %s 0..%llu from %s", st->name, mode_what[RP_START],
+             (unsigned long long)(r->until - 1), r->endpoint);
+    return n;
+}
+
 static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
                           uint64_t now_ms)
 {
     struct kvb_stream *st = r->st;
-    int n = 0;
-    if (seq < r->want || seq >= r->until)
-        return 0; /* already applied, or live batches we hold */
-    if (oversize(r, len)) { /* in the engine's buffer, but not usable */
+    int n = 0, rc;
+    bool big = oversize(r, len);
+    if (r->mode == RP_PROVE) {
+        if (seq - r->want >= r->until - r->want)
+            return 0; /* not what was asked */
+        if (seq != r->want || big || XXH3_64bits(data, len) != st->last_hash)
+            return proof_failed(r, r->until,
+                                seq != r->want ? "the engine no longer holds our last seq"
+                                               : "the engine's batch at our last seq differs",
+                                now_ms);
+        kvb_info("replay", "%s: engine reconnected: seq %llu is the same batch, the stream "
+                 "continues", st->name, (unsigned long long)seq);
+        r->mode = RP_GAP;
         r->want = seq + 1;
         r->got_reply = true;
-        return kvb_seq_reject(st, r->m, &r->ops, seq, "payload above limits.max_payload_bytes");
+        uint64_t stall = r->cfg.timeout_ms < REPLAY_STALL_MS ? r->cfg.timeout_ms : REPLAY_STALL_MS;
+        r->deadline_ms = now_ms + stall < r->end_ms ? now_ms + stall : r->end_ms;
+        return 0;
     }
-    if (seq > r->want) {
+    if (seq == r->until) /* the engine is at our held batch: the rest is later */
+        return finish_replay(r, "the engine no longer held all of it", now_ms);
+    if (seq - r->want >= r->until - r->want)
+        return 0; /* already applied, or live batches we hold */
+    if (r->mode == RP_START && r->until - seq > (uint64_t)INT64_MAX)
+        return 0; /* after until in serial arithmetic: the stream wrapped */
+    if (seq != r->want) {
         if (r->got_reply && r->rounds < REPLAY_MAX_ROUNDS) {
             /* a hole in the middle of a reply: the ROUTER's HWM dropped
              * some; the engine still has them, ask again from want */
@@ -377,20 +564,31 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
             return finish_replay(r, "request failed", now_ms);
         }
         /* the first reply starts later than asked: the engine's buffer no
-         * longer holds the beginning of the (rest of the) gap */
-        kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier",
-                 st->name, (unsigned long long)seq, (unsigned long long)r->want);
-        if ((n = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
-            return n;
-        r->barrier_sent = true;
+         * longer holds the beginning of the (rest of the) range */
+        r->lost = true;
+        if (!r->fresh) {
+            kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier",
+                     st->name, (unsigned long long)seq, (unsigned long long)r->want);
+            if ((n = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
+                return n;
+        }
     }
     r->got_reply = true;
     r->want = seq + 1;
     /* replies are flowing: a stall of this long means the reply was cut */
     uint64_t stall = r->cfg.timeout_ms < REPLAY_STALL_MS ? r->cfg.timeout_ms : REPLAY_STALL_MS;
-    r->deadline_ms = now_ms + stall;
-    int rc = kvb_seq_apply(st, &r->ops, seq, data, len);
-    return rc < 0 ? rc : n + rc;
+    r->deadline_ms = now_ms + stall < r->end_ms ? now_ms + stall : r->end_ms;
+    if (big) { /* in the engine's buffer, but not usable: a lost batch */
+        r->lost = true;
+        if ((rc = apply_one(r, st, seq, NULL, 0, true)) < 0)
+            return rc;
+        r->fresh = true; /* its malformed barrier */
+        return n + rc;
+    }
+    if ((rc = apply_one(r, st, seq, data, len, false)) < 0)
+        return rc;
+    r->fresh = false;
+    return n + rc;
 }
 
 int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
@@ -398,14 +596,17 @@ int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, si
 {
     if (!r->active)
         return 0; /* a late reply to a request given up */
-    if (seq == KVB_REPLAY_END)
+    if (seq == KVB_REPLAY_END) {
+        if (r->mode == RP_PROVE)
+            return proof_failed(r, r->until, "the engine no longer holds our last seq", now_ms);
         return finish_replay(r, "engine's replay buffer no longer holds it", now_ms);
+    }
     int n = on_reply_batch(r, seq, data, len, now_ms);
     if (n < 0)
         return n;
     /* caught up: the rest of the reply is what we hold already (the request
      * is cancelled, so the remaining replies are dropped) */
-    if (r->active && r->want >= r->until) {
+    if (r->active && r->mode != RP_PROVE && r->want == r->until) {
         int rc = finish_replay(r, "the engine no longer held all of it", now_ms);
         if (rc < 0)
             return rc;
@@ -425,9 +626,12 @@ int kvb_replay_tick(struct kvb_replay *r, uint64_t now_ms)
 {
     if (!r->active || now_ms < r->deadline_ms)
         return 0;
+    if (r->mode == RP_PROVE)
+        return proof_failed(r, r->until, "was not answered", now_ms);
     /* progress since the last request, but no END: the ROUTER dropped the
-     * rest of its reply (its HWM); ask again from where we are */
-    if (r->want > r->req_want && r->rounds < REPLAY_MAX_ROUNDS) {
+     * rest of its reply (its HWM); ask again from where we are, within the
+     * whole replay's time */
+    if (now_ms < r->end_ms && r->want != r->req_want && r->rounds < REPLAY_MAX_ROUNDS) {
         r->rounds++;
         cancel(r);
         if (send_request(r, now_ms) == 0) {
@@ -443,43 +647,40 @@ int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
                     const uint8_t *data, size_t len, uint64_t now_ms)
 {
     int rc, n = 0;
-    bool big = oversize(r, len);
+    bool big = oversize(r, len), held;
     if (r->active && r->st == st) {
-        /* held in order; an oversize batch without its payload (it is
-         * rejected when its turn comes) */
-        if ((rc = big ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0)
+        uint64_t prev = r->n_held ? r->held[r->n_held - 1].seq : r->until - 1;
+        if (seq != prev + 1 && seq <= prev) {
+            /* the engine restarted meanwhile (its seq went back): its replay
+             * socket answers for the new incarnation now.  What came before
+             * is applied (barriers for what is missing), then this batch */
+            if ((n = finish_replay_(r, "the engine restarted meanwhile", now_ms, false)) < 0)
+                return n;
+        } else if ((rc = big ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
+            /* held in order; an oversize batch without its payload (it is
+             * rejected when its turn comes) */
             return 0;
-        kvb_warn("replay", "%s: too many live batches held during replay", st->name);
-        /* give up: barrier, then everything held (no new replay: there is
-         * no room to hold), then this batch as a live one */
-        if ((n = finish_replay_(r, "hold queue full", now_ms, false)) < 0)
-            return n;
-    }
-    if (big) {
-        rc = kvb_seq_reject(st, r->m, &r->ops, seq, "payload above limits.max_payload_bytes");
-        return rc < 0 ? rc : n + rc;
-    }
-    if (kvb_seq_classify(st, seq) == KVB_SEQ_GAP && r->endpoint[0] && !r->active) {
-        kvb_inc(&r->m->seq_gaps_total[0]);
-        st->gaps++;
-        kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
-                 (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
-        rc = start_replay(r, st, seq, now_ms);
-        if (rc == 0 && (rc = hold(r, seq, data, len, false)) == 0)
-            return n;
-        kvb_warn("replay", "%s: cannot request replay: %s", st->name, strerror(-rc));
-        if (r->active) {
-            rc = finish_replay(r, "request failed", now_ms); /* publishes the barrier */
         } else {
-            kvb_inc(&r->m->replays_failed_total[0]);
-            rc = barrier(&r->ops, st, KVB_BAR_GAP);
+            kvb_warn("replay", "%s: too many live batches held during replay", st->name);
+            /* give up: barrier, then everything held (no new replay: there
+             * is no room to hold), then this batch as a live one */
+            if ((n = finish_replay_(r, "hold queue full", now_ms, false)) < 0)
+                return n;
         }
-        if (rc < 0)
-            return rc;
-        n += rc;
-        rc = kvb_seq_apply(st, &r->ops, seq, data, len);
-        return rc < 0 ? rc : n + rc;
     }
-    rc = kvb_seq_live(st, r->m, &r->ops, seq, data, len);
+    rc = step(r, st, seq, big ? NULL : data, big ? 0 : len, big, true, &held, now_ms);
     return rc < 0 ? rc : n + rc;
+}
+
+void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms)
+{
+    if (r->active && r->st == st) {
+        /* what came before the drop is applied first, all of it (no new
+         * replay: the batches after the drop must prove themselves) */
+        int rc = finish_replay_(r, "the engine's connection dropped", now_ms, false);
+        if (rc < 0)
+            kvb_err("replay", "%s: %s", st->name, strerror(-rc));
+    }
+    if (st->has_last)
+        st->suspect = true;
 }

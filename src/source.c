@@ -16,10 +16,14 @@
 #define MAX_TOPIC 256
 #define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
 #define MIN_HELD_MSGS 10000       /* ... even with a smaller rcvhwm */
+#define READ_REPLAY_BUDGET 256    /* replay replies per turn: the loop stays responsive */
+#define REPLAY_RCVHWM 1000        /* replies queued in the DEALER (then TCP backpressure) */
 
 struct stream {
     struct kvb_stream_slot *slot; /* metrics; NULL when all slots are taken */
     char topic[MAX_TOPIC];
+    size_t topic_len;             /* the topic may hold NUL bytes */
+    int peer_fd;                  /* bind mode: the connection it came on (ZMQ_SRCFD), or -1 */
     char name[MAX_TOPIC + 320];
     struct kvb_stream st;
 };
@@ -31,6 +35,7 @@ struct kvb_source {
     char name[300];
     void *zctx;
     void *sub;
+    void *mon;                 /* PAIR reading the SUB's socket monitor */
     void *dealer;
     struct kvb_metrics *m;
     struct stream *streams[MAX_STREAMS];
@@ -136,6 +141,26 @@ static int setup_curve(struct kvb_source *s, const struct kvb_source_params *p)
     return 0;
 }
 
+/* The SUB's connection events (zmq_socket_monitor), read by a PAIR: a
+ * dropped connection means the next batch of its streams must prove that it
+ * continues them (replay.h). */
+static int open_monitor(struct kvb_source *s)
+{
+    char addr[64];
+    snprintf(addr, sizeof(addr), "inproc://kvb-monitor-%p", (void *)s);
+    int linger = 0;
+    if (zmq_socket_monitor(s->sub, addr, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED |
+                                             ZMQ_EVENT_DISCONNECTED) < 0 ||
+        !(s->mon = zmq_socket(s->zctx, ZMQ_PAIR)) ||
+        zmq_setsockopt(s->mon, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+        zmq_connect(s->mon, addr) < 0) {
+        int rc = zerr();
+        kvb_err("source", "%s: cannot monitor the connection: %s", s->name, zmq_strerror(-rc));
+        return rc;
+    }
+    return 0;
+}
+
 static int op_request(void *ctx, uint64_t from);
 static void op_cancel(void *ctx);
 static int op_apply(void *ctx, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
@@ -201,8 +226,13 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         rc = zerr();
         goto fail;
     }
-    /* reconnect to an absent engine with backoff 100 ms .. 2 s, not every 100 ms */
-    int hwm = (int)(p->rcvhwm > INT32_MAX ? INT32_MAX : p->rcvhwm), linger = 0, ivl_max = 2000;
+    /* reconnect to an absent engine at once, then every reconnect_max_ms at
+     * most (libzmq's timer, no busy loop): an engine that binds after
+     * kvbridge, or restarts, is reached almost at once, and what it
+     * published before that is recovered from its replay socket */
+    int hwm = (int)(p->rcvhwm > INT32_MAX ? INT32_MAX : p->rcvhwm), linger = 0;
+    int ivl_max = (int)(p->reconnect_max_ms ? p->reconnect_max_ms : 250);
+    int ivl = ivl_max < 100 ? ivl_max : 100;
     /* Connect mode: no ZMQ_MAXMSGSIZE: libzmq treats an oversize frame as a
      * protocol error and a connecting SUB never reconnects after one (the
      * engine would be lost for good), and nothing would be counted.  The
@@ -220,6 +250,7 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         (p->mode == KVB_MODE_BIND && maxmsg > 0 &&
          zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0) ||
         zmq_setsockopt(s->sub, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+        zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0) {
         rc = zerr();
@@ -229,6 +260,8 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         kvb_err("source", "%s: cannot set up CURVE: %s", s->endpoint, strerror(-rc));
         goto fail;
     }
+    if ((rc = open_monitor(s)) < 0)
+        goto fail;
     rc = p->mode == KVB_MODE_BIND ? zmq_bind(s->sub, s->endpoint)
                                   : zmq_connect(s->sub, s->endpoint);
     if (rc < 0) {
@@ -256,6 +289,10 @@ void kvb_source_destroy(struct kvb_source **ps)
     if (!ps || !*ps)
         return;
     struct kvb_source *s = *ps;
+    if (s->mon) {
+        zmq_close(s->mon);
+        zmq_socket_monitor(s->sub, NULL, 0);
+    }
     if (s->sub)
         zmq_close(s->sub);
     close_dealer(s);
@@ -273,6 +310,7 @@ void kvb_source_destroy(struct kvb_source **ps)
 }
 
 void *kvb_source_sub(struct kvb_source *s) { return s->sub; }
+void *kvb_source_monitor(struct kvb_source *s) { return s->mon; }
 void *kvb_source_replay(struct kvb_source *s)
 {
     return kvb_replay_active(s->rp) ? s->dealer : NULL;
@@ -292,7 +330,7 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
 {
     for (size_t i = 0; i < s->n_streams; i++) {
         struct stream *st = s->streams[i];
-        if (strlen(st->topic) == n && memcmp(st->topic, topic, n) == 0)
+        if (st->topic_len == n && memcmp(st->topic, topic, n) == 0)
             return st;
     }
     if (s->n_streams >= MAX_STREAMS || n >= MAX_TOPIC)
@@ -302,6 +340,8 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
         return NULL;
     memcpy(st->topic, topic, n);
     st->topic[n] = '\0';
+    st->topic_len = n;
+    st->peer_fd = -1;
     if (n)
         snprintf(st->name, sizeof(st->name), "%s topic '%s'", s->name, st->topic);
     else
@@ -371,9 +411,16 @@ static int op_request(void *ctx, uint64_t from)
     struct kvb_source *s = ctx;
     if (!s->dealer) {
         s->dealer = zmq_socket(s->zctx, ZMQ_DEALER);
-        int linger = 0, hwm = 0;
+        /* bounded: a flood of replies waits in the engine (or TCP), and a
+         * frame far above the payload limit drops the connection (the
+         * replay then times out) instead of being buffered */
+        int linger = 0, hwm = REPLAY_RCVHWM;
+        int64_t maxmsg = (int64_t)s->p.max_payload_bytes * 16;
+        if (maxmsg < (int64_t)64 << 20)
+            maxmsg = (int64_t)64 << 20;
         if (!s->dealer || zmq_setsockopt(s->dealer, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
             zmq_setsockopt(s->dealer, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+            zmq_setsockopt(s->dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0 ||
             (s->curve_client && set_curve_client(s, s->dealer) < 0) ||
             zmq_connect(s->dealer, s->replay_endpoint) < 0) {
             int rc = zerr();
@@ -415,11 +462,24 @@ static int op_barrier(void *ctx, struct kvb_stream *st, int cause)
     return kvb_pipeline_barrier(s->pipe, st, cause);
 }
 
-static int read_replay(struct kvb_source *s)
+/* The topic frame of a new-layout reply is the stream's being recovered. */
+static bool replay_topic_ok(struct kvb_source *s, zmq_msg_t *topic)
+{
+    const struct kvb_stream *want = kvb_replay_stream(s->rp);
+    for (size_t i = 0; i < s->n_streams; i++) {
+        const struct stream *st = s->streams[i];
+        if (&st->st == want)
+            return zmq_msg_size(topic) == st->topic_len &&
+                   memcmp(zmq_msg_data(topic), st->topic, st->topic_len) == 0;
+    }
+    return false;
+}
+
+static int read_replay(struct kvb_source *s, int budget)
 {
     zmq_msg_t f[4];
     int total = 0;
-    while (kvb_replay_active(s->rp) && s->dealer) {
+    while (kvb_replay_active(s->rp) && s->dealer && total < budget) {
         int n = recv_multipart(s->dealer, f, 4);
         if (n <= 0)
             return n < 0 ? n : total;
@@ -431,7 +491,16 @@ static int read_replay(struct kvb_source *s)
             close_frames(f, n, 4);
             continue;
         }
-        int rc = kvb_replay_reply(s->rp, be64(zmq_msg_data(&f[si])), zmq_msg_data(&f[si + 1]),
+        uint64_t seq = be64(zmq_msg_data(&f[si]));
+        if (n == 4 && seq != KVB_REPLAY_END && !replay_topic_ok(s, &f[1])) {
+            /* new layout: a batch of another stream cannot fill this gap */
+            kvb_inc(&s->m->malformed_messages_total[KVB_MAL_REPLAY_REPLY]);
+            kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "replay",
+                       "%s: replay reply for another topic: dropped", s->name);
+            close_frames(f, n, 4);
+            continue;
+        }
+        int rc = kvb_replay_reply(s->rp, seq, zmq_msg_data(&f[si + 1]),
                                   zmq_msg_size(&f[si + 1]), kvb_mono_ms());
         close_frames(f, n, 4);
         if (rc < 0)
@@ -512,6 +581,8 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
                        "%s: too many topics (or one too long): dropped", s->name);
         } else {
+            if (s->p.mode == KVB_MODE_BIND)
+                st->peer_fd = zmq_msg_get(&f[0], ZMQ_SRCFD);
             uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
             rc = kvb_replay_live(s->rp, &st->st, be64(zmq_msg_data(&f[1])),
                                  zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), kvb_mono_ms());
@@ -537,7 +608,7 @@ int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
 {
     s->pipe = p;
-    int rc = read_replay(s);
+    int rc = read_replay(s, READ_REPLAY_BUDGET);
     sync_slots(s);
     return rc;
 }
@@ -549,6 +620,55 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
     if (rc < 0)
         kvb_err("replay", "%s: %s", s->name, strerror(-rc));
     sync_slots(s);
+}
+
+/* One event of the SUB's monitor. */
+static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char *addr)
+{
+    if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
+        kvb_info("source", "%s: engine connection up (%s)", s->name, addr);
+        return;
+    }
+    if (ev != ZMQ_EVENT_DISCONNECTED)
+        return;
+    bool any = false;
+    for (size_t i = 0; i < s->n_streams; i++) {
+        struct stream *st = s->streams[i];
+        /* bind mode: the streams that came on that connection (all of them
+         * when libzmq cannot tell) */
+        if (s->p.mode == KVB_MODE_BIND && st->peer_fd >= 0 && fd >= 0 && st->peer_fd != fd)
+            continue;
+        st->peer_fd = -1;
+        any |= st->st.has_last;
+        kvb_replay_peer_reset(s->rp, &st->st, kvb_mono_ms());
+    }
+    kvb_info("source", "%s: engine connection dropped (%s)%s", s->name, addr,
+             any ? ": the next batches must prove they continue the stream" : "");
+}
+
+int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p)
+{
+    s->pipe = p;
+    int got = 0;
+    zmq_msg_t f[2];
+    for (int n; (n = recv_multipart(s->mon, f, 2)) > 0; got++) {
+        if (n == 2 && zmq_msg_size(&f[0]) >= 6) {
+            const uint8_t *d = zmq_msg_data(&f[0]);
+            uint16_t ev;
+            int32_t val;
+            memcpy(&ev, d, 2);
+            memcpy(&val, d + 2, 4);
+            char addr[256];
+            size_t al = zmq_msg_size(&f[1]) < sizeof(addr) - 1 ? zmq_msg_size(&f[1])
+                                                                 : sizeof(addr) - 1;
+            memcpy(addr, zmq_msg_data(&f[1]), al);
+            addr[al] = '\0';
+            on_conn_event(s, ev, val, addr);
+        }
+        close_frames(f, n, 2);
+    }
+    sync_slots(s);
+    return got;
 }
 
 int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause)

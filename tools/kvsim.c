@@ -323,6 +323,14 @@ struct opts {
     long wait_ms, linger_ms;
     size_t replay_buf, cache_blocks;
     struct seqlist drop_live, drop_forever, malformed, bad_frames;
+    /* engine lifecycle (lifecycle_* below) */
+    long restart_close_ms;     /* >= 0: --restart-at closes and rebinds like a new process */
+    uint64_t restart_drop_live; /* new incarnation's first batches not sent live */
+    bool blip;
+    uint64_t blip_at;
+    long blip_ms;
+    uint64_t mark_after;
+    const char *mark_file;
 };
 
 struct slot {
@@ -377,7 +385,8 @@ struct rank {
     void *pub, *router;
     char ep[512], rep[512];
     uint64_t seq;
-    bool restarted;
+    bool restarted, blipped;
+    uint64_t drop_left;        /* lifecycle: batches still not sent live */
     struct rbent *ring;
     size_t ring_head, ring_n;
     struct gen g;
@@ -1300,6 +1309,11 @@ static void wait_until(struct sim *s, int64_t deadline)
     }
 }
 
+/* engine lifecycle (defined below) */
+static void lifecycle_process_restart(struct sim *s, struct rank *r);
+static void lifecycle_blip(struct sim *s, struct rank *r);
+static bool lifecycle_drop_live(struct rank *r);
+
 /* ------------------------------------------------------------ publishing */
 
 static void send_live(struct sim *s, struct rank *r, uint64_t seq, const void *data, size_t len,
@@ -1320,7 +1334,7 @@ static void publish_one(struct sim *s, struct rank *r)
     const struct opts *o = &s->o;
     uint64_t seq = r->seq;
     bool forever = seqlist_has(&o->drop_forever, seq);
-    bool drop = !forever && seqlist_has(&o->drop_live, seq);
+    bool drop = !forever && (seqlist_has(&o->drop_live, seq) || lifecycle_drop_live(r));
     bool garbage = !forever && !drop && seqlist_has(&o->malformed, seq);
     bool badf = !forever && !drop && !garbage && seqlist_has(&o->bad_frames, seq);
     const char *fault = forever ? "drop-forever" : drop ? "drop-live"
@@ -1378,11 +1392,86 @@ static void publish_one(struct sim *s, struct rank *r)
         r->seq = o->seq_start;
         r->ring_n = r->ring_head = 0;
         gen_clear(&r->g);
+        if (o->restart_close_ms >= 0)
+            lifecycle_process_restart(s, r);
         if (s->rec)
             fprintf(s->rec, "{\"restart\":true,\"rank\":%u,\"after_seq\":%" PRIu64
                             ",\"next_seq\":%" PRIu64 ",\"events\":[{\"type\":\"cleared\"}]}\n",
                     r->idx, seq, o->seq_start);
     }
+    if (o->blip && !r->blipped && seq == o->blip_at)
+        lifecycle_blip(s, r);
+}
+
+/* ------------------------------------------- engine lifecycle (restarts) */
+
+static int open_rank_sockets(struct sim *s, struct rank *r, bool pub, bool router);
+
+/* Closes a socket now (nothing queued is kept: the process is gone). */
+static void close_now(void **sock)
+{
+    int zero = 0;
+    if (*sock) {
+        zmq_setsockopt(*sock, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_close(*sock);
+        *sock = NULL;
+    }
+}
+
+/* Sleeps ms (nothing is served: the engine is down). */
+static void pause_ms(long ms)
+{
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    while (ms > 0 && nanosleep(&ts, &ts) != 0 && !stop_flag)
+        ;
+}
+
+/* --restart-close: the engine process goes away (its sockets closed, its
+ * subscribers' connections drop) and a new one binds after a pause; seq from
+ * --seq-start, empty replay buffer (the caller resets those). */
+static void lifecycle_process_restart(struct sim *s, struct rank *r)
+{
+    close_now(&r->pub);
+    close_now(&r->router);
+    pause_ms(s->o.restart_close_ms);
+    if (open_rank_sockets(s, r, true, s->o.replay != NULL) != 0) {
+        fprintf(stderr, "kvsim: rank %u: cannot bind again after the restart\n", r->idx);
+        exit(1);
+    }
+    r->drop_left = s->o.restart_drop_live;
+}
+
+/* --blip-at: the connection drops (the PUB closed and bound again after
+ * --blip-ms), the engine goes on: same seq, same replay buffer. */
+static void lifecycle_blip(struct sim *s, struct rank *r)
+{
+    close_now(&r->pub);
+    pause_ms(s->o.blip_ms);
+    if (open_rank_sockets(s, r, true, false) != 0) {
+        fprintf(stderr, "kvsim: rank %u: cannot bind again after the blip\n", r->idx);
+        exit(1);
+    }
+    r->blipped = true;
+}
+
+/* A batch the engine publishes while nobody is subscribed (after a process
+ * restart): not sent live, kept for replay. */
+static bool lifecycle_drop_live(struct rank *r)
+{
+    if (!r->drop_left)
+        return false;
+    r->drop_left--;
+    return true;
+}
+
+/* --mark-file: written once every rank has published --mark-after batches. */
+static void lifecycle_mark(struct sim *s, uint64_t tick)
+{
+    if (!s->o.mark_file || tick != s->o.mark_after)
+        return;
+    FILE *f = fopen(s->o.mark_file, "w");
+    if (f)
+        fclose(f);
 }
 
 /* -------------------------------------------------------------- lifecycle */
@@ -1439,6 +1528,15 @@ static void usage(FILE *f)
 "  --bad-frames-at LIST   sent as 2 frames [topic][payload]; replay has the real batch\n"
 "  --restart-at SEQ       after publishing SEQ, restart once from --seq-start\n"
 "                         (empty caches, empty replay buffer)\n"
+"  --restart-close MS     with --restart-at: restart like a new engine process:\n"
+"                         close the sockets, bind again after MS (default: the\n"
+"                         same sockets go on)\n"
+"  --restart-drop-live N  after such a restart, the first N batches are not sent\n"
+"                         live (kept for replay), as with no subscriber yet\n"
+"  --blip-at SEQ          after publishing SEQ, close the PUB and bind it again\n"
+"                         after --blip-ms (default 300): a dropped connection,\n"
+"                         no restart (same seq, same replay buffer)\n"
+"  --mark-after N --mark-file F  create F once N batches per rank are published\n"
 "\n"
 "Output:\n"
 "  --record FILE          JSON line per batch: {\"seq\",\"rank\",\"live\",\"replay\",\n"
@@ -1453,7 +1551,8 @@ enum {
     OPT_LOSSLESS, OPT_WAIT, OPT_LINGER, OPT_ENC, OPT_HASH, OPT_BS, OPT_WL, OPT_CACHE,
     OPT_BATCHES, OPT_RATE, OPT_SEED, OPT_SEQSTART, OPT_DROPLIVE, OPT_DROPFOREVER,
     OPT_MALFORMED, OPT_BADFRAMES, OPT_RESTART, OPT_RECORD, OPT_CURVE_SECRET,
-    OPT_CURVE_SERVER, OPT_CURVE_KEYGEN,
+    OPT_CURVE_SERVER, OPT_CURVE_KEYGEN, OPT_RESTART_CLOSE, OPT_RESTART_DROP, OPT_BLIP_AT,
+    OPT_BLIP_MS, OPT_MARK_AFTER, OPT_MARK_FILE,
 };
 
 /* --curve-keygen */
@@ -1561,6 +1660,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { "malformed-at", required_argument, NULL, OPT_MALFORMED },
         { "bad-frames-at", required_argument, NULL, OPT_BADFRAMES },
         { "restart-at", required_argument, NULL, OPT_RESTART },
+        { "restart-close", required_argument, NULL, OPT_RESTART_CLOSE },
+        { "restart-drop-live", required_argument, NULL, OPT_RESTART_DROP },
+        { "blip-at", required_argument, NULL, OPT_BLIP_AT },
+        { "blip-ms", required_argument, NULL, OPT_BLIP_MS },
+        { "mark-after", required_argument, NULL, OPT_MARK_AFTER },
+        { "mark-file", required_argument, NULL, OPT_MARK_FILE },
         { "record", required_argument, NULL, OPT_RECORD },
         { "curve-secret-file", required_argument, NULL, OPT_CURVE_SECRET },
         { "curve-server-key", required_argument, NULL, OPT_CURVE_SERVER },
@@ -1689,6 +1794,33 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->restart = true;
             o->restart_at = v;
             break;
+        case OPT_RESTART_CLOSE:
+            if (parse_num_opt("restart-close", optarg, 0, 600000, &v))
+                return -EINVAL;
+            o->restart_close_ms = (long)v;
+            break;
+        case OPT_RESTART_DROP:
+            if (parse_num_opt("restart-drop-live", optarg, 0, UINT64_MAX, &v))
+                return -EINVAL;
+            o->restart_drop_live = v;
+            break;
+        case OPT_BLIP_AT:
+            if (parse_num_opt("blip-at", optarg, 0, UINT64_MAX, &v))
+                return -EINVAL;
+            o->blip = true;
+            o->blip_at = v;
+            break;
+        case OPT_BLIP_MS:
+            if (parse_num_opt("blip-ms", optarg, 0, 600000, &v))
+                return -EINVAL;
+            o->blip_ms = (long)v;
+            break;
+        case OPT_MARK_AFTER:
+            if (parse_num_opt("mark-after", optarg, 1, UINT64_MAX, &v))
+                return -EINVAL;
+            o->mark_after = v;
+            break;
+        case OPT_MARK_FILE: o->mark_file = optarg; break;
         case OPT_RECORD: o->record = optarg; break;
         case OPT_CURVE_SECRET: o->curve_secret_file = optarg; break;
         case OPT_CURVE_SERVER:
@@ -1769,6 +1901,46 @@ static int open_sockets(struct sim *s)
             s->items[s->nitems].events = ZMQ_POLLIN;
             s->nitems++;
         }
+    }
+    return 0;
+}
+
+/* Lifecycle: a rank's PUB and/or ROUTER bound again (a new engine process,
+ * or after a blip), retrying while the old listener is being released. */
+static int open_rank_sockets(struct sim *s, struct rank *r, bool pub, bool router)
+{
+    const struct opts *o = &s->o;
+    int linger = FLUSH_MS, zero = 0;
+    void **socks[2] = { pub ? &r->pub : NULL, router ? &r->router : NULL };
+    const int types[2] = { ZMQ_PUB, ZMQ_ROUTER };
+    for (int k = 0; k < 2; k++) {
+        if (!socks[k])
+            continue;
+        void *sk = zmq_socket(s->zctx, types[k]);
+        if (!sk)
+            return -errno;
+        zmq_setsockopt(sk, ZMQ_LINGER, &linger, sizeof linger);
+        if (o->lossless)
+            zmq_setsockopt(sk, ZMQ_SNDHWM, &zero, sizeof zero);
+        if (o->curve_secret_file && (k == 0 || !o->curve_server_key) &&
+            apply_curve(o, sk, k == 1 || !o->curve_server_key)) {
+            zmq_close(sk);
+            return -EINVAL;
+        }
+        const char *ep = k == 0 ? r->ep : r->rep;
+        int rc = -1;
+        for (int i = 0; i < 100 && rc != 0; i++) {
+            rc = k == 0 && o->connect ? zmq_connect(sk, ep) : zmq_bind(sk, ep);
+            if (rc != 0)
+                pause_ms(20);
+        }
+        if (rc != 0) {
+            zmq_close(sk);
+            return -EADDRINUSE;
+        }
+        *socks[k] = sk;
+        if (k == 1)
+            s->items[r->idx].socket = sk; /* every rank has a ROUTER with --replay */
     }
     return 0;
 }
@@ -1858,6 +2030,8 @@ int main(int argc, char **argv)
     sim.o.linger_ms = 1000;
     sim.o.replay_buf = 10000;
     sim.o.cache_blocks = 4096;
+    sim.o.restart_close_ms = -1;
+    sim.o.blip_ms = 300;
 
     if (parse_args(argc, argv, &sim.o))
         goto out;
@@ -1908,6 +2082,7 @@ int main(int argc, char **argv)
         for (unsigned i = 0; i < sim.o.dp; i++)
             publish_one(&sim, &sim.ranks[i]);
         tick++;
+        lifecycle_mark(&sim, tick);
     }
     t1 = now_ns();
     interrupted = stop_flag != 0;

@@ -7,9 +7,11 @@
  *
  * Invariants (checked at every decision and after a final drain in which
  * the engines answer every request and time runs out):
- *   I1 no batch twice: every batch the engines published is applied (or
- *      rejected) at most once;
- *   I2 engine order: per stream, batches are applied in publish order;
+ *   I1 no batch twice: no batch is applied (or rejected) twice without a
+ *      barrier for its stream between (after one, the router has forgotten
+ *      it: an engine's history replayed after a presumed restart is fine);
+ *   I2 engine order: per stream, batches are applied in publish order (but
+ *      for what I1 allows after a barrier);
  *   I3 every loss is followed by a barrier: between two batches applied one
  *      after the other on a stream, a "cleared" for that stream is published
  *      when any batch the engine published between them was not applied, or
@@ -27,8 +29,12 @@
  *   bits 0-2 op, bit 3 stream, bits 4-7 arg
  *   0 publish, delivered live          1 publish, lost live (kept for replay)
  *   2 the ROUTER sends arg+1 replies   3 the ROUTER drops its next reply (HWM)
- *   4 time passes: arg*100 ms, tick    5 the engine restarts (seq from its start,
- *                                        buffer empty)
+ *   4 time passes: arg*100 ms, tick    5 arg&2: a network blip (the connection
+ *                                        drops, kvb_replay_peer_reset); else the
+ *                                        engine restarts (seq from its start,
+ *                                        buffer empty), as a new process (the
+ *                                        connection drops) or, arg&1, inside
+ *                                        the process (its first batch is seen)
  *   6 publish an oversize (arg odd) or undecodable batch, delivered live
  *   7 the next replay request fails
  * Seeds: tests/fuzz/mkseeds.sh; regressions: tests/fuzz/regressions/fuzz_replay/.
@@ -52,13 +58,6 @@
 #define MAX_PAYLOAD 96       /* limits.max_payload_bytes */
 #define MAX_HELD 16
 #define TIMEOUT_MS 300
-/* Known holes, not modelled until they are fixed: held batches past a wrap
- * of the seq (2^64-1 -> 0) and a restart while a replay is pending are lost
- * (issue 18 item 3); a restart whose first batches are lost and whose first
- * delivered seq is above the old stream's last is taken as a gap (issue 12). */
-#define MODEL_WRAP 0
-#define MODEL_RESTART_IN_REPLAY 0
-#define MODEL_RESTART_UNSEEN 0
 
 struct batch {
     int stream;
@@ -66,11 +65,13 @@ struct batch {
     uint64_t seq;
     bool delivered;     /* reached kvbridge live */
     int applied;        /* times applied or rejected */
+    uint32_t seg;       /* the stream's segment (barriers) it was last applied in */
     uint8_t kind;       /* 0 good, 1 oversize, 2 undecodable */
 };
 
 struct engine {
     bool fresh;         /* restarted, nothing delivered yet */
+    bool fresh_inproc;  /* ... without a disconnect: its first batch is seen */
     uint32_t inc;
     uint64_t start, next;
     uint32_t buf[BUF_STEPS]; /* batch ids, oldest first */
@@ -85,6 +86,10 @@ struct fz {
     /* per stream: the last batch applied, and barriers since */
     int last_applied[NSTREAMS];
     bool barrier_since[NSTREAMS];
+    uint32_t seg[NSTREAMS];
+    int big[NSTREAMS][MAX_BATCHES]; /* oversize batches delivered live, not rejected yet */
+    int n_big[NSTREAMS];
+    int cur_reply;                   /* the batch a reply carries, or -1 */
     /* the reply to the request in flight (batch ids; -1 = END) */
     int reply[BUF_STEPS + 1];
     int n_reply, reply_pos, reply_stream;
@@ -118,13 +123,20 @@ static void applied(struct kvb_stream *s, uint64_t seq, int id)
     FUZZ_CHECK(b->stream == k, "batch %d of stream %d applied on stream %d", id, b->stream, k);
     FUZZ_CHECK(b->seq == seq, "batch %d (seq %llu) applied as seq %llu", id,
                (unsigned long long)b->seq, (unsigned long long)seq);
-    FUZZ_CHECK(++b->applied == 1, "I1: batch %d (seq %llu) applied twice", id,
+    /* a barrier starts a new segment: the router forgot what came before,
+     * so a batch may be applied again after one (the engine's history
+     * replayed after a restart that was only presumed) */
+    FUZZ_CHECK(b->applied == 0 || b->seg != F->seg[k],
+               "I1: batch %d (seq %llu) applied twice without a barrier between", id,
                (unsigned long long)seq);
+    b->applied++;
+    b->seg = F->seg[k];
     FUZZ_CHECK(s->has_last && s->last == seq, "I6: cursor %llu, applying %llu",
                (unsigned long long)s->last, (unsigned long long)seq);
     int prev = F->last_applied[k];
     if (prev >= 0) {
-        FUZZ_CHECK(id > prev, "I2: stream %d: batch %d applied after %d", k, id, prev);
+        FUZZ_CHECK(id > prev || F->barrier_since[k],
+                   "I2: stream %d: batch %d applied after %d", k, id, prev);
         bool lost = F->b[prev].inc != b->inc;
         for (int i = prev + 1; i < id && !lost; i++)
             lost = F->b[i].stream == k && !F->b[i].applied;
@@ -135,12 +147,19 @@ static void applied(struct kvb_stream *s, uint64_t seq, int id)
     }
     F->last_applied[k] = id;
     F->barrier_since[k] = false;
+    if (getenv("KVB_FUZZ_LOG"))
+        fprintf(stderr, "applied: stream %d id %d seq %llu\n", k, id, (unsigned long long)seq);
 }
 
 static int op_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *d, size_t len)
 {
     (void)ctx;
-    applied(s, seq, batch_id(d, len));
+    int id = batch_id(d, len);
+    applied(s, seq, id);
+    if (F->b[id].kind == 2) { /* does not decode: the malformed barrier */
+        F->barrier_since[stream_of(s)] = true;
+        F->seg[stream_of(s)]++;
+    }
     return kvb_pipeline_batch(F->p, s, seq, d, len);
 }
 
@@ -149,18 +168,32 @@ static int op_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *
     (void)ctx;
     /* only oversize batches are rejected: find it by seq on this stream */
     int k = stream_of(s), id = -1;
-    for (int i = F->nb - 1; i >= 0 && id < 0; i--)
-        if (F->b[i].stream == k && F->b[i].seq == seq && F->b[i].kind == 1 && !F->b[i].applied)
-            id = i;
+    /* without a payload the seq names it: the reply being delivered, else
+     * the oldest oversize batch delivered live and not rejected yet (the
+     * module rejects held ones in order) */
+    if (F->cur_reply >= 0 && F->b[F->cur_reply].stream == k && F->b[F->cur_reply].seq == seq)
+        id = F->cur_reply;
+    for (int i = 0; i < F->n_big[k]; i++)
+        if (id < 0 ? F->b[F->big[k][i]].seq == seq : F->big[k][i] == id) {
+            id = F->big[k][i];
+            memmove(&F->big[k][i], &F->big[k][i + 1], (size_t)(F->n_big[k] - i - 1) * sizeof(int));
+            F->n_big[k]--;
+            break;
+        }
     FUZZ_CHECK(id >= 0, "reject of seq %llu: no such oversize batch", (unsigned long long)seq);
     applied(s, seq, id);
+    F->barrier_since[k] = true; /* the malformed barrier */
+    F->seg[k]++;
     return kvb_pipeline_malformed(F->p, s, seq, why);
 }
 
 static int op_barrier(void *ctx, struct kvb_stream *s, int cause)
 {
     (void)ctx;
+    if (getenv("KVB_FUZZ_LOG"))
+        fprintf(stderr, "barrier: stream %d cause %d\n", stream_of(s), cause);
     F->barrier_since[stream_of(s)] = true;
+    F->seg[stream_of(s)]++;
     return kvb_pipeline_barrier(F->p, s, cause);
 }
 
@@ -245,22 +278,28 @@ static void publish(int k, bool delivered, uint8_t kind, uint64_t now)
     if (F->nb >= MAX_BATCHES)
         return;
     struct engine *e = &F->eng[k];
-    if (e->fresh && !MODEL_RESTART_UNSEEN)
+    if (e->fresh_inproc)
         delivered = true;
     e->fresh &= !delivered;
+    e->fresh_inproc &= !delivered;
     int id = F->nb++;
-    F->b[id] = (struct batch){k, e->inc, e->next++, delivered, 0, kind};
+    F->b[id] = (struct batch){k, e->inc, e->next++, delivered, 0, 0, kind};
     if (e->n_buf == BUF_STEPS)
         memmove(e->buf, e->buf + 1, (BUF_STEPS - 1) * sizeof(e->buf[0]));
     else
         e->n_buf++;
     e->buf[e->n_buf - 1] = (uint32_t)id;
+    if (getenv("KVB_FUZZ_LOG"))
+        fprintf(stderr, "publish: stream %d inc %u seq %llu id %d %s kind %u\n", k, e->inc,
+                (unsigned long long)F->b[id].seq, id, delivered ? "live" : "lost", kind);
     if (!delivered)
         return;
     const uint8_t *d;
     size_t len;
     payload(id, kind, &d, &len);
     F->reply_stream = k;
+    if (kind == 1)
+        F->big[k][F->n_big[k]++] = id;
     call_done(kvb_replay_live(F->r, &F->st[k], F->b[id].seq, d, len, now), "live");
 }
 
@@ -280,7 +319,9 @@ static void serve(int n, uint64_t now)
         const uint8_t *d;
         size_t len;
         payload(id, F->b[id].kind, &d, &len);
+        F->cur_reply = id;
         call_done(kvb_replay_reply(F->r, F->b[id].seq, d, len, now), "reply");
+        F->cur_reply = -1;
     }
     if (F->reply_pos >= F->n_reply)
         F->pending = false; /* the ROUTER has sent (or dropped) all of it */
@@ -298,6 +339,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static struct fz fz;
     memset(&fz, 0, sizeof(fz));
     F = &fz;
+    F->cur_reply = -1;
     msgpack_sbuffer_init(&F->sb);
     struct kvb_metrics m;
     memset(&m, 0, sizeof(m));
@@ -320,7 +362,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (data[0] & 1)
         F->eng[0].start = 1764500000000000000ull;
-    if ((data[0] & 2) && MODEL_WRAP)
+    if (data[0] & 2)
         F->eng[0].start = UINT64_MAX - 3;
     for (int k = 0; k < NSTREAMS; k++)
         F->eng[k].next = F->eng[k].start;
@@ -339,10 +381,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             call_done(kvb_replay_tick(F->r, now), "tick");
             break;
         case 5: {
+            /* arg bit 1: a network blip (the connection drops, the engine
+             * goes on); else a restart, with the connection dropping (a new
+             * process), or (arg bit 0) inside the process: no disconnect,
+             * so its first batch must be seen (nothing else could tell) */
             struct engine *e = &F->eng[k];
-            if (kvb_replay_active(F->r) && !MODEL_RESTART_IN_REPLAY)
+            bool blip = arg & 2, inproc = !blip && (arg & 1);
+            if (inproc && e->start > UINT64_MAX / 2)
+                break; /* its seq would not go back: undetectable */
+            if (!inproc)
+                kvb_replay_peer_reset(F->r, &F->st[k], now);
+            F->emitted = 0; /* counted by the checks of the next call */
+            if (blip)
                 break;
             e->fresh = true;
+            e->fresh_inproc = inproc;
             e->inc++;
             e->next = e->start;
             e->n_buf = 0;
@@ -367,7 +420,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     FUZZ_CHECK(!kvb_replay_active(F->r), "replay still active after the drain");
     for (int i = 0; i < F->nb; i++)
-        FUZZ_CHECK(!F->b[i].delivered || F->b[i].applied == 1,
+        FUZZ_CHECK(!F->b[i].delivered || F->b[i].applied >= 1,
                    "I4: batch %d (stream %d inc %u seq %llu) delivered live but never applied", i,
                    F->b[i].stream, F->b[i].inc, (unsigned long long)F->b[i].seq);
     for (int k = 0; k < NSTREAMS; k++)

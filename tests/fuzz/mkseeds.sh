@@ -8,7 +8,7 @@
 #   OUT/fuzz_config   tests/data/config/*.yaml and conf/kvbridge.yaml
 #   OUT/fuzz_promtext tests/data/metrics/*.txt (engine /metrics pages, edge cases)
 #   OUT/fuzz_replay   op sequences (see fuzz_replay.c): in order, gaps filled,
-#                     cut replies, timeouts, restarts, two streams
+#                     cut replies, timeouts, restarts, blips, two streams
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${1:?usage: mkseeds.sh OUT}
@@ -69,3 +69,6 @@ replay_seed clock-seq    '\x01\x00\x00\x01\x00\x72\x05\x00\x00'
 replay_seed wrap         '\x02\x00\x00\x01\x00\x00\x00\x72\x00'
 replay_seed oversize     '\x00\x00\x16\x01\x00\x16\x72\x06\x00'
 replay_seed req-fails    '\x00\x00\x07\x01\x00\x00'
+replay_seed blip         '\x00\x00\x00\x00\x25\x01\x00\x72\x72\x00'
+replay_seed proc-restart '\x00\x00\x00\x00\x00\x05\x01\x01\x00\x72\x72\x72\x00'
+replay_seed inproc-restart-in-replay '\x00\x00\x01\x00\x00\x15\x00\x00\xf4\x00'

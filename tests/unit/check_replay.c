@@ -359,6 +359,190 @@ START_TEST(hold_full_gives_up)
 }
 END_TEST
 
+/* ---- starts, restarts, reconnects (issue 12) ----------------------------- */
+
+static const uint8_t pl2[4] = {9, 9, 9, 9};
+
+/* kvbridge starts against a running engine: the first seq seen is 5: the
+ * engine's buffer from 0 is applied first (the start barrier, published by
+ * the pipeline before the first batch, covers what it no longer holds). */
+START_TEST(start_recovers_history)
+{
+    ck_assert_int_eq(live(&st, 5, 0), 0);
+    live(&st, 6, 0);
+    for (uint64_t q = 0; q < 7; q++)
+        reply(q, 1);
+    TRACE("R0 A0 A1 A2 A3 A4 C A5 A6 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+}
+END_TEST
+
+START_TEST(start_engine_holds_part)
+{
+    live(&st, 5, 0);
+    reply(3, 1); /* 0..2 no longer held: no barrier of our own */
+    reply(4, 1);
+    TRACE("R0 A3 A4 C A5 ");
+    live(&st, 100000, 2); /* a later gap is a gap */
+    TRACE("R0 A3 A4 C A5 R6 ");
+}
+END_TEST
+
+START_TEST(start_nothing_held)
+{
+    live(&st, 1764500000000000000ull, 0); /* a clock-seeded stream */
+    end(1);
+    TRACE("R0 C A1764500000000000000 ");
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_GAP]), 0);
+}
+END_TEST
+
+/* A restart seen as a seq going back to S > 0: barrier, then 0..S-1. */
+START_TEST(restart_back_recovers_start)
+{
+    live(&st, 0, 0);
+    for (uint64_t q = 1; q <= 10; q++)
+        live(&st, q, 0);
+    trace[0] = 0;
+    live(&st, 4, 1);
+    TRACE("Br R0 ");
+    for (uint64_t q = 0; q < 6; q++)
+        reply(q, 2);
+    TRACE("Br R0 A0 A1 A2 A3 C A4 ");
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 1);
+}
+END_TEST
+
+START_TEST(duplicate_is_not_a_restart)
+{
+    live(&st, 0, 0);
+    live(&st, 1, 0);
+    ck_assert_int_eq(live(&st, 1, 0), 0); /* the same bytes again */
+    live(&st, 2, 0);
+    TRACE("A0 A1 A2 ");
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 0);
+    /* the same seq with other bytes: a restart */
+    ck_assert_int_eq(kvb_replay_live(r, &st, 2, pl2, sizeof(pl2), 0), 1);
+    TRACE("A0 A1 A2 Br R0 ");
+}
+END_TEST
+
+/* A network blip: the connection dropped and came back, batches were lost
+ * meanwhile; the engine still holds our last batch (same bytes): continuity
+ * proven, the gap filled by the same request, no barrier. */
+START_TEST(reconnect_continuity_proven)
+{
+    for (uint64_t q = 0; q < 6; q++)
+        live(&st, q, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    trace[0] = 0;
+    live(&st, 8, 2);
+    TRACE("R5 ");
+    for (uint64_t q = 4; q < 9; q++)
+        reply(q, 3);
+    TRACE("R5 A6 A7 C A8 ");
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_GAP]), 0);
+}
+END_TEST
+
+/* Reconnected, next seq just after ours, but the engine's batch at our last
+ * seq differs: a new incarnation (its seqs happen to be above ours). */
+START_TEST(reconnect_other_bytes_is_a_restart)
+{
+    for (uint64_t q = 0; q < 6; q++)
+        live(&st, q, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    trace[0] = 0;
+    live(&st, 6, 2);
+    ck_assert_int_eq(kvb_replay_reply(r, 5, pl2, sizeof(pl2), 3), 1);
+    TRACE("R5 Br C R0 ");
+    for (uint64_t q = 0; q < 7; q++)
+        kvb_replay_reply(r, q, pl2, sizeof(pl2), 4);
+    TRACE("R5 Br C R0 A0 A1 A2 A3 A4 A5 C A6 ");
+}
+END_TEST
+
+START_TEST(reconnect_not_held_is_a_restart)
+{
+    for (uint64_t q = 0; q < 3; q++)
+        live(&st, q, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    trace[0] = 0;
+    live(&st, 7, 2);
+    end(3); /* the (new) engine holds nothing from 2 */
+    TRACE("R2 Br C R0 ");
+    end(4);
+    TRACE("R2 Br C R0 C A7 ");
+}
+END_TEST
+
+START_TEST(reconnect_seq_back_is_a_restart)
+{
+    for (uint64_t q = 0; q < 50; q++)
+        live(&st, q, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    trace[0] = 0;
+    live(&st, 0, 2);
+    live(&st, 1, 2);
+    TRACE("Br A0 A1 ");
+}
+END_TEST
+
+/* Issue 18 item 3: the engine restarts while a replay is pending; the new
+ * incarnation's batches were held, then skipped as "seq <= last". */
+START_TEST(restart_during_replay)
+{
+    for (uint64_t q = 0; q < 10; q++)
+        live(&st, q, 0);
+    for (uint64_t q = 20; q < 26; q++)
+        live(&st, q, 0); /* 10..19 missing: replay asked, never answered */
+    trace[0] = 0;
+    /* the new engine: its first batch ends the replay (the replay socket
+     * answers for the new incarnation now), what was held goes first */
+    for (uint64_t q = 0; q < 4; q++)
+        kvb_replay_live(r, &st, q, pl2, sizeof(pl2), 0);
+    TRACE("C Bg A20 A21 A22 A23 A24 A25 Br A0 A1 A2 A3 ");
+    kvb_replay_tick(r, 1000);
+    TRACE("C Bg A20 A21 A22 A23 A24 A25 Br A0 A1 A2 A3 ");
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 1);
+}
+END_TEST
+
+/* Issue 18 item 3: held batches past the 2^64-1 wrap were skipped. */
+START_TEST(wrap_during_replay)
+{
+    live(&st, UINT64_MAX - 3, 0);
+    end(0); /* its start: nothing held */
+    trace[0] = 0;
+    live(&st, UINT64_MAX - 1, 0); /* MAX-2 missing */
+    live(&st, UINT64_MAX, 0);
+    live(&st, 0, 0);
+    live(&st, 1, 0);
+    reply(UINT64_MAX - 2, 1);
+    TRACE("R18446744073709551613 A18446744073709551613 C A18446744073709551614 "
+          "A18446744073709551615 A0 A1 ");
+}
+END_TEST
+
+/* Issue 18 item 4: a reply that trickles in (each batch within the stall
+ * time) no longer extends the replay beyond replay.timeout_ms. */
+START_TEST(trickle_bounded_by_timeout)
+{
+    live(&st, 0, 0);
+    live(&st, 1000, 0);
+    uint64_t t = 0;
+    for (uint64_t q = 1; q < 30; q++) {
+        t += 200;
+        kvb_replay_tick(r, t);
+        reply(q, t);
+    }
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(st.last, 1000);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+}
+END_TEST
+
 Suite *replay_suite(void);
 Suite *replay_suite(void)
 {
@@ -386,6 +570,21 @@ Suite *replay_suite(void)
     tcase_add_test(tc, oversize_during_replay_keeps_order);
     tcase_add_test(tc, hold_full_second_gap);
     tcase_add_test(tc, second_loss_in_one_gap_second_barrier);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("restarts");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, start_recovers_history);
+    tcase_add_test(tc, start_engine_holds_part);
+    tcase_add_test(tc, start_nothing_held);
+    tcase_add_test(tc, restart_back_recovers_start);
+    tcase_add_test(tc, duplicate_is_not_a_restart);
+    tcase_add_test(tc, reconnect_continuity_proven);
+    tcase_add_test(tc, reconnect_other_bytes_is_a_restart);
+    tcase_add_test(tc, reconnect_not_held_is_a_restart);
+    tcase_add_test(tc, reconnect_seq_back_is_a_restart);
+    tcase_add_test(tc, restart_during_replay);
+    tcase_add_test(tc, wrap_during_replay);
+    tcase_add_test(tc, trickle_bounded_by_timeout);
     suite_add_tcase(s, tc);
     return s;
 }
