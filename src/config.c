@@ -37,6 +37,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <curl/curl.h>
+
 #define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
 #define MAX_SOURCES 1024
 #define MAX_ERRORS 100            /* printed; the rest are counted */
@@ -95,11 +97,13 @@ static const char *const mode_values[] = {"connect", "bind", NULL};
 static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "raw", NULL};
 static const char *const level_values[] = {"error", "warn", "info", "debug", NULL};
 static const char *const retention_values[] = {"limits", "interest", "workqueue", NULL};
+static const char *const engine_kind_values[] = {"vllm", "sglang", NULL}; /* engine_load.h */
 #define TIER_NAME(s, str) [KVB_TIER_##s] = str,
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
 static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
-    check_format, check_listen, check_host, check_js_template, check_server_url;
+    check_format, check_listen, check_host, check_js_template, check_server_url,
+    check_http_url;
 
 #define R F_RELOAD
 #define C F_CONN
@@ -181,6 +185,34 @@ static const struct opt opts[] = {
              "engines allowed to connect; others are refused during the handshake. "
              "\"\" = any engine that knows this source's public key. An error in "
              "connect mode."},
+    {.key = "sources[].engine.kind", .type = T_ENUM, .off = SRC(engine.kind, int),
+     .def = "vllm", .values = engine_kind_values, .flags = R,
+     .help = "The engine's HTTP face, for its load and its liveness: which engine "
+             "serves metrics_url, vllm or sglang (the metric names differ)."},
+    {.key = "sources[].engine.metrics_url", .type = T_STR,
+     .off = SRC(engine.metrics_url, char *), .def = "", .flags = R, .check = check_http_url,
+     .help = "The engine's Prometheus /metrics (http:// or https://), scraped off the "
+             "loop thread every scrape_interval_ms: the KV-cache load per dp_rank, "
+             "published as ActiveLoad and exported as kvbridge_engine_*. \"\" = none. "
+             "Without metrics_url and health_url no load is read and no liveness "
+             "judgement is made."},
+    {.key = "sources[].engine.health_url", .type = T_STR,
+     .off = SRC(engine.health_url, char *), .def = "", .flags = R, .check = check_http_url,
+     .help = "The engine's health URL (vLLM: /health), asked with metrics_url; the "
+             "engine answers when either gives a 2xx status. \"\" = none."},
+    {.key = "sources[].engine.scrape_interval_ms", .type = T_U32,
+     .off = SRC(engine.scrape_interval_ms, uint32_t), .def = "500", .min = 10,
+     .max = 3600000, .flags = R,
+     .help = "A scrape every this many milliseconds; it is also each request's "
+             "timeout."},
+    {.key = "sources[].engine.dead_after_ms", .type = T_U32,
+     .off = SRC(engine.dead_after_ms, uint32_t), .def = "10000", .min = 10,
+     .max = I32MAX, .flags = R,
+     .help = "The engine is gone when its metrics and health URLs have failed this "
+             "long AND no batch came from it in that time (an idle engine publishes "
+             "nothing, so silence alone proves nothing): a \"cleared\" barrier for each "
+             "of its dp_ranks, once, and /readyz answers 503. At least "
+             "scrape_interval_ms."},
 
     {.key = "nats.servers", .type = T_STRLIST, .off = TOP(nats.servers, char **),
      .noff = TOP(nats.n_servers, size_t), .def = "nats://127.0.0.1:4222", .flags = R | C,
@@ -198,6 +230,10 @@ static const struct opt opts[] = {
     {.key = "nats.component", .type = T_STR, .off = TOP(nats.component, char *),
      .def = "backend", .flags = R, .check = check_word,
      .help = "Value of {component}."},
+    {.key = "nats.endpoint", .type = T_STR, .off = TOP(nats.endpoint, char *),
+     .def = "generate", .flags = R,
+     .help = "The worker's KV-state endpoint: {endpoint} in subjects and the "
+             "discovery record's endpoint."},
     {.key = "nats.format", .type = T_ENUM, .off = TOP(nats.format, int),
      .def = "dynamo-json", .values = format_values, .flags = R, .check = check_format,
      .help = "Wire format of the published events (dynamo-msgpack and raw are "
@@ -359,6 +395,12 @@ static const struct opt opts[] = {
 
     {.key = "log.level", .type = T_ENUM, .off = TOP(log.level, int), .def = "info",
      .values = level_values, .flags = R, .help = "Least severe message logged."},
+    {.key = "log.stats_interval_s", .type = T_U32, .off = TOP(log.stats_interval_s, uint32_t),
+     .def = "10", .min = 0, .max = 86400, .flags = R,
+     .help = "A stats line per source in the log every this many seconds (batches/s, "
+             "events/s, router events, gaps, replays, barriers, drops, NATS pending "
+             "bytes, engine load, p99 batch time); one line when nothing happened; 0 = "
+             "off."},
 
     {.key = "state.dir", .type = T_STR, .off = TOP(state.dir, char *), .def = "",
      .help = "Directory where cursors persist across restarts; \"\" = none. "
@@ -397,6 +439,12 @@ static const struct opt opts[] = {
 static bool in_sources(const struct opt *o)
 {
     return strncmp(o->key, SRC_PREFIX ".", sizeof SRC_PREFIX) == 0;
+}
+
+#define ENGINE_PREFIX SRC_PREFIX ".engine."
+static bool is_engine_key(const struct opt *o)
+{
+    return strncmp(o->key, ENGINE_PREFIX, sizeof ENGINE_PREFIX - 1) == 0;
 }
 
 static const struct opt *find_opt(const char *key)
@@ -1054,6 +1102,34 @@ static size_t opt_index(const char *key)
     return (size_t)(o - opts);
 }
 
+/* sources[].engine URLs: "" or an http:// / https:// URL that libcurl's URL
+ * parser takes (the scraper uses libcurl). */
+static int check_http_url(struct ctx *c, const struct opt *o, const char *dpath,
+                          const void *field, const struct node *v)
+{
+    (void)o;
+    const char *s = *(char *const *)field;
+    if (*s == '\0')
+        return 0;
+    bool ok = false;
+    CURLU *u = curl_url();
+    char *scheme = NULL, *host = NULL;
+    if (u && curl_url_set(u, CURLUPART_URL, s, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK)
+        ok = (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0) && host[0];
+    curl_free(scheme);
+    curl_free(host);
+    curl_url_cleanup(u);
+    if (ok && !strpbrk(s, " \t\r\n"))
+        return 0;
+    char *sv = shown(s, strlen(s));
+    err_at(c, v->line, v->col, "%s: '%s' is not an http:// or https:// URL (or \"\" for none)",
+           dpath, SHOWN(sv));
+    free(sv);
+    return -1;
+}
+
 static int check_host(struct ctx *c, const struct opt *o, const char *dpath,
                       const void *field, const struct node *v)
 {
@@ -1366,6 +1442,21 @@ static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i
                "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32
                " goes past %" PRIu32,
                i, s->dp_rank, s->dp_size, UINT32_MAX);
+}
+
+/* sources[].engine: dead_after_ms covers at least one scrape. */
+static void check_engine(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
+                         const struct mark *m)
+{
+    const struct mark *md = &m[opt_index("sources[].engine.dead_after_ms")];
+    const struct mark *mi = &m[opt_index("sources[].engine.scrape_interval_ms")];
+    if (md->bad || mi->bad || s->engine.dead_after_ms >= s->engine.scrape_interval_ms)
+        return;
+    const struct mark *at = md->set ? md : mi->set ? mi : md;
+    err_at(c, at->line, at->col,
+           "sources[%zu].engine.dead_after_ms: %" PRIu32 " is less than "
+           "sources[%zu].engine.scrape_interval_ms (%" PRIu32 ")",
+           i, s->engine.dead_after_ms, i, s->engine.scrape_interval_ms);
 }
 
 /* ---- ZMQ CURVE keys (sources[].curve) ---------------------------------- */
@@ -1804,6 +1895,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
             required_missing(c, item, ipath, true, &srcs[i], smarks);
             check_source(c, &srcs[i], i, smarks);
             check_curve(c, &srcs[i], i, smarks);
+            check_engine(c, &srcs[i], i, smarks);
         } else if (item->kind != N_BAD) {
             err_at(c, item->line, item->col,
                    "%s: expected a mapping (endpoint: ...), found %s", ipath,
@@ -2132,12 +2224,22 @@ static bool field_eq(const struct opt *o, const void *a_base, const void *b_base
     return false;
 }
 
+bool kvb_config_engine_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b)
+{
+    if (!a || !b)
+        return a == b;
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (is_engine_key(&opts[i]) && !field_eq(&opts[i], a, b))
+            return false;
+    return true;
+}
+
 bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b)
 {
     if (!a || !b)
         return a == b;
     for (size_t i = 0; i < N_OPTS; i++)
-        if (in_sources(&opts[i]) && !field_eq(&opts[i], a, b))
+        if (in_sources(&opts[i]) && !is_engine_key(&opts[i]) && !field_eq(&opts[i], a, b))
             return false;
     const struct kvb_curve_cfg *x = &a->curve, *y = &b->curve;
     return x->enabled == y->enabled && x->n_allowed == y->n_allowed &&
