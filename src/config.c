@@ -10,10 +10,13 @@
  * against the table.  Every error is "FILE:LINE:COLUMN: message", with the
  * 1-based position of the offending key or value.
  *
- * Split: src/config_yaml.c turns the file into the node tree (shared types in
- * src/config_priv.h); src/secret.c reads the files the keys name (secrets,
- * CURVE keys) and derives the NKey public key.  This file keeps the table,
- * the checks, the walk of the tree against the table and the example.
+ * Split (shared types in src/config_priv.h): src/config_yaml.c reads the file,
+ * turns it into the node tree and reports errors; src/config_check.c holds the
+ * checks of one value (named by the table) and across keys; src/config_write.c
+ * writes the commented example and the effective values; src/secret.c reads
+ * the files the keys name (secrets, CURVE keys) and derives the NKey public
+ * key.  This file keeps the table, the conversion of values, the walk of the
+ * tree against the table, loading, freeing and the reload checks.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strndup, open_memstream in tests; also set by the Makefile */
@@ -22,71 +25,17 @@
 #include "config_priv.h"
 #include "log.h"
 #include "metrics.h"
-#include "secret.h"
-#include "subject.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <netdb.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <zmq.h>
 
-#include <curl/curl.h>
-
-#define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
 #define MAX_SOURCES 1024
-#define MAX_ERRORS 100            /* printed; the rest are counted */
-#define MAX_SHOWN 60              /* bytes of a user value quoted in a message */
-#define MAX_SHOWN_PATH 240        /* bytes of a file name quoted in a message */
 
 /* ------------------------------------------------------------------------ */
 /* The table                                                                 */
-
-enum otype {
-    T_U64,       /* uint64_t, decimal */
-    T_U32,       /* uint32_t, decimal */
-    T_BOOL,      /* bool: true | false */
-    T_STR,       /* char *, "" allowed */
-    T_ENUM,      /* int: index into values[] */
-    T_STRLIST,   /* char ** + size_t count at noff */
-    T_TIERS,     /* uint32_t bitmask of 1u << enum kvb_tier */
-    T_BLOCKSIZE, /* uint32_t, integer in min..max or "auto" -> 0 */
-    T_SOURCES,   /* struct kvb_source_cfg * + size_t count at noff */
-};
-
-#define F_REQUIRED 1u /* no default: absent is an error; def is the example's value */
-#define F_RELOAD 2u   /* SIGHUP may change it */
-#define F_SECRET 4u   /* T_STR never shown, zeroed when freed */
-#define F_PATH 8u     /* T_STR file name: resolved (see resolve_path()) and checked
-                       * readable at load; with .fills, read into that key */
-#define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
-
-struct opt;
-
-/* Extra validation of a converted value; reports and returns -1 when bad. */
-typedef int check_fn(struct ctx *c, const struct opt *o, const char *dpath,
-                     const void *field, const struct node *v);
-
-struct opt {
-    const char *key;   /* dotted path; "sources[].x" for keys of each source */
-    enum otype type;
-    size_t off;        /* into struct kvb_config, or struct kvb_source_cfg */
-    size_t noff;       /* T_STRLIST, T_SOURCES: the size_t element count */
-    const char *def;   /* default as text; lists: comma-separated */
-    uint64_t min, max; /* integers, block_size */
-    const char *const *values; /* T_ENUM: allowed strings, NULL-terminated */
-    unsigned flags;
-    check_fn *check;
-    const char *fills; /* F_PATH: the F_SECRET key its file's content goes to */
-    const char *alt;   /* F_REQUIRED: absent is fine when this key is set (not "") */
-    const char *help;
-};
 
 /* Offsets with a compile-time type check: a mismatch has no _Generic match. */
 #define TOP(f, T) _Generic(((struct kvb_config *)0)->f, T: offsetof(struct kvb_config, f))
@@ -101,9 +50,17 @@ static const char *const engine_kind_values[] = {"vllm", "sglang", NULL}; /* eng
 #define TIER_NAME(s, str) [KVB_TIER_##s] = str,
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
-static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
-    check_format, check_listen, check_host, check_js_template, check_server_url,
-    check_http_url;
+/* The checks of src/config_check.c, under the names the table uses. */
+#define check_endpoint kvb_cfg_check_endpoint
+#define check_opt_endpoint kvb_cfg_check_opt_endpoint
+#define check_subject kvb_cfg_check_subject
+#define check_word kvb_cfg_check_word
+#define check_format kvb_cfg_check_format
+#define check_listen kvb_cfg_check_listen
+#define check_host kvb_cfg_check_host
+#define check_js_template kvb_cfg_check_js_template
+#define check_server_url kvb_cfg_check_server_url
+#define check_http_url kvb_cfg_check_http_url
 
 #define R F_RELOAD
 #define C F_CONN
@@ -434,12 +391,10 @@ static const struct opt opts[] = {
 #undef I32MAX
 
 #define N_OPTS (sizeof opts / sizeof opts[0])
-#define SRC_PREFIX "sources[]"
 
-static bool in_sources(const struct opt *o)
-{
-    return strncmp(o->key, SRC_PREFIX ".", sizeof SRC_PREFIX) == 0;
-}
+/* The table for the other files of the module (config_priv.h). */
+const struct opt *const kvb_cfg_opts = opts;
+const size_t kvb_cfg_nopts = N_OPTS;
 
 #define ENGINE_PREFIX SRC_PREFIX ".engine."
 static bool is_engine_key(const struct opt *o)
@@ -455,6 +410,12 @@ static const struct opt *find_opt(const char *key)
     return NULL;
 }
 
+size_t kvb_cfg_opt_index(const char *key)
+{
+    const struct opt *o = find_opt(key);
+    return (size_t)(o - opts);
+}
+
 /* A section is a path that some key lies under ("nats", "nats.jetstream"). */
 static bool is_section(const char *path)
 {
@@ -466,44 +427,9 @@ static bool is_section(const char *path)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Errors                                                                    */
+/* Helpers                                                                   */
 
-/* One mark per table row: where the key's value was, if it was present. */
-struct mark {
-    size_t line, col;
-    bool set;
-    bool bad; /* present but rejected: skip cross-checks that use it */
-};
-
-/* line 0: an error about the whole file ("FILE: message"). */
-void kvb_cfg_verr(struct ctx *c, size_t line, size_t col, const char *fmt, va_list ap)
-{
-    c->nerr++;
-    if (!c->err || c->nerr > MAX_ERRORS + 1)
-        return;
-    if (c->nerr == MAX_ERRORS + 1) {
-        fprintf(c->err, "%s: too many errors, not showing the rest\n", c->path);
-        return;
-    }
-    if (line)
-        fprintf(c->err, "%s:%zu:%zu: ", c->path, line, col);
-    else
-        fprintf(c->err, "%s: ", c->path);
-    vfprintf(c->err, fmt, ap);
-    fputc('\n', c->err);
-}
-
-void kvb_cfg_oom(struct ctx *c)
-{
-    if (!c->oom)
-        err_at(c, 0, 0, "out of memory");
-    c->oom = true;
-}
-
-/* malloc'd printf; NULL when out of memory (reported). */
-static char *xasprintf(struct ctx *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static char *xasprintf(struct ctx *c, const char *fmt, ...)
+char *kvb_cfg_asprintf(struct ctx *c, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -521,44 +447,8 @@ static char *xasprintf(struct ctx *c, const char *fmt, ...)
     return s;
 }
 
-/* A user value made safe for a one-line message: printable ASCII kept (and
- * UTF-8 bytes), controls as \xNN, cut after MAX bytes.  Returns a malloc'd
- * string, or NULL when out of memory (SHOWN() gives a placeholder). */
-static char *shown_max(const char *s, size_t len, size_t max)
-{
-    size_t n = len < max ? len : max;
-    char *o = malloc(n * 4 + 4);
-    if (!o)
-        return NULL;
-    char *p = o;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch < 0x20 || ch == 0x7f || ch == '\\') {
-            if (ch == '\\') {
-                *p++ = '\\';
-                *p++ = '\\';
-            } else {
-                snprintf(p, 5, "\\x%02x", ch);
-                p += 4;
-            }
-        } else {
-            *p++ = (char)ch;
-        }
-    }
-    if (n < len)
-        p += sprintf(p, "...");
-    *p = '\0';
-    return o;
-}
-
-static char *shown(const char *s, size_t len)
-{
-    return shown_max(s, len, MAX_SHOWN);
-}
-#define SHOWN(s) ((s) ? (s) : "?")
-
 /* Free a string of the config, zeroed first (it may be a secret). */
-static void str_free(char *s)
+void kvb_cfg_str_free(char *s)
 {
     if (s) {
         explicit_bzero(s, strlen(s));
@@ -567,90 +457,10 @@ static void str_free(char *s)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Reading the file                                                          */
-
-static int read_file(struct ctx *c, char **out, size_t *outlen)
-{
-    int rc;
-    size_t cap = 4096, len = 0;
-    char *buf = NULL;
-    struct stat st;
-    /* O_NONBLOCK: a FIFO would otherwise block open() until a writer comes
-     * (--check, and the loop thread on SIGHUP); it is refused below. */
-    int fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) {
-        rc = -errno;
-        goto fail_errno;
-    }
-    if (fstat(fd, &st) < 0) {
-        rc = -errno;
-        goto fail_errno;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        rc = -EISDIR; /* what read() says */
-        goto fail_errno;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        err_at(c, 0, 0, "not a regular file");
-        rc = -EINVAL;
-        goto fail;
-    }
-    buf = malloc(cap);
-    if (!buf) {
-        rc = -ENOMEM;
-        goto fail_errno;
-    }
-    for (;;) {
-        if (len == cap) {
-            if (cap > MAX_FILE_BYTES) {
-                err_at(c, 0, 0, "file too large (more than %u bytes)", MAX_FILE_BYTES);
-                rc = -EINVAL;
-                goto fail;
-            }
-            size_t ncap = cap * 2 > MAX_FILE_BYTES + 1 ? MAX_FILE_BYTES + 1 : cap * 2;
-            char *nb = malloc(ncap); /* not realloc: the old copy is zeroed */
-            if (!nb) {
-                rc = -ENOMEM;
-                goto fail_errno;
-            }
-            memcpy(nb, buf, len);
-            explicit_bzero(buf, len);
-            free(buf);
-            buf = nb;
-            cap = ncap;
-        }
-        ssize_t r = read(fd, buf + len, cap - len);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            rc = -errno;
-            goto fail_errno;
-        }
-        if (r == 0)
-            break;
-        len += (size_t)r;
-    }
-    close(fd);
-    *out = buf;
-    *outlen = len;
-    return 0;
-
-fail_errno:
-    err_at(c, 0, 0, "cannot read: %s", strerror(-rc));
-fail:
-    if (fd >= 0)
-        close(fd);
-    if (buf)
-        explicit_bzero(buf, len);
-    free(buf);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Converting values                                                         */
 
 /* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
-static int parse_u64(const char *s, size_t len, uint64_t *out)
+int kvb_cfg_parse_u64(const char *s, size_t len, uint64_t *out)
 {
     size_t i = 0;
     bool neg = false;
@@ -695,7 +505,7 @@ static int enum_index(const char *const *values, const char *s, size_t len)
 }
 
 /* "a, b or c" into a malloc'd string. */
-static char *join_values(struct ctx *c, const char *const *values, const char *last_sep)
+char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *last_sep)
 {
     size_t n = 0, total = 1;
     while (values[n])
@@ -721,7 +531,7 @@ static int conv(struct ctx *c, const struct opt *o, const char *dpath, const cha
                 size_t len, size_t line, size_t col, void *field)
 {
     int rc = -1;
-    char *v = shown(s, len);
+    char *v = kvb_cfg_shown(s, len);
     char *list = NULL;
     uint64_t u = 0;
 
@@ -735,7 +545,7 @@ static int conv(struct ctx *c, const struct opt *o, const char *dpath, const cha
         /* fall through */
     case T_U64:
     case T_U32: {
-        int pr = parse_u64(s, len, &u);
+        int pr = kvb_cfg_parse_u64(s, len, &u);
         const char *what = pr == -2 ? "is negative"
                            : pr == -3 ? "is too large"
                            : pr < 0   ? "is not a decimal integer"
@@ -771,7 +581,7 @@ static int conv(struct ctx *c, const struct opt *o, const char *dpath, const cha
     case T_ENUM: {
         int i = enum_index(o->values, s, len);
         if (i < 0) {
-            list = join_values(c, o->values, " or ");
+            list = kvb_cfg_join_values(c, o->values, " or ");
             err_at(c, line, col, "%s: '%s' is not one of %s", dpath, SHOWN(v),
                    list ? list : "the allowed values");
             break;
@@ -790,7 +600,7 @@ static int conv(struct ctx *c, const struct opt *o, const char *dpath, const cha
             oom(c);
             break;
         }
-        str_free(*(char **)field);
+        kvb_cfg_str_free(*(char **)field);
         *(char **)field = d;
         rc = 0;
         break;
@@ -809,15 +619,15 @@ static int conv_item(struct ctx *c, const struct opt *o, const char *dpath, size
                      uint32_t *mask)
 {
     int rc = -1;
-    char *ipath = xasprintf(c, "%s[%zu]", dpath, i);
-    char *v = shown(s, len);
+    char *ipath = kvb_cfg_asprintf(c, "%s[%zu]", dpath, i);
+    char *v = kvb_cfg_shown(s, len);
     char *list = NULL;
     if (!ipath)
         goto out;
     if (o->type == T_TIERS) {
         int t = enum_index(o->values, s, len);
         if (t < 0) {
-            list = join_values(c, o->values, " or ");
+            list = kvb_cfg_join_values(c, o->values, " or ");
             err_at(c, line, col, "%s: '%s' is not a storage tier (expected %s)", ipath,
                    SHOWN(v), list ? list : "a tier");
         } else if (*mask & (1u << t)) {
@@ -897,938 +707,6 @@ static int apply_defaults(struct ctx *c, void *base, bool sources_scope)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Checks (one value) and cross-checks                                       */
-
-static bool has_prefix(const char *s, const char *p)
-{
-    return strncmp(s, p, strlen(p)) == 0;
-}
-
-static int check_endpoint(struct ctx *c, const struct opt *o, const char *dpath,
-                          const void *field, const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    static const char *const schemes[] = {"tcp://", "ipc://", "inproc://"};
-    for (size_t i = 0; i < 3; i++)
-        if (has_prefix(s, schemes[i]) && s[strlen(schemes[i])] != '\0')
-            return 0;
-    char *sv = shown(s, strlen(s));
-    err_at(c, v->line, v->col,
-           "%s: '%s' is not a ZMQ endpoint (expected tcp://, ipc:// or inproc://...)",
-           dpath, SHOWN(sv));
-    free(sv);
-    return -1;
-}
-
-static int check_opt_endpoint(struct ctx *c, const struct opt *o, const char *dpath,
-                              const void *field, const struct node *v)
-{
-    if (**(char *const *)field == '\0')
-        return 0;
-    return check_endpoint(c, o, dpath, field, v);
-}
-
-static int check_word(struct ctx *c, const struct opt *o, const char *dpath,
-                      const void *field, const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    if (*s == '\0') {
-        err_at(c, v->line, v->col, "%s: must not be empty", dpath);
-        return -1;
-    }
-    if (strpbrk(s, " \t\r\n")) {
-        err_at(c, v->line, v->col, "%s: must not contain white space", dpath);
-        return -1;
-    }
-    return 0;
-}
-
-/* Every '{' of s starts one of the first n placeholders of {namespace}
- * {component} {worker_id} {dp_rank} (subject.h checks); expected lists them
- * for the error. */
-static int check_placeholders(struct ctx *c, const char *dpath, const char *s,
-                              const struct node *v, size_t n, const char *expected)
-{
-    static const unsigned bits[] = {KVB_PH_NAMESPACE, KVB_PH_COMPONENT, KVB_PH_WORKER_ID,
-                                    KVB_PH_DP_RANK};
-    unsigned allowed = 0;
-    size_t off = 0, len = 0;
-    for (size_t i = 0; i < n && i < sizeof(bits) / sizeof(bits[0]); i++)
-        allowed |= bits[i];
-    if (kvb_subject_check(s, allowed, &off, &len) == 0)
-        return 0;
-    char *sv = shown(s + off, len);
-    err_at(c, v->line, v->col, "%s: unknown placeholder '%s' (expected %s)", dpath, SHOWN(sv),
-           expected);
-    free(sv);
-    return -1;
-}
-
-static int check_subject(struct ctx *c, const struct opt *o, const char *dpath,
-                         const void *field, const struct node *v)
-{
-    if (check_word(c, o, dpath, field, v) < 0)
-        return -1;
-    return check_placeholders(c, dpath, *(char *const *)field, v, 4,
-                              "{namespace}, {component}, {worker_id} or {dp_rank}");
-}
-
-static int check_format(struct ctx *c, const struct opt *o, const char *dpath,
-                        const void *field, const struct node *v)
-{
-    int f = *(const int *)field;
-    if (f == KVB_FORMAT_DYNAMO_JSON)
-        return 0;
-    err_at(c, v->line, v->col, "%s: %s is not supported yet (use dynamo-json)", dpath,
-           o->values[f]);
-    return -1;
-}
-
-/* PORT of "...:PORT" (last colon), or -1 when not a number in 0..65535. */
-static long port_of(const char *s)
-{
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon[1] == '\0' || strlen(colon + 1) > 5)
-        return -1;
-    long port = 0;
-    for (const char *p = colon + 1; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return -1;
-        port = port * 10 + (*p - '0');
-    }
-    return port <= 65535 ? port : -1;
-}
-
-/* HOST:PORT as src/http.c binds it: HOST a numeric IPv4 or IPv6 address
- * (in brackets, or bare), PORT 1..65535.  NULL when good, else why not. */
-static const char *bad_listen(const char *s)
-{
-    char host[128];
-    const char *hs = s, *he = strrchr(s, ':');
-    if (s[0] == '[') {
-        const char *e = strchr(s, ']');
-        if (!e || e[1] != ':')
-            return "a bracketed IPv6 address needs ]:PORT after it";
-        hs = s + 1;
-        he = e;
-    }
-    long port = port_of(s);
-    if (port == 0)
-        return "port 0 is not a port to scrape (expected 1..65535)";
-    if ((size_t)(he - hs) >= sizeof host)
-        return "the host is too long";
-    memcpy(host, hs, (size_t)(he - hs));
-    host[he - hs] = '\0';
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
-                             .ai_socktype = SOCK_STREAM};
-    struct addrinfo *ai = NULL;
-    int r = getaddrinfo(host, "1", &hints, &ai);
-    if (ai)
-        freeaddrinfo(ai);
-    return r == 0 ? NULL : "the host must be a numeric IPv4 or IPv6 address";
-}
-
-static int check_listen(struct ctx *c, const struct opt *o, const char *dpath,
-                        const void *field, const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field, *why = NULL;
-    if (*s == '\0')
-        return 0;
-    const char *colon = strrchr(s, ':');
-    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n") &&
-        !(why = bad_listen(s)))
-        return 0;
-    char *sv = shown(s, strlen(s));
-    if (why)
-        err_at(c, v->line, v->col, "%s: '%s': %s", dpath, SHOWN(sv), why);
-    else
-        err_at(c, v->line, v->col, "%s: '%s' is not HOST:PORT (or \"\" to disable)", dpath,
-               SHOWN(sv));
-    free(sv);
-    return -1;
-}
-
-/* nats.servers[i]: [SCHEME://][USER[:PASSWORD]@]HOST[:PORT][/...], PORT
- * 1..65535 when given.  The URL may hold a password or token: only the
- * port is quoted. */
-static int check_server_url(struct ctx *c, const struct opt *o, const char *dpath,
-                            const void *field, const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    const char *p = strstr(s, "://");
-    p = p ? p + 3 : s;
-    size_t n = strcspn(p, "/?#");
-    const char *at = memrchr(p, '@', n);
-    if (at) {
-        n -= (size_t)(at + 1 - p);
-        p = at + 1;
-    }
-    const char *end = p + n, *port = NULL;
-    if (*p == '[') {
-        const char *e = memchr(p, ']', n);
-        if (e && e + 1 < end && e[1] == ':')
-            port = e + 2;
-        else if (!e || e + 1 != end) {
-            err_at(c, v->line, v->col, "%s: a bracketed IPv6 host needs ']' and then "
-                   "nothing or :PORT", dpath);
-            return -1;
-        }
-    } else {
-        const char *colon = memrchr(p, ':', n);
-        port = colon ? colon + 1 : NULL;
-    }
-    if (!port)
-        return 0;
-    size_t plen = (size_t)(end - port), i = 0;
-    unsigned long num = 0;
-    while (i < plen && i < 6 && port[i] >= '0' && port[i] <= '9')
-        num = num * 10 + (unsigned long)(port[i++] - '0');
-    if (plen > 0 && i == plen && num >= 1 && num <= 65535)
-        return 0;
-    char *sv = shown(port, plen);
-    err_at(c, v->line, v->col, "%s: port '%s' is not a number in 1..65535", dpath,
-           SHOWN(sv));
-    free(sv);
-    return -1;
-}
-
-static size_t opt_index(const char *key)
-{
-    const struct opt *o = find_opt(key);
-    return (size_t)(o - opts);
-}
-
-/* sources[].engine URLs: "" or an http:// / https:// URL that libcurl's URL
- * parser takes (the scraper uses libcurl). */
-static int check_http_url(struct ctx *c, const struct opt *o, const char *dpath,
-                          const void *field, const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    if (*s == '\0')
-        return 0;
-    bool ok = false;
-    CURLU *u = curl_url();
-    char *scheme = NULL, *host = NULL;
-    if (u && curl_url_set(u, CURLUPART_URL, s, 0) == CURLUE_OK &&
-        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
-        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK)
-        ok = (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0) && host[0];
-    curl_free(scheme);
-    curl_free(host);
-    curl_url_cleanup(u);
-    if (ok && !strpbrk(s, " \t\r\n"))
-        return 0;
-    char *sv = shown(s, strlen(s));
-    err_at(c, v->line, v->col, "%s: '%s' is not an http:// or https:// URL (or \"\" for none)",
-           dpath, SHOWN(sv));
-    free(sv);
-    return -1;
-}
-
-static int check_host(struct ctx *c, const struct opt *o, const char *dpath,
-                      const void *field, const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    if (!strpbrk(s, " \t\r\n/"))
-        return 0;
-    err_at(c, v->line, v->col, "%s: must be a host name (no white space or '/')", dpath);
-    return -1;
-}
-
-/* nats.jetstream.stream and .subject: "" or text without white space whose
- * placeholders are {namespace}, {component} or {worker_id}. */
-static int check_js_template(struct ctx *c, const struct opt *o, const char *dpath,
-                             const void *field, const struct node *v)
-{
-    const char *s = *(char *const *)field;
-    (void)o;
-    if (strpbrk(s, " \t\r\n")) {
-        err_at(c, v->line, v->col, "%s: must not contain white space", dpath);
-        return -1;
-    }
-    return check_placeholders(c, dpath, s, v, 3, "{namespace}, {component} or {worker_id}");
-}
-
-/* ------------------------------------------------------------------------ */
-/* Files named by the configuration                                          */
-
-/* A relative NAME is looked up in $CREDENTIALS_DIRECTORY when that is set
- * (systemd's LoadCredential=), otherwise in the directory of the config
- * file.  malloc'd; NULL when out of memory (reported). */
-static char *resolve_path(struct ctx *c, const char *name)
-{
-    char *p = kvb_secret_path(name, c->creds_dir, c->path);
-    if (!p)
-        oom(c);
-    return p;
-}
-
-/* Open PATH and check that it is a regular file: the fd, or -1 (reported). */
-static int open_named(struct ctx *c, const struct opt *o, const char *path,
-                      const char *where, const struct mark *m)
-{
-    char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
-    int fd = kvb_secret_open(path);
-    if (fd == -EINVAL)
-        err_at(c, m->line, m->col, "%s: '%s'%s is not a regular file", o->key, SHOWN(sp),
-               where);
-    else if (fd < 0)
-        err_at(c, m->line, m->col, "%s: cannot read '%s'%s: %s", o->key, SHOWN(sp), where,
-               strerror(-fd));
-    free(sp);
-    return fd < 0 ? -1 : fd;
-}
-
-/* Read a secret from PATH into *out (malloc'd), as kvb_secret_read_fd() with
- * FLAGS does.  0, or -1 (reported; the content is never shown). */
-static int read_secret(struct ctx *c, const struct opt *o, const char *path,
-                       const char *where, const struct mark *m, unsigned flags, char **out)
-{
-    const char *why = NULL;
-    int fd = open_named(c, o, path, where, m);
-    if (fd < 0)
-        return -1;
-    int rc = kvb_secret_read_fd(fd, flags, out, &why);
-    close(fd);
-    if (rc == -ENOMEM) {
-        oom(c);
-    } else if (rc < 0) {
-        char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
-        err_at(c, m->line, m->col, "%s: cannot use '%s'%s: %s", o->key, SHOWN(sp), where,
-               why ? why : strerror(-rc));
-        free(sp);
-    }
-    return rc < 0 ? -1 : 0;
-}
-
-/* Every F_PATH key that is set: resolve the name (the field gets the
- * result), then read the secret it .fills, or check that the file is
- * readable. */
-static void resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m)
-{
-    for (size_t i = 0; i < N_OPTS; i++) {
-        const struct opt *o = &opts[i];
-        char **field = (char **)((char *)cfg + o->off);
-        if (!(o->flags & F_PATH) || m[i].bad || !*field || !**field)
-            continue;
-        const char *where = (*field)[0] != '/' && c->creds_dir
-                                ? " (in $CREDENTIALS_DIRECTORY)" : "";
-        char *path = resolve_path(c, *field);
-        if (!path)
-            return;
-        str_free(*field);
-        *field = path;
-        if (o->fills) {
-            size_t t = opt_index(o->fills);
-            char **target = (char **)((char *)cfg + opts[t].off);
-            char *secret = NULL;
-            if (m[t].set && (m[t].bad || **target)) {
-                err_at(c, m[i].line, m[i].col, "%s: %s is set too (at %zu:%zu): use one "
-                       "of them", o->key, o->fills, m[t].line, m[t].col);
-                m[i].bad = true;
-            } else if (read_secret(c, o, path, where, &m[i],
-                                   /* a seed is checked; a password or token is one line */
-                                   strcmp(o->fills, "nats.nkey_seed") == 0
-                                       ? KVB_SECRET_TRIM : KVB_SECRET_ONE_LINE,
-                                   &secret) < 0) {
-                m[i].bad = true;
-            } else {
-                str_free(*target);
-                *target = secret;
-            }
-        } else {
-            int fd = open_named(c, o, path, where, &m[i]);
-            if (fd < 0)
-                m[i].bad = true;
-            else
-                close(fd);
-        }
-    }
-}
-
-/* A key written in the file with a value other than "" (or a bad one). */
-static bool present(const struct kvb_config *cfg, const struct mark *m, const char *key)
-{
-    size_t i = opt_index(key);
-    const char *v = *(char *const *)((const char *)cfg + opts[i].off);
-    return m[i].set && (m[i].bad || (v && *v));
-}
-
-static bool before(const struct mark *a, const struct mark *b)
-{
-    return a->line < b->line || (a->line == b->line && a->col < b->col);
-}
-
-/* At most one authentication method, each one complete; the NKey seed is
- * valid and gives nkey_public. */
-static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
-{
-    static const char *const methods[][3] = {
-        {"nats.credentials"},
-        {"nats.user", "nats.password", "nats.password_file"},
-        {"nats.token", "nats.token_file"},
-        {"nats.nkey_seed", "nats.nkey_seed_file"},
-    };
-    enum { NM = sizeof methods / sizeof methods[0] };
-    const struct mark *first[NM] = {0}; /* earliest key of each method present */
-    const char *first_key[NM] = {0};
-    const struct mark *winner = NULL;
-    size_t wi = 0;
-
-    for (size_t i = 0; i < NM; i++) {
-        for (size_t k = 0; k < 3 && methods[i][k]; k++) {
-            const struct mark *mk = &m[opt_index(methods[i][k])];
-            if (present(cfg, m, methods[i][k]) && (!first[i] || before(mk, first[i]))) {
-                first[i] = mk;
-                first_key[i] = methods[i][k];
-            }
-        }
-        if (first[i] && (!winner || before(first[i], winner))) {
-            winner = first[i];
-            wi = i;
-        }
-    }
-    /* the others, in the order of the file */
-    for (const struct mark *last = winner;;) {
-        size_t next = NM;
-        for (size_t i = 0; i < NM; i++)
-            if (first[i] && before(last, first[i]) &&
-                (next == NM || before(first[i], first[next])))
-                next = i;
-        if (next == NM)
-            break;
-        err_at(c, first[next]->line, first[next]->col,
-               "%s: only one authentication method may be set, and %s (at %zu:%zu) is "
-               "set already",
-               first_key[next], first_key[wi], winner->line, winner->col);
-        last = first[next];
-    }
-
-    /* user and password go together (when that is the method) */
-    bool user = present(cfg, m, "nats.user");
-    const char *pw = present(cfg, m, "nats.password")        ? "nats.password"
-                     : present(cfg, m, "nats.password_file") ? "nats.password_file"
-                                                             : NULL;
-    if (!winner || wi == 1) {
-        if (user && !pw) {
-            const struct mark *mu = &m[opt_index("nats.user")];
-            err_at(c, mu->line, mu->col,
-                   "nats.user: needs nats.password or nats.password_file");
-        } else if (pw && !user) {
-            const struct mark *mp = &m[opt_index(pw)];
-            err_at(c, mp->line, mp->col, "%s: needs nats.user", pw);
-        }
-    }
-
-    /* the seed */
-    const char *seed = cfg->nats.nkey_seed;
-    bool from_file = present(cfg, m, "nats.nkey_seed_file");
-    const struct mark *ms = &m[opt_index(from_file ? "nats.nkey_seed_file" : "nats.nkey_seed")];
-    char pub[KVB_NKEY_PUB_CHARS + 1];
-    if (seed && *seed && !ms->bad) {
-        const char *why = kvb_secret_nkey_public(seed, pub);
-        if (why && from_file) {
-            char *sp = shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
-                                 MAX_SHOWN_PATH);
-            err_at(c, ms->line, ms->col, "nats.nkey_seed_file: '%s' does not hold an NKey "
-                   "user seed: %s", SHOWN(sp), why);
-            free(sp);
-        } else if (why) {
-            err_at(c, ms->line, ms->col, "nats.nkey_seed: not an NKey user seed: %s", why);
-        } else if (!(cfg->nats.nkey_public = strdup(pub))) {
-            oom(c);
-        }
-    }
-}
-
-/* TLS: on with tls:// URLs; its files only when it is on; cert with key. */
-static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
-{
-    const struct mark *ms = &m[opt_index("nats.servers")];
-    const struct mark *me = &m[opt_index("nats.tls.enabled")];
-    const struct mark *mv = &m[opt_index("nats.tls.verify")];
-    size_t tls_url = SIZE_MAX;
-    if (ms->bad)
-        return;
-    for (size_t i = 0; i < cfg->nats.n_servers && tls_url == SIZE_MAX; i++)
-        if (strncasecmp(cfg->nats.servers[i], "tls://", 6) == 0)
-            tls_url = i;
-    if (tls_url != SIZE_MAX) {
-        if (me->set && !me->bad && !cfg->nats.tls.enabled)
-            err_at(c, me->line, me->col, "nats.tls.enabled: false, but nats.servers[%zu] "
-                   "is a tls:// URL", tls_url);
-        cfg->nats.tls.enabled = true;
-    }
-    static const char *const needs_tls[] = {"nats.tls.ca", "nats.tls.cert", "nats.tls.key",
-                                            "nats.tls.server_name"};
-    for (size_t i = 0; i < 4 && !cfg->nats.tls.enabled; i++) {
-        const struct mark *mk = &m[opt_index(needs_tls[i])];
-        if (present(cfg, m, needs_tls[i]))
-            err_at(c, mk->line, mk->col, "%s: TLS is not enabled (set nats.tls.enabled: "
-                   "true, or use tls:// server URLs)", needs_tls[i]);
-    }
-    if (!cfg->nats.tls.enabled)
-        return;
-    bool cert = present(cfg, m, "nats.tls.cert"), key = present(cfg, m, "nats.tls.key");
-    if (cert != key) {
-        const char *k = cert ? "nats.tls.cert" : "nats.tls.key";
-        const struct mark *mk = &m[opt_index(k)];
-        err_at(c, mk->line, mk->col, "%s: needs %s too", k,
-               cert ? "nats.tls.key" : "nats.tls.cert");
-    }
-    if (present(cfg, m, "nats.tls.server_name") && !cfg->nats.tls.verify && !mv->bad) {
-        const struct mark *mk = &m[opt_index("nats.tls.server_name")];
-        err_at(c, mk->line, mk->col, "nats.tls.server_name: has no effect with "
-               "nats.tls.verify: false");
-    }
-}
-
-/* Every tcp:// endpoint has a port ZMQ can use: 1..65535, or * (any) for the
- * endpoint of a bind-mode source without dp_size expansion.  dp_size > 1:
- * every endpoint is tcp://HOST:PORT with room for the expansion. */
-static void check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
-                         const struct mark *m)
-{
-    const struct mark *msize = &m[opt_index("sources[].dp_size")];
-    const struct mark *mrank = &m[opt_index("sources[].dp_rank")];
-    const struct mark *mend = &m[opt_index("sources[].endpoint")];
-    const struct mark *mrep = &m[opt_index("sources[].replay_endpoint")];
-    const char *eps[2] = {s->endpoint, s->replay_endpoint};
-    const struct mark *ms[2] = {mend, mrep};
-    const char *names[2] = {"endpoint", "replay_endpoint"};
-    bool expand = s->dp_size > 1 && !msize->bad;
-
-    for (size_t k = 0; k < 2; k++) {
-        if (!eps[k] || !has_prefix(eps[k], "tcp://") || ms[k]->bad)
-            continue;
-        const char *colon = strrchr(eps[k] + 6, ':');
-        long port = port_of(eps[k]);
-        bool any = colon && strcmp(colon, ":*") == 0 && k == 0 && !expand &&
-                   s->mode == KVB_MODE_BIND && !m[opt_index("sources[].mode")].bad;
-        if (port == 0 || (port < 0 && !expand && !any)) {
-            char *sv = shown(eps[k], strlen(eps[k]));
-            err_at(c, ms[k]->line, ms[k]->col, "sources[%zu].%s: '%s' needs a port in "
-                   "1..65535 (tcp://HOST:PORT)", i, names[k], SHOWN(sv));
-            free(sv);
-        }
-    }
-    if (expand) {
-        for (size_t k = 0; k < 2; k++) {
-            if (!eps[k] || !*eps[k] || ms[k]->bad)
-                continue;
-            long port = has_prefix(eps[k], "tcp://") ? port_of(eps[k]) : -1;
-            if (port == 0)
-                continue; /* reported above */
-            if (port < 0)
-                err_at(c, msize->line, msize->col,
-                       "sources[%zu].dp_size: %" PRIu32 " needs sources[%zu].%s to be "
-                       "tcp://HOST:PORT with a numeric port",
-                       i, s->dp_size, i, names[k]);
-            else if ((uint64_t)port + s->dp_size - 1 > 65535)
-                err_at(c, msize->line, msize->col,
-                       "sources[%zu].dp_size: %" PRIu32
-                       " ports from %ld (sources[%zu].%s) go past 65535",
-                       i, s->dp_size, port, i, names[k]);
-        }
-    }
-    if ((uint64_t)s->dp_rank + s->dp_size - 1 > UINT32_MAX && !mrank->bad)
-        err_at(c, mrank->line, mrank->col,
-               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32
-               " goes past %" PRIu32,
-               i, s->dp_rank, s->dp_size, UINT32_MAX);
-}
-
-/* sources[].engine: dead_after_ms covers at least one scrape. */
-static void check_engine(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
-                         const struct mark *m)
-{
-    const struct mark *md = &m[opt_index("sources[].engine.dead_after_ms")];
-    const struct mark *mi = &m[opt_index("sources[].engine.scrape_interval_ms")];
-    if (md->bad || mi->bad || s->engine.dead_after_ms >= s->engine.scrape_interval_ms)
-        return;
-    const struct mark *at = md->set ? md : mi->set ? mi : md;
-    err_at(c, at->line, at->col,
-           "sources[%zu].engine.dead_after_ms: %" PRIu32 " is less than "
-           "sources[%zu].engine.scrape_interval_ms (%" PRIu32 ")",
-           i, s->engine.dead_after_ms, i, s->engine.scrape_interval_ms);
-}
-
-/* ---- ZMQ CURVE keys (sources[].curve) ---------------------------------- */
-
-/* Source key K written in the file with a value other than "" (or a bad one). */
-static bool src_present(const struct kvb_source_cfg *s, const struct mark *m, size_t k)
-{
-    const char *v = *(char *const *)((const char *)s + opts[k].off);
-    return m[k].set && (m[k].bad || (v && *v));
-}
-
-/* Resolve the file name in the source key K of source I (the field gets the
- * result) and read the file: 0 and *text (malloc'd; zero it when done), or
- * -1 (reported). */
-static int read_source_file(struct ctx *c, struct kvb_source_cfg *s, size_t i, size_t k,
-                            const struct mark *m, char **text)
-{
-    char **field = (char **)((char *)s + opts[k].off);
-    const char *where = (*field)[0] != '/' && c->creds_dir ? " (in $CREDENTIALS_DIRECTORY)"
-                                                            : "";
-    char *path = resolve_path(c, *field);
-    char *key = xasprintf(c, "sources[%zu].%s", i, opts[k].key + sizeof SRC_PREFIX);
-    int rc = -1;
-    if (path && key) {
-        str_free(*field);
-        *field = path;
-        path = NULL;
-        struct opt so = opts[k];
-        so.key = key;
-        rc = read_secret(c, &so, *field, where, &m[k], 0, text);
-    }
-    free(path);
-    free(key);
-    return rc;
-}
-
-/* Error about the content of the file named in source key K (never quoted). */
-static void file_content_err(struct ctx *c, const struct kvb_source_cfg *s, size_t i, size_t k,
-                             const struct mark *m, const char *what)
-{
-    const char *path = *(char *const *)((const char *)s + opts[k].off);
-    char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
-    err_at(c, m[k].line, m[k].col, "sources[%zu].%s: '%s' %s", i,
-           opts[k].key + sizeof SRC_PREFIX, SHOWN(sp), what);
-    free(sp);
-}
-
-/* The secret key file: one line of 40 Z85 characters. */
-static void read_curve_secret(struct ctx *c, struct kvb_source_cfg *s, size_t i, size_t k,
-                              struct mark *m)
-{
-    char *text = NULL;
-    if (read_source_file(c, s, i, k, m, &text) < 0) {
-        m[k].bad = true;
-        return;
-    }
-    char why[128];
-    if (kvb_secret_curve_secret(text, s->curve.secret_key, why, sizeof why) < 0) {
-        char what[192];
-        snprintf(what, sizeof what, "does not hold a CURVE secret key: %s", why);
-        file_content_err(c, s, i, k, m, what);
-        m[k].bad = true;
-    }
-    explicit_bzero(text, strlen(text));
-    free(text);
-}
-
-/* The allowed clients file: public keys, one per line. */
-static void read_curve_allowed(struct ctx *c, struct kvb_source_cfg *s, size_t i, size_t k,
-                               struct mark *m)
-{
-    char *text = NULL;
-    if (read_source_file(c, s, i, k, m, &text) < 0) {
-        m[k].bad = true;
-        return;
-    }
-    const char *p = text, *line;
-    size_t lineno = 0, len, n = 0, cap = 0;
-    uint8_t(*keys)[32] = NULL;
-    while (kvb_secret_next_line(&p, &lineno, &line, &len)) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            uint8_t(*nk)[32] = realloc(keys, cap * sizeof *keys);
-            if (!nk) {
-                oom(c);
-                break;
-            }
-            keys = nk;
-        }
-        if (!kvb_secret_z85_key(line, len, keys[n])) {
-            char what[96];
-            snprintf(what, sizeof what, "line %zu: not a CURVE public key (40 Z85 characters)",
-                     lineno);
-            file_content_err(c, s, i, k, m, what);
-            m[k].bad = true;
-        } else {
-            n++;
-        }
-    }
-    if (n == 0 && !m[k].bad) {
-        file_content_err(c, s, i, k, m, "lists no key (\"\" allows any client)");
-        m[k].bad = true;
-    }
-    if (m[k].bad) {
-        free(keys);
-    } else {
-        s->curve.allowed = keys;
-        s->curve.n_allowed = n;
-    }
-    explicit_bzero(text, strlen(text));
-    free(text);
-}
-
-/* sources[].curve: keys for the source's mode, the files read and checked. */
-static void check_curve(struct ctx *c, struct kvb_source_cfg *s, size_t i, struct mark *m)
-{
-    size_t ik = opt_index("sources[].curve.secret_key_file");
-    size_t is = opt_index("sources[].curve.server_public_key");
-    size_t ia = opt_index("sources[].curve.allowed_clients_file");
-    bool mode_ok = !m[opt_index("sources[].mode")].bad;
-    bool bind = s->mode == KVB_MODE_BIND;
-    bool key = src_present(s, m, ik), srv = src_present(s, m, is),
-         allow = src_present(s, m, ia);
-
-    if (srv && bind && mode_ok) {
-        err_at(c, m[is].line, m[is].col, "sources[%zu].curve.server_public_key: only for "
-               "mode: connect (engines connect to a bind-mode source with its public key)", i);
-        m[is].bad = true;
-    }
-    if (allow && !bind && mode_ok) {
-        err_at(c, m[ia].line, m[ia].col, "sources[%zu].curve.allowed_clients_file: only for "
-               "mode: bind", i);
-        m[ia].bad = true;
-    }
-    for (size_t k = 0; k < 2 && !key; k++) {
-        size_t at = k ? ia : is;
-        if ((k ? allow : srv) && !m[at].bad) {
-            err_at(c, m[at].line, m[at].col, "sources[%zu].%s: needs "
-                   "sources[%zu].curve.secret_key_file (CURVE is off without it)",
-                   i, opts[at].key + sizeof SRC_PREFIX, i);
-            m[at].bad = true;
-        }
-    }
-    if (key && !m[ik].bad && s->endpoint && has_prefix(s->endpoint, "inproc://")) {
-        err_at(c, m[ik].line, m[ik].col, "sources[%zu].curve.secret_key_file: ZMQ has no "
-               "CURVE on inproc:// endpoints (use ipc:// or tcp://)", i);
-        m[ik].bad = true;
-    }
-    if (key && !bind && !srv && mode_ok && !m[ik].bad)
-        err_at(c, m[ik].line, m[ik].col, "sources[%zu].curve.secret_key_file: mode connect "
-               "needs sources[%zu].curve.server_public_key (the engine's public key) too",
-               i, i);
-    if (srv && !m[is].bad &&
-        !kvb_secret_z85_key(s->curve.server_public_key, strlen(s->curve.server_public_key),
-                 s->curve.server_key)) {
-        err_at(c, m[is].line, m[is].col, "sources[%zu].curve.server_public_key: not a CURVE "
-               "public key (40 Z85 characters)", i);
-        m[is].bad = true;
-    }
-    if (key && !m[ik].bad)
-        read_curve_secret(c, s, i, ik, m);
-    if (allow && !m[ia].bad)
-        read_curve_allowed(c, s, i, ia, m);
-    s->curve.enabled = key;
-}
-
-static void curve_wipe(struct kvb_curve_cfg *cv)
-{
-    explicit_bzero(cv->secret_key, sizeof cv->secret_key);
-    free(cv->allowed);
-    cv->allowed = NULL;
-    cv->n_allowed = 0;
-}
-
-/* TMPL with {namespace}, {component} and {worker_id} replaced (malloc'd; NULL
- * when out of memory, reported).  The templates were checked already. */
-static char *js_expand(struct ctx *c, const char *tmpl, const struct kvb_config *cfg)
-{
-    char num[24];
-    snprintf(num, sizeof num, "%" PRIu64, cfg->worker_id);
-    const char *vals[3] = {cfg->nats.namespace_ ? cfg->nats.namespace_ : "",
-                           cfg->nats.component ? cfg->nats.component : "", num};
-    static const char *const names[3] = {"{namespace}", "{component}", "{worker_id}"};
-    char *out = NULL;
-    size_t len = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        size_t n = 0;
-        for (const char *p = tmpl; *p;) {
-            size_t k = 0;
-            while (k < 3 && !has_prefix(p, names[k]))
-                k++;
-            const char *v = k < 3 ? vals[k] : p;
-            size_t vl = k < 3 ? strlen(v) : 1;
-            if (out)
-                memcpy(out + n, v, vl);
-            n += vl;
-            p += k < 3 ? strlen(names[k]) : 1;
-        }
-        if (out) {
-            out[n] = '\0';
-            break;
-        }
-        len = n;
-        if (!(out = malloc(len + 1))) {
-            oom(c);
-            return NULL;
-        }
-    }
-    return out;
-}
-
-#define JS_NAME_MAX 255
-
-/* Why NAME is not a usable stream name (NULL: it is). */
-static const char *bad_stream_name(const char *name)
-{
-    if (!*name)
-        return "is empty";
-    if (strlen(name) > JS_NAME_MAX)
-        return "is longer than 255 bytes";
-    for (const char *p = name; *p; p++)
-        if ((unsigned char)*p <= ' ' || *p == 0x7f || strchr(".*>/\\", *p))
-            return "contains one of . * > / \\, white space or a control character";
-    return NULL;
-}
-
-/* Why SUBJ cannot be published to (NULL: it can). */
-static const char *bad_pub_subject(const char *subj)
-{
-    if (!*subj)
-        return "is empty";
-    if (strlen(subj) > JS_NAME_MAX)
-        return "is longer than 255 bytes";
-    if (subj[0] == '.' || subj[strlen(subj) - 1] == '.' || strstr(subj, ".."))
-        return "has an empty token";
-    for (const char *p = subj; *p; p++)
-        if ((unsigned char)*p <= ' ' || *p == 0x7f || *p == '*' || *p == '>')
-            return "contains a wildcard (* or >), white space or a control character";
-    return NULL;
-}
-
-/* nats.jetstream: resolve the stream name and the subject; when enabled, they
- * must be usable, and the duplicate window must fit in max_age_s. */
-static void check_jetstream(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
-{
-    const struct mark *ms = &m[opt_index("nats.jetstream.stream")];
-    const struct mark *mj = &m[opt_index("nats.jetstream.subject")];
-    const struct mark *me = &m[opt_index("nats.jetstream.enabled")];
-    const struct mark *md = &m[opt_index("nats.jetstream.duplicate_window_s")];
-    const struct mark *ma = &m[opt_index("nats.jetstream.max_age_s")];
-    const char *stream = cfg->nats.jetstream.stream, *subject = cfg->nats.jetstream.subject;
-    char *name = NULL, *subj = NULL, *tmpl = NULL;
-
-    if (ms->bad || mj->bad || !stream || !subject)
-        return;
-    name = js_expand(c, *stream ? stream
-                                : "namespace-{namespace}-component-{component}-kv-events",
-                     cfg);
-    if (name && !*subject)
-        tmpl = xasprintf(c, "%s.queue", name);
-    subj = name && (tmpl || *subject) ? js_expand(c, tmpl ? tmpl : subject, cfg) : NULL;
-    free(tmpl);
-    if (!name || !subj)
-        goto out;
-    if (cfg->nats.jetstream.enabled) {
-        const char *why;
-        const struct mark *at;
-        char *sv;
-        if ((why = bad_stream_name(name))) {
-            at = ms->set ? ms : me;
-            sv = shown(name, strlen(name));
-            err_at(c, at->line, at->col, "nats.jetstream.stream: '%s' %s", SHOWN(sv), why);
-            free(sv);
-        }
-        if ((why = bad_pub_subject(subj))) {
-            at = mj->set ? mj : ms->set ? ms : me;
-            sv = shown(subj, strlen(subj));
-            err_at(c, at->line, at->col, "nats.jetstream.subject: '%s' %s", SHOWN(sv), why);
-            free(sv);
-        }
-        uint32_t age = cfg->nats.jetstream.max_age_s, win = cfg->nats.jetstream.duplicate_window_s;
-        if (age > 0 && win > age && !md->bad && !ma->bad) {
-            at = md->set ? md : ma;
-            err_at(c, at->line, at->col,
-                   "nats.jetstream.duplicate_window_s: %" PRIu32 " is more than "
-                   "nats.jetstream.max_age_s (%" PRIu32 ")",
-                   win, age);
-        }
-    }
-    cfg->nats.jetstream.stream_name = name;
-    cfg->nats.jetstream.subject_name = subj;
-    name = subj = NULL;
-out:
-    free(name);
-    free(subj);
-}
-
-/* worker_id_file: not with worker_id; its content is the id. */
-static void check_worker_id_file(struct ctx *c, struct kvb_config *cfg, struct mark *m)
-{
-    size_t f = opt_index("worker_id_file"), w = opt_index("worker_id");
-    const char *path = cfg->worker_id_file;
-    char *text = NULL;
-    if (!present(cfg, m, "worker_id_file") || m[f].bad)
-        return;
-    if (m[w].set) {
-        err_at(c, m[f].line, m[f].col, "worker_id_file: worker_id is set too (at %zu:%zu): "
-               "use one of them", m[w].line, m[w].col);
-        return;
-    }
-    /* (resolve_files() made the name absolute and found the file readable) */
-    if (read_secret(c, &opts[f], path, "", &m[f], KVB_SECRET_TRIM, &text) < 0)
-        return;
-    uint64_t id = 0;
-    int pr = parse_u64(text, strlen(text), &id);
-    if (pr < 0) {
-        char *sp = shown_max(path, strlen(path), MAX_SHOWN_PATH);
-        err_at(c, m[f].line, m[f].col, "worker_id_file: '%s' does not hold a worker id: "
-               "its content %s (expected an unsigned 64-bit decimal integer)", SHOWN(sp),
-               pr == -2 ? "is negative" : pr == -3 ? "is too large"
-                                                   : "is not a decimal integer");
-        free(sp);
-    } else {
-        cfg->worker_id = id;
-    }
-    free(text);
-}
-
-/* Every dp rank of every source is a SUB socket, plus a DEALER when the
- * source has a replay_endpoint; a CURVE ZAP handler takes one more.  They
- * all live in one ZMQ context, which refuses sockets beyond
- * ZMQ_MAX_SOCKETS_DFLT. */
-static void check_socket_count(struct ctx *c, const struct kvb_config *cfg,
-                               const struct mark *m)
-{
-    const struct mark *ms = &m[opt_index("sources")];
-    uint64_t total = 1; /* the ZAP handler */
-    for (size_t i = 0; i < cfg->n_sources; i++) {
-        const struct kvb_source_cfg *s = &cfg->sources[i];
-        total += (uint64_t)s->dp_size * (s->replay_endpoint && *s->replay_endpoint ? 2 : 1);
-    }
-    if (total > ZMQ_MAX_SOCKETS_DFLT && ms->set && !ms->bad)
-        err_at(c, ms->line, ms->col,
-               "sources: %" PRIu64 " ZMQ sockets needed (one SUB per dp rank, one replay "
-               "DEALER per dp rank with a replay_endpoint, one for the CURVE ZAP handler), more "
-               "than ZMQ's "
-               "limit of %d: lower dp_size or split the sources over several kvbridge "
-               "instances",
-               total, ZMQ_MAX_SOCKETS_DFLT);
-}
-
-static void check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
-{
-    check_worker_id_file(c, cfg, m);
-    check_socket_count(c, cfg, m);
-    check_auth(c, cfg, m);
-    check_tls(c, cfg, m);
-    check_jetstream(c, cfg, m);
-
-    const struct mark *mw = &m[opt_index("nats.reconnect_wait_ms")];
-    const struct mark *mx = &m[opt_index("nats.reconnect_wait_max_ms")];
-    if (cfg->nats.reconnect_wait_max_ms < cfg->nats.reconnect_wait_ms && !mw->bad &&
-        !mx->bad) {
-        const struct mark *at = mx->set ? mx : mw;
-        err_at(c, at->line, at->col,
-               "nats.reconnect_wait_max_ms: %" PRIu32 " is less than "
-               "nats.reconnect_wait_ms (%" PRIu32 ")",
-               cfg->nats.reconnect_wait_max_ms, cfg->nats.reconnect_wait_ms);
-    }
-}
-
-/* ------------------------------------------------------------------------ */
 /* Walking the tree against the table                                        */
 
 static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
@@ -1842,7 +720,7 @@ static void required_missing(struct ctx *c, const struct node *map, const char *
         if (!(o->flags & F_REQUIRED) || in_sources(o) != sources_scope || marks[i].set)
             continue;
         if (o->alt) {
-            size_t a = opt_index(o->alt);
+            size_t a = kvb_cfg_opt_index(o->alt);
             const char *v = *(char *const *)((const char *)base + opts[a].off);
             if (marks[a].set && (marks[a].bad || (v && *v)))
                 continue;
@@ -1885,7 +763,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
     *np = v->n;
     for (size_t i = 0; i < v->n; i++) {
         const struct node *item = v->kid[i];
-        char *ipath = xasprintf(c, "%s[%zu]", dpath, i);
+        char *ipath = kvb_cfg_asprintf(c, "%s[%zu]", dpath, i);
         if (!ipath)
             goto out;
         memset(smarks, 0, N_OPTS * sizeof *smarks);
@@ -1893,9 +771,9 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
         if (item->kind == N_MAP) {
             walk_map(c, item, SRC_PREFIX, ipath, &srcs[i], smarks);
             required_missing(c, item, ipath, true, &srcs[i], smarks);
-            check_source(c, &srcs[i], i, smarks);
-            check_curve(c, &srcs[i], i, smarks);
-            check_engine(c, &srcs[i], i, smarks);
+            kvb_cfg_check_source(c, &srcs[i], i, smarks);
+            kvb_cfg_check_curve(c, &srcs[i], i, smarks);
+            kvb_cfg_check_engine(c, &srcs[i], i, smarks);
         } else if (item->kind != N_BAD) {
             err_at(c, item->line, item->col,
                    "%s: expected a mapping (endpoint: ...), found %s", ipath,
@@ -1939,7 +817,7 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
                              list ? &list[i] : NULL, &mask) < 0) {
             bad = true;
         } else if (o->check && list) {
-            char *ipath = xasprintf(c, "%s[%zu]", dpath, i);
+            char *ipath = kvb_cfg_asprintf(c, "%s[%zu]", dpath, i);
             if (!ipath || o->check(c, o, ipath, &list[i], it) < 0)
                 bad = true;
             free(ipath);
@@ -2015,9 +893,9 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
                    kvb_cfg_kind_name(k));
             continue;
         }
-        shown_key = shown(k->s, k->len);
-        tpath = xasprintf(c, "%s%s%s", tprefix, *tprefix ? "." : "", k->s);
-        dpath = xasprintf(c, "%s%s%s", dprefix, *dprefix ? "." : "", SHOWN(shown_key));
+        shown_key = kvb_cfg_shown(k->s, k->len);
+        tpath = kvb_cfg_asprintf(c, "%s%s%s", tprefix, *tprefix ? "." : "", k->s);
+        dpath = kvb_cfg_asprintf(c, "%s%s%s", dprefix, *dprefix ? "." : "", SHOWN(shown_key));
         if (!tpath || !dpath)
             goto next;
         const struct opt *o = NULL;
@@ -2058,6 +936,14 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
 /* ------------------------------------------------------------------------ */
 /* Public API                                                                */
 
+static void curve_wipe(struct kvb_curve_cfg *cv)
+{
+    explicit_bzero(cv->secret_key, sizeof cv->secret_key);
+    free(cv->allowed);
+    cv->allowed = NULL;
+    cv->n_allowed = 0;
+}
+
 static void free_fields(void *base, bool sources_scope)
 {
     for (size_t i = 0; i < N_OPTS; i++) {
@@ -2066,7 +952,7 @@ static void free_fields(void *base, bool sources_scope)
         if (in_sources(o) != sources_scope)
             continue;
         if (o->type == T_STR) {
-            str_free(*(char **)field);
+            kvb_cfg_str_free(*(char **)field);
             *(char **)field = NULL;
         } else if (o->type == T_STRLIST) {
             size_t *np = (size_t *)((char *)base + o->noff);
@@ -2114,7 +1000,7 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
         rc = -EINVAL;
         goto fail;
     }
-    rc = read_file(&c, &buf, &c.len);
+    rc = kvb_cfg_read_file(&c, &buf, &c.len);
     if (rc < 0)
         goto fail;
     c.buf = buf;
@@ -2144,8 +1030,8 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
     }
     walk_map(&c, root, "", "", cfg, marks);
     required_missing(&c, root, "", false, cfg, marks);
-    resolve_files(&c, cfg, marks);
-    check_config(&c, cfg, marks);
+    kvb_cfg_resolve_files(&c, cfg, marks);
+    kvb_cfg_check_config(&c, cfg, marks);
     if (!cfg->nats.nkey_public && !(cfg->nats.nkey_public = strdup("")))
         oom(&c);
     if (!c.nerr && (!cfg->nats.jetstream.stream_name || !cfg->nats.jetstream.subject_name))
@@ -2309,306 +1195,4 @@ int kvb_config_check_reload(const struct kvb_config *old_cfg,
         rc = -EINVAL;
     }
     return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* The commented example                                                     */
-
-#define EXAMPLE_WIDTH 79
-
-static const char example_header[] =
-    "# kvbridge configuration: every key, set to its default value, with what it\n"
-    "# does.  worker_id, block_size and sources[].endpoint have no default: the\n"
-    "# values below are examples, so that this file loads as it is.\n"
-    "#\n"
-    "# Generated by kvb_config_write_example() (src/config.c); a unit test keeps\n"
-    "# conf/kvbridge.yaml equal to it.  Unknown keys and bad values are errors,\n"
-    "# reported as FILE:LINE:COLUMN.  `kvbridge -c FILE --check` validates a file;\n"
-    "# SIGHUP reloads it, except keys marked as needing a restart.  Any value may\n"
-    "# be taken from the environment: ${NAME}, ${NAME:-default}; $$ is a literal $.\n";
-
-/* Word-wrapped "# " lines at INDENT. */
-static void put_comment(FILE *f, int indent, const char *text)
-{
-    const char *p = text;
-    int width = EXAMPLE_WIDTH - indent - 2;
-    while (*p) {
-        int len = 0, last_space = -1;
-        while (p[len] && (len < width || last_space < 0)) {
-            if (p[len] == ' ')
-                last_space = len;
-            len++;
-        }
-        if (p[len] && p[len] != ' ' && last_space >= 0)
-            len = last_space;
-        fprintf(f, "%*s# %.*s\n", indent, "", len, p);
-        p += len;
-        while (*p == ' ')
-            p++;
-    }
-}
-
-static void put_quoted(FILE *f, const char *s, size_t len)
-{
-    fputc('"', f);
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] == '"' || s[i] == '\\')
-            fputc('\\', f);
-        fputc(s[i], f);
-    }
-    fputc('"', f);
-}
-
-static void put_value(FILE *f, const struct opt *o)
-{
-    switch (o->type) {
-    case T_STR:
-        put_quoted(f, o->def, strlen(o->def));
-        break;
-    case T_STRLIST:
-    case T_TIERS: {
-        fputc('[', f);
-        for (const char *p = o->def; *p;) {
-            size_t len = strcspn(p, ",");
-            if (p != o->def)
-                fputs(", ", f);
-            if (o->type == T_STRLIST)
-                put_quoted(f, p, len);
-            else
-                fprintf(f, "%.*s", (int)len, p);
-            p += len + (p[len] == ',');
-        }
-        fputc(']', f);
-        break;
-    }
-    case T_SOURCES:
-        break;
-    default:
-        fputs(o->def, f);
-        break;
-    }
-}
-
-/* The help text plus what the table says about the key. */
-static char *full_help(const struct opt *o)
-{
-    char *list = NULL, *range = NULL, *s = NULL;
-    if (o->type == T_ENUM && !(list = join_values(NULL, o->values, ", ")))
-        goto out;
-    if ((o->type == T_U32 || o->type == T_U64 || o->type == T_BLOCKSIZE) &&
-        !(range = xasprintf(NULL, " Range: %" PRIu64 "..%" PRIu64 ".", o->min, o->max)))
-        goto out;
-    s = xasprintf(NULL, "%s%s%s%s%s%s%s%s%s", o->help, list ? " One of: " : "",
-                  list ? list : "", list ? "." : "", range ? range : "",
-                  o->type == T_BOOL ? " true or false." : "",
-                  !(o->flags & F_REQUIRED) ? ((o->flags & F_RELOAD) ? ""
-                                              : " Changing it needs a restart.")
-                  : o->alt ? " Required unless " : " Required.",
-                  (o->flags & F_REQUIRED) && o->alt ? o->alt : "",
-                  (o->flags & F_REQUIRED) && o->alt ? " is set." : "");
-out:
-    free(list);
-    free(range);
-    return s;
-}
-
-/* Indentation of the keys under PARENT ("", "nats", "sources[]"). */
-static int indent_of(const char *parent, size_t len)
-{
-    int indent = 0;
-    for (size_t i = 0; i < len;) {
-        size_t n = strcspn(parent + i, ".");
-        if (n > len - i)
-            n = len - i;
-        indent += n >= 2 && parent[i + n - 2] == '[' ? 4 : 2;
-        i += n + 1;
-    }
-    return indent;
-}
-
-int kvb_config_write_example(FILE *f)
-{
-    int rc = 0;
-    const char *prev = "";
-    size_t prev_plen = 0;
-    bool after_header = false;
-
-    if (!f)
-        return -EINVAL;
-    fputs(example_header, f);
-    for (size_t i = 0; i < N_OPTS; i++) {
-        const struct opt *o = &opts[i];
-        const char *dot = strrchr(o->key, '.');
-        size_t plen = dot ? (size_t)(dot - o->key) : 0;
-        const char *leaf = dot ? dot + 1 : o->key;
-        bool first_in_item = false;
-
-        /* Open the sections of this key that the previous key was not in:
-         * COMMON is the longest equal prefix of both parents that ends on a
-         * component boundary in each. */
-        size_t common = 0;
-        while (common < plen && common < prev_plen && o->key[common] == prev[common])
-            common++;
-        while (common > 0 &&
-               !((common == plen || o->key[common] == '.') &&
-                 (common == prev_plen || prev[common] == '.')))
-            common--;
-        for (size_t k = common; k < plen;) {
-            if (o->key[k] == '.')
-                k++;
-            size_t n = strcspn(o->key + k, ".");
-            if (n > plen - k)
-                n = plen - k;
-            if (n >= 2 && o->key[k + n - 2] == '[') {
-                first_in_item = true; /* a list item: "- " before its first key */
-            } else {
-                if (!after_header)
-                    fputc('\n', f);
-                fprintf(f, "%*s%.*s:\n", indent_of(o->key, k ? k - 1 : 0), "", (int)n,
-                        o->key + k);
-                after_header = true;
-            }
-            k += n;
-        }
-
-        int indent = indent_of(o->key, plen);
-        char *help = full_help(o);
-        if (!help) {
-            rc = -ENOMEM;
-            break;
-        }
-        if (!after_header)
-            fputc('\n', f);
-        if (first_in_item) {
-            put_comment(f, indent - 2, help);
-            fprintf(f, "%*s- %s:", indent - 2, "", leaf);
-        } else {
-            put_comment(f, indent, help);
-            fprintf(f, "%*s%s:", indent, "", leaf);
-        }
-        free(help);
-        if (o->type == T_SOURCES) {
-            fputc('\n', f);
-            after_header = true;
-        } else {
-            fputc(' ', f);
-            put_value(f, o);
-            fputc('\n', f);
-            after_header = false;
-        }
-        prev = o->key;
-        prev_plen = plen;
-    }
-    if (rc == 0 && ferror(f))
-        rc = -EIO;
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* The effective values (--check -v)                                         */
-
-#define REDACTED "(redacted)"
-
-/* A server URL, its user information (user and password, or a token)
- * replaced by REDACTED. */
-static void put_url(FILE *f, const char *url)
-{
-    const char *p = strstr(url, "://");
-    p = p ? p + 3 : url;
-    const char *at = memrchr(p, '@', strcspn(p, "/?#"));
-    if (!at) {
-        put_quoted(f, url, strlen(url));
-        return;
-    }
-    char *r = xasprintf(NULL, "%.*s" REDACTED "%s", (int)(p - url), url, at);
-    if (r)
-        put_quoted(f, r, strlen(r));
-    else
-        fputs("\"" REDACTED "\"", f);
-    free(r);
-}
-
-/* The value of table row O in BASE (the config, or one source). */
-static void put_effective(FILE *f, const struct opt *o, const void *base)
-{
-    const void *field = (const char *)base + o->off;
-    switch (o->type) {
-    case T_U64: fprintf(f, "%" PRIu64, *(const uint64_t *)field); break;
-    case T_U32: fprintf(f, "%" PRIu32, *(const uint32_t *)field); break;
-    case T_BLOCKSIZE: {
-        uint32_t v = *(const uint32_t *)field;
-        if (v)
-            fprintf(f, "%" PRIu32, v);
-        else
-            fputs("auto", f);
-        break;
-    }
-    case T_BOOL: fputs(*(const bool *)field ? "true" : "false", f); break;
-    case T_ENUM: fputs(o->values[*(const int *)field], f); break;
-    case T_STR: {
-        const char *v = *(char *const *)field;
-        if (!v)
-            v = "";
-        if ((o->flags & F_SECRET) && *v)
-            fputs(REDACTED, f);
-        else
-            put_quoted(f, v, strlen(v));
-        break;
-    }
-    case T_STRLIST: {
-        char *const *list = *(char **const *)field;
-        size_t n = *(const size_t *)((const char *)base + o->noff);
-        fputc('[', f);
-        for (size_t i = 0; i < n; i++) {
-            fputs(i ? ", " : "", f);
-            put_url(f, list[i]);
-        }
-        fputc(']', f);
-        break;
-    }
-    case T_TIERS: {
-        uint32_t mask = *(const uint32_t *)field;
-        bool first = true;
-        fputc('[', f);
-        for (int t = 0; o->values[t]; t++) {
-            if (mask & (1u << t)) {
-                fprintf(f, "%s%s", first ? "" : ", ", o->values[t]);
-                first = false;
-            }
-        }
-        fputc(']', f);
-        break;
-    }
-    case T_SOURCES:
-        break;
-    }
-}
-
-int kvb_config_write_effective(const struct kvb_config *cfg, FILE *f)
-{
-    if (!cfg || !f)
-        return -EINVAL;
-    fprintf(f, "# effective configuration of %s (secrets redacted)\n",
-            cfg->path ? cfg->path : "?");
-    for (size_t i = 0; i < N_OPTS; i++) {
-        const struct opt *o = &opts[i];
-        if (in_sources(o))
-            continue;
-        if (o->type != T_SOURCES) {
-            fprintf(f, "%s: ", o->key);
-            put_effective(f, o, cfg);
-            fputc('\n', f);
-            continue;
-        }
-        for (size_t k = 0; k < cfg->n_sources; k++) {
-            for (size_t j = 0; j < N_OPTS; j++) {
-                if (!in_sources(&opts[j]))
-                    continue;
-                fprintf(f, "sources[%zu].%s: ", k, opts[j].key + sizeof SRC_PREFIX);
-                put_effective(f, &opts[j], &cfg->sources[k]);
-                fputc('\n', f);
-            }
-        }
-    }
-    return ferror(f) ? -EIO : 0;
 }

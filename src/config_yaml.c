@@ -1,15 +1,22 @@
-/* config_yaml: the configuration file as a bounded node tree, through
- * libyaml's event parser (see src/config_priv.h).  Every node keeps the
- * 1-based line and column where it starts, for "FILE:LINE:COL" messages.
+/* config_yaml: the configuration file read into memory and turned into a
+ * bounded node tree, through libyaml's event parser (see src/config_priv.h).
+ * Every node keeps the 1-based line and column where it starts, for the
+ * "FILE:LINE:COL" messages that kvb_cfg_verr() prints.
  */
 #include "config_priv.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #define MAX_EXPANDED (1u << 20) /* bytes of one value after ${VAR} expansion */
+#define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
+#define MAX_ERRORS 100            /* printed; the rest are counted */
 
 /* Scalars may be secrets (nats.password, ...): every copy the parser made is
  * zeroed before it is freed.  libyaml's scanner also builds each scalar in
@@ -373,5 +380,110 @@ done:
 fail:
     kvb_cfg_node_free(n);
     parser_free(&p);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors and reading the file                                               */
+
+/* line 0: an error about the whole file ("FILE: message"). */
+void kvb_cfg_verr(struct ctx *c, size_t line, size_t col, const char *fmt, va_list ap)
+{
+    c->nerr++;
+    if (!c->err || c->nerr > MAX_ERRORS + 1)
+        return;
+    if (c->nerr == MAX_ERRORS + 1) {
+        fprintf(c->err, "%s: too many errors, not showing the rest\n", c->path);
+        return;
+    }
+    if (line)
+        fprintf(c->err, "%s:%zu:%zu: ", c->path, line, col);
+    else
+        fprintf(c->err, "%s: ", c->path);
+    vfprintf(c->err, fmt, ap);
+    fputc('\n', c->err);
+}
+
+void kvb_cfg_oom(struct ctx *c)
+{
+    if (!c->oom)
+        err_at(c, 0, 0, "out of memory");
+    c->oom = true;
+}
+
+int kvb_cfg_read_file(struct ctx *c, char **out, size_t *outlen)
+{
+    int rc;
+    size_t cap = 4096, len = 0;
+    char *buf = NULL;
+    struct stat st;
+    /* O_NONBLOCK: a FIFO would otherwise block open() until a writer comes
+     * (--check, and the loop thread on SIGHUP); it is refused below. */
+    int fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+        rc = -errno;
+        goto fail_errno;
+    }
+    if (fstat(fd, &st) < 0) {
+        rc = -errno;
+        goto fail_errno;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        rc = -EISDIR; /* what read() says */
+        goto fail_errno;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        err_at(c, 0, 0, "not a regular file");
+        rc = -EINVAL;
+        goto fail;
+    }
+    buf = malloc(cap);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto fail_errno;
+    }
+    for (;;) {
+        if (len == cap) {
+            if (cap > MAX_FILE_BYTES) {
+                err_at(c, 0, 0, "file too large (more than %u bytes)", MAX_FILE_BYTES);
+                rc = -EINVAL;
+                goto fail;
+            }
+            size_t ncap = cap * 2 > MAX_FILE_BYTES + 1 ? MAX_FILE_BYTES + 1 : cap * 2;
+            char *nb = malloc(ncap); /* not realloc: the old copy is zeroed */
+            if (!nb) {
+                rc = -ENOMEM;
+                goto fail_errno;
+            }
+            memcpy(nb, buf, len);
+            explicit_bzero(buf, len);
+            free(buf);
+            buf = nb;
+            cap = ncap;
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = -errno;
+            goto fail_errno;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    close(fd);
+    *out = buf;
+    *outlen = len;
+    return 0;
+
+fail_errno:
+    err_at(c, 0, 0, "cannot read: %s", strerror(-rc));
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (buf)
+        explicit_bzero(buf, len);
+    free(buf);
     return rc;
 }
