@@ -93,6 +93,8 @@
       "Reconnections to NATS")                                                 \
     X(counter, nats_disconnects_total, "", KVB_NO_LABEL,                       \
       "Disconnections from NATS")                                              \
+    X(counter, nats_connect_stalls_total, "", KVB_NO_LABEL,                    \
+      "NATS connection attempts abandoned: no handshake answer in time")       \
     X(counter, nats_publish_errors_total, "", KVB_NO_LABEL,                    \
       "Publishes refused by the NATS client (buffer full, closed)")            \
     X(gauge, nats_connected, "", KVB_NO_LABEL,                                 \

@@ -1,6 +1,8 @@
-/* pipeline: decode -> convert -> encode for one batch of one stream, with the
- * barrier rules of router-events.md section 6.  Shared by the daemon's loop
- * and by kvbridge-inspect, so both follow exactly the same rules.
+/* pipeline: decode -> convert -> encode -> emit for one batch of one stream.
+ * The sequence rules (gap, restart, replay; router-events.md section 6) are
+ * replay.h's: kvb_pipeline_live/apply/reject are those rules with this
+ * pipeline carrying them out (kvb_pipeline_ops()), shared by the daemon and
+ * kvbridge-inspect, so both follow exactly the same rules.
  *
  * Every router event is handed to the emit callback in order; the bytes are
  * valid only during the call.  Ownership: the pipeline owns its decoder,
@@ -16,7 +18,7 @@
 #include "convert.h"
 #include "decode.h"
 #include "metrics.h"
-#include "seq.h"
+#include "replay.h"
 
 typedef int (*kvb_emit_fn)(void *ctx, const struct kvb_rev *rev, const char *data,
                            size_t len);
@@ -41,15 +43,14 @@ void kvb_pipeline_destroy(struct kvb_pipeline **p);
 /* Swap in a new configuration (SIGHUP); event_id counters are kept. */
 int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg);
 
-/* A live batch when no replay is possible: classify its seq, publish the gap
- * or restart barrier when needed, then apply it.  Returns the number of
- * router events emitted, or a negative errno. */
+/* A live batch when no replay is possible: kvb_seq_live() (the gap or
+ * restart barrier when needed, the cursor, then the batch).  Returns the
+ * number of router events emitted, or a negative errno. */
 int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                       const uint8_t *payload, size_t len);
 
-/* Apply one batch whose seq the caller has already judged: start barrier for
- * a dp_rank new to the stream, decode, convert, emit; a batch that does not
- * decode publishes the malformed barrier.  Sets s->last = seq. */
+/* Apply one batch whose seq the caller has already judged: kvb_seq_apply()
+ * (sets s->last = seq), then kvb_pipeline_batch(). */
 int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                        const uint8_t *payload, size_t len);
 
@@ -58,6 +59,17 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
  * then the malformed barrier, as for a batch that does not decode. */
 int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                         const char *why);
+
+/* The pipeline's part alone, the cursor untouched (kvb_seq_ops.apply): start
+ * barrier for a dp_rank new to the stream, decode, convert, emit; a batch
+ * that does not decode publishes the malformed barrier. */
+int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                       const uint8_t *payload, size_t len);
+/* The malformed barrier for a batch that is not decoded (kvb_seq_ops.reject). */
+int kvb_pipeline_malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                           const char *why);
+/* apply/reject/barrier with this pipeline as ctx; request and cancel NULL. */
+struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p);
 
 /* "cleared" for every dp_rank of the stream (the ranks seen so far, or its
  * configured rank if none), counted under cause (enum kvb_barrier_cause). */

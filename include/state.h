@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "convert.h"
-#include "seq.h"
+#include "replay.h"
 
 struct kvb_state_stream {
     char source[256];

@@ -32,6 +32,8 @@ static void put_comment(FILE *f, int indent, const char *text)
     int width = EXAMPLE_WIDTH - indent - 2;
     while (*p) {
         int len = 0, last_space = -1;
+        /* p[len] stops at the NUL before len can pass the width limit */
+        // cppcheck-suppress arrayIndexThenCheck
         while (p[len] && (len < width || last_space < 0)) {
             if (p[len] == ' ')
                 last_space = len;

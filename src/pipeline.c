@@ -126,12 +126,10 @@ static int malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
     kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
                "%s: seq %llu: malformed batch (%s): publishing barrier", s->name,
                (unsigned long long)seq, why);
-    s->has_last = true;
-    s->last = seq;
     return kvb_pipeline_barrier(p, s, KVB_BAR_MALFORMED);
 }
 
-int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                        const uint8_t *payload, size_t len)
 {
     struct kvb_batch b;
@@ -153,8 +151,6 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
             return rc;
         n += rc;
     }
-    s->has_last = true;
-    s->last = seq;
     kvb_inc(&p->m->batches_received_total[0]);
     for (uint32_t i = 0; i < b.n_events; i++) {
         struct kvb_rev r;
@@ -183,44 +179,55 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
     return n;
 }
 
-/* The live sequence rules: gap or restart barrier before the batch. */
-static int live_rules(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq)
+int kvb_pipeline_malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                           const char *why)
 {
-    switch (kvb_seq_classify(s, seq)) {
-    case KVB_SEQ_GAP:
-        kvb_inc(&p->m->seq_gaps_total[0]);
-        s->gaps++;
-        kvb_log(KVB_LOG_WARN, "source", "%s: seq gap: %llu missing before %llu, publishing barrier",
-                s->name, (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
-        return kvb_pipeline_barrier(p, s, KVB_BAR_GAP);
-    case KVB_SEQ_BACK:
-        kvb_inc(&p->m->engine_restarts_total[0]);
-        kvb_log(KVB_LOG_WARN, "source", "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
-                s->name, (unsigned long long)s->last, (unsigned long long)seq);
-        return kvb_pipeline_barrier(p, s, KVB_BAR_RESTART);
-    default:
-        return 0;
-    }
+    return malformed(p, s, seq, why);
+}
+
+/* ---- the sequence rules (replay.h) with the pipeline as their hands ----- */
+
+static int op_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *data,
+                    size_t len)
+{
+    return kvb_pipeline_batch(ctx, s, seq, data, len);
+}
+
+static int op_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *why)
+{
+    return malformed(ctx, s, seq, why);
+}
+
+static int op_barrier(void *ctx, struct kvb_stream *s, int cause)
+{
+    return kvb_pipeline_barrier(ctx, s, cause);
+}
+
+struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p)
+{
+    return (struct kvb_seq_ops){.ctx = p, .apply = op_apply, .reject = op_reject,
+                                .barrier = op_barrier};
+}
+
+int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+                       const uint8_t *payload, size_t len)
+{
+    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
+    return kvb_seq_apply(s, &ops, seq, payload, len);
 }
 
 int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                       const uint8_t *payload, size_t len)
 {
-    int n = live_rules(p, s, seq);
-    if (n < 0)
-        return n;
-    int rc = kvb_pipeline_apply(p, s, seq, payload, len);
-    return rc < 0 ? rc : n + rc;
+    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
+    return kvb_seq_live(s, p->m, &ops, seq, payload, len);
 }
 
 int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                         const char *why)
 {
-    int n = live_rules(p, s, seq);
-    if (n < 0)
-        return n;
-    int rc = malformed(p, s, seq, why);
-    return rc < 0 ? rc : n + rc;
+    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
+    return kvb_seq_reject(s, p->m, &ops, seq, why);
 }
 
 struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)

@@ -46,6 +46,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 
 struct evl {
     struct kvb_sink *s;
@@ -58,6 +59,7 @@ struct evl {
     unsigned touched; /* counts callbacks, to tell progress from a stuck socket */
     unsigned gen;     /* counts attaches and detaches: which socket fd is (a
                        * closed fd's number comes back for the next socket) */
+    ino_t ino;        /* the attached socket's inode (for the guard), 0: none */
     struct evl *next;
 };
 
@@ -73,6 +75,7 @@ static natsStatus evl_attach(void **ud, void *loop, natsConnection *nc, natsSock
 {
     struct kvb_sink *s = loop;
     struct evl *e = *ud;
+    struct stat st;
     pthread_mutex_lock(&s->evl_mu);
     if (!e) {
         if (!(e = calloc(1, sizeof(*e)))) {
@@ -85,6 +88,7 @@ static natsStatus evl_attach(void **ud, void *loop, natsConnection *nc, natsSock
         s->evls = e;
     }
     e->fd = (int)fd;
+    e->ino = fstat((int)fd, &st) == 0 ? st.st_ino : 0;
     e->want_read = true;
     e->want_write = e->io_write = false;
     e->detached = false;
@@ -138,6 +142,7 @@ static natsStatus evl_detach(void *ud)
     pthread_mutex_lock(&e->s->evl_mu);
     e->detached = true;
     e->fd = -1;
+    e->ino = 0;
     e->want_read = e->want_write = e->io_write = false;
     e->touched++;
     e->gen++;
@@ -303,6 +308,17 @@ void kvb_sink_io_stop(struct kvb_sink *s)
     if (s->io_wake >= 0)
         close(s->io_wake);
     s->io_wake = -1;
+}
+
+size_t kvb_sink_io_attached(struct kvb_sink *s, ino_t *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&s->evl_mu);
+    for (struct evl *e = s->evls; e && n < max; e = e->next)
+        if (!e->detached && e->ino)
+            out[n++] = e->ino;
+    pthread_mutex_unlock(&s->evl_mu);
+    return n;
 }
 
 natsStatus kvb_sink_io_options(struct kvb_sink *s, natsOptions *o)

@@ -157,6 +157,8 @@ static void set_state(struct kvb_sink *s, int st)
     set_connected_gauge(s, v);
     atomic_store(&s->state, st);
     set_connected_gauge(s, v);
+    if (!v) /* nats.c may be shaking hands from now on */
+        kvb_sink_guard_kick(s);
 }
 
 /* create(): make the gauge match the state, whatever callbacks do meanwhile. */
@@ -300,7 +302,7 @@ uint64_t kvb_sink_backoff_ms(const struct kvb_sink *s, int attempts, uint32_t *r
 
 /* ---- connecting ---- */
 
-enum attempt { ATT_CONNECTED, ATT_PENDING, ATT_REJECTED, ATT_FAILED };
+enum attempt { ATT_CONNECTED, ATT_PENDING, ATT_REJECTED, ATT_FAILED, ATT_STALLED };
 
 /* Destroy a connection (closed or not) that nothing else uses any more. */
 static void conn_destroy(struct kvb_sink *s, natsConnection *nc)
@@ -320,7 +322,7 @@ static bool unreachable(natsStatus st)
  * memory, no thread.  The state is set before the connection can post a
  * callback, so that on_connected cannot be overwritten. */
 static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char *why,
-                                 size_t cap)
+                                 size_t cap, bool stall_fails)
 {
     natsConnection *nc = NULL;
     int connecting = atomic_load(&s->ever_connected) ? ST_DISCONNECTED : ST_INIT;
@@ -328,9 +330,19 @@ static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char 
 
     *out = NULL;
     set_state(s, connecting);
+    uint64_t stalls = atomic_load(&s->stalls);
     st = natsOptions_SetRetryOnFailedConnect(s->opts, false, NULL, NULL);
     if (st == NATS_OK)
         st = natsConnection_Connect(&nc, s->opts);
+    /* the guard cut a handshake that did not end (sink_guard.c): the server
+     * is there but does not answer, as good as unreachable */
+    bool stalled = st != NATS_OK && atomic_load(&s->stalls) != stalls;
+    if (stalled && stall_fails) {
+        snprintf(why, cap, "a server took the connection but never completed the NATS "
+                           "handshake (no PONG)");
+        set_state(s, ST_CLOSED);
+        return ATT_STALLED;
+    }
     if (st == NATS_OK) {
         atomic_fetch_add(&s->conns, 1);
         atomic_compare_exchange_strong(&s->state, &connecting, ST_CONNECTED);
@@ -338,7 +350,7 @@ static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char 
         *out = nc;
         return ATT_CONNECTED;
     }
-    if (!unreachable(st)) {
+    if (!unreachable(st) && !stalled) {
         kvb_sink_last_error(st, why, cap);
         if (st == NATS_PROTOCOL_ERROR && strstr(why, "got ''"))
             snprintf(why + strlen(why), cap - strlen(why),
@@ -450,7 +462,7 @@ static void *rebuild_main(void *arg)
         if (s->js_on)
             kvb_sink_js_recover(s, s->js, "on the closed connection"); /* before js goes */
         set_conn(s, NULL, NULL);
-        enum attempt r = connect_once(s, &nc, why, sizeof(why));
+        enum attempt r = connect_once(s, &nc, why, sizeof(why), false);
         jsCtx *js = NULL;
         if ((r == ATT_CONNECTED || r == ATT_PENDING) && s->js_on &&
             kvb_sink_js_new(s, nc, &js) != NATS_OK) {
@@ -505,6 +517,7 @@ static void sink_free(struct kvb_sink *s)
     if (!s)
         return;
     atomic_store(&s->live, false);
+    kvb_sink_guard_hurry(s); /* the worker or nats.c may be in a handshake */
     if (s->rb_started) {
         pthread_mutex_lock(&s->rb_mu);
         s->rb_stop = true;
@@ -523,6 +536,7 @@ static void sink_free(struct kvb_sink *s)
         return;
     }
     conn_destroy(s, s->conn);
+    kvb_sink_guard_stop(s); /* no connection left to shake hands */
     kvb_sink_io_stop(s);
     natsOptions_Destroy(s->opts);
     kvb_sink_js_free(s);
@@ -653,6 +667,9 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
     if ((s->js_on = cfg->nats.jetstream.enabled) && (rc = kvb_sink_js_init(s, cfg)) < 0)
         goto fail;
 
+    if ((rc = kvb_sink_guard_start(s, cfg)) < 0)
+        goto fail;
+
     st = natsOptions_Create(&s->opts);
     if (st == NATS_OK)
         st = set_callbacks(s, s->opts);
@@ -677,8 +694,18 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
     if (cfg->nats.connect_timeout_ms > 0)
         deadline = kvb_mono_ms() + cfg->nats.connect_timeout_ms;
     for (;;) {
-        enum attempt r = connect_once(s, &nc, why, sizeof(why));
+        enum attempt r = connect_once(s, &nc, why, sizeof(why), deadline != 0);
         s->conn = nc; /* no other thread uses it yet */
+        if (r == ATT_STALLED) { /* only with a deadline */
+            if (kvb_mono_ms() + s->guard_limit_ms >= deadline) {
+                kvb_err(STAGE, "no NATS server answered within %" PRIu32 " ms: %s",
+                        cfg->nats.connect_timeout_ms, why);
+                rc = -ETIMEDOUT;
+                goto fail;
+            }
+            kvb_sink_sleep_ms(s->wait_ms);
+            continue;
+        }
         if (r == ATT_FAILED) {
             kvb_err(STAGE, "NATS connect: %s", why);
             rc = -ENOMEM;
@@ -732,6 +759,7 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
 
     atomic_store(&s->live, true); /* callbacks may count, log and wake now */
     publish_gauge(s);
+    kvb_sink_guard_count(s); /* handshakes abandoned during create */
     if ((rc = start_rebuild_thread(s)) < 0) {
         kvb_err(STAGE, "cannot start a thread: %s", strerror(-rc));
         goto fail;

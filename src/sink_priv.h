@@ -10,6 +10,8 @@
  *                acks, the resend queues (like nats.c's js.c)
  *   sink_opts.c  natsOptions: servers, timeouts, reconnect, TLS and
  *                authentication
+ *   sink_guard.c a thread that abandons connection attempts whose
+ *                handshake never completes (nats.c before 3.8 spins on them)
  *
  * Locks (none is held while taking another, except as noted):
  *   conn_mu  (sink_nats.c)  conn, js (the pointers) and every nats.c call
@@ -24,6 +26,8 @@
  *   evl_mu + evl_cond (sink_io.c)  evls, io_busy, io_stop.  Taken inside
  *            nats.c's connection lock (its event-loop callbacks), so never
  *            held while calling into nats.c.
+ *   guard_mu + guard_cond (sink_guard.c)  the guard thread's stop and kick
+ *            flags; the guard takes evl_mu (kvb_sink_io_attached) without it.
  * Everything else is atomic, written once before the threads start, or
  * owned by one thread (said at the field).
  */
@@ -34,6 +38,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <nats/nats.h>
 
@@ -72,6 +77,10 @@ struct ring {
 };
 
 struct evl; /* sink_io.c */
+
+#define GUARD_MAX_PORTS 16
+#define GUARD_MAX_BASE 32
+#define GUARD_MAX_CAND 16
 
 struct kvb_sink {
     /* ---- core (sink_nats.c) ----
@@ -164,6 +173,30 @@ struct kvb_sink {
     atomic_bool defer;         /* kvb_sink_defer_writes() was called (owner set) */
     bool in_publish;           /* owner only: inside a publish call */
     atomic_bool owner_write;   /* a write is left to kvb_sink_service() */
+
+    /* ---- guard (sink_guard.c) ----
+     * guard_mu + guard_cond: guard_stop, guard_kicked.  The tables are the
+     * guard thread's (written by create before it starts). */
+    pthread_mutex_t guard_mu;
+    pthread_cond_t guard_cond; /* CLOCK_MONOTONIC */
+    pthread_t guard_thread;
+    bool guard_init, guard_started;
+    bool guard_stop, guard_kicked;
+    uint32_t guard_limit_ms;   /* a handshake older than this is abandoned */
+    uint16_t guard_ports[GUARD_MAX_PORTS]; /* the servers' ports */
+    size_t n_guard_ports;
+    ino_t guard_base[GUARD_MAX_BASE]; /* sockets there before the sink: not ours */
+    size_t n_guard_base;
+    struct guard_cand {
+        ino_t ino;
+        uint64_t since;        /* monotonic ms: first seen */
+        bool seen;
+    } guard_cand[GUARD_MAX_CAND]; /* handshakes in progress (seen, not attached) */
+    size_t n_guard_cand;
+    atomic_bool guard_hurry;   /* destroy started: cut unanswered handshakes now */
+    _Atomic uint64_t stalls;   /* attempts abandoned */
+    _Atomic uint64_t stalls_counted; /* of them, added to nats_connect_stalls_total */
+    struct kvb_ratelimit guard_rl;
 };
 
 /* ---- sink_nats.c: helpers the other parts use ---- */
@@ -204,6 +237,23 @@ natsStatus kvb_sink_io_options(struct kvb_sink *s, natsOptions *o);
 /* Before natsConnection_Destroy(nc): the I/O thread leaves it alone from now
  * on (waits for a call into it in progress).  Not with nats.c's lock held. */
 void kvb_sink_io_forget(struct kvb_sink *s, natsConnection *nc);
+
+/* The inodes of the sockets attached now (at most MAX); returns the count. */
+size_t kvb_sink_io_attached(struct kvb_sink *s, ino_t *out, size_t max);
+
+/* ---- sink_guard.c ---- */
+
+/* create, before the first connect: note the sockets already there, start
+ * the guard thread (logs a failure).  0 or a negative errno. */
+int kvb_sink_guard_start(struct kvb_sink *s, const struct kvb_config *cfg);
+/* The state left ST_CONNECTED: look for stuck handshakes. */
+void kvb_sink_guard_kick(struct kvb_sink *s);
+/* destroy: stop waiting for handshakes that do not answer (any state). */
+void kvb_sink_guard_hurry(struct kvb_sink *s);
+/* Add the attempts abandoned so far to the metric (once the sink is live). */
+void kvb_sink_guard_count(struct kvb_sink *s);
+/* Stop the thread (after the last connection is destroyed); any state. */
+void kvb_sink_guard_stop(struct kvb_sink *s);
 
 /* ---- sink_js.c ---- */
 

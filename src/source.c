@@ -10,40 +10,16 @@
 
 #include "clock.h"
 #include "log.h"
+#include "replay.h"
 
 #define MAX_STREAMS 64            /* distinct topics per source */
 #define MAX_TOPIC 256
-#define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
-#define MAX_HELD_BYTES (256u << 20)
-#define REPLAY_END UINT64_MAX
-#define REPLAY_STALL_MS 250       /* no reply for this long once replies flow: cut */
-#define REPLAY_MAX_ROUNDS 1000    /* re-requests after cut replies, per gap */
-
-struct held {
-    uint64_t seq;
-    size_t len;
-    uint8_t *data;
-};
 
 struct stream {
     struct kvb_stream_slot *slot; /* metrics; NULL when all slots are taken */
     char topic[MAX_TOPIC];
     char name[MAX_TOPIC + 320];
     struct kvb_stream st;
-};
-
-struct replay {
-    bool active;
-    struct stream *st;       /* the stream being recovered */
-    uint64_t want;           /* next seq we need */
-    uint64_t until;          /* seq of the first held live batch */
-    uint64_t deadline_ms;
-    uint64_t req_want;       /* rp->want when the last request was sent */
-    bool got_reply;          /* the current request has had a reply */
-    unsigned rounds;         /* requests sent again after a partial reply */
-    bool barrier_sent;       /* part of the gap was lost: barrier published */
-    struct held *held;
-    size_t n_held, cap_held, held_bytes;
 };
 
 struct kvb_source {
@@ -57,7 +33,8 @@ struct kvb_source {
     struct kvb_metrics *m;
     struct stream *streams[MAX_STREAMS];
     size_t n_streams;
-    struct replay rp;
+    struct kvb_replay *rp;     /* the sequence and replay rules (replay.h) */
+    struct kvb_pipeline *pipe; /* during an entry point: the ops' pipeline */
     struct kvb_ratelimit rl_frames;
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
     bool curve_client;
@@ -157,6 +134,13 @@ static int setup_curve(struct kvb_source *s, const struct kvb_source_params *p)
     return 0;
 }
 
+static int op_request(void *ctx, uint64_t from);
+static void op_cancel(void *ctx);
+static int op_apply(void *ctx, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
+                    size_t len);
+static int op_reject(void *ctx, struct kvb_stream *st, uint64_t seq, const char *why);
+static int op_barrier(void *ctx, struct kvb_stream *st, int cause);
+
 int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
                       struct kvb_source **out)
 {
@@ -193,6 +177,15 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         rc = -ENOMEM;
     }
 
+    struct kvb_replay_cfg rcfg = {.name = s->name, .endpoint = s->replay_endpoint,
+                                  .timeout_ms = p->replay_timeout_ms,
+                                  .max_payload_bytes = p->max_payload_bytes};
+    struct kvb_seq_ops ops = {.ctx = s, .apply = op_apply, .reject = op_reject,
+                              .barrier = op_barrier, .request = op_request, .cancel = op_cancel};
+    if ((rc = kvb_replay_create(&rcfg, m, &ops, &s->rp)) < 0)
+        goto fail;
+    rc = -ENOMEM;
+
     s->sub = zmq_socket(zctx, ZMQ_SUB);
     if (!s->sub) {
         rc = zerr();
@@ -203,7 +196,7 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     /* Connect mode: no ZMQ_MAXMSGSIZE: libzmq treats an oversize frame as a
      * protocol error and a connecting SUB never reconnects after one (the
      * engine would be lost for good), and nothing would be counted.  The
-     * size is checked after the receive instead (oversize()); kvbridge never
+     * size is checked after the receive instead (replay.c); kvbridge never
      * decodes such a frame.  Bind mode: the peers connect, so they come back
      * after libzmq drops one for an oversize frame.  ZMQ_MAXMSGSIZE there is
      * a guard rail far above the limit (16 x, at least 64 MiB): a frame just
@@ -241,14 +234,6 @@ fail:
     return rc;
 }
 
-static void drop_held(struct replay *rp)
-{
-    for (size_t i = 0; i < rp->n_held; i++)
-        free(rp->held[i].data);
-    rp->n_held = 0;
-    rp->held_bytes = 0;
-}
-
 static void close_dealer(struct kvb_source *s)
 {
     if (s->dealer)
@@ -266,8 +251,7 @@ void kvb_source_destroy(struct kvb_source **ps)
     close_dealer(s);
     kvb_zap_remove(s->zap, s->zap_domain);
     explicit_bzero(s->curve_secret, sizeof(s->curve_secret));
-    drop_held(&s->rp);
-    free(s->rp.held);
+    kvb_replay_destroy(&s->rp);
     for (size_t i = 0; i < s->n_streams; i++)
         free(s->streams[i]);
     kvb_state_free(&s->resume);
@@ -279,7 +263,10 @@ void kvb_source_destroy(struct kvb_source **ps)
 }
 
 void *kvb_source_sub(struct kvb_source *s) { return s->sub; }
-void *kvb_source_replay(struct kvb_source *s) { return s->rp.active ? s->dealer : NULL; }
+void *kvb_source_replay(struct kvb_source *s)
+{
+    return kvb_replay_active(s->rp) ? s->dealer : NULL;
+}
 const char *kvb_source_name(const struct kvb_source *s) { return s->name; }
 
 void kvb_source_foreach_stream(const struct kvb_source *s,
@@ -365,47 +352,13 @@ static void close_frames(zmq_msg_t *frames, int n, int max)
         zmq_msg_close(&frames[i]);
 }
 
-/* ---- replay ------------------------------------------------------------- */
+/* ---- the replay socket, for the rules in replay.c ----------------------- */
 
-/* A payload above limits.max_payload_bytes: counted, never decoded. */
-static bool oversize(struct kvb_source *s, size_t len)
+/* ops.request: ask the engine for every batch from `from` on (a DEALER,
+ * opened on first use). */
+static int op_request(void *ctx, uint64_t from)
 {
-    if (!s->p.max_payload_bytes || len <= s->p.max_payload_bytes)
-        return false;
-    kvb_inc(&s->m->malformed_messages_total[KVB_MAL_OVERSIZE]);
-    kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
-               "%s: payload of %zu bytes above limits.max_payload_bytes (%llu): dropped",
-               s->name, len, (unsigned long long)s->p.max_payload_bytes);
-    return true;
-}
-
-static int hold(struct replay *rp, uint64_t seq, const void *data, size_t len)
-{
-    if (rp->n_held >= MAX_HELD_MSGS || rp->held_bytes + len > MAX_HELD_BYTES)
-        return -ENOBUFS;
-    if (rp->n_held == rp->cap_held) {
-        size_t cap = rp->cap_held ? rp->cap_held * 2 : 64;
-        struct held *h = realloc(rp->held, cap * sizeof(*h));
-        if (!h)
-            return -ENOMEM;
-        rp->held = h;
-        rp->cap_held = cap;
-    }
-    uint8_t *copy = malloc(len ? len : 1);
-    if (!copy)
-        return -ENOMEM;
-    memcpy(copy, data, len);
-    rp->held[rp->n_held++] = (struct held){seq, len, copy};
-    rp->held_bytes += len;
-    return 0;
-}
-
-/* Ask the engine for every batch from rp->want on.  The ROUTER's send
- * high-water mark may drop the tail of a long reply: the caller asks again
- * from where it got to (kvb_source_tick). */
-static int send_request(struct kvb_source *s)
-{
-    struct replay *rp = &s->rp;
+    struct kvb_source *s = ctx;
     if (!s->dealer) {
         s->dealer = zmq_socket(s->zctx, ZMQ_DEALER);
         int linger = 0, hwm = 0;
@@ -420,146 +373,43 @@ static int send_request(struct kvb_source *s)
     }
     uint8_t start[8];
     for (int i = 0; i < 8; i++)
-        start[i] = (uint8_t)(rp->want >> (56 - 8 * i));
+        start[i] = (uint8_t)(from >> (56 - 8 * i));
     if (zmq_send(s->dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s->dealer, start, 8, ZMQ_DONTWAIT) < 0) {
         int rc = zerr();
         close_dealer(s);
         return rc;
     }
-    rp->req_want = rp->want;
-    rp->got_reply = false;
-    rp->deadline_ms = kvb_mono_ms() + s->p.replay_timeout_ms;
     return 0;
 }
 
-static int start_replay(struct kvb_source *s, struct stream *st, uint64_t seq)
+/* ops.cancel: late replies of a request must not reach the next one. */
+static void op_cancel(void *ctx) { close_dealer(ctx); }
+
+static int op_apply(void *ctx, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
+                    size_t len)
 {
-    struct replay *rp = &s->rp;
-    rp->st = st;
-    rp->want = st->st.last + 1;
-    rp->until = seq;
-    rp->barrier_sent = false;
-    rp->rounds = 0;
-    int rc = send_request(s);
-    if (rc < 0)
-        return rc;
-    rp->active = true;
-    kvb_inc(&s->m->replays_requested_total[0]);
-    kvb_info("replay", "%s: requesting seq %llu..%llu from %s", st->name,
-             (unsigned long long)rp->want, (unsigned long long)(seq - 1), s->replay_endpoint);
-    return 0;
+    struct kvb_source *s = ctx;
+    return kvb_pipeline_batch(s->pipe, st, seq, data, len);
 }
 
-/* Keep held[from..] and recover the gap before held[from] with a new replay. */
-static int replay_again(struct kvb_source *s, struct stream *stm, size_t from)
+static int op_reject(void *ctx, struct kvb_stream *st, uint64_t seq, const char *why)
 {
-    struct replay *rp = &s->rp;
-    for (size_t i = 0; i < from; i++) {
-        rp->held_bytes -= rp->held[i].len;
-        free(rp->held[i].data);
-    }
-    memmove(rp->held, rp->held + from, (rp->n_held - from) * sizeof(*rp->held));
-    rp->n_held -= from;
-    return start_replay(s, stm, rp->held[0].seq);
+    struct kvb_source *s = ctx;
+    return kvb_pipeline_malformed(s->pipe, st, seq, why);
 }
 
-/* The replay is over (filled or not): publish the barrier if part of the gap
- * stayed missing, then the held live batches, oldest first.  A new gap among
- * the held batches is recovered by another replay. */
-static int finish_replay(struct kvb_source *s, struct kvb_pipeline *p, const char *why)
+static int op_barrier(void *ctx, struct kvb_stream *st, int cause)
 {
-    struct replay *rp = &s->rp;
-    struct stream *stm = rp->st;
-    struct kvb_stream *st = &stm->st;
-    int rc = 0;
-    bool filled = rp->want >= rp->until && !rp->barrier_sent;
-    close_dealer(s); /* late replies of this request must not reach the next one */
-    rp->active = false;
-    if (filled) {
-        kvb_inc(&s->m->replays_filled_total[0]);
-        kvb_info("replay", "%s: gap filled up to seq %llu", stm->name,
-                 (unsigned long long)(rp->until - 1));
-    } else {
-        kvb_inc(&s->m->replays_failed_total[0]);
-        kvb_warn("replay", "%s: gap before seq %llu not recovered (%s): publishing barrier",
-                 stm->name, (unsigned long long)rp->until, why);
-        if (!rp->barrier_sent && (rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP)) < 0)
-            goto out;
-    }
-    for (size_t i = 0; i < rp->n_held; i++) {
-        struct held *h = &rp->held[i];
-        if (st->has_last && h->seq <= st->last)
-            continue; /* already applied from the replay */
-        if (i > 0 && kvb_seq_classify(st, h->seq) == KVB_SEQ_GAP) {
-            kvb_inc(&s->m->seq_gaps_total[0]);
-            st->gaps++;
-            kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay",
-                     stm->name, (unsigned long long)kvb_seq_missing(st, h->seq),
-                     (unsigned long long)h->seq);
-            if (replay_again(s, stm, i) == 0)
-                return 0; /* the rest stays held */
-            kvb_inc(&s->m->replays_failed_total[0]);
-            if ((rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP)) < 0)
-                goto out;
-            i = 0; /* held[] now starts at the batch after the gap */
-            h = &rp->held[0];
-        }
-        if ((rc = kvb_pipeline_apply(p, st, h->seq, h->data, h->len)) < 0)
-            goto out;
-    }
-out:
-    drop_held(rp);
-    rp->active = false;
-    rp->st = NULL;
-    return rc < 0 ? rc : 0;
+    struct kvb_source *s = ctx;
+    return kvb_pipeline_barrier(s->pipe, st, cause);
 }
 
-static int on_replay_batch(struct kvb_source *s, struct kvb_pipeline *p, uint64_t seq,
-                           const void *data, size_t len)
-{
-    struct replay *rp = &s->rp;
-    struct kvb_stream *st = &rp->st->st;
-    if (seq < rp->want || seq >= rp->until)
-        return 0; /* already applied, or live batches we hold */
-    if (oversize(s, len)) { /* in the engine's buffer, but not usable */
-        rp->want = seq + 1;
-        rp->got_reply = true;
-        return kvb_pipeline_reject(p, st, seq, "payload above limits.max_payload_bytes");
-    }
-    if (seq > rp->want) {
-        if (rp->got_reply && rp->rounds < REPLAY_MAX_ROUNDS) {
-            /* a hole in the middle of a reply: the ROUTER's HWM dropped
-             * some; the engine still has them, ask again from want */
-            rp->rounds++;
-            close_dealer(s);
-            return send_request(s);
-        }
-        /* the first reply starts later than asked: the engine's buffer no
-         * longer holds the beginning of the gap */
-        if (!rp->barrier_sent) {
-            kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier",
-                     rp->st->name, (unsigned long long)seq, (unsigned long long)rp->want);
-            int rc = kvb_pipeline_barrier(p, st, KVB_BAR_GAP);
-            if (rc < 0)
-                return rc;
-            rp->barrier_sent = true;
-        }
-    }
-    rp->got_reply = true;
-    rp->want = seq + 1;
-    /* replies are flowing: a stall of this long means the reply was cut */
-    uint64_t stall = s->p.replay_timeout_ms < REPLAY_STALL_MS ? s->p.replay_timeout_ms
-                                                             : REPLAY_STALL_MS;
-    rp->deadline_ms = kvb_mono_ms() + stall;
-    return kvb_pipeline_apply(p, st, seq, data, len);
-}
-
-static int read_replay(struct kvb_source *s, struct kvb_pipeline *p)
+static int read_replay(struct kvb_source *s)
 {
     zmq_msg_t f[4];
     int total = 0;
-    while (s->rp.active && s->dealer) {
+    while (kvb_replay_active(s->rp) && s->dealer) {
         int n = recv_multipart(s->dealer, f, 4);
         if (n <= 0)
             return n < 0 ? n : total;
@@ -571,18 +421,10 @@ static int read_replay(struct kvb_source *s, struct kvb_pipeline *p)
             close_frames(f, n, 4);
             continue;
         }
-        uint64_t seq = be64(zmq_msg_data(&f[si]));
-        int rc = 0;
-        if (seq == REPLAY_END)
-            rc = finish_replay(s, p, "engine's replay buffer no longer holds it");
-        else
-            rc = on_replay_batch(s, p, seq, zmq_msg_data(&f[si + 1]), zmq_msg_size(&f[si + 1]));
+        int rc = kvb_replay_reply(s->rp, be64(zmq_msg_data(&f[si])), zmq_msg_data(&f[si + 1]),
+                                  zmq_msg_size(&f[si + 1]), kvb_mono_ms());
         close_frames(f, n, 4);
         if (rc < 0)
-            return rc;
-        /* caught up: the rest of the reply is what we hold already (the
-         * dealer is closed, so the remaining replies are dropped) */
-        if (s->rp.active && s->rp.want >= s->rp.until && (rc = finish_replay(s, p, "the engine no longer held all of it")) < 0)
             return rc;
     }
     return total;
@@ -590,30 +432,7 @@ static int read_replay(struct kvb_source *s, struct kvb_pipeline *p)
 
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 {
-    if (!s->rp.active)
-        return -1;
-    return s->rp.deadline_ms > now_ms ? (long)(s->rp.deadline_ms - now_ms) : 0;
-}
-
-static void tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
-{
-    struct replay *rp = &s->rp;
-    if (rp->active && now_ms >= rp->deadline_ms) {
-        /* progress since the last request, but no END: the ROUTER dropped
-         * the rest of its reply (its HWM); ask again from where we are */
-        if (rp->want > rp->req_want && rp->rounds < REPLAY_MAX_ROUNDS) {
-            rp->rounds++;
-            close_dealer(s);
-            if (send_request(s) == 0) {
-                kvb_debug("replay", "%s: reply cut at seq %llu, asking again", s->name,
-                          (unsigned long long)rp->want);
-                return;
-            }
-        }
-        int rc = finish_replay(s, p, "replay timed out");
-        if (rc < 0)
-            kvb_err("replay", "%s: %s", s->name, strerror(-rc));
-    }
+    return kvb_replay_next_deadline(s->rp, now_ms);
 }
 
 /* ---- live messages ------------------------------------------------------ */
@@ -650,50 +469,6 @@ static void observe(struct kvb_source *s, struct kvb_pipeline *p, uint64_t seria
     }
 }
 
-static int on_live(struct kvb_source *s, struct kvb_pipeline *p, struct stream *st,
-                   uint64_t seq, const void *data, size_t len)
-{
-    struct replay *rp = &s->rp;
-    if (oversize(s, len)) {
-        if (rp->active && rp->st == st) {
-            int rc = finish_replay(s, p, "an oversize batch arrived meanwhile");
-            if (rc < 0)
-                return rc;
-        }
-        return kvb_pipeline_reject(p, &st->st, seq, "payload above limits.max_payload_bytes");
-    }
-    if (rp->active && rp->st == st) {
-        int rc = hold(rp, seq, data, len);
-        if (rc == 0)
-            return 0;
-        kvb_warn("replay", "%s: too many live batches held during replay", st->name);
-        if ((rc = finish_replay(s, p, "hold queue full")) < 0)
-            return rc;
-        return kvb_pipeline_live(p, &st->st, seq, data, len);
-    }
-    int v = kvb_seq_classify(&st->st, seq);
-    if (v == KVB_SEQ_GAP && s->replay_endpoint[0] && !rp->active) {
-        kvb_inc(&s->m->seq_gaps_total[0]);
-        st->st.gaps++;
-        kvb_warn("source", "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
-                 (unsigned long long)kvb_seq_missing(&st->st, seq), (unsigned long long)seq);
-        int rc = start_replay(s, st, seq);
-        if (rc == 0 && (rc = hold(rp, seq, data, len)) == 0)
-            return 0;
-        kvb_warn("replay", "%s: cannot request replay: %s", st->name, strerror(-rc));
-        if (rp->active) {
-            rc = finish_replay(s, p, "request failed"); /* publishes the barrier */
-        } else {
-            kvb_inc(&s->m->replays_failed_total[0]);
-            rc = kvb_pipeline_barrier(p, &st->st, KVB_BAR_GAP);
-        }
-        if (rc < 0)
-            return rc;
-        return kvb_pipeline_apply(p, &st->st, seq, data, len);
-    }
-    return kvb_pipeline_live(p, &st->st, seq, data, len);
-}
-
 static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
     zmq_msg_t f[3];
@@ -728,8 +503,8 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
                        "%s: too many topics (or one too long): dropped", s->name);
         } else {
             uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
-            rc = on_live(s, p, st, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]),
-                         zmq_msg_size(&f[2]));
+            rc = kvb_replay_live(s->rp, &st->st, be64(zmq_msg_data(&f[1])),
+                                 zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), kvb_mono_ms());
             observe(s, p, serial, t0);
         }
         close_frames(f, n, 3);
@@ -743,6 +518,7 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 
 int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
+    s->pipe = p;
     int rc = read_live(s, p, budget);
     sync_slots(s);
     return rc;
@@ -750,14 +526,18 @@ int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 
 int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
 {
-    int rc = read_replay(s, p);
+    s->pipe = p;
+    int rc = read_replay(s);
     sync_slots(s);
     return rc;
 }
 
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
 {
-    tick(s, p, now_ms);
+    s->pipe = p;
+    int rc = kvb_replay_tick(s->rp, now_ms);
+    if (rc < 0)
+        kvb_err("replay", "%s: %s", s->name, strerror(-rc));
     sync_slots(s);
 }
 

@@ -29,8 +29,8 @@ free_port() {
 NATS=$(free_port); ENG=$(free_port)
 
 echo "== nats-server on 127.0.0.1:$NATS"
-nats-server -a 127.0.0.1 -p "$NATS" >"$T/nats.log" 2>&1 & PIDS+=($!)
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$NATS) 2>/dev/null && break; sleep 0.1; done
+nats-server -a 127.0.0.1 -p "$NATS" >"$T/nats.log" 2>&1 & PIDS+=("$!")
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$NATS") 2>/dev/null && break; sleep 0.1; done
 
 cat >"$T/kvbridge.yaml" <<YAML
 worker_id: 7587890738027725506
@@ -45,19 +45,19 @@ metrics:
 YAML
 
 echo "== kvtail subscribed to namespace.dynamo.component.backend.kv_events"
-$B/kvtail --server "nats://127.0.0.1:$NATS" --check --index --ready-file "$T/ready" \
-  >"$T/events.jsonl" 2>"$T/kvtail.err" & TAIL=$!; PIDS+=($TAIL)
+"$B/kvtail" --server "nats://127.0.0.1:$NATS" --check --index --ready-file "$T/ready" \
+  >"$T/events.jsonl" 2>"$T/kvtail.err" & TAIL=$!; PIDS+=("$TAIL")
 for _ in $(seq 100); do [ -e "$T/ready" ] && break; sleep 0.1; done
 
 echo "== kvbridge -c kvbridge.yaml"
-$B/kvbridge -c "$T/kvbridge.yaml" 2>"$T/kvbridge.log" & KVB=$!; PIDS+=($KVB)
+"$B/kvbridge" -c "$T/kvbridge.yaml" 2>"$T/kvbridge.log" & KVB=$!; PIDS+=("$KVB")
 sleep 0.5
 
 N=$((DUR * 40))
 echo "== kvsim: simulated engine, $N batches at 40/s, seq 200-204 dropped live (replay recovers them)"
-$B/kvsim --endpoint "tcp://127.0.0.1:$ENG" --replay "tcp://127.0.0.1:$((ENG + 1))" \
+"$B/kvsim" --endpoint "tcp://127.0.0.1:$ENG" --replay "tcp://127.0.0.1:$((ENG + 1))" \
   --workload realistic --rate 40 --batches "$N" --drop-live 200-204 2>"$T/kvsim.err" &
-SIM=$!; PIDS+=($SIM)
+SIM=$!; PIDS+=("$SIM")
 
 echo "== router events arriving (first 8 lines, then a count every 3 s):"
 sleep 2

@@ -42,6 +42,9 @@
 #include <xxhash.h>
 #include <zmq.h>
 
+#define TOOL_NAME "kvsim"
+#include "tools_common.h"
+
 #define TOKENS_SEED   1337ULL
 #define MAX_TOKEN     150000u
 #define NLORA         2
@@ -58,45 +61,7 @@
 
 static const char *const lora_names[NLORA + 1] = { NULL, "adapter-a", "adapter-b" };
 
-static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
-
 /* ------------------------------------------------------------------ utils */
-
-static void *xrealloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (!q) {
-        fprintf(stderr, "kvsim: out of memory\n");
-        exit(1);
-    }
-    return q;
-}
-
-static void *xcalloc(size_t n, size_t sz)
-{
-    void *p = calloc(n ? n : 1, sz ? sz : 1);
-    if (!p) {
-        fprintf(stderr, "kvsim: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
-
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
 
 /* splitmix64: fast, good enough, deterministic per seed */
 static uint64_t rnd(uint64_t *s)
@@ -108,35 +73,6 @@ static uint64_t rnd(uint64_t *s)
 static uint32_t rnd_below(uint64_t *s, uint32_t n)
 {
     return (uint32_t)(((rnd(s) >> 32) * (uint64_t)n) >> 32);
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static double wall_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    unsigned long long v;
-
-    if (!s || *s < '0' || *s > '9')
-        return -EINVAL;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno || *end)
-        return -EINVAL;
-    *out = v;
-    return 0;
 }
 
 static void put_be64(unsigned char *p, uint64_t v)
@@ -1180,6 +1116,8 @@ static void encode_batch(struct sim *s, struct rank *r)
 
 /* ----------------------------------------------------------------- record */
 
+/* The record format: tools/README.md. */
+
 static const char *tier_name(enum medium m)
 {
     return m == MED_CPU ? "host_pinned" : "device";
@@ -2117,7 +2055,6 @@ static void summary(const struct sim *s, double elapsed)
 int main(int argc, char **argv)
 {
     struct sim sim;
-    struct sigaction sa;
     int64_t t0, t1, next;
     uint64_t tick = 0;
     int rc = 2;
@@ -2146,14 +2083,15 @@ int main(int argc, char **argv)
     sim.chain_tok = xcalloc((size_t)MAX_CHAIN * sim.o.bs, sizeof *sim.chain_tok);
     sim.lebuf = xcalloc(4, sim.o.bs);
 
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sa.sa_handler = on_usr;
-    sigaction(SIGUSR1, &sa, NULL);
-    sigaction(SIGUSR2, &sa, NULL);
+    catch_stop_signals();
+    {
+        struct sigaction usr;
+        memset(&usr, 0, sizeof usr);
+        sigemptyset(&usr.sa_mask);
+        usr.sa_handler = on_usr;
+        sigaction(SIGUSR1, &usr, NULL);
+        sigaction(SIGUSR2, &usr, NULL);
+    }
 
     sim.ranks = xcalloc(sim.o.dp, sizeof *sim.ranks);
     for (unsigned i = 0; i < sim.o.dp; i++) {

@@ -34,45 +34,14 @@
 
 #include <nats/nats.h>
 
+#define TOOL_NAME     "kvtail"
+#define TOOL_EXIT_OOM 2
+#include "tools_common.h"
+
 #define MAX_HOLES       64      /* remembered per stream, to tell reorders from dups */
 #define MAX_REPORTS     50      /* per kind of problem, then only counted */
 
-static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
-
 /* ------------------------------------------------------------------ utils */
-
-static void *xrealloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (!q) {
-        fprintf(stderr, "kvtail: out of memory\n");
-        exit(2);
-    }
-    return q;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
 
 struct vec {
     uint64_t *v;
@@ -565,6 +534,8 @@ static void handle_message(struct tail *t, const char *data, size_t len)
 
 /* ------------------------------------------------- kvsim record (truth) */
 
+/* The record format: tools/README.md. */
+
 static void skip_ws(struct cur *c)
 {
     while (c->p < c->e && (*c->p == ' ' || *c->p == '\t' || *c->p == '\r' || *c->p == '\n'))
@@ -816,10 +787,8 @@ static int load_record(struct tail *t)
         return -errno;
     }
     memset(&rl, 0, sizeof rl);
-    while ((n = getline(&line, &cap, f)) > 0) {
+    while ((n = read_line(f, &line, &cap)) >= 0) {
         lineno++;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-            n--;
         if (n == 0)
             continue;
         if (!rec_line(t, &rl, line, (size_t)n)) {
@@ -929,9 +898,7 @@ static int do_publish(const struct opts *o)
     nc = connect_nats(o->server);
     if (!nc)
         goto out;
-    while (!stop_flag && (n = getline(&line, &cap, f)) > 0) {
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-            n--;
+    while (!stop_flag && (n = read_line(f, &line, &cap)) >= 0) {
         if (n == 0)
             continue;
         s = natsConnection_Publish(nc, o->subject, line, (int)n);
@@ -1037,17 +1004,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
     int c;
 
     while ((c = getopt_long(argc, argv, "hq", lo, NULL)) != -1) {
-        char *end;
-        unsigned long long v;
+        uint64_t v;
         switch (c) {
         case OPT_SERVER: o->server = optarg; break;
         case OPT_SUBJECT: o->subject = optarg; break;
         case OPT_COUNT:
         case OPT_TIMEOUT:
-            errno = 0;
-            v = strtoull(optarg, &end, 10);
-            if (errno || *end || optarg[0] < '0' || optarg[0] > '9' ||
-                (c == OPT_TIMEOUT && v > 86400000ULL * 365)) {
+            if (parse_u64(optarg, &v) || (c == OPT_TIMEOUT && v > 86400000ULL * 365)) {
                 fprintf(stderr, "kvtail: bad number '%s'\n", optarg);
                 return -EINVAL;
             }
@@ -1122,7 +1085,6 @@ static void report(struct tail *t, int64_t dropped)
 int main(int argc, char **argv)
 {
     struct tail t;
-    struct sigaction sa;
     natsConnection *nc = NULL;
     natsSubscription *sub = NULL;
     natsStatus s;
@@ -1136,11 +1098,7 @@ int main(int argc, char **argv)
     if (parse_args(argc, argv, &t.o))
         return 2;
 
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    catch_stop_signals();
     signal(SIGPIPE, SIG_IGN);
 
     if (t.o.publish) {

@@ -46,7 +46,7 @@ free_port() {
   return 1
 }
 wait_port() { local end=$((SECONDS + ${2:-10}))
-  until (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null; do [ $SECONDS -ge $end ] && return 1; sleep 0.05; done; }
+  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do [ $SECONDS -ge $end ] && return 1; sleep 0.05; done; }
 wait_file() { local end=$((SECONDS + ${2:-10}))
   until [ -e "$1" ]; do [ $SECONDS -ge $end ] && return 1; sleep 0.05; done; }
 wait_log() { local end=$((SECONDS + ${3:-10}))

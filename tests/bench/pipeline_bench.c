@@ -32,7 +32,7 @@
 #include "decode.h"
 #include "metrics.h"
 #include "pipeline.h"
-#include "seq.h"
+#include "replay.h"
 
 struct sink {
     uint64_t msgs, bytes;

@@ -58,7 +58,7 @@
 #include "decode.h"
 #include "metrics.h"
 #include "pipeline.h"
-#include "seq.h"
+#include "replay.h"
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig)

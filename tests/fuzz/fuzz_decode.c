@@ -22,7 +22,7 @@
 #include "fuzz_common.h"
 #include "log.h"
 #include "pipeline.h"
-#include "seq.h"
+#include "replay.h"
 
 struct ctx {
     struct id_track ids;

@@ -38,7 +38,7 @@
 #include "fuzz_common.h"
 #include "log.h"
 #include "pipeline.h"
-#include "seq.h"
+#include "replay.h"
 
 #define WORKER 11
 #define MAX_RECORDS 512

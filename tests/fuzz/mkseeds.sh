@@ -7,10 +7,12 @@
 #                     going back (restart), with a garbage batch, reconfigured
 #   OUT/fuzz_config   tests/data/config/*.yaml and conf/kvbridge.yaml
 #   OUT/fuzz_promtext tests/data/metrics/*.txt (engine /metrics pages, edge cases)
+#   OUT/fuzz_replay   op sequences (see fuzz_replay.c): in order, gaps filled,
+#                     cut replies, timeouts, restarts, two streams
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${1:?usage: mkseeds.sh OUT}
-mkdir -p "$OUT/fuzz_decode" "$OUT/fuzz_frames" "$OUT/fuzz_config" "$OUT/fuzz_promtext"
+mkdir -p "$OUT/fuzz_decode" "$OUT/fuzz_frames" "$OUT/fuzz_config" "$OUT/fuzz_promtext" "$OUT/fuzz_replay"
 
 for f in "$ROOT"/tests/data/*/*.msgpack; do
   d=$(basename "$(dirname "$f")")
@@ -20,7 +22,7 @@ cp "$ROOT"/tests/data/config/*.yaml "$OUT/fuzz_config/"
 cp "$ROOT"/conf/kvbridge.yaml "$OUT/fuzz_config/conf-kvbridge.yaml"
 cp "$ROOT"/tests/data/metrics/*.txt "$OUT/fuzz_promtext/"
 
-byte() { printf "\\x$(printf %02x "$1")"; }
+byte() { printf '%b' "\\x$(printf %02x "$1")"; }
 # record CODE FILE: seq code, 16-bit little-endian length, payload
 record() {
   local n
@@ -53,3 +55,17 @@ for dir in "$ROOT"/tests/data/*/; do
     n=$(stat -c %s "${files[0]}"); byte $((n & 255)); byte $((n >> 8)); cat "${files[0]}"
     for f in "${files[@]:1:3}"; do record 0 "$f"; done; } >"$OUT/fuzz_frames/$d-wrap"
 done
+
+# fuzz_replay: flags byte, then ops (bits 0-2 op, bit 3 stream, bits 4-7 arg)
+replay_seed() { local name=$1; shift; printf "$*" >"$OUT/fuzz_replay/$name"; }
+replay_seed inorder      '\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+replay_seed gap-filled   '\x00\x00\x00\x01\x01\x00\x00\x72\x00\x00'
+replay_seed gap-timeout  '\x00\x00\x01\x00\xf4\x00\xf4'
+replay_seed cut-reply    '\x00\x00\x01\x01\x01\x00\x12\x03\x72\x34\xf4\x72'
+replay_seed hole-in-held '\x00\x00\x01\x00\x00\x01\x00\x00\x12\x72\x72\x72'
+replay_seed restart      '\x00\x00\x00\x00\x05\x00\x00\x00'
+replay_seed two-streams  '\x00\x00\x08\x01\x09\x00\x08\x72\x08\x72'
+replay_seed clock-seq    '\x01\x00\x00\x01\x00\x72\x05\x00\x00'
+replay_seed wrap         '\x02\x00\x00\x01\x00\x00\x00\x72\x00'
+replay_seed oversize     '\x00\x00\x16\x01\x00\x16\x72\x06\x00'
+replay_seed req-fails    '\x00\x00\x07\x01\x00\x00'

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for integration tests: free loopback ports, processes started
 # and stopped by PID, bounded waits.  Source it from a test_*.sh script.
 set -euo pipefail
@@ -36,7 +37,7 @@ free_port() {
 
 wait_port() { # wait_port PORT [SECONDS]
   local end=$((SECONDS + ${2:-10}))
-  until (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null; do
+  until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do
     [ $SECONDS -ge $end ] && return 1; sleep 0.05
   done
 }
@@ -74,6 +75,7 @@ stop_pid() { # stop_pid PID [SIGNAL] [SECONDS]: signal, wait bounded, then KILL;
 start_nats() {
   local port=$1; shift
   start "nats-$port" nats-server -a 127.0.0.1 -p "$port" "$@"
+  # shellcheck disable=SC2034  # for the tests
   NATS_PID=$LAST_PID
   wait_port "$port" 10
 }
@@ -115,6 +117,7 @@ metric() {
 
 # ---- JetStream tests (test_rel_jetstream.sh, test_rel_cluster.sh) -----------
 
+# shellcheck disable=SC2034  # for the tests
 STREAM=namespace-dynamo-component-backend-kv-events
 
 # js_build: compile js_check.c (reads a stream back) to $T/js_check
@@ -169,6 +172,7 @@ expect_lt() { if [ -n "$2" ] && [ "$2" -lt "$3" ]; then ok "$1 ($2 < $3)"; else 
 # wait_pid PID [SECONDS]: wait (bounded) for a child to exit on its own, KILL
 # it after SECONDS; its exit code goes to RC (137 when it had to be killed).
 # Call it directly, not in $(...): a subshell cannot wait for our children.
+# shellcheck disable=SC2034  # RC: the result, for the caller
 wait_pid() {
   local pid=$1 end=$((SECONDS + ${2:-20}))
   while kill -0 "$pid" 2>/dev/null; do
@@ -206,6 +210,7 @@ start_kvtail() {
 # start_kvbridge NAME CONFIG: returns once kvbridge says it is running; PID in KVB_PID
 start_kvbridge() {
   start "$1" "$BIN/kvbridge" -c "$2"
+  # shellcheck disable=SC2034  # for the tests
   KVB_PID=$LAST_PID
   wait_log "$T/$1.log" "running:" 15 || { tail -n 3 "$T/$1.log" | sed 's/^/     | /'; return 1; }
 }

@@ -163,8 +163,9 @@ num() { local v; v=$(m "$1"); [[ $v =~ ^[0-9]+$ ]] && echo "$v" || echo 0; }
 sum_recv=0; sum_pub=0; sum_drop=0; sum_bar=0
 for t in stored removed cleared unknown malformed; do sum_recv=$((sum_recv + $(num "kvbridge_events_received_total{type=\"$t\"}"))); done
 for t in stored removed cleared; do sum_pub=$((sum_pub + $(num "kvbridge_router_events_published_total{type=\"$t\"}"))); done
-for r in $(sed -n 's/^kvbridge_events_dropped_total{reason="\([a-z_]*\)"}.*/\1/p' "$T/run.prom"); do
-  sum_drop=$((sum_drop + $(num "kvbridge_events_dropped_total{reason=\"$r\"}"))); done
+while read -r r; do
+  sum_drop=$((sum_drop + $(num "kvbridge_events_dropped_total{reason=\"$r\"}")))
+done < <(sed -n 's/^kvbridge_events_dropped_total{reason="\([a-z_]*\)"}.*/\1/p' "$T/run.prom")
 for c in start gap restart malformed_batch; do sum_bar=$((sum_bar + $(num "kvbridge_barriers_total{cause=\"$c\"}"))); done
 expect_eq "every event received is published or dropped (received = published - barriers + dropped)" \
   "$sum_recv" "$((sum_pub - sum_bar + sum_drop))"

@@ -187,11 +187,8 @@ fi
 JP=$(daemon_port)
 sed "s|nats://127.0.0.1:$NP|nats://127.0.0.1:$JP|" "$T/good.yaml" >"$T/j.yaml"
 : >"$T/journal.err"
-(
-  export JOURNAL_STREAM
-  JOURNAL_STREAM=$(stat -c '%d:%i' "$T/journal.err")
-  exec "$BIN/kvbridge" -c "$T/j.yaml"
-) >/dev/null 2>>"$T/journal.err" &
+js=$(stat -c '%d:%i' "$T/journal.err")
+JOURNAL_STREAM=$js "$BIN/kvbridge" -c "$T/j.yaml" >/dev/null 2>>"$T/journal.err" &
 JPID=$!
 PIDS+=("$JPID")
 wait_log "$T/journal.err" 'running:' 15 || bad "journal: kvbridge did not start"
@@ -214,10 +211,7 @@ expect_eq "journal: every line starts with a <N> priority" "$nonprio" 0
 [ "$nonprio" = 0 ] || grep -v '^<[0-7]>' "$T/journal.err" | head -3 | sed 's/^/     | /'
 
 # JOURNAL_STREAM naming another file: plain format
-(
-  export JOURNAL_STREAM=1:2
-  exec "$BIN/kvbridge" -c "$T/good.yaml"
-) >/dev/null 2>"$T/plain.err" &
+JOURNAL_STREAM=1:2 "$BIN/kvbridge" -c "$T/good.yaml" >/dev/null 2>"$T/plain.err" &
 JPID=$!
 PIDS+=("$JPID")
 wait_log "$T/plain.err" 'running:' 15 || bad "plain: kvbridge did not start"
@@ -229,6 +223,7 @@ expect_eq "JOURNAL_STREAM of another file: no <N> prefix" "$(grep -c '^<[0-7]>' 
 # ---- the unit files -----------------------------------------------------------
 for u in kvbridge.service kvbridge@.service; do
   f=$ROOT/systemd/$u
+  # shellcheck disable=SC2016  # $MAINPID is systemd's: literal in the unit
   for want in 'Type=notify' 'NotifyAccess=main' 'WatchdogSec=30' 'Restart=on-failure' \
               'RestartPreventExitStatus=78' 'ExecReload=/bin/kill -HUP $MAINPID' 'DynamicUser=yes' \
               'ProtectSystem=strict' 'UMask=0077' 'CapabilityBoundingSet=' \
@@ -259,6 +254,7 @@ else
     UD=$PFX/usr/lib/systemd/system
     for u in kvbridge.service kvbridge@.service kvbridge@vllm-0.service; do
       out=$(MANPATH=$PFX/usr/share/man SYSTEMD_LOG_LEVEL=notice systemd-analyze verify "$UD/$u" 2>&1) && rc=0 || rc=$?
+      # shellcheck disable=SC2001  # sed indents every line of $out
       if [ "$rc" = 0 ] && [ -z "$out" ]; then ok "systemd-analyze verify $u"; else bad "systemd-analyze verify $u (rc $rc)"; echo "$out" | sed 's/^/     | /'; fi
     done
     if systemd-analyze security --help 2>/dev/null | grep -q -- '--offline'; then

@@ -16,10 +16,10 @@ source "$(dirname "$0")/lib.sh"
 run_case() { # NAME REPLAY_BUFFER
   local name=$1 rbuf=$2 pa pb ca cb p
   pa=$(daemon_port); pb=$(daemon_port); ca=$(daemon_port); cb=$(daemon_port); p=$(daemon_port 2)
-  local cl="--cluster_name kvb --no_advertise"
-  start "natsA-$name" nats-server -a 127.0.0.1 -p "$pa" $cl -cluster "nats://127.0.0.1:$ca" -routes "nats://127.0.0.1:$cb"
+  local cl=(--cluster_name kvb --no_advertise)
+  start "natsA-$name" nats-server -a 127.0.0.1 -p "$pa" "${cl[@]}" -cluster "nats://127.0.0.1:$ca" -routes "nats://127.0.0.1:$cb"
   local apid=$LAST_PID
-  start "natsB-$name" nats-server -a 127.0.0.1 -p "$pb" $cl -cluster "nats://127.0.0.1:$cb" -routes "nats://127.0.0.1:$ca"
+  start "natsB-$name" nats-server -a 127.0.0.1 -p "$pb" "${cl[@]}" -cluster "nats://127.0.0.1:$cb" -routes "nats://127.0.0.1:$ca"
   wait_port "$pa" 10 && wait_port "$pb" 10 || { bad "$name: nats cluster did not start"; return 1; }
   wait_log "$T/natsB-$name.log" "Route connection created" 10 || true
   cat >"$T/$name.yaml" <<YAML
@@ -55,7 +55,7 @@ YAML
     && ok "$name: kvbridge paused reading while NATS was away" \
     || bad_log "$name: no pause" "$T/kvb-$name.log"
   sleep 1.5
-  start "natsA2-$name" nats-server -a 127.0.0.1 -p "$pa" $cl -cluster "nats://127.0.0.1:$ca" -routes "nats://127.0.0.1:$cb"
+  start "natsA2-$name" nats-server -a 127.0.0.1 -p "$pa" "${cl[@]}" -cluster "nats://127.0.0.1:$ca" -routes "nats://127.0.0.1:$cb"
   wait_port "$pa" 10 || bad "$name: nats A did not come back"
   wait_pid "$spid" 40
   wait_pid "$tpid" 40

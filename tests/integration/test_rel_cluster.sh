@@ -19,12 +19,12 @@ js_build || { finish; exit 1; }
 leader_of() { sed -n 's/^cluster: leader=\([^ ]*\).*/\1/p' "$T/$1.out"; }
 
 declare -a CP PP MP NPID
-for i in 1 2 3; do CP[$i]=$(daemon_port); PP[$i]=$(daemon_port); MP[$i]=$(daemon_port); done
+for i in 1 2 3; do CP[i]=$(daemon_port); PP[i]=$(daemon_port); MP[i]=$(daemon_port); done
 routes="nats://127.0.0.1:${CP[1]},nats://127.0.0.1:${CP[2]},nats://127.0.0.1:${CP[3]}"
 for i in 1 2 3; do
   start "n$i" nats-server -a 127.0.0.1 -p "${PP[$i]}" -m "${MP[$i]}" -n "n$i" -js -sd "$T/js$i" \
     --cluster_name kvbjs -cluster "nats://127.0.0.1:${CP[$i]}" -routes "$routes"
-  NPID[$i]=$LAST_PID
+  NPID[i]=$LAST_PID
 done
 for i in 1 2 3; do wait_port "${PP[$i]}" 10 || { bad "node n$i did not start"; finish; exit 1; }; done
 # JetStream's meta group has a leader once the three nodes found each other

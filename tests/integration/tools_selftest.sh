@@ -72,16 +72,17 @@ wait_file() {   # path seconds
 build_tool() {  # name libs...
     local name=$1
     shift
-    if [ -x "$B/$name" ] && [ "$B/$name" -nt "tools/$name.c" ]; then
+    if [ -x "$B/$name" ] && [ "$B/$name" -nt "tools/$name.c" ] &&
+        [ "$B/$name" -nt tools/tools_common.h ]; then
         return 0
     fi
     timeout 120 make -s "build/$name" >"$TMP/make-$name.log" 2>&1 && return 0
     # the library build may be broken by work in progress elsewhere: the tools
-    # need nothing from src/, so compile them alone
+    # need nothing from src/ nor include/, so compile them alone
     mkdir -p "$B"
     # shellcheck disable=SC2046  # pkg-config output is a list of flags
     timeout 120 gcc -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wshadow \
-        -Wstrict-prototypes -Wmissing-prototypes -Iinclude \
+        -Wstrict-prototypes -Wmissing-prototypes \
         $(pkg-config --cflags libzmq msgpack libnats libxxhash 2>/dev/null) \
         "tools/$name.c" -o "$B/$name" "$@"
 }

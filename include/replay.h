@@ -1,0 +1,142 @@
+/* replay: the sequence and replay rules of engine streams, in one place
+ * (router-events.md section 6, engine-events.md section 1 "Replay").
+ *
+ * "Count the gap, log it, replay it or publish a barrier", "seq went back:
+ * restart barrier", "hold the live batches while a replay runs, then apply
+ * them and skip what the replay already gave", "replay timed out: barrier":
+ * every one of these rules lives here and nowhere else, and so does the one
+ * write of a stream's cursor (kvb_stream.last).
+ *
+ * Pure: no sockets, no clock reads (the time is passed in as now_ms,
+ * CLOCK_MONOTONIC milliseconds).  The module decides; its caller carries the
+ * decisions out through the kvb_seq_ops callbacks, which the module calls
+ * synchronously and in order: apply a batch, reject one, publish a barrier,
+ * request a replay from seq N, cancel the request in flight.  Holding a live
+ * batch is the module's own business (it keeps a copy).  The source
+ * (source.c) owns the sockets and the frames; the pipeline (pipeline.c) owns
+ * decode -> convert -> encode -> emit and the dp_ranks of a stream.
+ *
+ * Writers of struct kvb_stream: the cursor (has_last, last) and gaps only
+ * here; n_ranks/ranks, batches and events only the pipeline.
+ *
+ * Ownership: kvb_replay_create() returns a replay state that owns the live
+ * batches it holds; kvb_replay_destroy(&r) frees them (accepts NULL).  The
+ * metrics, the streams handed to it and the ops' ctx must outlive it.  One
+ * caller thread (the loop).
+ */
+#ifndef KVB_REPLAY_H
+#define KVB_REPLAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "metrics.h"
+
+#define KVB_MAX_STREAM_RANKS 64
+/* The replay reply's end marker (engine-events.md section 1). */
+#define KVB_REPLAY_END UINT64_MAX
+
+/* One engine stream: one (source endpoint, topic) pair.  Plain data, the
+ * caller owns it (nothing to free). */
+struct kvb_stream {
+    const char *name;   /* for logs; not owned */
+    uint32_t cfg_rank;  /* the source's configured dp_rank */
+    bool has_last;
+    uint64_t last;      /* last seq applied */
+    uint32_t n_ranks;   /* dp_ranks seen (and started) on this stream */
+    uint32_t ranks[KVB_MAX_STREAM_RANKS];
+    uint64_t batches;   /* batches applied (live or replayed) */
+    uint64_t events;    /* engine events in them */
+    uint64_t gaps;      /* sequence gaps seen */
+};
+
+enum kvb_seq_verdict {
+    KVB_SEQ_FIRST, /* nothing applied yet */
+    KVB_SEQ_NEXT,  /* last + 1 */
+    KVB_SEQ_GAP,   /* > last + 1 */
+    KVB_SEQ_BACK,  /* <= last: the engine restarted (outside a replay) */
+};
+
+void kvb_stream_init(struct kvb_stream *s, const char *name, uint32_t cfg_rank);
+int kvb_seq_classify(const struct kvb_stream *s, uint64_t seq);
+/* Number of seqs missing before seq (valid for KVB_SEQ_GAP). */
+uint64_t kvb_seq_missing(const struct kvb_stream *s, uint64_t seq);
+bool kvb_stream_has_rank(const struct kvb_stream *s, uint32_t rank);
+/* Remember rank; -ENOSPC when the stream already has KVB_MAX_STREAM_RANKS. */
+int kvb_stream_add_rank(struct kvb_stream *s, uint32_t rank);
+
+/* How decisions are carried out.  Each returns the number of router events
+ * it emitted (>= 0) or a negative errno, except cancel. */
+struct kvb_seq_ops {
+    void *ctx;
+    /* Decode, convert and emit one batch whose seq is judged (a batch that
+     * does not decode publishes the malformed barrier).  Never touches the
+     * cursor: the module has already moved it to seq. */
+    int (*apply)(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len);
+    /* A batch that must not be decoded (above limits.max_payload_bytes):
+     * the malformed barrier.  The cursor is already at seq. */
+    int (*reject)(void *ctx, struct kvb_stream *s, uint64_t seq, const char *why);
+    /* "cleared" for every dp_rank of the stream, counted under cause
+     * (enum kvb_barrier_cause). */
+    int (*barrier)(void *ctx, struct kvb_stream *s, int cause);
+    /* Ask the engine's replay socket for every batch from seq `from` on:
+     * 0 once sent, or a negative errno.  NULL without a replay endpoint. */
+    int (*request)(void *ctx, uint64_t from);
+    /* Forget the request in flight: late replies to it must not reach the
+     * next one.  NULL without a replay endpoint. */
+    void (*cancel)(void *ctx);
+};
+
+/* ---- one stream without a replay ---------------------------------------- */
+
+/* A live batch on a stream that is not being recovered: judge its seq, count
+ * and log a gap or a restart and publish its barrier, move the cursor, then
+ * apply the batch.  Returns the router events emitted, or a negative errno.
+ * m: where gaps and restarts are counted. */
+int kvb_seq_live(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
+                 uint64_t seq, const uint8_t *data, size_t len);
+/* The same rules, then ops->reject instead of ops->apply. */
+int kvb_seq_reject(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
+                   uint64_t seq, const char *why);
+/* No rules: move the cursor to seq and apply the batch. */
+int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
+                  const uint8_t *data, size_t len);
+
+/* ---- a source's streams, with replay ------------------------------------ */
+
+struct kvb_replay_cfg {
+    const char *name;            /* the source, for logs (copied) */
+    const char *endpoint;        /* replay endpoint, or "" / NULL: no replay (copied) */
+    uint32_t timeout_ms;         /* replay.timeout_ms */
+    uint64_t max_payload_bytes;  /* limits.max_payload_bytes; 0: no limit */
+    size_t max_held_msgs;        /* 0: 100000 */
+    size_t max_held_bytes;       /* 0: 256 MiB */
+};
+
+struct kvb_replay;
+
+int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
+                      const struct kvb_seq_ops *ops, struct kvb_replay **out);
+void kvb_replay_destroy(struct kvb_replay **r);
+
+/* A live batch of stream st (frames already checked).  Returns the router
+ * events emitted (0 when the batch is held), or a negative errno. */
+int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
+                    const uint8_t *data, size_t len, uint64_t now_ms);
+/* One replay reply (frames checked): a batch, or seq KVB_REPLAY_END. */
+int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
+                     uint64_t now_ms);
+/* Time passes: a replay whose deadline ran out is asked again (a cut reply)
+ * or given up (barrier, then the held batches). */
+int kvb_replay_tick(struct kvb_replay *r, uint64_t now_ms);
+/* Milliseconds until kvb_replay_tick() has work, or -1. */
+long kvb_replay_next_deadline(const struct kvb_replay *r, uint64_t now_ms);
+/* A replay is in flight (its replies are wanted). */
+bool kvb_replay_active(const struct kvb_replay *r);
+/* Live batches held back while the replay runs. */
+size_t kvb_replay_held(const struct kvb_replay *r);
+/* The stream being recovered (or whose replay is being requested), or NULL. */
+const struct kvb_stream *kvb_replay_stream(const struct kvb_replay *r);
+
+#endif

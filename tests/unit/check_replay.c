@@ -1,0 +1,397 @@
+/* replay: the sequence and replay rules (replay.h) against recording ops.
+ *
+ * Every decision the module makes is written to a trace, one token each:
+ *   A<seq>  apply            X<seq>  reject (not decoded)
+ *   Bg Br   barrier (gap, restart; Bm malformed, Bs start)
+ *   R<seq>  replay request from seq      C  cancel the request in flight
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "replay.h"
+#include "testutil.h"
+
+static struct kvb_metrics m;
+static char trace[8192];
+static int request_rc; /* what the next request returns */
+
+static void add(const char *fmt, unsigned long long v)
+{
+    size_t n = strlen(trace);
+    snprintf(trace + n, sizeof(trace) - n, fmt, v);
+}
+
+static int t_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *d, size_t len)
+{
+    (void)ctx;
+    (void)d;
+    (void)len;
+    ck_assert(s->has_last && s->last == seq); /* the cursor moves first */
+    add("A%llu ", seq);
+    return 1;
+}
+
+static int t_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *why)
+{
+    (void)ctx;
+    (void)why;
+    ck_assert(s->has_last && s->last == seq);
+    add("X%llu ", seq);
+    return 1;
+}
+
+static int t_barrier(void *ctx, struct kvb_stream *s, int cause)
+{
+    (void)ctx;
+    (void)s;
+    static const char c[] = {[KVB_BAR_START] = 's', [KVB_BAR_GAP] = 'g', [KVB_BAR_RESTART] = 'r',
+                             [KVB_BAR_MALFORMED] = 'm', [KVB_BAR_NATS_LOST] = 'n'};
+    char tok[4] = {'B', c[cause], ' ', 0};
+    strcat(trace, tok);
+    return 1;
+}
+
+static int t_request(void *ctx, uint64_t from)
+{
+    (void)ctx;
+    if (request_rc < 0)
+        return request_rc;
+    add("R%llu ", from);
+    return 0;
+}
+
+static void t_cancel(void *ctx)
+{
+    (void)ctx;
+    strcat(trace, "C ");
+}
+
+static const struct kvb_seq_ops ops = {NULL, t_apply, t_reject, t_barrier, t_request, t_cancel};
+static struct kvb_replay *r;
+static struct kvb_stream st, other;
+static const uint8_t pl[4] = {1, 2, 3, 4};
+
+static void setup_with(const char *endpoint, size_t max_held, uint64_t max_payload)
+{
+    memset(&m, 0, sizeof(m));
+    trace[0] = 0;
+    request_rc = 0;
+    struct kvb_replay_cfg c = {.name = "src", .endpoint = endpoint, .timeout_ms = 1000,
+                               .max_payload_bytes = max_payload, .max_held_msgs = max_held};
+    ck_assert_int_eq(kvb_replay_create(&c, &m, &ops, &r), 0);
+    kvb_stream_init(&st, "st", 0);
+    kvb_stream_init(&other, "other", 1);
+}
+
+static void setup(void) { setup_with("tcp://127.0.0.1:1", 0, 1000); }
+static void setup_norp(void) { setup_with("", 0, 1000); }
+static void teardown(void) { kvb_replay_destroy(&r); }
+
+static int live(struct kvb_stream *s, uint64_t seq, uint64_t now)
+{
+    return kvb_replay_live(r, s, seq, pl, sizeof(pl), now);
+}
+static int reply(uint64_t seq, uint64_t now) { return kvb_replay_reply(r, seq, pl, sizeof(pl), now); }
+static int end(uint64_t now) { return kvb_replay_reply(r, KVB_REPLAY_END, NULL, 0, now); }
+
+#define TRACE(want) ck_assert_str_eq(trace, want)
+
+/* ---- without a replay endpoint ------------------------------------------ */
+
+START_TEST(in_order_applies)
+{
+    for (uint64_t q = 5; q < 9; q++)
+        ck_assert_int_eq(live(&st, q, 0), 1);
+    TRACE("A5 A6 A7 A8 ");
+    ck_assert_uint_eq(st.last, 8);
+}
+END_TEST
+
+START_TEST(gap_without_replay_is_a_barrier)
+{
+    live(&st, 0, 0);
+    ck_assert_int_eq(live(&st, 4, 0), 2);
+    TRACE("A0 Bg A4 ");
+    ck_assert_uint_eq(kvb_get(&m.seq_gaps_total[0]), 1);
+    ck_assert_uint_eq(st.gaps, 1);
+    ck_assert(!kvb_replay_active(r));
+}
+END_TEST
+
+START_TEST(back_is_a_restart)
+{
+    live(&st, 10, 0);
+    live(&st, 11, 0);
+    ck_assert_int_eq(live(&st, 0, 0), 2);
+    TRACE("A10 A11 Br A0 ");
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 1);
+}
+END_TEST
+
+START_TEST(wrap_is_next)
+{
+    live(&st, UINT64_MAX, 0);
+    live(&st, 0, 0);
+    TRACE("A18446744073709551615 A0 ");
+}
+END_TEST
+
+/* ---- with replay -------------------------------------------------------- */
+
+START_TEST(gap_filled_by_replay)
+{
+    live(&st, 0, 0);
+    live(&st, 1, 0);
+    ck_assert_int_eq(live(&st, 5, 10), 0); /* held */
+    ck_assert_int_eq(live(&st, 6, 11), 0);
+    TRACE("A0 A1 R2 ");
+    ck_assert(kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_replay_held(r), 2);
+    ck_assert_int_eq(kvb_replay_next_deadline(r, 10), 1000);
+    ck_assert_int_eq(reply(1, 20), 0); /* before want: ignored */
+    reply(2, 20);
+    reply(3, 20);
+    reply(4, 21); /* caught up: finish, then the held ones */
+    TRACE("A0 A1 R2 A2 A3 A4 C A5 A6 ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_get(&m.replays_requested_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+    ck_assert_int_eq(reply(5, 22), 0); /* late reply: nothing */
+    ck_assert_int_eq(end(22), 0);
+    TRACE("A0 A1 R2 A2 A3 A4 C A5 A6 ");
+    live(&st, 7, 30);
+    TRACE("A0 A1 R2 A2 A3 A4 C A5 A6 A7 ");
+}
+END_TEST
+
+START_TEST(replay_starts_late_barrier_once)
+{
+    live(&st, 0, 0);
+    live(&st, 5, 0);
+    reply(3, 1); /* 1, 2 no longer held */
+    reply(4, 1);
+    TRACE("A0 R1 Bg A3 A4 C A5 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 0);
+}
+END_TEST
+
+START_TEST(end_before_caught_up)
+{
+    live(&st, 0, 0);
+    live(&st, 5, 0);
+    live(&st, 6, 0);
+    reply(1, 1);
+    end(2);
+    TRACE("A0 R1 A1 C Bg A5 A6 ");
+}
+END_TEST
+
+START_TEST(timeout_gives_up)
+{
+    live(&st, 0, 0);
+    live(&st, 5, 100);
+    ck_assert_int_eq(kvb_replay_tick(r, 1099), 0);
+    TRACE("A0 R1 ");
+    ck_assert_int_eq(kvb_replay_next_deadline(r, 1099), 1);
+    kvb_replay_tick(r, 1100);
+    TRACE("A0 R1 C Bg A5 ");
+    ck_assert_int_eq(kvb_replay_next_deadline(r, 1100), -1);
+}
+END_TEST
+
+START_TEST(cut_reply_asked_again)
+{
+    live(&st, 0, 0);
+    live(&st, 9, 0);
+    reply(1, 10);
+    reply(2, 10); /* then silence: the ROUTER dropped the rest */
+    ck_assert_int_eq(kvb_replay_next_deadline(r, 10), 250);
+    kvb_replay_tick(r, 260);
+    TRACE("A0 R1 A1 A2 C R3 ");
+    for (uint64_t q = 3; q < 9; q++)
+        reply(q, 270);
+    TRACE("A0 R1 A1 A2 C R3 A3 A4 A5 A6 A7 A8 C A9 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+}
+END_TEST
+
+START_TEST(hole_in_reply_asked_again)
+{
+    live(&st, 0, 0);
+    live(&st, 9, 0);
+    reply(1, 1);
+    reply(3, 1); /* 2 dropped by the ROUTER's HWM */
+    TRACE("A0 R1 A1 C R2 ");
+    for (uint64_t q = 2; q < 9; q++)
+        reply(q, 2);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+    ck_assert_uint_eq(st.last, 9);
+}
+END_TEST
+
+START_TEST(second_gap_among_held_replayed)
+{
+    live(&st, 0, 0);
+    live(&st, 3, 0);
+    live(&st, 4, 0);
+    live(&st, 7, 0); /* 5, 6 missing too */
+    live(&st, 8, 0);
+    reply(1, 1);
+    reply(2, 1);
+    TRACE("A0 R1 A1 A2 C A3 A4 R5 ");
+    ck_assert(kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_replay_held(r), 2);
+    ck_assert_uint_eq(st.gaps, 2);
+    reply(5, 2);
+    reply(6, 2);
+    TRACE("A0 R1 A1 A2 C A3 A4 R5 A5 A6 C A7 A8 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_requested_total[0]), 2);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 2);
+}
+END_TEST
+
+START_TEST(request_fails_barrier)
+{
+    live(&st, 0, 0);
+    request_rc = -EHOSTUNREACH;
+    ck_assert_int_eq(live(&st, 5, 0), 2);
+    TRACE("A0 Bg A5 ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+}
+END_TEST
+
+START_TEST(other_stream_goes_through)
+{
+    live(&st, 0, 0);
+    live(&st, 5, 0);
+    live(&other, 100, 0);
+    live(&other, 101, 0);
+    live(&other, 200, 0); /* its gap cannot be replayed now: barrier */
+    TRACE("A0 R1 A100 A101 Bg A200 ");
+}
+END_TEST
+
+START_TEST(oversize_rejected)
+{
+    static uint8_t big[1001];
+    live(&st, 0, 0);
+    ck_assert_int_eq(kvb_replay_live(r, &st, 1, big, sizeof(big), 0), 1);
+    TRACE("A0 X1 ");
+    ck_assert_uint_eq(kvb_get(&m.malformed_messages_total[KVB_MAL_OVERSIZE]), 1);
+    /* during a replay: held in its place (without its payload) */
+    live(&st, 5, 0);
+    ck_assert_int_eq(kvb_replay_live(r, &st, 6, big, sizeof(big), 0), 0);
+    live(&st, 7, 0);
+    TRACE("A0 X1 R2 ");
+    reply(2, 1);
+    reply(3, 1);
+    reply(4, 1);
+    TRACE("A0 X1 R2 A2 A3 A4 C A5 X6 A7 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+}
+END_TEST
+
+/* fuzz_replay found: an oversize live batch during a replay ended it, the
+ * held batches had a second gap (a new replay), and the oversize batch was
+ * then rejected at once: before the batches of the new replay. */
+START_TEST(oversize_during_replay_keeps_order)
+{
+    static uint8_t big[1001];
+    live(&st, 0, 0);
+    live(&st, 2, 0); /* gap: 1 */
+    live(&st, 4, 0); /* 3 missing among the held */
+    kvb_replay_live(r, &st, 5, big, sizeof(big), 0);
+    reply(1, 1);
+    TRACE("A0 R1 A1 C A2 R3 ");
+    reply(3, 2);
+    TRACE("A0 R1 A1 C A2 R3 A3 C A4 X5 ");
+    ck_assert_uint_eq(st.last, 5);
+}
+END_TEST
+
+/* fuzz_replay found: a reply that started late published a barrier; the
+ * rest of the gap then timed out, and no barrier covered that second loss. */
+START_TEST(second_loss_in_one_gap_second_barrier)
+{
+    live(&st, 0, 0);
+    live(&st, 4, 0); /* 1..3 missing */
+    reply(2, 10);    /* 1 no longer held: barrier, then 2 */
+    kvb_replay_tick(r, 300); /* cut: ask again from 3 */
+    TRACE("A0 R1 Bg A2 C R3 ");
+    kvb_replay_tick(r, 1300); /* 3 never comes */
+    TRACE("A0 R1 Bg A2 C R3 C Bg A4 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+}
+END_TEST
+
+/* A full hold queue with a second gap among the held batches: no new replay
+ * (no room to hold), a barrier for each gap, everything in order. */
+START_TEST(hold_full_second_gap)
+{
+    kvb_replay_destroy(&r);
+    setup_with("tcp://127.0.0.1:1", 2, 0);
+    live(&st, 0, 0);
+    live(&st, 5, 0);
+    live(&st, 7, 0); /* 6 missing */
+    live(&st, 8, 0); /* no room */
+    TRACE("A0 R1 C Bg A5 Bg A7 A8 ");
+    ck_assert(!kvb_replay_active(r));
+}
+END_TEST
+
+START_TEST(hold_full_gives_up)
+{
+    kvb_replay_destroy(&r);
+    setup_with("tcp://127.0.0.1:1", 2, 0);
+    live(&st, 0, 0);
+    live(&st, 5, 0);
+    live(&st, 6, 0);
+    live(&st, 7, 0); /* third held: no room */
+    TRACE("A0 R1 C Bg A5 A6 A7 ");
+}
+END_TEST
+
+Suite *replay_suite(void);
+Suite *replay_suite(void)
+{
+    Suite *s = suite_create("replay");
+    TCase *tc = tcase_create("no_replay");
+    tcase_add_checked_fixture(tc, setup_norp, teardown);
+    tcase_add_test(tc, in_order_applies);
+    tcase_add_test(tc, gap_without_replay_is_a_barrier);
+    tcase_add_test(tc, back_is_a_restart);
+    tcase_add_test(tc, wrap_is_next);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("replay");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, gap_filled_by_replay);
+    tcase_add_test(tc, replay_starts_late_barrier_once);
+    tcase_add_test(tc, end_before_caught_up);
+    tcase_add_test(tc, timeout_gives_up);
+    tcase_add_test(tc, cut_reply_asked_again);
+    tcase_add_test(tc, hole_in_reply_asked_again);
+    tcase_add_test(tc, second_gap_among_held_replayed);
+    tcase_add_test(tc, request_fails_barrier);
+    tcase_add_test(tc, other_stream_goes_through);
+    tcase_add_test(tc, oversize_rejected);
+    tcase_add_test(tc, hold_full_gives_up);
+    tcase_add_test(tc, oversize_during_replay_keeps_order);
+    tcase_add_test(tc, hold_full_second_gap);
+    tcase_add_test(tc, second_loss_in_one_gap_second_barrier);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    kvb_log_set_level(KVB_LOG_ERROR);
+    return kvb_run_suite(replay_suite());
+}
