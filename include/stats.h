@@ -4,8 +4,8 @@
  * batches/s, events/s and gaps over the interval, and its engine's load per
  * dp_rank when sources[].engine is set (kv used/total blocks, requests
  * running and waiting, or "gone"); then one "all:" line: router events
- * published by type, gaps, replays (filled/failed), barriers by cause,
- * dropped events by reason, malformed messages, NATS pending bytes, load
+ * published by type, barriers ("cleared by cause"), gaps, replays
+ * (filled/failed), dropped events by reason, malformed messages, NATS pending bytes, load
  * messages published and the p99 of batch processing time (the upper bound
  * of the histogram bucket that holds it).  When nothing happened in the
  * interval (no batch, nothing published, dropped or barriered) a single
