@@ -114,4 +114,6 @@ clean:
 # Feature makefiles (fuzz, sanitizers, bench, install) live in mk/*.mk.
 include $(sort $(wildcard mk/*.mk))
 
--include $(shell find $(B) -name '*.d' 2>/dev/null)
+# (not under $(B)/deb: make deb's copy of the tree, with its own build and
+# directories such as tmpfiles.d)
+-include $(shell find $(B) -path $(B)/deb -prune -o -type f -name '*.d' -print 2>/dev/null)

@@ -15,6 +15,14 @@
 
 struct kvb_http;
 
+/* Limits against slow clients (kvbridge(8), METRICS): connections at once,
+ * at once from one address, seconds a connection may stay silent, and the
+ * memory pool of one connection (bytes). */
+#define KVB_HTTP_CONN_LIMIT 128
+#define KVB_HTTP_PER_IP_LIMIT 32
+#define KVB_HTTP_IDLE_TIMEOUT_S 5
+#define KVB_HTTP_CONN_MEMORY (16 * 1024)
+
 /* listen: "HOST:PORT" or "[V6]:PORT" (numeric host).  0 or a negative errno
  * (-EINVAL bad address, -EADDRINUSE, ...). */
 int kvb_http_start(const char *listen, const struct kvb_metrics *m, const char *version,

@@ -56,3 +56,7 @@ uninstall:
 	rm -f $(INSTALLED_FILES)
 	@for d in $(DESTDIR)$(LIBEXECDIR) $(DESTDIR)$(SYSCONFDIR)/kvbridge; do \
 	  rmdir "$$d" 2>/dev/null || true; done
+
+# What install needs built, and no more (debian/rules builds this).
+.PHONY: install-progs
+install-progs: $(addprefix $(B)/,$(INSTALL_BIN) $(INSTALL_LIBEXEC))

@@ -116,11 +116,14 @@ static const struct opt opts[] = {
      .help = "dp_rank used when a batch carries none (with dp_size > 1: the rank "
              "of the first port of the expansion)."},
     {.key = "sources[].rcvhwm", .type = T_U32, .off = SRC(rcvhwm, uint32_t),
-     .def = "1000000", .min = 0, .max = I32MAX, .flags = R,
-     .help = "ZMQ_RCVHWM of the SUB socket, in messages (0 = no limit). Batches "
+     .def = "10000", .min = 0, .max = I32MAX, .flags = R,
+     .help = "ZMQ_RCVHWM of the SUB socket, in batches (0 = no limit). Batches "
              "queue there while kvbridge is slower than the engine or paused (NATS "
-             "away): memory up to rcvhwm x batch size; beyond it the engine drops "
-             "and replay (or a barrier) covers the gap."},
+             "slow or away), and as many again (10000 at least) are held while a "
+             "replay runs: memory up to 2 x rcvhwm x (batch size + 2 KiB of libzmq "
+             "overhead), "
+             "60 MiB for 1 KiB batches (kvbridge(8), MEMORY); beyond it the engine "
+             "drops and replay (or a barrier) covers the gap."},
     {.key = "sources[].curve.secret_key_file", .type = T_STR,
      .off = SRC(curve.secret_key_file, char *), .def = "", .flags = R,
      .help = "ZMQ CURVE (encryption and authentication of the engine link): file "
@@ -245,9 +248,11 @@ static const struct opt opts[] = {
              "rejects the credentials or the TLS handshake ends the wait at once "
              "(with 0: retried, and logged, at every attempt)."},
     {.key = "nats.reconnect_buffer_bytes", .type = T_U64,
-     .off = TOP(nats.reconnect_buffer_bytes, uint64_t), .def = "67108864", .min = 0,
+     .off = TOP(nats.reconnect_buffer_bytes, uint64_t), .def = "16777216", .min = 0,
      .max = I32MAX, .flags = R | C,
-     .help = "Bytes buffered while NATS is disconnected (64 MiB by default)."},
+     .help = "Bytes of router events buffered for NATS while it is disconnected or "
+             "slow (16 MiB by default); from 3/4 of it kvbridge stops reading the "
+             "engines. Costs up to twice this in memory (kvbridge(8), MEMORY)."},
     {.key = "nats.reconnect_wait_ms", .type = T_U32,
      .off = TOP(nats.reconnect_wait_ms, uint32_t), .def = "100", .min = 1, .max = I32MAX,
      .flags = R | C, .help = "First reconnect backoff step, in milliseconds."},

@@ -146,13 +146,24 @@ int kvb_http_start(const char *listen, const struct kvb_metrics *m, const char *
         return -ENOMEM;
     h->m = m;
     h->version = version;
+    /* One internal thread polls every connection (non-blocking), so a slow
+     * client only holds a slot, never the thread: /healthz and /metrics are
+     * served as long as a slot is free.  Slowloris clients hold slots, hence
+     * room for many (HTTP_CONN_LIMIT), at most HTTP_PER_IP_LIMIT of them from
+     * one address (probes and scrapes from another address still get in), an
+     * idle timeout that frees what stopped sending, and a small per-connection
+     * pool (requests are a line and a few headers; the /metrics body is
+     * allocated apart) so that the slots stay cheap. */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     errno = 0;
-    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR,
-                              (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, 16u,
-                              MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    h->mhd = MHD_start_daemon(
+        flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)KVB_HTTP_CONN_LIMIT,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)KVB_HTTP_PER_IP_LIMIT,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVB_HTTP_IDLE_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVB_HTTP_CONN_MEMORY, MHD_OPTION_END);
     if (!h->mhd) {
         rc = errno ? -errno : -EADDRINUSE;
         free(h);

@@ -14,6 +14,8 @@
 
 #define MAX_STREAMS 64            /* distinct topics per source */
 #define MAX_TOPIC 256
+#define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
+#define MIN_HELD_MSGS 10000       /* ... even with a smaller rcvhwm */
 
 struct stream {
     struct kvb_stream_slot *slot; /* metrics; NULL when all slots are taken */
@@ -177,9 +179,17 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         rc = -ENOMEM;
     }
 
+    /* Live batches held while a replay runs: at most rcvhwm (what the SUB
+     * would have queued had kvbridge not read them), but room for
+     * MIN_HELD_MSGS whatever rcvhwm is (a replay of a few seconds under a
+     * fast engine), and MAX_HELD_MSGS at most: the memory bound of
+     * kvbridge(8), MEMORY. */
+    size_t held = p->rcvhwm < MIN_HELD_MSGS ? MIN_HELD_MSGS
+                  : p->rcvhwm > MAX_HELD_MSGS ? MAX_HELD_MSGS : p->rcvhwm;
     struct kvb_replay_cfg rcfg = {.name = s->name, .endpoint = s->replay_endpoint,
                                   .timeout_ms = p->replay_timeout_ms,
-                                  .max_payload_bytes = p->max_payload_bytes};
+                                  .max_payload_bytes = p->max_payload_bytes,
+                                  .max_held_msgs = held};
     struct kvb_seq_ops ops = {.ctx = s, .apply = op_apply, .reject = op_reject,
                               .barrier = op_barrier, .request = op_request, .cancel = op_cancel};
     if ((rc = kvb_replay_create(&rcfg, m, &ops, &s->rp)) < 0)

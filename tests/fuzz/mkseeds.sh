@@ -57,7 +57,7 @@ for dir in "$ROOT"/tests/data/*/; do
 done
 
 # fuzz_replay: flags byte, then ops (bits 0-2 op, bit 3 stream, bits 4-7 arg)
-replay_seed() { local name=$1; shift; printf "$*" >"$OUT/fuzz_replay/$name"; }
+replay_seed() { local name=$1; shift; printf '%b' "$*" >"$OUT/fuzz_replay/$name"; }
 replay_seed inorder      '\x00\x00\x00\x00\x00\x00\x00\x00\x00'
 replay_seed gap-filled   '\x00\x00\x00\x01\x01\x00\x00\x72\x00\x00'
 replay_seed gap-timeout  '\x00\x00\x01\x00\xf4\x00\xf4'

@@ -148,7 +148,7 @@ static void assert_defaults(const struct kvb_config *c)
         ck_assert_int_eq(s->mode, KVB_MODE_CONNECT);
         ck_assert_uint_eq(s->dp_size, 1);
         ck_assert_uint_eq(s->dp_rank, 0);
-        ck_assert_uint_eq(s->rcvhwm, 1000000);
+        ck_assert_uint_eq(s->rcvhwm, 10000);
         ck_assert_str_eq(s->curve.secret_key_file, "");
         ck_assert_str_eq(s->curve.server_public_key, "");
         ck_assert_str_eq(s->curve.allowed_clients_file, "");
@@ -178,7 +178,7 @@ static void assert_defaults(const struct kvb_config *c)
     ck_assert(c->nats.tls.verify);
     ck_assert_str_eq(c->nats.tls.server_name, "");
     ck_assert_uint_eq(c->nats.connect_timeout_ms, 0);
-    ck_assert_uint_eq(c->nats.reconnect_buffer_bytes, 64u << 20);
+    ck_assert_uint_eq(c->nats.reconnect_buffer_bytes, 16u << 20);
     ck_assert_uint_eq(c->nats.reconnect_wait_ms, 100);
     ck_assert_uint_eq(c->nats.reconnect_wait_max_ms, 5000);
     ck_assert_uint_eq(c->nats.flush_timeout_ms, 5000);
@@ -290,7 +290,7 @@ START_TEST(test_every_key)
     ck_assert_str_eq(s->endpoint, "ipc:///run/engine.sock");
     ck_assert_str_eq(s->replay_endpoint, "");
     ck_assert_uint_eq(s->dp_size, 1);
-    ck_assert_uint_eq(s->rcvhwm, 1000000);
+    ck_assert_uint_eq(s->rcvhwm, 10000);
     ck_assert(s->curve.enabled);
     assert_curve_key(s->curve.secret_key, CURVE_CLIENT_SECRET);
     ck_assert_str_eq(s->curve.server_public_key, CURVE_SERVER_PUBLIC);
@@ -812,9 +812,9 @@ START_TEST(test_example_loads)
         "\nforward_tiers: [device]\n", "\nsources:\n",
         "  - endpoint: \"tcp://127.0.0.1:5557\"\n", "    replay_endpoint: \"\"\n",
         "    topic: \"\"\n", "    mode: connect\n", "    dp_size: 1\n", "    dp_rank: 0\n",
-        "    rcvhwm: 1000000\n", "\nnats:\n", "  servers: [\"nats://127.0.0.1:4222\"]\n",
+        "    rcvhwm: 10000\n", "\nnats:\n", "  servers: [\"nats://127.0.0.1:4222\"]\n",
         "  credentials: \"\"\n", "  connect_timeout_ms: 0\n",
-        "  reconnect_buffer_bytes: 67108864\n", "  jetstream:\n", "    enabled: false\n",
+        "  reconnect_buffer_bytes: 16777216\n", "  jetstream:\n", "    enabled: false\n",
         "    stream: \"\"\n", "\nreplay:\n  # ", "  timeout_ms: 2000\n",
         "  listen: \"127.0.0.1:9464\"\n", "  level: info\n", "  dir: \"\"\n",
         "  max_depth: 16\n",
