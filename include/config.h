@@ -43,6 +43,16 @@ struct kvb_curve_cfg {
     size_t n_allowed;           /* >= 1 when allowed_clients_file is set */
 };
 
+/* The engine's HTTP face (sources[].engine), for load and liveness (scrape.h,
+ * engine.h).  Off when both URLs are "". */
+struct kvb_engine_cfg {
+    int kind;                    /* enum kvb_engine_kind (engine_load.h): vllm, sglang */
+    char *metrics_url;           /* http(s) URL of its Prometheus /metrics; "" = none */
+    char *health_url;            /* e.g. vLLM's /health; "" = none */
+    uint32_t scrape_interval_ms; /* a round every ...; also the request timeout */
+    uint32_t dead_after_ms;      /* failing this long AND no batch: gone */
+};
+
 struct kvb_source_cfg {
     char *endpoint;         /* required, e.g. tcp://127.0.0.1:5557 */
     char *replay_endpoint;  /* "" when none */
@@ -53,6 +63,7 @@ struct kvb_source_cfg {
     uint32_t rcvhwm;        /* ZMQ_RCVHWM of the SUB (messages) */
     uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap */
     struct kvb_curve_cfg curve;
+    struct kvb_engine_cfg engine;
 };
 
 struct kvb_config {
@@ -74,6 +85,7 @@ struct kvb_config {
         char *subject;        /* template: {namespace} {component} {worker_id} {dp_rank} */
         char *namespace_;
         char *component;
+        char *endpoint;       /* {endpoint}: the worker's KV-state endpoint */
         int format;           /* enum kvb_format */
         /* Authentication: at most one method (user+password, token, nkey,
          * credentials).  Paths are resolved at load (a relative name is looked
@@ -135,6 +147,7 @@ struct kvb_config {
 
     struct {
         int level;            /* enum kvb_log_level */
+        uint32_t stats_interval_s; /* a stats line per source every ...; 0 = off */
     } log;
 
     struct {
@@ -190,6 +203,11 @@ bool kvb_config_nats_equal(const struct kvb_config *a, const struct kvb_config *
  * and the CURVE keys read from the files too.  SIGHUP reopens the sources
  * when a source differs (or their number does). */
 bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b);
+
+/* True when the two sources' engine maps (sources[].engine.*) are equal.
+ * kvb_config_source_equal() leaves them out: the engine's HTTP face is not
+ * how the source is opened, and changing it does not reopen the source. */
+bool kvb_config_engine_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b);
 
 /* SIGHUP: 0 when NEW may replace OLD in a running process; -EINVAL with a
  * message on err when a key that needs a restart changed (with JetStream on,

@@ -48,7 +48,7 @@
 #define KVB_BARRIER_CAUSES(X)                                                  \
     X(START, "start") X(GAP, "gap") X(RESTART, "restart")                      \
     X(MALFORMED, "malformed_batch") X(NATS_LOST, "nats_lost")                 \
-    X(MIRROR_FULL, "mirror_full")
+    X(MIRROR_FULL, "mirror_full") X(ENGINE_GONE, "engine_gone")
 
 #define KVB_TIERS(X)                                                           \
     X(DEVICE, "device") X(HOST_PINNED, "host_pinned") X(DISK, "disk")          \
@@ -110,7 +110,17 @@
     X(gauge, reading_paused, "", KVB_NO_LABEL,                                 \
       "1 while reading is paused (NATS buffer above 3/4 of its limit)")        \
     X(gauge, ready, "", KVB_NO_LABEL,                                          \
-      "1 while NATS is connected and every source is set up (/readyz)")         \
+      "1 while NATS is connected, every source is set up and no engine is gone (/readyz)") \
+    X(counter, engine_scrapes_total, "", KVB_NO_LABEL,                         \
+      "Rounds of engine metrics/health scrapes finished")                      \
+    X(counter, engine_scrape_failures_total, "", KVB_NO_LABEL,                 \
+      "Scrape rounds in which neither the metrics nor the health URL answered") \
+    X(counter, engine_gone_total, "", KVB_NO_LABEL,                            \
+      "Engines judged gone: endpoints failing and no batch for dead_after_ms") \
+    X(gauge, engines_gone, "", KVB_NO_LABEL,                                   \
+      "Engines judged gone now (/readyz answers 503 while it is not 0)")       \
+    X(counter, load_messages_published_total, "", KVB_NO_LABEL,                \
+      "ActiveLoad messages published on the kv_metrics subject")               \
     X(counter, jetstream_acks_total, "", KVB_NO_LABEL,                         \
       "JetStream publishes acknowledged (stored, or known as duplicates)")     \
     X(counter, jetstream_duplicates_total, "", KVB_NO_LABEL,                   \
@@ -163,6 +173,20 @@
     X(counter, source_seq_gaps_total, gaps, "Sequence gaps, by stream")        \
     X(gauge, source_last_seq, last_seq, "Last engine seq applied, by stream")
 
+/* Per engine rank (sources[].engine), labels source and dp_rank: the
+ * engine's load as its /metrics page says (engine_load.h). */
+#define KVB_ENGINE_METRICS(X)                                                  \
+    X(gauge, engine_up, up,                                                    \
+      "1 while the engine's metrics or health URL answers, by source and dp_rank") \
+    X(gauge, engine_kv_used_blocks, used_blocks,                               \
+      "KV blocks in use (usage x total blocks), by source and dp_rank")        \
+    X(gauge, engine_kv_total_blocks, total_blocks,                             \
+      "KV blocks of the engine's cache, by source and dp_rank")                \
+    X(gauge, engine_requests_running, running,                                 \
+      "Requests the engine is running, by source and dp_rank")                 \
+    X(gauge, engine_requests_waiting, waiting,                                 \
+      "Requests queued in the engine, by source and dp_rank")
+
 #define KVB_ENUM_ITEM(prefix, suffix, str) prefix##suffix,
 #define KVB_DROP_ITEM(s, str) KVB_DROP_##s,
 #define KVB_EVT_ITEM(s, str) KVB_EVT_##s,
@@ -202,6 +226,17 @@ struct kvb_stream_slot {
     KVB_STREAM_METRICS(KVB_STREAM_FIELD)
 };
 
+#define KVB_MAX_ENGINE_SLOTS 256
+struct kvb_engine_slot {
+    _Atomic int used;          /* set (release) once source/dp_rank are written */
+    char source[256];
+    uint32_t dp_rank;
+    _Atomic uint64_t gone;     /* 1 while judged gone (/readyz names it) */
+    _Atomic uint64_t dead_after_ms;
+#define KVB_ENGINE_FIELD(kind, name, field, help) _Atomic uint64_t field;
+    KVB_ENGINE_METRICS(KVB_ENGINE_FIELD)
+};
+
 #define KVB_METRIC_FIELD(kind, name, label, list, help)                        \
     _Atomic uint64_t name[KVB_COUNT_OF(list)];
 #define KVB_HIST_FIELD(name, buckets, help) struct kvb_histogram name;
@@ -209,6 +244,7 @@ struct kvb_metrics {
     KVB_METRICS(KVB_METRIC_FIELD)
     KVB_HISTOGRAMS(KVB_HIST_FIELD)
     struct kvb_stream_slot streams[KVB_MAX_STREAM_SLOTS];
+    struct kvb_engine_slot engines[KVB_MAX_ENGINE_SLOTS];
     _Atomic uint64_t loop_heartbeat_ms; /* CLOCK_MONOTONIC of the last loop turn */
     _Atomic uint64_t heartbeat_interval_ms;
 };
@@ -257,6 +293,11 @@ KVB_HISTOGRAMS(KVB_HIST_DECL)
  * thread; NULL when all slots are taken (the stream is then not exported). */
 struct kvb_stream_slot *kvb_metrics_stream_slot(struct kvb_metrics *m, const char *source,
                                                 const char *topic);
+
+/* The slot of engine rank (source, dp_rank), claimed on first use by the
+ * loop thread; NULL when all slots are taken. */
+struct kvb_engine_slot *kvb_metrics_engine_slot(struct kvb_metrics *m, const char *source,
+                                                uint32_t dp_rank);
 
 /* Prometheus text exposition (format 0.0.4) of everything into a malloc'ed
  * buffer (*out, *len; the caller frees).  Safe from any thread. */

@@ -46,6 +46,7 @@ static const char *const mode_values[] = {"connect", "bind", NULL};
 static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "raw", NULL};
 static const char *const level_values[] = {"error", "warn", "info", "debug", NULL};
 static const char *const retention_values[] = {"limits", "interest", "workqueue", NULL};
+static const char *const engine_kind_values[] = {"vllm", "sglang", NULL}; /* engine_load.h */
 #define TIER_NAME(s, str) [KVB_TIER_##s] = str,
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
@@ -60,6 +61,7 @@ static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 #define check_js_template kvb_cfg_check_js_template
 #define check_server_url kvb_cfg_check_server_url
 #define check_query_subject kvb_cfg_check_query_subject
+#define check_http_url kvb_cfg_check_http_url
 
 #define R F_RELOAD
 #define C F_CONN
@@ -151,6 +153,34 @@ static const struct opt opts[] = {
              "engines allowed to connect; others are refused during the handshake. "
              "\"\" = any engine that knows this source's public key. An error in "
              "connect mode."},
+    {.key = "sources[].engine.kind", .type = T_ENUM, .off = SRC(engine.kind, int),
+     .def = "vllm", .values = engine_kind_values, .flags = R,
+     .help = "The engine's HTTP face, for its load and its liveness: which engine "
+             "serves metrics_url, vllm or sglang (the metric names differ)."},
+    {.key = "sources[].engine.metrics_url", .type = T_STR,
+     .off = SRC(engine.metrics_url, char *), .def = "", .flags = R, .check = check_http_url,
+     .help = "The engine's Prometheus /metrics (http:// or https://), scraped off the "
+             "loop thread every scrape_interval_ms: the KV-cache load per dp_rank, "
+             "published as ActiveLoad and exported as kvbridge_engine_*. \"\" = none. "
+             "Without metrics_url and health_url no load is read and no liveness "
+             "judgement is made."},
+    {.key = "sources[].engine.health_url", .type = T_STR,
+     .off = SRC(engine.health_url, char *), .def = "", .flags = R, .check = check_http_url,
+     .help = "The engine's health URL (vLLM: /health), asked with metrics_url; the "
+             "engine answers when either gives a 2xx status. \"\" = none."},
+    {.key = "sources[].engine.scrape_interval_ms", .type = T_U32,
+     .off = SRC(engine.scrape_interval_ms, uint32_t), .def = "500", .min = 10,
+     .max = 3600000, .flags = R,
+     .help = "A scrape every this many milliseconds; it is also each request's "
+             "timeout."},
+    {.key = "sources[].engine.dead_after_ms", .type = T_U32,
+     .off = SRC(engine.dead_after_ms, uint32_t), .def = "10000", .min = 10,
+     .max = I32MAX, .flags = R,
+     .help = "The engine is gone when its metrics and health URLs have failed this "
+             "long AND no batch came from it in that time (an idle engine publishes "
+             "nothing, so silence alone proves nothing): a \"cleared\" barrier for each "
+             "of its dp_ranks, once, and /readyz answers 503. At least "
+             "scrape_interval_ms."},
 
     {.key = "nats.servers", .type = T_STRLIST, .off = TOP(nats.servers, char **),
      .noff = TOP(nats.n_servers, size_t), .def = "nats://127.0.0.1:4222", .flags = R | C,
@@ -168,6 +198,10 @@ static const struct opt opts[] = {
     {.key = "nats.component", .type = T_STR, .off = TOP(nats.component, char *),
      .def = "backend", .flags = R, .check = check_word,
      .help = "Value of {component}."},
+    {.key = "nats.endpoint", .type = T_STR, .off = TOP(nats.endpoint, char *),
+     .def = "generate", .flags = R,
+     .help = "The worker's KV-state endpoint: {endpoint} in subjects and the "
+             "discovery record's endpoint."},
     {.key = "nats.format", .type = T_ENUM, .off = TOP(nats.format, int),
      .def = "dynamo-json", .values = format_values, .flags = R, .check = check_format,
      .help = "Wire format of the published events (dynamo-msgpack and raw are "
@@ -331,6 +365,12 @@ static const struct opt opts[] = {
 
     {.key = "log.level", .type = T_ENUM, .off = TOP(log.level, int), .def = "info",
      .values = level_values, .flags = R, .help = "Least severe message logged."},
+    {.key = "log.stats_interval_s", .type = T_U32, .off = TOP(log.stats_interval_s, uint32_t),
+     .def = "10", .min = 0, .max = 86400, .flags = R,
+     .help = "A stats line per source in the log every this many seconds (batches/s, "
+             "events/s, router events, gaps, replays, barriers, drops, NATS pending "
+             "bytes, engine load, p99 batch time); one line when nothing happened; 0 = "
+             "off."},
 
     {.key = "state.dir", .type = T_STR, .off = TOP(state.dir, char *), .def = "",
      .help = "Directory where cursors persist across restarts; \"\" = none. "
@@ -386,6 +426,12 @@ static const struct opt opts[] = {
 /* The table for the other files of the module (config_priv.h). */
 const struct opt *const kvb_cfg_opts = opts;
 const size_t kvb_cfg_nopts = N_OPTS;
+
+#define ENGINE_PREFIX SRC_PREFIX ".engine."
+static bool is_engine_key(const struct opt *o)
+{
+    return strncmp(o->key, ENGINE_PREFIX, sizeof ENGINE_PREFIX - 1) == 0;
+}
 
 static const struct opt *find_opt(const char *key)
 {
@@ -758,6 +804,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
             required_missing(c, item, ipath, true, &srcs[i], smarks);
             kvb_cfg_check_source(c, &srcs[i], i, smarks);
             kvb_cfg_check_curve(c, &srcs[i], i, smarks);
+            kvb_cfg_check_engine(c, &srcs[i], i, smarks);
         } else if (item->kind != N_BAD) {
             err_at(c, item->line, item->col,
                    "%s: expected a mapping (endpoint: ...), found %s", ipath,
@@ -1094,12 +1141,22 @@ static bool field_eq(const struct opt *o, const void *a_base, const void *b_base
     return false;
 }
 
+bool kvb_config_engine_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b)
+{
+    if (!a || !b)
+        return a == b;
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (is_engine_key(&opts[i]) && !field_eq(&opts[i], a, b))
+            return false;
+    return true;
+}
+
 bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b)
 {
     if (!a || !b)
         return a == b;
     for (size_t i = 0; i < N_OPTS; i++)
-        if (in_sources(&opts[i]) && !field_eq(&opts[i], a, b))
+        if (in_sources(&opts[i]) && !is_engine_key(&opts[i]) && !field_eq(&opts[i], a, b))
             return false;
     const struct kvb_curve_cfg *x = &a->curve, *y = &b->curve;
     return x->enabled == y->enabled && x->n_allowed == y->n_allowed &&

@@ -20,6 +20,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <curl/curl.h>
+
 #define MAX_SHOWN 60 /* bytes of a user value quoted in a message */
 
 /* ------------------------------------------------------------------------ */
@@ -274,6 +276,49 @@ int kvb_cfg_check_server_url(struct ctx *c, const struct opt *o, const char *dpa
            SHOWN(sv));
     free(sv);
     return -1;
+}
+
+/* sources[].engine URLs: "" or an http:// / https:// URL that libcurl's URL
+ * parser takes (the scraper uses libcurl). */
+int kvb_cfg_check_http_url(struct ctx *c, const struct opt *o, const char *dpath,
+                           const void *field, const struct node *v)
+{
+    (void)o;
+    const char *s = *(char *const *)field;
+    if (*s == '\0')
+        return 0;
+    bool ok = false;
+    CURLU *u = curl_url();
+    char *scheme = NULL, *host = NULL;
+    if (u && curl_url_set(u, CURLUPART_URL, s, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK)
+        ok = (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0) && host[0];
+    curl_free(scheme);
+    curl_free(host);
+    curl_url_cleanup(u);
+    if (ok && !strpbrk(s, " \t\r\n"))
+        return 0;
+    char *sv = kvb_cfg_shown(s, strlen(s));
+    err_at(c, v->line, v->col, "%s: '%s' is not an http:// or https:// URL (or \"\" for none)",
+           dpath, SHOWN(sv));
+    free(sv);
+    return -1;
+}
+
+/* sources[].engine: dead_after_ms covers at least one scrape. */
+void kvb_cfg_check_engine(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
+                          const struct mark *m)
+{
+    const struct mark *md = &m[kvb_cfg_opt_index("sources[].engine.dead_after_ms")];
+    const struct mark *mi = &m[kvb_cfg_opt_index("sources[].engine.scrape_interval_ms")];
+    if (md->bad || mi->bad || s->engine.dead_after_ms >= s->engine.scrape_interval_ms)
+        return;
+    const struct mark *at = md->set ? md : mi->set ? mi : md;
+    err_at(c, at->line, at->col,
+           "sources[%zu].engine.dead_after_ms: %" PRIu32 " is less than "
+           "sources[%zu].engine.scrape_interval_ms (%" PRIu32 ")",
+           i, s->engine.dead_after_ms, i, s->engine.scrape_interval_ms);
 }
 
 int kvb_cfg_check_host(struct ctx *c, const struct opt *o, const char *dpath,

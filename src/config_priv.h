@@ -169,7 +169,8 @@ char *kvb_cfg_shown(const char *s, size_t len);
 /* Checks of one value, named by the table's .check. */
 check_fn kvb_cfg_check_endpoint, kvb_cfg_check_opt_endpoint, kvb_cfg_check_subject,
     kvb_cfg_check_word, kvb_cfg_check_format, kvb_cfg_check_listen, kvb_cfg_check_host,
-    kvb_cfg_check_js_template, kvb_cfg_check_server_url, kvb_cfg_check_query_subject;
+    kvb_cfg_check_js_template, kvb_cfg_check_server_url, kvb_cfg_check_query_subject,
+    kvb_cfg_check_http_url;
 
 /* Checks across keys, once the tree was walked; they report and set the
  * marks (M, one per table row) of keys found bad.  kvb_cfg_resolve_files():
@@ -184,5 +185,8 @@ void kvb_cfg_check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
                           const struct mark *m);
 void kvb_cfg_check_curve(struct ctx *c, struct kvb_source_cfg *s, size_t i, struct mark *m);
+/* sources[I].engine: dead_after_ms at least scrape_interval_ms. */
+void kvb_cfg_check_engine(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
+                          const struct mark *m);
 
 #endif

@@ -36,6 +36,34 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     return rc;
 }
 
+/* "not ready: engine gone: SOURCE dp_rank N ..." for /readyz (malloc'ed;
+ * NULL when out of memory or no slot says gone). */
+static char *engines_gone(const struct kvb_metrics *m)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
+    int n = 0;
+    for (int i = 0; i < KVB_MAX_ENGINE_SLOTS; i++) {
+        const struct kvb_engine_slot *s = &m->engines[i];
+        if (!atomic_load_explicit((_Atomic int *)&s->used, memory_order_acquire))
+            break;
+        if (!kvb_get(&s->gone))
+            continue;
+        fprintf(f, "not ready: engine gone: %s dp_rank %u (its metrics/health URL has not "
+                   "answered for %llu ms and no batch came)\n",
+                s->source, s->dp_rank, (unsigned long long)kvb_get(&s->dead_after_ms));
+        n++;
+    }
+    if (fclose(f) != 0 || n == 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_size, void **con_cls)
@@ -67,9 +95,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (strcmp(url, "/readyz") == 0) {
         bool ready = kvb_get(&h->m->ready[0]) != 0;
-        return ready ? reply(c, 200, "text/plain", ok, 3, MHD_RESPMEM_PERSISTENT)
-                     : reply(c, 503, "text/plain", not_ready, sizeof(not_ready) - 1,
-                             MHD_RESPMEM_PERSISTENT);
+        if (ready)
+            return reply(c, 200, "text/plain", ok, 3, MHD_RESPMEM_PERSISTENT);
+        char *why = kvb_get(&h->m->engines_gone[0]) ? engines_gone(h->m) : NULL;
+        return why ? reply(c, 503, "text/plain", why, strlen(why), MHD_RESPMEM_MUST_FREE)
+                   : reply(c, 503, "text/plain", not_ready, sizeof(not_ready) - 1,
+                           MHD_RESPMEM_PERSISTENT);
     }
     return reply(c, 404, "text/plain", not_found, sizeof(not_found) - 1, MHD_RESPMEM_PERSISTENT);
 }

@@ -16,6 +16,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "clock.h"
+#include "engine.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
@@ -24,6 +25,7 @@
 #include "sink.h"
 #include "source.h"
 #include "state.h"
+#include "stats.h"
 #include "subject.h"
 #include "version.h"
 #include "zap.h"
@@ -52,6 +54,8 @@ struct kvb_daemon {
     struct kvb_sink *sink;
     struct kvb_http *http;
     struct kvb_residency *res; /* the residency mirror and its queries */
+    struct kvb_engines *eng; /* sources[].engine: load and liveness (engine.h) */
+    struct kvb_stats *stats; /* log.stats_interval_s (stats.h) */
     uint64_t heartbeat_ms;   /* loop wake-up period */
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
@@ -133,6 +137,13 @@ static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t l
     if (kvb_residency_apply(d->res, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED)
         kvb_pipeline_cleared(d->pipe, rev->dp_rank, KVB_BAR_MIRROR_FULL);
     return 0; /* a refused publish is counted by the sink; the stream goes on */
+}
+
+/* ActiveLoad messages (engine.h): core NATS, whatever the router events use. */
+static int publish_load(void *ctx, const char *subject, const void *data, size_t len)
+{
+    struct kvb_daemon *d = ctx;
+    return kvb_sink_publish(d->sink, subject, data, len);
 }
 
 /* ---- sources ------------------------------------------------------------ */
@@ -491,6 +502,14 @@ static void reload(struct kvb_daemon *d)
         kvb_sink_defer_writes(d->sink);
         kvb_residency_attach(d->res, d->sink);
     }
+    if (!kvb_engines_cfg_equal(d->cfg, nc)) { /* else the running ones keep their state */
+        struct kvb_engines *ne = NULL;
+        if ((rc = kvb_engines_create(nc, &d->m, publish_load, d, &ne)) < 0)
+            kvb_err("main", "reload: engines: %s (not watching them)", strerror(-rc));
+        kvb_engines_destroy(&d->eng);
+        d->eng = ne;
+    }
+    kvb_stats_set_interval(d->stats, nc->log.stats_interval_s);
     kvb_config_free(&d->cfg);
     d->cfg = nc;
     prepare_subjects(d, nc); /* validated by the config module */
@@ -578,7 +597,8 @@ static void update_gauges(struct kvb_daemon *d)
     }
     kvb_set(&d->m.reading_paused[0], paused);
     kvb_set(&d->m.nats_pending_bytes[0], pending);
-    kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink));
+    kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink) &&
+                                kvb_get(&d->m.engines_gone[0]) == 0);
     kvb_residency_gauges(d->res);
 }
 
@@ -619,6 +639,9 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         if (t >= 0 && t < timeout)
             timeout = t;
     }
+    size_t ie = n; /* the engines' scrape results */
+    int efd = kvb_engines_fd(d->eng);
+    items[n++] = (zmq_pollitem_t){NULL, efd, efd >= 0 ? ZMQ_POLLIN : 0, 0};
     kvb_sink_service(d->sink); /* what the last turn published: one send() */
     int rc = zmq_poll(items, (int)n, timeout);
     if (rc < 0)
@@ -643,11 +666,16 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
             kvb_err("replay", "%s: %s", kvb_source_name(s), strerror(-rc));
         if (items[3 + 3 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
+        else if (items[3 + 3 * i].revents & ZMQ_POLLIN && rc > 0)
+            kvb_engines_note_batch(d->eng, i, kvb_mono_ms());
         if (!d->paused) /* a replay's deadline does not run out while we hold back */
             kvb_source_tick(s, d->pipe, kvb_mono_ms());
     }
+    if (items[ie].revents & ZMQ_POLLIN)
+        kvb_engines_on_ready(d->eng, d->src, d->n_src, d->pipe, kvb_mono_ms(), d->paused);
     nats_loss_barrier(d);
     update_gauges(d);
+    kvb_stats_tick(d->stats, kvb_mono_ms());
     save_state(d, false);
     return 0;
 }
@@ -755,6 +783,14 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         kvb_info("http", "metrics on http://%s/metrics", d->cfg->metrics.listen);
         kvb_http_set_query(d->http, kvb_residency_query(d->res));
     }
+    if ((rc = kvb_engines_create(d->cfg, &d->m, publish_load, d, &d->eng)) < 0) {
+        kvb_err("engine", "cannot watch the engines: %s", strerror(-rc));
+        goto out;
+    }
+    if ((rc = kvb_stats_create(&d->m, d->cfg->log.stats_interval_s, &d->stats)) < 0) {
+        kvb_err("main", "stats: %s", strerror(-rc));
+        goto out;
+    }
     uint64_t wd_usec = 0;
     d->heartbeat_ms = HEARTBEAT_MS;
     if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec > 0) {
@@ -771,7 +807,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
 
     size_t cap = 0;
     while (!d->stop) {
-        size_t need = 3 + 3 * d->n_src;
+        size_t need = 4 + 3 * d->n_src;
         if (need > cap) {
             zmq_pollitem_t *ni = realloc(items, need * sizeof(*ni));
             if (!ni)
@@ -797,6 +833,8 @@ int kvb_daemon_run(struct kvb_config **pcfg)
 out:
     kvb_residency_close(d->res);
     kvb_http_stop(&d->http);
+    kvb_engines_destroy(&d->eng); /* before the metrics and sources it writes */
+    kvb_stats_destroy(&d->stats);
     free(items);
     destroy_sources(&d->src, &d->src_from, &d->n_src);
     kvb_zap_destroy(&d->zap); /* after the sources registered with it */

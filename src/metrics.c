@@ -82,6 +82,23 @@ struct kvb_stream_slot *kvb_metrics_stream_slot(struct kvb_metrics *m, const cha
     return NULL;
 }
 
+struct kvb_engine_slot *kvb_metrics_engine_slot(struct kvb_metrics *m, const char *source,
+                                                uint32_t dp_rank)
+{
+    for (int i = 0; i < KVB_MAX_ENGINE_SLOTS; i++) {
+        struct kvb_engine_slot *s = &m->engines[i];
+        if (!atomic_load_explicit(&s->used, memory_order_acquire)) {
+            snprintf(s->source, sizeof(s->source), "%s", source);
+            s->dp_rank = dp_rank;
+            atomic_store_explicit(&s->used, 1, memory_order_release);
+            return s;
+        }
+        if (s->dp_rank == dp_rank && strcmp(s->source, source) == 0)
+            return s;
+    }
+    return NULL;
+}
+
 /* ---- exposition --------------------------------------------------------- */
 
 struct out {
@@ -211,6 +228,19 @@ int kvb_metrics_render(const struct kvb_metrics *m, const char *version, char **
         put(&o, "\"} %llu\n", (unsigned long long)kvb_get(&s->field));        \
     }
     KVB_STREAM_METRICS(KVB_RENDER_STREAM)
+
+#define KVB_RENDER_ENGINE(kind, name, field, help)                             \
+    head(&o, #name, #kind, help);                                              \
+    for (int i = 0; i < KVB_MAX_ENGINE_SLOTS; i++) {                           \
+        const struct kvb_engine_slot *s = &m->engines[i];                      \
+        if (!atomic_load_explicit((_Atomic int *)&s->used, memory_order_acquire)) \
+            break;                                                             \
+        put(&o, "kvbridge_%s{source=\"", #name);                               \
+        put_label(&o, s->source);                                              \
+        put(&o, "\",dp_rank=\"%u\"} %llu\n", s->dp_rank,                       \
+            (unsigned long long)kvb_get(&s->field));                           \
+    }
+    KVB_ENGINE_METRICS(KVB_RENDER_ENGINE)
 
     if (o.oom) {
         free(o.buf);

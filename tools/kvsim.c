@@ -6,6 +6,10 @@
  * 8 bytes big-endian, msgpack batch), optionally serves the replay ROUTER,
  * injects faults (drops, restarts, garbage) and writes a record of what a
  * correct bridge must publish (--record), for tools/kvtail to check against.
+ * With --http it also serves a Prometheus /metrics and a /health shaped like
+ * vLLM's (or SGLang's, --engine-kind sglang) whose KV usage follows the
+ * simulated device cache; SIGUSR1 makes it stop answering, SIGUSR2 answer
+ * again (libmicrohttpd, its own thread).
  *
  * Independent test instrument: uses nothing from src/.
  * Build: make build/kvsim, or
@@ -26,6 +30,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
 
 #include <msgpack.h>
 #include <xxhash.h>
@@ -309,8 +320,13 @@ enum encoding { ENC_POSITIONAL, ENC_MAP };
 enum hashkind { HASH_UINT, HASH_INT, HASH_BIN };
 enum workload { WL_REALISTIC, WL_DECODE, WL_PREFILL };
 
+enum engine_kind { EK_VLLM, EK_SGLANG };
+
 struct opts {
     const char *endpoint, *replay, *topic, *record;
+    const char *http;           /* --http HOST:PORT; NULL = no HTTP face */
+    enum engine_kind ekind;
+    uint64_t total_blocks;      /* --total-blocks; 0 = --cache-blocks */
     const char *curve_secret_file, *curve_server_key;
     char curve_secret[41], curve_public[41]; /* Z85, from curve_secret_file */
     bool connect, lossless, layout_new, restart;
@@ -395,10 +411,13 @@ struct rank {
     /* stats */
     uint64_t batches, events, bytes, drop_live, drop_forever, malformed, bad_frames,
         replay_reqs, replay_batches, replay_ignored;
+    /* the simulated device cache, for the HTTP face (read by its thread) */
+    _Atomic uint64_t dev_used, running;
 };
 
 struct sim {
     struct opts o;
+    struct MHD_Daemon *mhd;     /* --http; NULL while not answering */
     void *zctx;
     struct rank *ranks;
     zmq_pollitem_t *items;
@@ -411,6 +430,9 @@ struct sim {
     uint32_t *chain_tok;        /* MAX_CHAIN * bs */
     unsigned char *lebuf;       /* 4 * bs */
 };
+
+static void track_usage(const struct sim *s, struct rank *r);
+static void http_poll_cmd(struct sim *s);
 
 /* -------------------------------------------------------------- endpoints */
 
@@ -1290,6 +1312,7 @@ static void serve_all(struct sim *s, long timeout_ms)
 static void wait_until(struct sim *s, int64_t deadline)
 {
     for (;;) {
+        http_poll_cmd(s);
         int64_t left = deadline - now_ns();
         if (left <= 0 || stop_flag)
             return;
@@ -1298,6 +1321,8 @@ static void wait_until(struct sim *s, int64_t deadline)
             if (s->nitems) {
                 serve_all(s, ms);
             } else {
+                if (ms > 100)
+                    ms = 100; /* look at http_cmd now and then */
                 struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
                 nanosleep(&ts, NULL);
             }
@@ -1350,6 +1375,7 @@ static void publish_one(struct sim *s, struct rank *r)
     case WL_PREFILL: gen_prefill(s, r); break;
     }
 
+    track_usage(s, r);
     if (!forever)
         encode_batch(s, r);
     data = s->sb.data;
@@ -1392,6 +1418,7 @@ static void publish_one(struct sim *s, struct rank *r)
         r->seq = o->seq_start;
         r->ring_n = r->ring_head = 0;
         gen_clear(&r->g);
+        atomic_store(&r->dev_used, 0);
         if (o->restart_close_ms >= 0)
             lifecycle_process_restart(s, r);
         if (s->rec)
@@ -1474,6 +1501,168 @@ static void lifecycle_mark(struct sim *s, uint64_t tick)
         fclose(f);
 }
 
+/* ------------------------------------------------------------- HTTP face */
+
+/* SIGUSR1: stop answering (the listener closes: connections are refused);
+ * SIGUSR2: answer again.  Acted on by the main thread (http_poll_cmd). */
+static volatile sig_atomic_t http_cmd;
+
+static void on_usr(int sig)
+{
+    http_cmd = sig == SIGUSR1 ? 1 : 2;
+}
+
+/* Device blocks held after this batch: stores add, removes take away,
+ * "cleared" empties; group-1 and CPU-tier events are not the device cache
+ * a bridge forwards. */
+static void track_usage(const struct sim *s, struct rank *r)
+{
+    uint64_t used = atomic_load(&r->dev_used);
+    uint64_t cap = s->o.total_blocks ? s->o.total_blocks : s->o.cache_blocks;
+    for (size_t i = 0; i < r->b.nev; i++) {
+        const struct ev *e = &r->b.ev[i];
+        if (e->type == EV_CLEARED) {
+            used = 0;
+            continue;
+        }
+        if (e->medium == MED_CPU || e->group != 0)
+            continue;
+        if (e->type == EV_STORED)
+            used += e->nh;
+        else
+            used = used > e->nh ? used - e->nh : 0;
+    }
+    atomic_store(&r->dev_used, used < cap ? used : cap);
+}
+
+static char *render_metrics(const struct sim *s, size_t *len)
+{
+    char *text = NULL;
+    FILE *f = open_memstream(&text, len);
+    if (!f)
+        return NULL;
+    uint64_t total = s->o.total_blocks ? s->o.total_blocks : s->o.cache_blocks;
+    bool v = s->o.ekind == EK_VLLM;
+    const char *lbl = v ? "engine" : "dp_rank";
+    fprintf(f, "# HELP %s Number of requests running.\n# TYPE %s gauge\n",
+            v ? "vllm:num_requests_running" : "sglang:num_running_reqs",
+            v ? "vllm:num_requests_running" : "sglang:num_running_reqs");
+    for (unsigned i = 0; i < s->o.dp; i++)
+        fprintf(f, "%s{%s=\"%u\",model_name=\"kvsim\"} %" PRIu64 ".0\n",
+                v ? "vllm:num_requests_running" : "sglang:num_running_reqs", lbl, i,
+                atomic_load(&s->ranks[i].running));
+    for (unsigned i = 0; i < s->o.dp; i++)
+        fprintf(f, "%s{%s=\"%u\",model_name=\"kvsim\"} 0.0\n",
+                v ? "vllm:num_requests_waiting" : "sglang:num_queue_reqs", lbl, i);
+    fprintf(f, "# TYPE %s gauge\n", v ? "vllm:kv_cache_usage_perc" : "sglang:token_usage");
+    for (unsigned i = 0; i < s->o.dp; i++)
+        fprintf(f, "%s{%s=\"%u\",model_name=\"kvsim\"} %.17g\n",
+                v ? "vllm:kv_cache_usage_perc" : "sglang:token_usage", lbl, i,
+                (double)atomic_load(&s->ranks[i].dev_used) / (double)total);
+    for (unsigned i = 0; i < s->o.dp; i++) {
+        if (v)
+            fprintf(f, "vllm:cache_config_info{block_size=\"%u\",engine=\"%u\","
+                       "num_gpu_blocks=\"%" PRIu64 "\"} 1.0\n", s->o.bs, i, total);
+        else
+            fprintf(f, "sglang:max_total_num_tokens{dp_rank=\"%u\",model_name=\"kvsim\"} "
+                       "%" PRIu64 ".0\n", i, total * s->o.bs);
+    }
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const char *url,
+                                   const char *method, const char *version,
+                                   const char *upload, size_t *upload_size, void **req_cls)
+{
+    (void)version;
+    (void)upload;
+    (void)upload_size;
+    static int first;
+    if (!*req_cls) { /* headers only: answer on the next call */
+        *req_cls = &first;
+        return MHD_YES;
+    }
+    const struct sim *s = cls;
+    unsigned status = MHD_HTTP_OK;
+    char *body = NULL;
+    size_t len = 0;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        status = MHD_HTTP_METHOD_NOT_ALLOWED;
+    else if (strcmp(url, "/metrics") == 0)
+        body = render_metrics(s, &len);
+    else if (strcmp(url, "/health") != 0)
+        status = MHD_HTTP_NOT_FOUND;
+    struct MHD_Response *r = body ? MHD_create_response_from_buffer(len, body,
+                                                                    MHD_RESPMEM_MUST_FREE)
+                                  : MHD_create_response_from_buffer(0, (void *)"",
+                                                                    MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    if (body)
+        MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result rc = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+/* Start answering on --http HOST:PORT (numeric IPv4 host). */
+static int http_start(struct sim *s)
+{
+    char host[64];
+    const char *colon = strrchr(s->o.http, ':');
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    uint64_t port;
+    if (!colon || (size_t)(colon - s->o.http) >= sizeof host || parse_u64(colon + 1, &port) ||
+        port == 0 || port > 65535) {
+        fprintf(stderr, "kvsim: --http: want HOST:PORT, got '%s'\n", s->o.http);
+        return -EINVAL;
+    }
+    memcpy(host, s->o.http, (size_t)(colon - s->o.http));
+    host[colon - s->o.http] = '\0';
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        fprintf(stderr, "kvsim: --http: '%s' is not a numeric IPv4 address\n", host);
+        return -EINVAL;
+    }
+    sa.sin_port = htons((uint16_t)port);
+    s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL,
+                              http_answer, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                              MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+                              MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    if (!s->mhd) {
+        fprintf(stderr, "kvsim: --http %s: cannot listen\n", s->o.http);
+        return -EADDRINUSE;
+    }
+    return 0;
+}
+
+static void http_stop(struct sim *s)
+{
+    if (s->mhd)
+        MHD_stop_daemon(s->mhd);
+    s->mhd = NULL;
+}
+
+/* Act on SIGUSR1 / SIGUSR2 (main thread). */
+static void http_poll_cmd(struct sim *s)
+{
+    int cmd = http_cmd;
+    if (!cmd || !s->o.http)
+        return;
+    http_cmd = 0;
+    if (cmd == 1 && s->mhd) {
+        http_stop(s);
+        fprintf(stderr, "kvsim: HTTP face stopped answering\n");
+    } else if (cmd == 2 && !s->mhd && http_start(s) == 0) {
+        fprintf(stderr, "kvsim: HTTP face answers again\n");
+    }
+}
+
 /* -------------------------------------------------------------- lifecycle */
 
 static void usage(FILE *f)
@@ -1538,6 +1727,14 @@ static void usage(FILE *f)
 "                         no restart (same seq, same replay buffer)\n"
 "  --mark-after N --mark-file F  create F once N batches per rank are published\n"
 "\n"
+"HTTP face (like the engine's /metrics and /health):\n"
+"  --http HOST:PORT       serve GET /metrics (Prometheus text, vLLM's names) and\n"
+"                         /health (200) on a numeric IPv4 HOST; KV usage per rank =\n"
+"                         device blocks held / total blocks; SIGUSR1 stops\n"
+"                         answering (connections refused), SIGUSR2 answers again\n"
+"  --engine-kind K        vllm (default) | sglang: SGLang's names and dp_rank label\n"
+"  --total-blocks N       KV blocks of the simulated cache (default --cache-blocks)\n"
+"\n"
 "Output:\n"
 "  --record FILE          JSON line per batch: {\"seq\",\"rank\",\"live\",\"replay\",\n"
 "                         [\"fault\"],\"events\":[normalized router-side events]}\n"
@@ -1552,7 +1749,7 @@ enum {
     OPT_BATCHES, OPT_RATE, OPT_SEED, OPT_SEQSTART, OPT_DROPLIVE, OPT_DROPFOREVER,
     OPT_MALFORMED, OPT_BADFRAMES, OPT_RESTART, OPT_RECORD, OPT_CURVE_SECRET,
     OPT_CURVE_SERVER, OPT_CURVE_KEYGEN, OPT_RESTART_CLOSE, OPT_RESTART_DROP, OPT_BLIP_AT,
-    OPT_BLIP_MS, OPT_MARK_AFTER, OPT_MARK_FILE,
+    OPT_BLIP_MS, OPT_MARK_AFTER, OPT_MARK_FILE, OPT_HTTP, OPT_EKIND, OPT_TOTAL_BLOCKS,
 };
 
 /* --curve-keygen */
@@ -1670,6 +1867,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { "curve-secret-file", required_argument, NULL, OPT_CURVE_SECRET },
         { "curve-server-key", required_argument, NULL, OPT_CURVE_SERVER },
         { "curve-keygen", no_argument, NULL, OPT_CURVE_KEYGEN },
+        { "http", required_argument, NULL, OPT_HTTP },
+        { "engine-kind", required_argument, NULL, OPT_EKIND },
+        { "total-blocks", required_argument, NULL, OPT_TOTAL_BLOCKS },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -1829,6 +2029,20 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->curve_server_key = optarg;
             break;
         case OPT_CURVE_KEYGEN: exit(curve_keygen());
+        case OPT_HTTP: o->http = optarg; break;
+        case OPT_EKIND:
+            if (!strcmp(optarg, "vllm"))
+                o->ekind = EK_VLLM;
+            else if (!strcmp(optarg, "sglang"))
+                o->ekind = EK_SGLANG;
+            else
+                goto bad;
+            break;
+        case OPT_TOTAL_BLOCKS:
+            if (parse_num_opt("total-blocks", optarg, 1, 1000000000, &v))
+                return -EINVAL;
+            o->total_blocks = v;
+            break;
         case 'h':
             usage(stdout);
             exit(0);
@@ -2044,6 +2258,14 @@ int main(int argc, char **argv)
     sim.lebuf = xcalloc(4, sim.o.bs);
 
     catch_stop_signals();
+    {
+        struct sigaction usr;
+        memset(&usr, 0, sizeof usr);
+        sigemptyset(&usr.sa_mask);
+        usr.sa_handler = on_usr;
+        sigaction(SIGUSR1, &usr, NULL);
+        sigaction(SIGUSR2, &usr, NULL);
+    }
 
     sim.ranks = xcalloc(sim.o.dp, sizeof *sim.ranks);
     for (unsigned i = 0; i < sim.o.dp; i++) {
@@ -2053,6 +2275,8 @@ int main(int argc, char **argv)
         gen_clear(&sim.ranks[i].g);
     }
     if (open_sockets(&sim))
+        goto out;
+    if (sim.o.http && http_start(&sim))
         goto out;
     if (sim.o.record) {
         sim.rec = fopen(sim.o.record, "w");
@@ -2066,6 +2290,8 @@ int main(int argc, char **argv)
     wait_until(&sim, now_ns() + (int64_t)sim.o.wait_ms * 1000000);
     t0 = now_ns();
     next = t0;
+    for (unsigned i = 0; i < sim.o.dp; i++)
+        atomic_store(&sim.ranks[i].running, 1);
     while (!stop_flag && (sim.o.batches == 0 || tick < sim.o.batches)) {
         if (sim.o.rate > 0) {
             int64_t interval = (int64_t)(1e9 / sim.o.rate);
@@ -2078,6 +2304,7 @@ int main(int argc, char **argv)
                 break;
         } else if ((tick & 63) == 0) {
             serve_all(&sim, 0);
+            http_poll_cmd(&sim);
         }
         for (unsigned i = 0; i < sim.o.dp; i++)
             publish_one(&sim, &sim.ranks[i]);
@@ -2085,10 +2312,12 @@ int main(int argc, char **argv)
         lifecycle_mark(&sim, tick);
     }
     t1 = now_ns();
+    for (unsigned i = 0; i < sim.o.dp; i++)
+        atomic_store(&sim.ranks[i].running, 0);
     interrupted = stop_flag != 0;
     if (sim.rec)
         fflush(sim.rec);
-    if (!interrupted && sim.nitems)
+    if (!interrupted && (sim.nitems || sim.o.http))
         wait_until(&sim, now_ns() + (int64_t)sim.o.linger_ms * 1000000);
     summary(&sim, (double)(t1 - t0) / 1e9);
     rc = 0;
@@ -2098,6 +2327,7 @@ int main(int argc, char **argv)
     }
     sim.rec = NULL;
 out:
+    http_stop(&sim);
     if (sim.rec)
         fclose(sim.rec);
     close_all(&sim, interrupted || rc == 2);

@@ -1853,6 +1853,63 @@ START_TEST(test_write_effective)
 }
 END_TEST
 
+/* sources[].engine: defaults, values, URL and interval checks; engine keys
+ * are not part of kvb_config_source_equal() (no reopen on SIGHUP). */
+START_TEST(test_engine_keys)
+{
+    struct result r = load_text("worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n"
+                                "  - endpoint: tcp://127.0.0.1:5560\n    engine:\n"
+                                "      kind: sglang\n"
+                                "      metrics_url: http://127.0.0.1:30000/metrics\n"
+                                "      health_url: https://engine.local/health\n"
+                                "      scrape_interval_ms: 250\n      dead_after_ms: 3000\n"
+                                "nats:\n  endpoint: gen2\nlog:\n  stats_interval_s: 0\n");
+    ck_assert_msg(r.rc == 0, "%s", r.errs);
+    const struct kvb_engine_cfg *a = &r.cfg->sources[0].engine, *b = &r.cfg->sources[1].engine;
+    ck_assert_int_eq(a->kind, 0);
+    ck_assert_str_eq(a->metrics_url, "");
+    ck_assert_str_eq(a->health_url, "");
+    ck_assert_uint_eq(a->scrape_interval_ms, 500);
+    ck_assert_uint_eq(a->dead_after_ms, 10000);
+    ck_assert_int_eq(b->kind, 1);
+    ck_assert_str_eq(b->metrics_url, "http://127.0.0.1:30000/metrics");
+    ck_assert_str_eq(b->health_url, "https://engine.local/health");
+    ck_assert_uint_eq(b->scrape_interval_ms, 250);
+    ck_assert_uint_eq(b->dead_after_ms, 3000);
+    ck_assert_str_eq(r.cfg->nats.endpoint, "gen2");
+    ck_assert_uint_eq(r.cfg->log.stats_interval_s, 0);
+    ck_assert(!kvb_config_engine_equal(&r.cfg->sources[0], &r.cfg->sources[1]));
+    struct kvb_source_cfg x = r.cfg->sources[1];
+    x.engine = r.cfg->sources[0].engine;
+    ck_assert(kvb_config_source_equal(&x, &r.cfg->sources[1])); /* engine not compared */
+    ck_assert(!kvb_config_engine_equal(&x, &r.cfg->sources[1]));
+    result_free(&r);
+
+    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n");
+    ck_assert_msg(r.rc == 0, "%s", r.errs);
+    ck_assert_str_eq(r.cfg->nats.endpoint, "generate");
+    ck_assert_uint_eq(r.cfg->log.stats_interval_s, 10);
+    result_free(&r);
+
+    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n    engine:\n"
+                  "      metrics_url: ftp://x/metrics\n      health_url: not a url\n"
+                  "      kind: trt\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_msg(strstr(r.errs, "sources[0].engine.metrics_url: 'ftp://x/metrics' is not an "
+                                 "http:// or https:// URL"), "%s", r.errs);
+    ck_assert_msg(strstr(r.errs, "sources[0].engine.health_url: 'not a url'"), "%s", r.errs);
+    ck_assert_msg(strstr(r.errs, "sources[0].engine.kind"), "%s", r.errs);
+    result_free(&r);
+
+    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n    engine:\n"
+                  "      scrape_interval_ms: 1000\n      dead_after_ms: 999\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_msg(strstr(r.errs, "T:7:22: sources[0].engine.dead_after_ms: 999 is less than "
+                                 "sources[0].engine.scrape_interval_ms (1000)"), "%s", r.errs);
+    result_free(&r);
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -1896,6 +1953,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_runtime_good);
     tcase_add_test(tc, test_multiline_secret_file);
     tcase_add_test(tc, test_write_effective);
+    tcase_add_test(tc, test_engine_keys);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -199,6 +199,7 @@ struct family {
 #define FAM_STREAM(kind, name, field, help) {#name, #kind, "source", {""}, 0},
 static const struct family families[] = {
     KVB_METRICS(FAM_METRIC) KVB_HISTOGRAMS(FAM_HIST) KVB_STREAM_METRICS(FAM_STREAM)
+    KVB_ENGINE_METRICS(FAM_STREAM)
     {"build_info", "gauge", "version", {""}, 0},
 };
 #define N_FAMILIES (sizeof(families) / sizeof(families[0]))
