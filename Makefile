@@ -2,7 +2,7 @@
 # Binaries go to build/.  `make deps` installs missing Debian packages.
 
 CC       ?= cc
-PKGS     := libzmq msgpack libnats yaml-0.1 libxxhash libmicrohttpd libsystemd libcrypto libcurl
+PKGS     := libzmq msgpack libnats yaml-0.1 libxxhash libmicrohttpd libsystemd libcrypto libcurl json-c
 OPT      ?= -O2 -g
 # Third-party headers come in through -isystem (pkg-config), so -Werror only
 # applies to our own code.
@@ -25,7 +25,8 @@ ITEST    := $(sort $(wildcard tests/integration/test_*.sh))
 
 DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
             check libxxhash-dev libmicrohttpd-dev libsystemd-dev libssl-dev nats-server valgrind \
-            systemd strace openssl curl libcurl4-openssl-dev
+            systemd strace openssl curl libcurl4-openssl-dev \
+            libjson-c-dev etcd-server
 
 # keep objects of pattern-built binaries
 .SECONDARY:

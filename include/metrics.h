@@ -58,6 +58,10 @@
     X(TIMEOUT, "timeout") X(NO_RESPONDERS, "no_responders")                    \
     X(UNAVAILABLE, "unavailable") X(REFUSED, "refused")
 
+/* nats.format values, as label values. */
+#define KVB_FORMATS(X)                                                         \
+    X(DYNAMO_JSON, "dynamo-json") X(DYNAMO_MSGPACK, "dynamo-msgpack") X(RAW, "raw")
+
 #define KVB_NO_LABEL(X) X(ALL, "")
 
 /* kind, name, label name, value list, help */
@@ -115,7 +119,17 @@
     X(counter, jetstream_publish_errors_total, "", KVB_NO_LABEL,               \
       "Router events the stream refused; not sent again (a barrier follows)")  \
     X(gauge, jetstream_pending, "", KVB_NO_LABEL,                              \
-      "JetStream publishes not yet acknowledged (in flight or to be resent)")
+      "JetStream publishes not yet acknowledged (in flight or to be resent)")  \
+    X(counter, messages_published_total, "format", KVB_FORMATS,                \
+      "NATS messages handed to the sink, by nats.format")                      \
+    X(counter, output_held_dropped_total, "", KVB_NO_LABEL,                    \
+      "Messages dropped while held for a pair not yet registered (barrier)")   \
+    X(gauge, discovery_registered_pairs, "", KVB_NO_LABEL,                     \
+      "(worker_id, dp_rank) pairs whose EventSource record is in etcd")        \
+    X(counter, discovery_registrations_total, "", KVB_NO_LABEL,                \
+      "EventSource records put in etcd (again after a lost lease)")            \
+    X(counter, discovery_etcd_errors_total, "", KVB_NO_LABEL,                  \
+      "etcd requests that failed (unreachable, refused, lease lost)")
 
 /* Histograms: name, help, bucket list.  Buckets are upper bounds in
  * nanoseconds, exposed in seconds; +Inf is implicit. */
@@ -151,6 +165,7 @@
 #define KVB_TIER_ITEM(s, str) KVB_TIER_##s,
 #define KVB_ALL_ITEM(s, str) KVB_LBL_##s,
 #define KVB_JSF_ITEM(s, str) KVB_JSF_##s,
+#define KVB_FMT_ITEM(s, str) KVB_FMT_##s,
 enum kvb_drop_reason { KVB_DROP_REASONS(KVB_DROP_ITEM) KVB_DROP__COUNT };
 enum kvb_evt_label { KVB_EVENT_TYPES(KVB_EVT_ITEM) KVB_EVT__COUNT };
 enum kvb_revt_label { KVB_REV_TYPES(KVB_REVT_ITEM) KVB_REVT__COUNT };
@@ -159,6 +174,7 @@ enum kvb_barrier_cause { KVB_BARRIER_CAUSES(KVB_BAR_ITEM) KVB_BAR__COUNT };
 enum kvb_tier { KVB_TIERS(KVB_TIER_ITEM) KVB_TIER__COUNT };
 enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };
 enum kvb_js_ack_failure { KVB_JS_ACK_FAILURES(KVB_JSF_ITEM) KVB_JSF__COUNT };
+enum kvb_fmt_label { KVB_FORMATS(KVB_FMT_ITEM) KVB_FMT__COUNT };
 
 #define KVB_COUNT_OF(list) (0 list(KVB_COUNT_ONE))
 #define KVB_COUNT_ONE(s, str) +1

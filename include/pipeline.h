@@ -3,7 +3,9 @@
  * and by kvbridge-inspect, so both follow exactly the same rules.
  *
  * Every router event is handed to the emit callback in order; the bytes are
- * valid only during the call.  Ownership: the pipeline owns its decoder,
+ * valid only during the call.  They are the event's dynamo-json form when
+ * format is KVB_FORMAT_DYNAMO_JSON, else NULL and 0: the caller encodes
+ * (src/output.c).  Ownership: the pipeline owns its decoder,
  * converter and encoder; kvb_pipeline_destroy(&p) frees them (accepts NULL).
  * The metrics struct is the caller's and must outlive the pipeline.
  */

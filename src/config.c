@@ -64,6 +64,7 @@ enum otype {
 #define F_PATH 8u     /* T_STR file name: resolved (see resolve_path()) and checked
                        * readable at load; with .fills, read into that key */
 #define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
+#define F_EMPTY 32u   /* T_STRLIST: an empty list is allowed (and the default "" is one) */
 
 struct opt;
 
@@ -99,7 +100,8 @@ static const char *const retention_values[] = {"limits", "interest", "workqueue"
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
 static check_fn check_endpoint, check_opt_endpoint, check_subject, check_word,
-    check_format, check_listen, check_host, check_js_template, check_server_url;
+    check_format, check_listen, check_host, check_js_template, check_server_url,
+    check_etcd_url;
 
 #define R F_RELOAD
 #define C F_CONN
@@ -127,6 +129,10 @@ static const struct opt opts[] = {
      .def = "device", .values = tier_values, .flags = R,
      .help = "Storage tiers whose events are forwarded, a list of: device, "
              "host_pinned, disk, external."},
+    {.key = "cache_namespace", .type = T_STR, .off = TOP(cache_namespace, char *), .def = "",
+     .flags = R,
+     .help = "Cache namespace salted into tokens_hash for events that carry none of "
+             "their own (Dynamo's cache_namespace, docs/hash-rules.md); \"\" = none."},
 
     {.key = "sources", .type = T_SOURCES,
      .off = TOP(sources, struct kvb_source_cfg *), .noff = TOP(n_sources, size_t),
@@ -191,17 +197,40 @@ static const struct opt opts[] = {
      .def = "namespace.{namespace}.component.{component}.kv_events", .flags = R,
      .check = check_subject,
      .help = "Subject the router events are published on. {namespace}, "
-             "{component}, {worker_id} and {dp_rank} are replaced."},
+             "{component}, {endpoint}, {worker_id} and {dp_rank} are replaced "
+             "(with nats.format dynamo-msgpack, each value percent-encoded). The "
+             "default shown is dynamo-json's; for dynamo-msgpack, when this key is "
+             "not set, it is namespace.{namespace}.component.{component}.endpoint."
+             "{endpoint}.kv-events (the newest routers' endpoint-scoped subject)."},
     {.key = "nats.namespace", .type = T_STR, .off = TOP(nats.namespace_, char *),
      .def = "dynamo", .flags = R, .check = check_word,
      .help = "Value of {namespace}."},
     {.key = "nats.component", .type = T_STR, .off = TOP(nats.component, char *),
      .def = "backend", .flags = R, .check = check_word,
      .help = "Value of {component}."},
+    {.key = "nats.endpoint", .type = T_STR, .off = TOP(nats.endpoint, char *),
+     .def = "generate", .flags = R, .check = check_word,
+     .help = "Value of {endpoint}: the worker's KV-state endpoint (its serving "
+             "endpoint), also the endpoint of its discovery record."},
     {.key = "nats.format", .type = T_ENUM, .off = TOP(nats.format, int),
-     .def = "dynamo-json", .values = format_values, .flags = R, .check = check_format,
-     .help = "Wire format of the published events (dynamo-msgpack and raw are "
-             "not supported yet)."},
+     .def = "dynamo-json", .values = format_values, .check = check_format,
+     .help = "Wire format of the published messages: dynamo-json (one JSON "
+             "RouterEvent per message: routers of 2025, and JetStream), "
+             "dynamo-msgpack (Dynamo's event plane: msgpack envelopes, for the "
+             "routers of 2026; they need DYN_EVENT_PLANE=nats), raw (each engine "
+             "batch republished unchanged, with the headers KV-Seq, KV-Topic, "
+             "KV-Source and KV-DP-Rank, for consumers that decode it themselves). "
+             "dynamo-msgpack and raw are refused with nats.jetstream.enabled."},
+    {.key = "nats.batch", .type = T_BOOL, .off = TOP(nats.batch, bool), .def = "true",
+     .help = "dynamo-msgpack: each message carries an array of RouterEvents of one "
+             "(worker_id, dp_rank), at most 128 events or 8192 blocks (routers from "
+             "mid 2026); false: one RouterEvent per message (the event plane's first "
+             "routers)."},
+    {.key = "nats.residency_domain", .type = T_BOOL,
+     .off = TOP(nats.residency_domain, bool), .def = "true",
+     .help = "dynamo-msgpack: write residency_domain \"worker\" in every RouterEvent, "
+             "as Dynamo's own publisher does; turn off only for routers that predate "
+             "the key."},
 
     /* Authentication: at most one of user + password, token, nkey_seed,
      * credentials (check_auth()). */
@@ -351,6 +380,19 @@ static const struct opt opts[] = {
      .def = "2000", .min = 1, .max = I32MAX, .flags = R,
      .help = "Time allowed for a whole replay request, in milliseconds; then a "
              "\"cleared\" barrier is published instead."},
+
+    {.key = "discovery.etcd.endpoints", .type = T_STRLIST,
+     .off = TOP(discovery.etcd.endpoints, char **),
+     .noff = TOP(discovery.etcd.n_endpoints, size_t), .def = "", .flags = F_EMPTY,
+     .check = check_etcd_url,
+     .help = "etcd v3 JSON gateway URLs (http:// or https://) where kvbridge "
+             "registers, for each (worker_id, dp_rank), the EventSource record the "
+             "newest Dynamo routers require (docs/dynamo-event-plane.md); tried in "
+             "turn. Needs nats.format dynamo-msgpack. [] = discovery off."},
+    {.key = "discovery.etcd.lease_ttl_s", .type = T_U32,
+     .off = TOP(discovery.etcd.lease_ttl_s, uint32_t), .def = "10", .min = 2, .max = 3600,
+     .help = "TTL of the etcd lease the records are put under, in seconds; kvbridge "
+             "keeps it alive (every third of it) and revokes it at a clean stop."},
 
     {.key = "metrics.listen", .type = T_STR, .off = TOP(metrics.listen, char *),
      .def = "127.0.0.1:9464", .check = check_listen,
@@ -814,7 +856,7 @@ static int apply_defaults(struct ctx *c, void *base, bool sources_scope)
             continue;
         if (o->type == T_STRLIST || o->type == T_TIERS) {
             /* comma-separated */
-            size_t n = 1;
+            size_t n = *o->def ? 1 : 0; /* "" is the empty list */
             for (const char *p = o->def; *p; p++)
                 n += *p == ',';
             char **list = o->type == T_STRLIST ? calloc(n, sizeof *list) : NULL;
@@ -904,7 +946,7 @@ static int check_placeholders(struct ctx *c, const char *dpath, const char *s,
                               const struct node *v, size_t n, const char *expected)
 {
     static const unsigned bits[] = {KVB_PH_NAMESPACE, KVB_PH_COMPONENT, KVB_PH_WORKER_ID,
-                                    KVB_PH_DP_RANK};
+                                    KVB_PH_DP_RANK, KVB_PH_ENDPOINT};
     unsigned allowed = 0;
     size_t off = 0, len = 0;
     for (size_t i = 0; i < n && i < sizeof(bits) / sizeof(bits[0]); i++)
@@ -923,18 +965,31 @@ static int check_subject(struct ctx *c, const struct opt *o, const char *dpath,
 {
     if (check_word(c, o, dpath, field, v) < 0)
         return -1;
-    return check_placeholders(c, dpath, *(char *const *)field, v, 4,
-                              "{namespace}, {component}, {worker_id} or {dp_rank}");
+    return check_placeholders(c, dpath, *(char *const *)field, v, 5,
+                              "{namespace}, {component}, {endpoint}, {worker_id} or {dp_rank}");
 }
 
 static int check_format(struct ctx *c, const struct opt *o, const char *dpath,
                         const void *field, const struct node *v)
 {
-    int f = *(const int *)field;
-    if (f == KVB_FORMAT_DYNAMO_JSON)
+    (void)c, (void)o, (void)dpath, (void)field, (void)v;
+    return 0; /* every value; the combinations: check_output() */
+}
+
+/* An etcd gateway URL: http:// or https:// and a host. */
+static int check_etcd_url(struct ctx *c, const struct opt *o, const char *dpath,
+                          const void *field, const struct node *v)
+{
+    const char *s = *(char *const *)field;
+    if (check_word(c, o, dpath, field, v) < 0)
+        return -1;
+    const char *rest = has_prefix(s, "http://") ? s + 7 : has_prefix(s, "https://") ? s + 8 : NULL;
+    if (rest && *rest && *rest != '/')
         return 0;
-    err_at(c, v->line, v->col, "%s: %s is not supported yet (use dynamo-json)", dpath,
-           o->values[f]);
+    char *sv = shown(s, strlen(s));
+    err_at(c, v->line, v->col, "%s: '%s' is not an etcd URL (expected http://HOST:PORT or "
+           "https://HOST:PORT)", dpath, SHOWN(sv));
+    free(sv);
     return -1;
 }
 
@@ -1717,8 +1772,40 @@ static void check_socket_count(struct ctx *c, const struct kvb_config *cfg,
                total, ZMQ_MAX_SOCKETS_DFLT);
 }
 
+/* nats.format: the combinations; the endpoint-scoped subject by default for
+ * dynamo-msgpack. */
+static void check_output(struct ctx *c, struct kvb_config *cfg, struct mark *m)
+{
+    const struct mark *mf = &m[opt_index("nats.format")];
+    const struct mark *mj = &m[opt_index("nats.jetstream.enabled")];
+    const struct mark *md = &m[opt_index("discovery.etcd.endpoints")];
+    struct mark *ms = &m[opt_index("nats.subject")];
+    int f = cfg->nats.format;
+    if (mf->bad)
+        return;
+    if (f != KVB_FORMAT_DYNAMO_JSON && cfg->nats.jetstream.enabled && !mj->bad) {
+        const struct mark *at = mf->set ? mf : mj;
+        err_at(c, at->line, at->col, "nats.format: %s cannot be published through "
+               "JetStream (nats.jetstream.enabled): Dynamo's JetStream consumers read "
+               "dynamo-json; use dynamo-json, or core NATS", format_values[f]);
+    }
+    if (cfg->discovery.etcd.n_endpoints && f != KVB_FORMAT_DYNAMO_MSGPACK && !md->bad)
+        err_at(c, md->line, md->col, "discovery.etcd.endpoints: discovery registers "
+               "event-plane publishers: it needs nats.format dynamo-msgpack");
+    if (f == KVB_FORMAT_DYNAMO_MSGPACK && !ms->set && !ms->bad) {
+        char *d = strdup(KVB_SUBJECT_DEFAULT_MSGPACK);
+        if (!d) {
+            oom(c);
+            return;
+        }
+        free(cfg->nats.subject);
+        cfg->nats.subject = d;
+    }
+}
+
 static void check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 {
+    check_output(c, cfg, m);
     check_worker_id_file(c, cfg, m);
     check_socket_count(c, cfg, m);
     check_auth(c, cfg, m);
@@ -1827,11 +1914,11 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
                kvb_cfg_is_null(v) ? "nothing" : kvb_cfg_kind_name(v));
         goto fail;
     }
-    if (v->n == 0) {
+    if (v->n == 0 && !(o->flags & F_EMPTY)) {
         err_at(c, v->line, v->col, "%s: the list must not be empty", dpath);
         goto fail;
     }
-    if (o->type == T_STRLIST && !(list = calloc(v->n, sizeof *list))) {
+    if (o->type == T_STRLIST && !(list = calloc(v->n ? v->n : 1, sizeof *list))) {
         oom(c);
         goto fail;
     }
@@ -2180,6 +2267,18 @@ int kvb_config_check_reload(const struct kvb_config *old_cfg,
                         new_cfg->path ? new_cfg->path : "config", o->key);
             rc = -EINVAL;
         }
+    }
+    /* Discovery records name nats.namespace, nats.component, nats.endpoint
+     * (reloadable keys otherwise): the registered records stay. */
+    if (old_cfg->discovery.etcd.n_endpoints &&
+        (strcmp(old_cfg->nats.namespace_, new_cfg->nats.namespace_) ||
+         strcmp(old_cfg->nats.component, new_cfg->nats.component) ||
+         strcmp(old_cfg->nats.endpoint, new_cfg->nats.endpoint))) {
+        if (err)
+            fprintf(err, "%s: nats.namespace, nats.component or nats.endpoint changed "
+                    "while discovery is on (the registered records name them): it needs "
+                    "a restart to take effect\n", new_cfg->path ? new_cfg->path : "config");
+        rc = -EINVAL;
     }
     /* The stream and subject also follow nats.namespace, nats.component and
      * worker_id (reloadable keys): the running sink keeps its stream. */
