@@ -31,7 +31,7 @@ DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-d
 # keep objects of pattern-built binaries
 .SECONDARY:
 
-.PHONY: all check unit integration check-valgrind deps clean demo
+.PHONY: all check unit integration integration-msgpack check-valgrind deps clean demo
 all: $(PROGS) $(UNIT_BIN)
 
 $(B)/obj/%.o: %.c
@@ -65,6 +65,17 @@ unit: $(UNIT_BIN)
 
 integration: $(PROGS)
 	@set -e; for t in $(ITEST); do echo "== $$t"; timeout 300 bash $$t; done
+
+# The tests whose configs and kvtail follow KVB_FORMAT (tests/integration/lib.sh),
+# run with nats.format dynamo-msgpack (batched): make integration-msgpack
+MSGPACK_ITEST := $(addprefix tests/integration/,test_daemon_gaps.sh test_daemon_replay.sh \
+                   test_daemon_restart.sh test_daemon_dp.sh test_daemon_nats_down.sh \
+                   test_rel_jetstream.sh test_daemon_malformed.sh test_daemon_encodings.sh \
+                   test_daemon_idle.sh test_discovery_etcd.sh)
+
+integration-msgpack: $(PROGS)
+	@set -e; for t in $(MSGPACK_ITEST); do echo "== $$t (dynamo-msgpack)"; \
+	  KVB_FORMAT=dynamo-msgpack timeout 300 bash $$t; done
 
 check: all
 	@$(MAKE) --no-print-directory unit
