@@ -22,6 +22,10 @@
 
 typedef int (*kvb_emit_fn)(void *ctx, const struct kvb_rev *rev, const char *data,
                            size_t len);
+/* nats.format raw: a batch that decoded, handed over unchanged (instead of
+ * its router events) with its stream, seq and dp_rank. */
+typedef int (*kvb_raw_fn)(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
+                          const uint8_t *payload, size_t len);
 
 struct kvb_pipeline_cfg {
     struct kvb_convert_cfg convert;
@@ -39,6 +43,10 @@ struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c);
 int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
                         kvb_emit_fn emit, void *emit_ctx, struct kvb_pipeline **out);
 void kvb_pipeline_destroy(struct kvb_pipeline **p);
+
+/* Format raw: hand each batch to fn instead of converting it (barriers are
+ * still emitted, for the caller to ignore). */
+void kvb_pipeline_set_raw(struct kvb_pipeline *p, kvb_raw_fn fn, void *ctx);
 
 /* Swap in a new configuration (SIGHUP); event_id counters are kept. */
 int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg);

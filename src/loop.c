@@ -75,6 +75,14 @@ static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t l
     return kvb_output_event(d->out, rev, data, len); /* a failure: kvb_output_take_loss() */
 }
 
+static int emit_raw(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
+                    const uint8_t *payload, size_t len)
+{
+    struct kvb_daemon *d = ctx;
+    struct kvb_raw_batch b = {s->source ? s->source : s->name, s->topic, seq, dp_rank, payload, len};
+    return kvb_output_raw(d->out, &b);
+}
+
 /* ---- sources ------------------------------------------------------------ */
 
 /* Close every non-NULL source of v[0..n) and free the arrays. */
@@ -647,6 +655,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         kvb_err("main", "pipeline: %s", strerror(-rc));
         goto out;
     }
+    kvb_pipeline_set_raw(d->pipe, emit_raw, d);
     kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe), kvb_wall_ms());
     if ((rc = load_state(d)) < 0) {
         kvb_err("state", "%s", strerror(-rc));

@@ -238,10 +238,20 @@ int kvb_output_raw(struct kvb_output *o, const struct kvb_raw_batch *b)
     char seq[24], rank[12];
     snprintf(seq, sizeof(seq), "%" PRIu64, b->seq);
     snprintf(rank, sizeof(rank), "%" PRIu32, b->dp_rank);
-    const char *hdrs[] = {"KV-Seq", seq, "KV-Topic", b->topic ? b->topic : "",
-                          "KV-Source", b->source ? b->source : "", "KV-DP-Rank", rank};
+    /* No empty values: nats.c 3.4.1 then misreads the header block, so an
+     * empty topic frame (or source) leaves its header out. */
+    const char *hdrs[8] = {"KV-Seq", seq, "KV-DP-Rank", rank};
+    size_t n = 2;
+    if (b->topic && *b->topic) {
+        hdrs[2 * n] = "KV-Topic";
+        hdrs[2 * n++ + 1] = b->topic;
+    }
+    if (b->source && *b->source) {
+        hdrs[2 * n] = "KV-Source";
+        hdrs[2 * n++ + 1] = b->source;
+    }
     const char *subj = subject_for(o, o->cfg->worker_id, b->dp_rank);
-    int rc = subj ? kvb_sink_publish_hdrs(o->sink, subj, b->payload, b->len, hdrs, 4) : -EINVAL;
+    int rc = subj ? kvb_sink_publish_hdrs(o->sink, subj, b->payload, b->len, hdrs, n) : -EINVAL;
     if (rc < 0)
         failed(o, rc, "engine seq", b->seq, b->seq);
     else

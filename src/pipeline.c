@@ -13,6 +13,8 @@ struct kvb_pipeline {
     struct kvb_metrics *m;
     kvb_emit_fn emit;
     void *emit_ctx;
+    kvb_raw_fn raw;
+    void *raw_ctx;
     struct kvb_decoder *dec;
     struct kvb_converter *conv;
     struct kvb_encoder *enc;
@@ -77,6 +79,12 @@ int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_c
     p->cfg = *cfg;
     kvb_converter_set_config(p->conv, &cfg->convert);
     return 0;
+}
+
+void kvb_pipeline_set_raw(struct kvb_pipeline *p, kvb_raw_fn fn, void *ctx)
+{
+    p->raw = fn;
+    p->raw_ctx = ctx;
 }
 
 struct kvb_decoder *kvb_pipeline_decoder(struct kvb_pipeline *p) { return p->dec; }
@@ -158,6 +166,10 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
     s->has_last = true;
     s->last = seq;
     kvb_inc(&p->m->batches_received_total[0]);
+    if (p->raw && p->cfg.format == KVB_FORMAT_RAW) {
+        rc = p->raw(p->raw_ctx, s, seq, rank, payload, len);
+        return rc < 0 ? rc : n;
+    }
     for (uint32_t i = 0; i < b.n_events; i++) {
         struct kvb_rev r;
         int why = -1;

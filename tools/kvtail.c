@@ -877,11 +877,13 @@ static void handle_raw(struct tail *t, natsMsg *msg)
     natsMsgHeader_Get(msg, "KV-Source", &src);
     natsMsgHeader_Get(msg, "KV-Topic", &topic);
     natsMsgHeader_Get(msg, "KV-DP-Rank", &rank);
-    if (!seqs || !src || !topic || !rank) {
-        bad_mp(t, "raw: a KV-Seq, KV-Source, KV-Topic or KV-DP-Rank header is missing",
+    if (!seqs || !src || !rank) {
+        bad_mp(t, "raw: a KV-Seq, KV-Source or KV-DP-Rank header is missing",
                (uint64_t)natsMsg_GetDataLength(msg));
         return;
     }
+    if (!topic)
+        topic = ""; /* absent when the engine's topic frame is empty */
     uint64_t seq = strtoull(seqs, NULL, 10);
     snprintf(key, sizeof key, "%s\n%s", src, topic);
     if (!t->o.quiet)
