@@ -48,6 +48,7 @@ struct kvb_output {
     size_t n_cache, next_evict;
     char scratch[SUBJECT_MAX];
     bool lost;
+    uint64_t now_ms;          /* wall clock when the pending message began */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
     struct kvb_ratelimit rl_publish, rl_held;
@@ -210,7 +211,9 @@ int kvb_output_event(struct kvb_output *o, const struct kvb_rev *r, const char *
                      size_t len)
 {
     if (o->format == KVB_FORMAT_DYNAMO_MSGPACK) {
-        int rc = kvb_mp_batcher_add(o->mp, r, kvb_wall_ms());
+        if (!kvb_mp_batcher_pending(o->mp)) /* one clock read per message, not per event */
+            o->now_ms = kvb_wall_ms();
+        int rc = kvb_mp_batcher_add(o->mp, r, o->now_ms);
         if (rc < 0)
             failed(o, rc, "event_id", r->event_id, r->event_id);
         return 0;
