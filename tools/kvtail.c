@@ -1265,6 +1265,10 @@ static int do_publish(const struct opts *o)
         fprintf(stderr, "kvtail: --publish needs a subject without wildcards\n");
         goto out;
     }
+    if (o->format == F_RAW) {
+        fprintf(stderr, "kvtail: --publish takes dynamo-json or dynamo-msgpack (hex) lines\n");
+        goto out;
+    }
     nc = connect_nats(o->server);
     if (!nc)
         goto out;
@@ -1273,6 +1277,20 @@ static int do_publish(const struct opts *o)
             n--;
         if (n == 0)
             continue;
+        if (o->format == F_MSGPACK) { /* a hex line (kvbridge-inspect --format dynamo-msgpack) */
+            ssize_t k = 0;
+            for (ssize_t i = 0; i + 1 < n; i += 2) {
+                unsigned v;
+                if (sscanf(line + i, "%2x", &v) != 1)
+                    break;
+                line[k++] = (char)v;
+            }
+            if (k * 2 != n) {
+                fprintf(stderr, "kvtail: --publish: line %" PRIu64 " is not hex\n", count + 1);
+                goto out;
+            }
+            n = k;
+        }
         s = natsConnection_Publish(nc, o->subject, line, (int)n);
         if (s != NATS_OK)
             break;
@@ -1341,7 +1359,8 @@ static void usage(FILE *f)
 "                        counted as missing (fine after barriers)\n"
 "  --ready-file PATH     written once subscribed (start publishers after it exists)\n"
 "  --publish FILE        publish each non-empty line of FILE ('-' = stdin) to\n"
-"                        --subject, then exit\n"
+"                        --subject, then exit (--format dynamo-msgpack: each line\n"
+"                        is a message in hex, as kvbridge-inspect writes them)\n"
 "  --format F            dynamo-json (default), dynamo-msgpack (event-plane\n"
 "                        envelopes: sequence contiguous per publisher_id from 0,\n"
 "                        one (worker_id, dp_rank) per publisher and message; each\n"
