@@ -47,7 +47,8 @@ struct kvb_discovery;
 int kvb_discovery_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wake_fd,
                          struct kvb_discovery **out);
 
-/* Revoke the lease (bounded: about 2 s), stop and free. */
+/* Stop and free: waits for a request in flight (at most 3 s), then revokes
+ * the lease (at most 2 s more). */
 void kvb_discovery_destroy(struct kvb_discovery **d);
 
 /* Register (worker_id, dp_rank) with publisher_id, in the background.
