@@ -30,12 +30,13 @@ ITEST    := $(sort $(wildcard tests/integration/test_*.sh))
 
 DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
             check libxxhash-dev libmicrohttpd-dev libsystemd-dev libssl-dev nats-server valgrind \
-            systemd strace openssl curl libcurl4-openssl-dev libjson-c-dev
+            systemd strace openssl curl libcurl4-openssl-dev \
+            libjson-c-dev etcd-server
 
 # keep objects of pattern-built binaries
 .SECONDARY:
 
-.PHONY: all check unit integration tools-selftest check-valgrind deps clean demo
+.PHONY: all check unit integration integration-msgpack tools-selftest check-valgrind deps clean demo
 all: $(PROGS) $(UNIT_BIN)
 
 $(B)/obj/%.o: %.c
@@ -82,6 +83,17 @@ integration: $(PROGS)
 # The test instruments kvsim and kvtail tested on their own (tools/README.md).
 tools-selftest: $(ORACLE)
 	@bash tests/integration/tools_selftest.sh
+
+# The tests whose configs and kvtail follow KVB_FORMAT (tests/integration/lib.sh),
+# run with nats.format dynamo-msgpack (batched): make integration-msgpack
+MSGPACK_ITEST := $(addprefix tests/integration/,test_daemon_gaps.sh test_daemon_replay.sh \
+                   test_daemon_restart.sh test_daemon_dp.sh test_daemon_nats_down.sh \
+                   test_rel_jetstream.sh test_daemon_malformed.sh test_daemon_encodings.sh \
+                   test_daemon_idle.sh test_discovery_etcd.sh)
+
+integration-msgpack: $(PROGS)
+	@set -e; for t in $(MSGPACK_ITEST); do echo "== $$t (dynamo-msgpack)"; \
+	  KVB_FORMAT=dynamo-msgpack timeout 300 bash $$t; done
 
 check: all
 	@$(MAKE) --no-print-directory unit

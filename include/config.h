@@ -75,6 +75,7 @@ struct kvb_config {
     uint32_t block_size;      /* 0 = "auto" */
     bool lora_salt;
     uint32_t forward_tiers;   /* bitmask of (1u << enum kvb_tier) */
+    char *cache_namespace;    /* tokens_hash salt (dynamo-event-plane.md section 7); "" = none */
 
     struct kvb_source_cfg *sources;
     size_t n_sources;         /* >= 1 */
@@ -82,11 +83,15 @@ struct kvb_config {
     struct {
         char **servers;       /* >= 1 */
         size_t n_servers;
-        char *subject;        /* template: {namespace} {component} {worker_id} {dp_rank} */
+        char *subject;        /* template: {namespace} {component} {endpoint} {worker_id}
+                               * {dp_rank}; for dynamo-msgpack, when the file does not
+                               * set it, the endpoint-scoped subject */
         char *namespace_;
         char *component;
         char *endpoint;       /* {endpoint}: the worker's KV-state endpoint */
         int format;           /* enum kvb_format */
+        bool batch;           /* dynamo-msgpack: arrays of RouterEvents per message */
+        bool residency_domain; /* dynamo-msgpack: write residency_domain "worker" */
         /* Authentication: at most one method (user+password, token, nkey,
          * credentials).  Paths are resolved at load (a relative name is looked
          * up in $CREDENTIALS_DIRECTORY when set, else next to the config
@@ -140,6 +145,14 @@ struct kvb_config {
     struct {
         uint32_t timeout_ms;    /* whole replay request, then barrier */
     } replay;
+
+    struct {
+        struct {
+            char **endpoints;   /* etcd v3 JSON gateway URLs; none = discovery off */
+            size_t n_endpoints;
+            uint32_t lease_ttl_s;
+        } etcd;
+    } discovery;
 
     struct {
         char *listen;         /* "" disables; default 127.0.0.1:9464 */

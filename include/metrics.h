@@ -62,6 +62,9 @@
 /* Query operations (query.h); "invalid": requests refused before the loop. */
 #define KVB_QUERY_OPS(X)                                                       \
     X(DUMP, "dump") X(EVENTS, "events") X(MATCH, "match") X(INVALID, "invalid")
+/* nats.format values, as label values. */
+#define KVB_FORMATS(X)                                                         \
+    X(DYNAMO_JSON, "dynamo-json") X(DYNAMO_MSGPACK, "dynamo-msgpack") X(RAW, "raw")
 
 #define KVB_NO_LABEL(X) X(ALL, "")
 
@@ -144,7 +147,17 @@
     X(counter, queries_total, "op", KVB_QUERY_OPS,                             \
       "Queries answered (HTTP and NATS), by operation")                        \
     X(counter, query_bytes_total, "op", KVB_QUERY_OPS,                         \
-      "Bytes of query answers handed to the transport, by operation")
+      "Bytes of query answers handed to the transport, by operation")          \
+    X(counter, messages_published_total, "format", KVB_FORMATS,                \
+      "NATS messages handed to the sink, by nats.format")                      \
+    X(counter, output_held_dropped_total, "", KVB_NO_LABEL,                    \
+      "Messages dropped while held for a pair not yet registered (barrier)")   \
+    X(gauge, discovery_registered_pairs, "", KVB_NO_LABEL,                     \
+      "(worker_id, dp_rank) pairs whose EventSource record is in etcd")        \
+    X(counter, discovery_registrations_total, "", KVB_NO_LABEL,                \
+      "EventSource records put in etcd (again after a lost lease)")            \
+    X(counter, discovery_etcd_errors_total, "", KVB_NO_LABEL,                  \
+      "etcd requests that failed (unreachable, refused, lease lost)")
 
 /* Histograms: name, help, bucket list.  Buckets are upper bounds in
  * nanoseconds, exposed in seconds; +Inf is implicit. */
@@ -197,6 +210,7 @@
 #define KVB_ALL_ITEM(s, str) KVB_LBL_##s,
 #define KVB_JSF_ITEM(s, str) KVB_JSF_##s,
 #define KVB_QOP_ITEM(s, str) KVB_QOP_##s,
+#define KVB_FMT_ITEM(s, str) KVB_FMT_##s,
 enum kvb_drop_reason { KVB_DROP_REASONS(KVB_DROP_ITEM) KVB_DROP__COUNT };
 enum kvb_evt_label { KVB_EVENT_TYPES(KVB_EVT_ITEM) KVB_EVT__COUNT };
 enum kvb_revt_label { KVB_REV_TYPES(KVB_REVT_ITEM) KVB_REVT__COUNT };
@@ -206,6 +220,7 @@ enum kvb_tier { KVB_TIERS(KVB_TIER_ITEM) KVB_TIER__COUNT };
 enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };
 enum kvb_js_ack_failure { KVB_JS_ACK_FAILURES(KVB_JSF_ITEM) KVB_JSF__COUNT };
 enum kvb_qop_label { KVB_QUERY_OPS(KVB_QOP_ITEM) KVB_QOP__COUNT };
+enum kvb_fmt_label { KVB_FORMATS(KVB_FMT_ITEM) KVB_FMT__COUNT };
 
 #define KVB_COUNT_OF(list) (0 list(KVB_COUNT_ONE))
 #define KVB_COUNT_ONE(s, str) +1

@@ -5,7 +5,9 @@
  * kvbridge-inspect, so both follow exactly the same rules.
  *
  * Every router event is handed to the emit callback in order; the bytes are
- * valid only during the call.  Ownership: the pipeline owns its decoder,
+ * valid only during the call.  They are the event's dynamo-json form when
+ * format is KVB_FORMAT_DYNAMO_JSON, else NULL and 0: the caller encodes
+ * (src/output.c).  Ownership: the pipeline owns its decoder,
  * converter and encoder; kvb_pipeline_destroy(&p) frees them (accepts NULL).
  * The metrics struct is the caller's and must outlive the pipeline.
  */
@@ -22,6 +24,10 @@
 
 typedef int (*kvb_emit_fn)(void *ctx, const struct kvb_rev *rev, const char *data,
                            size_t len);
+/* nats.format raw: a batch that decoded, handed over unchanged (instead of
+ * its router events) with its stream, seq and dp_rank. */
+typedef int (*kvb_raw_fn)(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
+                          const uint8_t *payload, size_t len);
 
 struct kvb_pipeline_cfg {
     struct kvb_convert_cfg convert;
@@ -39,6 +45,10 @@ struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c);
 int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
                         kvb_emit_fn emit, void *emit_ctx, struct kvb_pipeline **out);
 void kvb_pipeline_destroy(struct kvb_pipeline **p);
+
+/* Format raw: hand each batch to fn instead of converting it (barriers are
+ * still emitted, for the caller to ignore). */
+void kvb_pipeline_set_raw(struct kvb_pipeline *p, kvb_raw_fn fn, void *ctx);
 
 /* Swap in a new configuration (SIGHUP); event_id counters are kept. */
 int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg);

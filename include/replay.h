@@ -55,6 +55,8 @@
  * caller owns it (nothing to free). */
 struct kvb_stream {
     const char *name;   /* for logs; not owned */
+    const char *source, *topic; /* raw format headers (KV-Source, KV-Topic); not
+                                 * owned, NULL when the owner set none */
     uint32_t cfg_rank;  /* the source's configured dp_rank */
     bool has_last;
     uint64_t last;      /* last seq applied */

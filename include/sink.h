@@ -71,6 +71,12 @@ int kvb_sink_publish(struct kvb_sink *s, const char *subject, const void *data,
 int kvb_sink_publish_id(struct kvb_sink *s, const char *subject, const void *data,
                         size_t len, const char *msg_id);
 
+/* Publish one message with NATS headers (core mode only: -ENOTSUP in
+ * JetStream mode): hdrs holds n_hdrs (name, value) pairs, hdrs[2i] the name
+ * and hdrs[2i+1] the value.  Returns as kvb_sink_publish(). */
+int kvb_sink_publish_hdrs(struct kvb_sink *s, const char *subject, const void *data,
+                          size_t len, const char *const *hdrs, size_t n_hdrs);
+
 /* True once connected (and not currently reconnecting). Any thread. */
 bool kvb_sink_connected(const struct kvb_sink *s);
 

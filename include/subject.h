@@ -31,6 +31,11 @@ enum kvb_subject_ph {
 #define KVB_PH_ALL (KVB_PH_NAMESPACE | KVB_PH_COMPONENT | KVB_PH_WORKER_ID | KVB_PH_DP_RANK | \
                     KVB_PH_ENDPOINT)
 
+/* nats.subject for dynamo-msgpack when the file does not set it: the newest
+ * routers' endpoint-scoped subject (dynamo-event-plane.md section 2). */
+#define KVB_SUBJECT_DEFAULT_MSGPACK \
+    "namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv-events"
+
 /* The values a template expands from.  ns, component: required; endpoint:
  * NULL counts as "". */
 struct kvb_subject_vals {

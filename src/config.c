@@ -62,6 +62,7 @@ static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 #define check_server_url kvb_cfg_check_server_url
 #define check_query_subject kvb_cfg_check_query_subject
 #define check_http_url kvb_cfg_check_http_url
+#define check_etcd_url kvb_cfg_check_etcd_url
 
 #define R F_RELOAD
 #define C F_CONN
@@ -89,6 +90,10 @@ static const struct opt opts[] = {
      .def = "device", .values = tier_values, .flags = R,
      .help = "Storage tiers whose events are forwarded, a list of: device, "
              "host_pinned, disk, external."},
+    {.key = "cache_namespace", .type = T_STR, .off = TOP(cache_namespace, char *), .def = "",
+     .flags = R,
+     .help = "Cache namespace salted into tokens_hash for events that carry none of "
+             "their own (Dynamo's cache_namespace, docs/hash-rules.md); \"\" = none."},
 
     {.key = "sources", .type = T_SOURCES,
      .off = TOP(sources, struct kvb_source_cfg *), .noff = TOP(n_sources, size_t),
@@ -191,7 +196,11 @@ static const struct opt opts[] = {
      .def = "namespace.{namespace}.component.{component}.kv_events", .flags = R,
      .check = check_subject,
      .help = "Subject the router events are published on. {namespace}, "
-             "{component}, {worker_id} and {dp_rank} are replaced."},
+             "{component}, {endpoint}, {worker_id} and {dp_rank} are replaced "
+             "(with nats.format dynamo-msgpack, each value percent-encoded). The "
+             "default shown is dynamo-json's; for dynamo-msgpack, when this key is "
+             "not set, it is namespace.{namespace}.component.{component}.endpoint."
+             "{endpoint}.kv-events (the newest routers' endpoint-scoped subject)."},
     {.key = "nats.namespace", .type = T_STR, .off = TOP(nats.namespace_, char *),
      .def = "dynamo", .flags = R, .check = check_word,
      .help = "Value of {namespace}."},
@@ -199,13 +208,28 @@ static const struct opt opts[] = {
      .def = "backend", .flags = R, .check = check_word,
      .help = "Value of {component}."},
     {.key = "nats.endpoint", .type = T_STR, .off = TOP(nats.endpoint, char *),
-     .def = "generate", .flags = R,
-     .help = "The worker's KV-state endpoint: {endpoint} in subjects and the "
-             "discovery record's endpoint."},
+     .def = "generate", .flags = R, .check = check_word,
+     .help = "Value of {endpoint}: the worker's KV-state endpoint (its serving "
+             "endpoint), also the endpoint of its discovery record."},
     {.key = "nats.format", .type = T_ENUM, .off = TOP(nats.format, int),
-     .def = "dynamo-json", .values = format_values, .flags = R, .check = check_format,
-     .help = "Wire format of the published events (dynamo-msgpack and raw are "
-             "not supported yet)."},
+     .def = "dynamo-json", .values = format_values, .check = check_format,
+     .help = "Wire format of the published messages: dynamo-json (one JSON "
+             "RouterEvent per message: routers of 2025, and JetStream), "
+             "dynamo-msgpack (Dynamo's event plane: msgpack envelopes, for the "
+             "routers of 2026; they need DYN_EVENT_PLANE=nats), raw (each engine "
+             "batch republished unchanged, with the headers KV-Seq, KV-Topic, "
+             "KV-Source and KV-DP-Rank, for consumers that decode it themselves). "
+             "dynamo-msgpack and raw are refused with nats.jetstream.enabled."},
+    {.key = "nats.batch", .type = T_BOOL, .off = TOP(nats.batch, bool), .def = "true",
+     .help = "dynamo-msgpack: each message carries an array of RouterEvents of one "
+             "(worker_id, dp_rank), at most 128 events or 8192 blocks (routers from "
+             "mid 2026); false: one RouterEvent per message (the event plane's first "
+             "routers)."},
+    {.key = "nats.residency_domain", .type = T_BOOL,
+     .off = TOP(nats.residency_domain, bool), .def = "true",
+     .help = "dynamo-msgpack: write residency_domain \"worker\" in every RouterEvent, "
+             "as Dynamo's own publisher does; turn off only for routers that predate "
+             "the key."},
 
     /* Authentication: at most one of user + password, token, nkey_seed,
      * credentials (check_auth()). */
@@ -357,6 +381,19 @@ static const struct opt opts[] = {
      .def = "2000", .min = 1, .max = I32MAX, .flags = R,
      .help = "Time allowed for a whole replay request, in milliseconds; then a "
              "\"cleared\" barrier is published instead."},
+
+    {.key = "discovery.etcd.endpoints", .type = T_STRLIST,
+     .off = TOP(discovery.etcd.endpoints, char **),
+     .noff = TOP(discovery.etcd.n_endpoints, size_t), .def = "", .flags = F_EMPTY,
+     .check = check_etcd_url,
+     .help = "etcd v3 JSON gateway URLs (http:// or https://) where kvbridge "
+             "registers, for each (worker_id, dp_rank), the EventSource record the "
+             "newest Dynamo routers require (docs/dynamo-event-plane.md); tried in "
+             "turn. Needs nats.format dynamo-msgpack. [] = discovery off."},
+    {.key = "discovery.etcd.lease_ttl_s", .type = T_U32,
+     .off = TOP(discovery.etcd.lease_ttl_s, uint32_t), .def = "10", .min = 2, .max = 3600,
+     .help = "TTL of the etcd lease the records are put under, in seconds; kvbridge "
+             "keeps it alive (every third of it) and revokes it at a clean stop."},
 
     {.key = "metrics.listen", .type = T_STR, .off = TOP(metrics.listen, char *),
      .def = "127.0.0.1:9464", .check = check_listen,
@@ -703,7 +740,7 @@ static int apply_defaults(struct ctx *c, void *base, bool sources_scope)
             continue;
         if (o->type == T_STRLIST || o->type == T_TIERS) {
             /* comma-separated */
-            size_t n = 1;
+            size_t n = *o->def ? 1 : 0; /* "" is the empty list */
             for (const char *p = o->def; *p; p++)
                 n += *p == ',';
             char **list = o->type == T_STRLIST ? calloc(n, sizeof *list) : NULL;
@@ -828,11 +865,11 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
                kvb_cfg_is_null(v) ? "nothing" : kvb_cfg_kind_name(v));
         goto fail;
     }
-    if (v->n == 0) {
+    if (v->n == 0 && !(o->flags & F_EMPTY)) {
         err_at(c, v->line, v->col, "%s: the list must not be empty", dpath);
         goto fail;
     }
-    if (o->type == T_STRLIST && !(list = calloc(v->n, sizeof *list))) {
+    if (o->type == T_STRLIST && !(list = calloc(v->n ? v->n : 1, sizeof *list))) {
         oom(c);
         goto fail;
     }
@@ -1199,6 +1236,18 @@ int kvb_config_check_reload(const struct kvb_config *old_cfg,
                         new_cfg->path ? new_cfg->path : "config", o->key);
             rc = -EINVAL;
         }
+    }
+    /* Discovery records name nats.namespace, nats.component, nats.endpoint
+     * (reloadable keys otherwise): the registered records stay. */
+    if (old_cfg->discovery.etcd.n_endpoints &&
+        (strcmp(old_cfg->nats.namespace_, new_cfg->nats.namespace_) ||
+         strcmp(old_cfg->nats.component, new_cfg->nats.component) ||
+         strcmp(old_cfg->nats.endpoint, new_cfg->nats.endpoint))) {
+        if (err)
+            fprintf(err, "%s: nats.namespace, nats.component or nats.endpoint changed "
+                    "while discovery is on (the registered records name them): it needs "
+                    "a restart to take effect\n", new_cfg->path ? new_cfg->path : "config");
+        rc = -EINVAL;
     }
     /* The stream and subject also follow nats.namespace, nats.component and
      * worker_id (reloadable keys): the running sink keeps its stream. */

@@ -118,7 +118,7 @@ static int check_placeholders(struct ctx *c, const char *dpath, const char *s,
                               const struct node *v, size_t n, const char *expected)
 {
     static const unsigned bits[] = {KVB_PH_NAMESPACE, KVB_PH_COMPONENT, KVB_PH_WORKER_ID,
-                                    KVB_PH_DP_RANK};
+                                    KVB_PH_DP_RANK, KVB_PH_ENDPOINT};
     unsigned allowed = 0;
     size_t off = 0, len = 0;
     for (size_t i = 0; i < n && i < sizeof(bits) / sizeof(bits[0]); i++)
@@ -137,8 +137,8 @@ int kvb_cfg_check_subject(struct ctx *c, const struct opt *o, const char *dpath,
 {
     if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
         return -1;
-    return check_placeholders(c, dpath, *(char *const *)field, v, 4,
-                              "{namespace}, {component}, {worker_id} or {dp_rank}");
+    return check_placeholders(c, dpath, *(char *const *)field, v, 5,
+                              "{namespace}, {component}, {endpoint}, {worker_id} or {dp_rank}");
 }
 
 /* query.subject: "" (off), or a subject without wildcards nor {dp_rank}. */
@@ -160,11 +160,24 @@ int kvb_cfg_check_query_subject(struct ctx *c, const struct opt *o, const char *
 int kvb_cfg_check_format(struct ctx *c, const struct opt *o, const char *dpath,
                          const void *field, const struct node *v)
 {
-    int f = *(const int *)field;
-    if (f == KVB_FORMAT_DYNAMO_JSON)
+    (void)c, (void)o, (void)dpath, (void)field, (void)v;
+    return 0; /* every value; the combinations: check_output() */
+}
+
+/* An etcd gateway URL: http:// or https:// and a host. */
+int kvb_cfg_check_etcd_url(struct ctx *c, const struct opt *o, const char *dpath,
+                           const void *field, const struct node *v)
+{
+    const char *s = *(char *const *)field;
+    if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
+        return -1;
+    const char *rest = has_prefix(s, "http://") ? s + 7 : has_prefix(s, "https://") ? s + 8 : NULL;
+    if (rest && *rest && *rest != '/')
         return 0;
-    err_at(c, v->line, v->col, "%s: %s is not supported yet (use dynamo-json)", dpath,
-           o->values[f]);
+    char *sv = kvb_cfg_shown(s, strlen(s));
+    err_at(c, v->line, v->col, "%s: '%s' is not an etcd URL (expected http://HOST:PORT or "
+           "https://HOST:PORT)", dpath, SHOWN(sv));
+    free(sv);
     return -1;
 }
 
@@ -978,8 +991,41 @@ static void check_socket_count(struct ctx *c, const struct kvb_config *cfg,
                total, ZMQ_MAX_SOCKETS_DFLT);
 }
 
+/* nats.format: the combinations; the endpoint-scoped subject by default for
+ * dynamo-msgpack. */
+static void check_output(struct ctx *c, struct kvb_config *cfg, struct mark *m)
+{
+    const struct mark *mf = &m[kvb_cfg_opt_index("nats.format")];
+    const struct mark *mj = &m[kvb_cfg_opt_index("nats.jetstream.enabled")];
+    const struct mark *md = &m[kvb_cfg_opt_index("discovery.etcd.endpoints")];
+    struct mark *ms = &m[kvb_cfg_opt_index("nats.subject")];
+    int f = cfg->nats.format;
+    if (mf->bad)
+        return;
+    if (f != KVB_FORMAT_DYNAMO_JSON && cfg->nats.jetstream.enabled && !mj->bad) {
+        const struct mark *at = mf->set ? mf : mj;
+        err_at(c, at->line, at->col, "nats.format: %s cannot be published through "
+               "JetStream (nats.jetstream.enabled): Dynamo's JetStream consumers read "
+               "dynamo-json; use dynamo-json, or core NATS",
+               kvb_cfg_opts[kvb_cfg_opt_index("nats.format")].values[f]);
+    }
+    if (cfg->discovery.etcd.n_endpoints && f != KVB_FORMAT_DYNAMO_MSGPACK && !md->bad)
+        err_at(c, md->line, md->col, "discovery.etcd.endpoints: discovery registers "
+               "event-plane publishers: it needs nats.format dynamo-msgpack");
+    if (f == KVB_FORMAT_DYNAMO_MSGPACK && !ms->set && !ms->bad) {
+        char *d = strdup(KVB_SUBJECT_DEFAULT_MSGPACK);
+        if (!d) {
+            oom(c);
+            return;
+        }
+        free(cfg->nats.subject);
+        cfg->nats.subject = d;
+    }
+}
+
 void kvb_cfg_check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 {
+    check_output(c, cfg, m);
     check_worker_id_file(c, cfg, m);
     check_socket_count(c, cfg, m);
     check_auth(c, cfg, m);

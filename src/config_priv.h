@@ -100,6 +100,7 @@ enum otype {
 #define F_PATH 8u     /* T_STR file name: resolved (see resolve_path()) and checked
                        * readable at load; with .fills, read into that key */
 #define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
+#define F_EMPTY 32u   /* T_STRLIST: an empty list is allowed (and the default "" is one) */
 
 struct opt;
 
@@ -170,7 +171,7 @@ char *kvb_cfg_shown(const char *s, size_t len);
 check_fn kvb_cfg_check_endpoint, kvb_cfg_check_opt_endpoint, kvb_cfg_check_subject,
     kvb_cfg_check_word, kvb_cfg_check_format, kvb_cfg_check_listen, kvb_cfg_check_host,
     kvb_cfg_check_js_template, kvb_cfg_check_server_url, kvb_cfg_check_query_subject,
-    kvb_cfg_check_http_url;
+    kvb_cfg_check_http_url, kvb_cfg_check_etcd_url;
 
 /* Checks across keys, once the tree was walked; they report and set the
  * marks (M, one per table row) of keys found bad.  kvb_cfg_resolve_files():

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,23 +17,22 @@
 #include <systemd/sd-daemon.h>
 
 #include "clock.h"
+#include "discovery.h"
 #include "engine.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "output.h"
 #include "pipeline.h"
 #include "residency.h"
 #include "sink.h"
 #include "source.h"
 #include "state.h"
 #include "stats.h"
-#include "subject.h"
 #include "version.h"
 #include "zap.h"
 
 #define READ_BUDGET 256    /* live messages per source per turn: fairness */
-#define SUBJECT_MAX 512
-#define SUBJECT_RANKS 64   /* cached per-rank subjects when the template has {dp_rank} */
 #define HEARTBEAT_MS 1000  /* the loop turns at least this often (healthz, watchdog) */
 #define PAUSED_POLL_MS 20  /* re-check the NATS buffer this often while paused */
 #define STATE_SAVE_MS 1000 /* state.dir: save at most this often (and at shutdown) */
@@ -52,6 +52,9 @@ struct kvb_daemon {
     struct kvb_zap *zap;     /* CURVE clients of bind-mode sources (zap.h) */
     struct kvb_pipeline *pipe;
     struct kvb_sink *sink;
+    struct kvb_output *out;  /* nats.format: what emit() publishes (output.h) */
+    struct kvb_discovery *disc; /* discovery.etcd: EventSource records; NULL when off */
+    bool held_back;          /* discovery: a pair is not registered yet: do not read */
     struct kvb_http *http;
     struct kvb_residency *res; /* the residency mirror and its queries */
     struct kvb_engines *eng; /* sources[].engine: load and liveness (engine.h) */
@@ -70,73 +73,24 @@ struct kvb_daemon {
     int sigfd, wakefd;
     bool stop;
     bool failed;             /* stopping because of an error: exit 1 */
-
-    bool per_rank_subject;
-    bool jetstream;            /* nats.jetstream.enabled: publish with Nats-Msg-Id */
-    char subject[SUBJECT_MAX]; /* when it does not depend on the rank */
-    char rank_subject[SUBJECT_RANKS][SUBJECT_MAX];
-    bool rank_subject_ok[SUBJECT_RANKS];
-    char scratch_subject[SUBJECT_MAX];
-    struct kvb_ratelimit rl_publish;
 };
-
-static int prepare_subjects(struct kvb_daemon *d, const struct kvb_config *c)
-{
-    memset(d->rank_subject_ok, 0, sizeof(d->rank_subject_ok));
-    d->jetstream = c->nats.jetstream.enabled;
-    if (d->jetstream) { /* one subject, resolved by the config module */
-        const char *js = c->nats.jetstream.subject_name;
-        d->per_rank_subject = false;
-        if (!js || strlen(js) >= sizeof(d->subject))
-            return -ENAMETOOLONG;
-        strcpy(d->subject, js);
-        return 0;
-    }
-    d->per_rank_subject = strstr(c->nats.subject, "{dp_rank}") != NULL;
-    int rc = kvb_subject_expand(c->nats.subject, c->nats.namespace_, c->nats.component,
-                                c->worker_id, 0, d->subject, sizeof(d->subject));
-    return rc < 0 ? rc : 0;
-}
-
-static const char *subject_for(struct kvb_daemon *d, uint32_t rank)
-{
-    if (!d->per_rank_subject)
-        return d->subject;
-    const struct kvb_config *c = d->cfg;
-    char *buf = rank < SUBJECT_RANKS ? d->rank_subject[rank] : d->scratch_subject;
-    if (rank < SUBJECT_RANKS && d->rank_subject_ok[rank])
-        return buf;
-    if (kvb_subject_expand(c->nats.subject, c->nats.namespace_, c->nats.component,
-                           c->worker_id, rank, buf, SUBJECT_MAX) < 0)
-        return NULL;
-    if (rank < SUBJECT_RANKS)
-        d->rank_subject_ok[rank] = true;
-    return buf;
-}
-
-/* Nats-Msg-Id (router-events.md section 2): {worker_id}.{dp_rank}.{epoch}.{event_id}. */
-static const char *msg_id(const struct kvb_rev *rev, char *buf)
-{
-    return kvb_subject_msg_id(buf, rev->worker_id, rev->dp_rank, rev->epoch, rev->event_id);
-}
 
 static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
 {
     struct kvb_daemon *d = ctx;
-    char id[KVB_MSG_ID_MAX];
-    const char *subj = subject_for(d, rev->dp_rank);
-    int rc = !subj         ? -EINVAL
-             : d->jetstream ? kvb_sink_publish_id(d->sink, subj, data, len, msg_id(rev, id))
-                            : kvb_sink_publish(d->sink, subj, data, len);
-    if (rc < 0) {
-        kvb_log_rl(&d->rl_publish, KVB_LOG_ERROR, "sink", "publish failed: %s (event_id %llu lost)",
-                   strerror(-rc), (unsigned long long)rev->event_id);
-        d->barrier_due = true; /* the router must not keep a view with a hole */
-    }
+    int rc = kvb_output_event(d->out, rev, data, len); /* a failure: kvb_output_take_loss() */
     /* The mirror is full: "cleared" for the pair (it comes back here). */
     if (kvb_residency_apply(d->res, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED)
         kvb_pipeline_cleared(d->pipe, rev->dp_rank, KVB_BAR_MIRROR_FULL);
-    return 0; /* a refused publish is counted by the sink; the stream goes on */
+    return rc;
+}
+
+static int emit_raw(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
+                    const uint8_t *payload, size_t len)
+{
+    struct kvb_daemon *d = ctx;
+    struct kvb_raw_batch b = {s->source ? s->source : s->name, s->topic, seq, dp_rank, payload, len};
+    return kvb_output_raw(d->out, &b);
 }
 
 /* ActiveLoad messages (engine.h): core NATS, whatever the router events use. */
@@ -447,6 +401,7 @@ static void reload(struct kvb_daemon *d)
     struct kvb_sink *nsink = NULL;
     int rc;
     kvb_info("main", "SIGHUP: reloading %s", d->cfg->path);
+    kvb_output_flush(d->out);
     sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu", (unsigned long long)kvb_mono_us());
     if ((rc = kvb_config_load_logged(d->cfg->path, &nc)) < 0) {
         kvb_err("main", "reload: %s is invalid, keeping the running configuration", d->cfg->path);
@@ -500,8 +455,11 @@ static void reload(struct kvb_daemon *d)
         kvb_sink_destroy(&d->sink); /* flushes what it still holds */
         d->sink = nsink;
         kvb_sink_defer_writes(d->sink);
+        kvb_output_set_sink(d->out, d->sink);
         kvb_residency_attach(d->res, d->sink);
     }
+    if (kvb_output_reconfigure(d->out, nc) < 0) /* validated by the config module */
+        kvb_err("main", "reload: subject template too long");
     if (!kvb_engines_cfg_equal(d->cfg, nc)) { /* else the running ones keep their state */
         struct kvb_engines *ne = NULL;
         if ((rc = kvb_engines_create(nc, &d->m, publish_load, d, &ne)) < 0)
@@ -512,7 +470,6 @@ static void reload(struct kvb_daemon *d)
     kvb_stats_set_interval(d->stats, nc->log.stats_interval_s);
     kvb_config_free(&d->cfg);
     d->cfg = nc;
-    prepare_subjects(d, nc); /* validated by the config module */
     kvb_residency_reconfigure(d->res, nc);
     kvb_log_set_level(nc->log.level);
     if (nsrc)
@@ -571,12 +528,15 @@ static void nats_loss_barrier(struct kvb_daemon *d)
         d->losses_seen = losses;
         d->barrier_due = true;
     }
+    if (kvb_output_take_loss(d->out))
+        d->barrier_due = true;
     if (!d->barrier_due || !kvb_sink_connected(d->sink))
         return;
     d->barrier_due = false;
     kvb_warn("main", "router events were lost on the NATS side: publishing barriers");
     for (size_t i = 0; i < d->n_src; i++)
         kvb_source_barrier_all(d->src[i], d->pipe, KVB_BAR_NATS_LOST);
+    kvb_output_flush(d->out);
 }
 
 static void update_gauges(struct kvb_daemon *d)
@@ -595,10 +555,16 @@ static void update_gauges(struct kvb_daemon *d)
         }
         d->paused = paused;
     }
-    kvb_set(&d->m.reading_paused[0], paused);
+    bool held = kvb_output_blocked(d->out);
+    if (held != d->held_back)
+        kvb_info("discovery", held ? "waiting for the EventSource records: not reading the engines"
+                                   : "EventSource records registered: reading the engines");
+    d->held_back = held;
+    kvb_set(&d->m.reading_paused[0], paused || held);
     kvb_set(&d->m.nats_pending_bytes[0], pending);
     kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink) &&
-                                kvb_get(&d->m.engines_gone[0]) == 0);
+                                kvb_get(&d->m.engines_gone[0]) == 0 &&
+                                kvb_output_registered(d->out));
     kvb_residency_gauges(d->res);
 }
 
@@ -621,7 +587,8 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     uint64_t now = kvb_mono_ms();
     heartbeat(d, now);
     update_gauges(d);
-    long timeout = d->paused ? PAUSED_POLL_MS : (long)d->heartbeat_ms;
+    bool hold = d->paused || d->held_back;
+    long timeout = hold ? PAUSED_POLL_MS : (long)d->heartbeat_ms;
     if (d->watchdog_ms) { /* wake in time for the next WATCHDOG=1 */
         uint64_t due = d->last_watchdog + d->watchdog_ms;
         long left = due > now ? (long)(due - now) : 0;
@@ -629,13 +596,13 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
             timeout = left;
     }
     for (size_t i = 0; i < d->n_src && n + 3 <= cap; i++) {
-        void *sub = d->paused ? NULL : kvb_source_sub(d->src[i]);
-        void *rs = d->paused ? NULL : kvb_source_replay(d->src[i]);
+        void *sub = hold ? NULL : kvb_source_sub(d->src[i]);
+        void *rs = hold ? NULL : kvb_source_replay(d->src[i]);
         void *mon = kvb_source_monitor(d->src[i]);
         items[n++] = (zmq_pollitem_t){sub, sub ? 0 : -1, sub ? ZMQ_POLLIN : 0, 0};
         items[n++] = (zmq_pollitem_t){rs, rs ? 0 : -1, rs ? ZMQ_POLLIN : 0, 0};
         items[n++] = (zmq_pollitem_t){mon, mon ? 0 : -1, mon ? ZMQ_POLLIN : 0, 0};
-        long t = d->paused ? -1 : kvb_source_next_deadline(d->src[i], now);
+        long t = hold ? -1 : kvb_source_next_deadline(d->src[i], now);
         if (t >= 0 && t < timeout)
             timeout = t;
     }
@@ -668,9 +635,10 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
         else if (items[3 + 3 * i].revents & ZMQ_POLLIN && rc > 0)
             kvb_engines_note_batch(d->eng, i, kvb_mono_ms());
-        if (!d->paused) /* a replay's deadline does not run out while we hold back */
+        if (!hold) /* a replay's deadline does not run out while we hold back */
             kvb_source_tick(s, d->pipe, kvb_mono_ms());
     }
+    kvb_output_flush(d->out); /* one message per pair and turn when events are few */
     if (items[ie].revents & ZMQ_POLLIN)
         kvb_engines_on_ready(d->eng, d->src, d->n_src, d->pipe, kvb_mono_ms(), d->paused);
     nats_loss_barrier(d);
@@ -684,6 +652,7 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
  * connected, then flush what nats.c holds.  A second SIGTERM/SIGINT gives up. */
 static int drain(struct kvb_daemon *d)
 {
+    kvb_output_flush(d->out);
     uint64_t deadline = kvb_mono_ms() + d->cfg->nats.flush_timeout_ms;
     while (!kvb_sink_connected(d->sink)) {
         uint64_t now = kvb_mono_ms();
@@ -732,14 +701,16 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     d->cfg = *pcfg;
     *pcfg = NULL;
     d->sigfd = d->wakefd = -1;
-    d->rl_publish = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     kvb_log_set_level(d->cfg->log.level);
 
     if ((rc = setup_fds(d)) < 0) {
         kvb_err("main", "signals: %s", strerror(-rc));
         goto out;
     }
-    if ((rc = prepare_subjects(d, d->cfg)) < 0) {
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
+        seed = kvb_wall_ns() ^ ((uint64_t)getpid() << 32); /* publisher ids: new per start */
+    if ((rc = kvb_output_create(d->cfg, &d->m, seed, &d->out)) < 0) {
         kvb_err("main", "subject template: %s", strerror(-rc));
         goto out;
     }
@@ -748,6 +719,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         kvb_err("main", "pipeline: %s", strerror(-rc));
         goto out;
     }
+    kvb_pipeline_set_raw(d->pipe, emit_raw, d);
     kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe), kvb_wall_ms());
     if ((rc = kvb_residency_create(d->cfg, &d->m, d->wakefd, &d->res)) < 0) {
         kvb_err("main", "residency mirror: %s", strerror(-rc));
@@ -766,9 +738,16 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         goto out;
     }
     kvb_sink_defer_writes(d->sink);
+    kvb_output_set_sink(d->out, d->sink);
     kvb_residency_attach(d->res, d->sink); /* NATS queries (query.subject) */
     if (d->resume && kvb_residency_load(d->res, d->cfg->state.dir, d->resume, mirror_barrier, d) < 0)
         kvb_warn("state", "residency mirror: cannot load (out of memory)");
+    if (d->cfg->discovery.etcd.n_endpoints &&
+        ((rc = kvb_discovery_create(d->cfg, &d->m, d->wakefd, &d->disc)) < 0 ||
+         (rc = kvb_output_set_discovery(d->out, d->disc)) < 0)) {
+        kvb_err("discovery", "cannot start: %s", strerror(-rc));
+        goto out;
+    }
     d->zctx = zmq_ctx_new();
     if (!d->zctx || kvb_zap_create(d->zctx, &d->m, &d->zap) < 0 ||
         (rc = build_sources(d, d->cfg, false, &d->src, &d->src_from, &d->n_src, NULL)) < 0) {
@@ -802,7 +781,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     }
     kvb_set(&d->m.heartbeat_interval_ms, d->heartbeat_ms);
     kvb_info("main", "running: worker_id %llu, %zu endpoint(s), subject %s",
-             (unsigned long long)d->cfg->worker_id, d->n_src, d->subject);
+             (unsigned long long)d->cfg->worker_id, d->n_src, kvb_output_subject(d->out));
     sd_notify(0, "READY=1\nSTATUS=running");
 
     size_t cap = 0;
@@ -841,7 +820,9 @@ out:
     if (d->zctx)
         zmq_ctx_term(d->zctx);
     kvb_residency_detach(d->res, d->sink);
+    kvb_discovery_destroy(&d->disc); /* revokes the lease: the records go */
     kvb_sink_destroy(&d->sink);
+    kvb_output_destroy(&d->out);
     kvb_pipeline_destroy(&d->pipe);
     kvb_residency_destroy(&d->res); /* after the HTTP server and the sink */
     kvb_state_free(&d->resume);

@@ -13,6 +13,8 @@ struct kvb_pipeline {
     struct kvb_metrics *m;
     kvb_emit_fn emit;
     void *emit_ctx;
+    kvb_raw_fn raw;
+    void *raw_ctx;
     struct kvb_decoder *dec;
     struct kvb_converter *conv;
     struct kvb_encoder *enc;
@@ -38,7 +40,7 @@ int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *
         goto fail;
     if ((rc = kvb_converter_create(&cfg->convert, m, &p->conv)) < 0)
         goto fail;
-    if ((rc = kvb_encoder_create(cfg->format, &p->enc)) < 0)
+    if (cfg->format == KVB_FORMAT_DYNAMO_JSON && (rc = kvb_encoder_create(cfg->format, &p->enc)) < 0)
         goto fail;
     *out = p;
     return 0;
@@ -63,7 +65,9 @@ int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_c
 {
     struct kvb_decoder *dec = kvb_decoder_create(&cfg->limits);
     struct kvb_encoder *enc = NULL;
-    int rc = dec ? kvb_encoder_create(cfg->format, &enc) : -ENOMEM;
+    int rc = !dec ? -ENOMEM
+             : cfg->format == KVB_FORMAT_DYNAMO_JSON ? kvb_encoder_create(cfg->format, &enc)
+                                                     : 0;
     if (rc < 0) {
         kvb_decoder_destroy(&dec);
         return rc;
@@ -77,6 +81,12 @@ int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_c
     return 0;
 }
 
+void kvb_pipeline_set_raw(struct kvb_pipeline *p, kvb_raw_fn fn, void *ctx)
+{
+    p->raw = fn;
+    p->raw_ctx = ctx;
+}
+
 struct kvb_decoder *kvb_pipeline_decoder(struct kvb_pipeline *p) { return p->dec; }
 const struct kvb_batch_info *kvb_pipeline_last_batch(const struct kvb_pipeline *p)
 {
@@ -86,9 +96,9 @@ struct kvb_converter *kvb_pipeline_converter(struct kvb_pipeline *p) { return p-
 
 static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
 {
-    const char *data;
-    size_t len;
-    int rc = kvb_encode(p->enc, r, &data, &len);
+    const char *data = NULL;
+    size_t len = 0;
+    int rc = p->enc ? kvb_encode(p->enc, r, &data, &len) : 0; /* other formats: the caller's */
     if (rc < 0)
         return rc;
     return p->emit(p->emit_ctx, r, data, len);
@@ -157,6 +167,10 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
         n += rc;
     }
     kvb_inc(&p->m->batches_received_total[0]);
+    if (p->raw && p->cfg.format == KVB_FORMAT_RAW) {
+        rc = p->raw(p->raw_ctx, s, seq, rank, payload, len);
+        return rc < 0 ? rc : n;
+    }
     for (uint32_t i = 0; i < b.n_events; i++) {
         struct kvb_rev r;
         int why = -1;
@@ -241,7 +255,8 @@ struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
         .convert = {.worker_id = c->worker_id,
                     .block_size = c->block_size,
                     .lora_salt = c->lora_salt,
-                    .forward_tiers = c->forward_tiers},
+                    .forward_tiers = c->forward_tiers,
+                    .cache_namespace = c->cache_namespace},
         .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
                    c->limits.max_tokens_per_event, c->limits.max_depth},
         .format = c->nats.format,

@@ -949,6 +949,68 @@ fail:
     return rc;
 }
 
+int kvb_sink_publish_hdrs(struct kvb_sink *s, const char *subject, const void *data,
+                          size_t len, const char *const *hdrs, size_t n_hdrs)
+{
+    natsMsg *msg = NULL;
+    natsStatus st;
+    int rc;
+    size_t hlen = 12; /* "NATS/1.0\r\n" ... "\r\n" */
+
+    if (!s || !subject || (!data && len) || (!hdrs && n_hdrs)) {
+        rc = -EINVAL;
+        goto fail;
+    }
+    if (s->js_on) {
+        rc = -ENOTSUP; /* refused at config load */
+        goto fail;
+    }
+    if (len > INT_MAX) {
+        rc = -EMSGSIZE;
+        goto fail;
+    }
+    st = natsMsg_Create(&msg, subject, NULL, data, (int)len);
+    for (size_t i = 0; st == NATS_OK && i < n_hdrs; i++) {
+        st = natsMsgHeader_Set(msg, hdrs[2 * i], hdrs[2 * i + 1]);
+        hlen += strlen(hdrs[2 * i]) + 2 + strlen(hdrs[2 * i + 1]) + 2;
+    }
+    if (st != NATS_OK) {
+        rc = kvb_sink_errno(st);
+        goto fail;
+    }
+    pthread_mutex_lock(&s->conn_mu);
+    if (!s->conn || atomic_load_explicit(&s->state, memory_order_relaxed) == ST_CLOSED) {
+        pthread_mutex_unlock(&s->conn_mu);
+        rc = -EAGAIN;
+        goto fail;
+    }
+    s->in_publish = true;
+    st = natsConnection_PublishMsg(s->conn, msg);
+    s->in_publish = false;
+    pthread_mutex_unlock(&s->conn_mu);
+    natsMsg_Destroy(msg);
+    msg = NULL;
+    if (st != NATS_OK) {
+        rc = kvb_sink_errno(st);
+        if (rc == -ENOTCONN || rc == -ETIMEDOUT)
+            rc = -EIO;
+        goto fail;
+    }
+    if (atomic_load_explicit(&s->state, memory_order_relaxed) != ST_CONNECTED) {
+        /* "HPUB <subject> <hlen> <total>\r\n<headers><data>\r\n" */
+        uint64_t n = 5 + strlen(subject) + 1 + digits(hlen) + 1 + digits(hlen + len) + 2 +
+                     hlen + len + 2;
+        atomic_fetch_add_explicit(&s->outage_bytes, n, memory_order_relaxed);
+    }
+    return 0;
+
+fail:
+    natsMsg_Destroy(msg);
+    if (s && s->m)
+        kvb_inc(&s->m->nats_publish_errors_total[0]);
+    return rc;
+}
+
 bool kvb_sink_connected(const struct kvb_sink *s)
 {
     return s && atomic_load(&((struct kvb_sink *)s)->state) == ST_CONNECTED;

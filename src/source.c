@@ -347,6 +347,8 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
     else
         snprintf(st->name, sizeof(st->name), "%s", s->name);
     kvb_stream_init(&st->st, st->name, s->p.dp_rank);
+    st->st.source = s->name;
+    st->st.topic = st->topic;
     const struct kvb_state_stream *saved = kvb_state_find_stream(s->resume, s->name, st->topic);
     if (saved) { /* resume: no start barrier, a gap goes to replay */
         st->st.has_last = true;

@@ -22,6 +22,7 @@
 #include "config.h"
 #include "convert.h"
 #include "decode.h"
+#include "encode_msgpack.h"
 #include "log.h"
 #include "metrics.h"
 #include "pipeline.h"
@@ -31,14 +32,48 @@
 struct opts {
     bool decoded;
     struct kvb_pipeline_cfg pcfg;
+    struct kvb_mp_batcher *mp; /* --format dynamo-msgpack */
 };
 
+static void put_hex(const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < len; i++)
+        printf("%02x", p[i]);
+}
+
+/* dynamo-json: the pipeline's bytes; dynamo-msgpack: into the batcher. */
 static int emit_line(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
 {
-    (void)ctx;
-    (void)rev;
+    struct opts *o = ctx;
+    if (o->mp)
+        return kvb_mp_batcher_add(o->mp, rev, 0);
+    if (o->pcfg.format != KVB_FORMAT_DYNAMO_JSON)
+        return 0;
     fwrite(data, 1, len, stdout);
     fputc('\n', stdout);
+    return 0;
+}
+
+/* One event-plane envelope per line, in hex. */
+static int emit_envelope(void *ctx, const struct kvb_mp_msg *msg)
+{
+    (void)ctx;
+    put_hex(msg->data, msg->len);
+    fputc('\n', stdout);
+    return 0;
+}
+
+/* raw: the batch as kvbridge republishes it: headers, then the payload in hex. */
+static int emit_raw(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
+                    const uint8_t *payload, size_t len)
+{
+    (void)ctx;
+    (void)s;
+    printf("{\"KV-Seq\":\"%" PRIu64 "\",\"KV-DP-Rank\":\"%" PRIu32 "\",\"payload\":\"", seq,
+           dp_rank);
+    put_hex(payload, len);
+    fputs("\"}\n", stdout);
     return 0;
 }
 
@@ -193,6 +228,8 @@ static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream 
         rc = 0;
     } else {
         rc = kvb_pipeline_live(p, s, seq, buf, len);
+        if (rc >= 0 && o->mp) /* the daemon cuts a message at the end of a loop turn */
+            rc = kvb_mp_batcher_flush(o->mp, 0);
         if (rc < 0)
             fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
     }
@@ -295,8 +332,14 @@ static int run_dir(struct kvb_pipeline *p, const struct opts *o, const char *dir
 static void usage(FILE *f)
 {
     fputs("usage: kvbridge-inspect [-c CONFIG] [--worker-id N] [--block-size N|auto]\n"
-          "                        [--decoded] CAPTURE_DIR|FILE.msgpack ...\n"
+          "                        [--format F] [--decoded] CAPTURE_DIR|FILE.msgpack ...\n"
           "Prints one router event per line, exactly as kvbridge publishes it.\n"
+          "  --format F          dynamo-json (default; or the config's nats.format):\n"
+          "                      one JSON router event per line; dynamo-msgpack: one\n"
+          "                      event-plane envelope per line, in hex, cut per batch\n"
+          "                      (publisher_id from a fixed seed, published_at 0: the\n"
+          "                      daemon's are random per start and the wall clock);\n"
+          "                      raw: each batch's KV-Seq, KV-DP-Rank and payload (hex)\n"
           "  -c, --config FILE   take worker_id, block_size, lora_salt, forward_tiers\n"
           "                      and limits from a kvbridge configuration file\n"
           "  --worker-id N       worker_id (default 0)\n"
@@ -329,6 +372,7 @@ int main(int argc, char **argv)
         {"block-size", required_argument, NULL, 'b'},
         {"no-lora-salt", no_argument, NULL, 'L'},
         {"decoded", no_argument, NULL, 'd'},
+        {"format", required_argument, NULL, 'f'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -339,7 +383,9 @@ int main(int argc, char **argv)
                  .limits = KVB_DECODE_LIMITS_DEFAULT,
                  .format = KVB_FORMAT_DYNAMO_JSON},
     };
-    const char *cfg_path = NULL, *worker = NULL, *bsize = NULL;
+    const char *cfg_path = NULL, *worker = NULL, *bsize = NULL, *format = NULL;
+    bool batch = true, residency = true;
+    char *ns_copy = NULL;
     bool no_salt = false;
     int c;
     while ((c = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
@@ -349,6 +395,7 @@ int main(int argc, char **argv)
         case 'b': bsize = optarg; break;
         case 'L': no_salt = true; break;
         case 'd': o.decoded = true; break;
+        case 'f': format = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -362,6 +409,11 @@ int main(int argc, char **argv)
         if (kvb_config_load(cfg_path, &cfg, stderr) < 0)
             return KVB_EX_CONFIG;
         o.pcfg = kvb_pipeline_cfg_of(cfg);
+        /* borrowed from cfg, which goes next: keep a copy */
+        ns_copy = cfg->cache_namespace ? strdup(cfg->cache_namespace) : NULL;
+        o.pcfg.convert.cache_namespace = ns_copy;
+        batch = cfg->nats.batch;
+        residency = cfg->nats.residency_domain;
         kvb_config_free(&cfg);
     }
     uint64_t v;
@@ -384,14 +436,33 @@ int main(int argc, char **argv)
     }
     if (no_salt)
         o.pcfg.convert.lora_salt = false;
+    if (format) {
+        static const char *const names[] = {"dynamo-json", "dynamo-msgpack", "raw"};
+        int f = -1;
+        for (int k = 0; k < 3; k++)
+            if (strcmp(format, names[k]) == 0)
+                f = k;
+        if (f < 0) {
+            fprintf(stderr, "kvbridge-inspect: --format: dynamo-json, dynamo-msgpack or raw\n");
+            return 2;
+        }
+        o.pcfg.format = f;
+    }
+    if (o.pcfg.format == KVB_FORMAT_DYNAMO_MSGPACK) {
+        struct kvb_mp_batcher_cfg bc = {.batch = batch, .residency_domain = residency, .seed = 1};
+        if (kvb_mp_batcher_create(&bc, emit_envelope, NULL, &o.mp) < 0)
+            return 1;
+    }
 
     struct kvb_metrics m = {0};
     struct kvb_pipeline *p = NULL;
-    int rc = kvb_pipeline_create(&o.pcfg, &m, emit_line, NULL, &p);
+    int rc = kvb_pipeline_create(&o.pcfg, &m, emit_line, &o, &p);
     if (rc < 0) {
         fprintf(stderr, "kvbridge-inspect: %s\n", strerror(-rc));
         return 1;
     }
+    if (o.pcfg.format == KVB_FORMAT_RAW)
+        kvb_pipeline_set_raw(p, emit_raw, NULL);
     struct kvb_stream files;
     kvb_stream_init(&files, "files", 0);
     uint64_t file_seq = 0;
@@ -403,6 +474,8 @@ int main(int argc, char **argv)
             rc = feed(p, &o, &files, file_seq++, argv[i]);
     }
     kvb_pipeline_destroy(&p);
+    kvb_mp_batcher_destroy(&o.mp);
+    free(ns_copy);
     if (fflush(stdout) != 0)
         rc = -EIO;
     return rc < 0 ? 1 : 0;

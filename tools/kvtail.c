@@ -16,10 +16,20 @@
  * and publishes test input with --publish FILE; --dump / --match ask
  * kvbridge's query API once and print the answer (a dump as a summary).
  *
+ * --format dynamo-msgpack reads Dynamo's event plane instead
+ * (dynamo-event-plane.md sections 3 and 4), decoded here with msgpack-c:
+ * each envelope's sequence must be contiguous per publisher_id from 0, a
+ * publisher must stay with one (worker_id, dp_rank) and a message must not
+ * mix pairs; each RouterEvent inside is then checked and printed as its
+ * dynamo-json line, exactly as if it had come as dynamo-json, so "messages"
+ * counts router events (envelopes= counts NATS messages).  --format raw
+ * counts engine batches republished unchanged and checks KV-Seq per
+ * (KV-Source, KV-Topic).
+ *
  * Independent test instrument: uses nothing from src/.
  * Build: make build/kvtail, or
  *   gcc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror tools/kvtail.c \
- *       -o build/kvtail -lnats
+ *       -o build/kvtail -lnats -lmsgpackc
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -28,6 +38,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <msgpack.h>
 #include <nats/nats.h>
 
 #define TOOL_NAME     "kvtail"
@@ -247,8 +259,21 @@ struct pair_arg {
     uint64_t worker, rank;
 };
 
+enum fmt { F_JSON, F_MSGPACK, F_RAW };
+
+struct pubstate {
+    uint64_t publisher, next_seq, worker, rank;
+    bool has_pair;
+};
+
+struct rawstate {
+    char key[512];
+    uint64_t next;
+};
+
 struct opts {
     const char *server, *subject, *expect, *ready, *publish;
+    enum fmt format;
     uint64_t count;
     long timeout_ms;
     bool quiet, check, index, allow_offset;
@@ -265,7 +290,7 @@ struct opts {
 
 struct stats {
     uint64_t messages, stored, removed, cleared, holes, hole_ids, dups, reorders, resets, bad,
-        orphans, unknown_removes, wrong, missing, badtok, indexed, blocks;
+        orphans, unknown_removes, wrong, missing, badtok, indexed, blocks, envelopes, seqerr;
     /* --recover */
     uint64_t dumps, dump_blocks, events_asked, events_got, gone, skipped, query_errors;
 };
@@ -279,7 +304,13 @@ struct tail {
     size_t nstreams;
     struct spaces index, truth;
     bool tier_seen[NTIER];
-    unsigned reports_hole, reports_dup, reports_bad, reports_wrong;
+    unsigned reports_hole, reports_dup, reports_bad, reports_wrong, reports_seq;
+    struct pubstate *pubs;
+    size_t npubs;
+    struct rawstate *raws;
+    size_t nraws;
+    char *line;             /* an event printed as dynamo-json */
+    size_t line_cap;
 };
 
 /* ---------------------------------------------- router event JSON parser */
@@ -750,6 +781,26 @@ static void recover_tail(struct tail *t)
             recover_events(t, &t->streams[i]);
 }
 
+static void apply_rev(struct tail *t)
+{
+    switch (t->ev.kind) {
+    case K_STORED:
+        t->st.stored++;
+        t->st.blocks += t->ev.h.n;
+        break;
+    case K_REMOVED: t->st.removed++; break;
+    case K_CLEARED: t->st.cleared++; break;
+    }
+    if (t->o.recover) {
+        recover_live(t, &t->ev);
+        return;
+    }
+    if (t->o.check)
+        check_ids(t, &t->ev);
+    if (t->o.index)
+        apply_index(t, &t->ev);
+}
+
 static void handle_message(struct tail *t, const char *data, size_t len)
 {
     struct cur c = { data, data + len };
@@ -768,22 +819,310 @@ static void handle_message(struct tail *t, const char *data, size_t len)
                     (size_t)(c.p - data), why, (int)(len > 300 ? 300 : len), data);
         return;
     }
-    switch (t->ev.kind) {
-    case K_STORED:
-        t->st.stored++;
-        t->st.blocks += t->ev.h.n;
-        break;
-    case K_REMOVED: t->st.removed++; break;
-    case K_CLEARED: t->st.cleared++; break;
+    apply_rev(t);
+}
+
+/* ------------------------------------------ event plane (dynamo-msgpack) */
+
+static void bad_mp(struct tail *t, const char *why, uint64_t a)
+{
+    t->st.bad++;
+    if (t->reports_bad++ < MAX_REPORTS)
+        fprintf(stderr, "kvtail: BAD event-plane message: %s (%" PRIu64 ")\n", why, a);
+}
+
+static bool key_is(const msgpack_object_kv *kv, const char *k)
+{
+    size_t n = strlen(k);
+    return kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == n &&
+           memcmp(kv->key.via.str.ptr, k, n) == 0;
+}
+
+static bool str_is(const msgpack_object *o, const char *k)
+{
+    size_t n = strlen(k);
+    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == n &&
+           memcmp(o->via.str.ptr, k, n) == 0;
+}
+
+static const msgpack_object *map_get(const msgpack_object *m, const char *k)
+{
+    if (m->type != MSGPACK_OBJECT_MAP)
+        return NULL;
+    for (uint32_t i = 0; i < m->via.map.size; i++)
+        if (key_is(&m->via.map.ptr[i], k))
+            return &m->via.map.ptr[i].val;
+    return NULL;
+}
+
+static bool get_u64(const msgpack_object *o, uint64_t *v)
+{
+    if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return false;
+    *v = o->via.u64;
+    return true;
+}
+
+/* One RouterEvent map (section 4) into t->ev; NULL or what is wrong. */
+static const char *mp_rev(struct tail *t, const msgpack_object *m)
+{
+    struct rev *ev = &t->ev;
+    const msgpack_object *tier, *res, *e, *data, *v;
+
+    ev->h.n = ev->th.n = 0;
+    ev->has_parent = false;
+    if (m->type != MSGPACK_OBJECT_MAP)
+        return "a RouterEvent is not a map";
+    if (!get_u64(map_get(m, "worker_id"), &ev->worker))
+        return "worker_id: not a uint";
+    tier = map_get(m, "storage_tier");
+    if (!tier || tier->type != MSGPACK_OBJECT_STR)
+        return "storage_tier: missing (it is always written)";
+    ev->tier = -1;
+    for (int i = 0; i < NTIER; i++)
+        if (str_is(tier, tier_names[i]))
+            ev->tier = i;
+    if (ev->tier < 0)
+        return "storage_tier: unknown tier";
+    res = map_get(m, "residency_domain");
+    if (res && !str_is(res, "worker"))
+        return "residency_domain: not \"worker\" (a nil makes the router drop the event)";
+    e = map_get(m, "event");
+    if (!e || e->type != MSGPACK_OBJECT_MAP)
+        return "event: not a map";
+    if (!get_u64(map_get(e, "event_id"), &ev->id))
+        return "event.event_id: not a uint";
+    if (!get_u64(map_get(e, "dp_rank"), &ev->rank))
+        return "event.dp_rank: not a uint";
+    data = map_get(e, "data");
+    if (!data)
+        return "event.data: missing";
+    if (str_is(data, "cleared")) {
+        ev->kind = K_CLEARED;
+    } else if ((v = map_get(data, "stored"))) {
+        const msgpack_object *ph = map_get(v, "parent_hash"), *sp = map_get(v, "start_position"),
+                             *bl = map_get(v, "blocks");
+        ev->kind = K_STORED;
+        if (!ph || !sp)
+            return "stored: parent_hash and start_position are always written";
+        if (ph->type != MSGPACK_OBJECT_NIL) {
+            if (!get_u64(ph, &ev->parent))
+                return "stored.parent_hash: not a uint or nil";
+            ev->has_parent = true;
+        }
+        if (!bl || bl->type != MSGPACK_OBJECT_ARRAY || bl->via.array.size == 0)
+            return "stored.blocks: not a non-empty array";
+        for (uint32_t i = 0; i < bl->via.array.size; i++) {
+            const msgpack_object *b = &bl->via.array.ptr[i];
+            uint64_t h, th;
+            if (!get_u64(map_get(b, "block_hash"), &h) || !get_u64(map_get(b, "tokens_hash"), &th))
+                return "stored.blocks[]: block_hash and tokens_hash must be uints";
+            if (!map_get(b, "mm_extra_info"))
+                return "stored.blocks[]: mm_extra_info is always written (nil)";
+            vec_push(&ev->h, h);
+            vec_push(&ev->th, th);
+        }
+    } else if ((v = map_get(data, "removed"))) {
+        const msgpack_object *bh = map_get(v, "block_hashes");
+        ev->kind = K_REMOVED;
+        if (!bh || bh->type != MSGPACK_OBJECT_ARRAY || bh->via.array.size == 0)
+            return "removed.block_hashes: not a non-empty array";
+        for (uint32_t i = 0; i < bh->via.array.size; i++) {
+            uint64_t h;
+            if (!get_u64(&bh->via.array.ptr[i], &h))
+                return "removed.block_hashes[]: not a uint";
+            vec_push(&ev->h, h);
+        }
+    } else {
+        return "event.data: not \"cleared\", {stored} or {removed}";
     }
-    if (t->o.recover) {
-        recover_live(t, &t->ev);
+    return NULL;
+}
+
+static void line_put(struct tail *t, size_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void line_put(struct tail *t, size_t *n, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(t->line + *n, t->line_cap - *n, fmt, ap);
+        va_end(ap);
+        if (k >= 0 && *n + (size_t)k < t->line_cap) {
+            *n += (size_t)k;
+            return;
+        }
+        t->line_cap = t->line_cap ? t->line_cap * 2 : 4096;
+        t->line = xrealloc(t->line, t->line_cap);
+    }
+}
+
+/* t->ev as its dynamo-json line (docs/router-events.md section 1). */
+static void print_json(struct tail *t)
+{
+    const struct rev *ev = &t->ev;
+    size_t n = 0;
+    if (!t->line_cap) {
+        t->line_cap = 4096;
+        t->line = xrealloc(NULL, t->line_cap);
+    }
+    line_put(t, &n, "{\"worker_id\":%" PRIu64, ev->worker);
+    if (ev->tier != T_DEVICE)
+        line_put(t, &n, ",\"storage_tier\":\"%s\"", tier_names[ev->tier]);
+    line_put(t, &n, ",\"event\":{\"event_id\":%" PRIu64 ",\"data\":", ev->id);
+    if (ev->kind == K_CLEARED) {
+        line_put(t, &n, "\"cleared\"");
+    } else if (ev->kind == K_STORED) {
+        if (ev->has_parent)
+            line_put(t, &n, "{\"stored\":{\"parent_hash\":%" PRIu64 ",\"blocks\":[", ev->parent);
+        else
+            line_put(t, &n, "{\"stored\":{\"parent_hash\":null,\"blocks\":[");
+        for (size_t i = 0; i < ev->h.n; i++)
+            line_put(t, &n, "%s{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64 "}",
+                     i ? "," : "", ev->h.v[i], ev->th.v[i]);
+        line_put(t, &n, "]}}");
+    } else {
+        line_put(t, &n, "{\"removed\":{\"block_hashes\":[");
+        for (size_t i = 0; i < ev->h.n; i++)
+            line_put(t, &n, "%s%" PRIu64, i ? "," : "", ev->h.v[i]);
+        line_put(t, &n, "]}}");
+    }
+    line_put(t, &n, ",\"dp_rank\":%" PRIu64 "}}\n", ev->rank);
+    fwrite(t->line, 1, n, stdout);
+}
+
+static struct pubstate *pub_get(struct tail *t, uint64_t publisher, bool *fresh)
+{
+    *fresh = false;
+    for (size_t i = 0; i < t->npubs; i++)
+        if (t->pubs[i].publisher == publisher)
+            return &t->pubs[i];
+    t->pubs = xrealloc(t->pubs, (t->npubs + 1) * sizeof *t->pubs);
+    memset(&t->pubs[t->npubs], 0, sizeof t->pubs[0]);
+    t->pubs[t->npubs].publisher = publisher;
+    *fresh = true;
+    return &t->pubs[t->npubs++];
+}
+
+static void seq_problem(struct tail *t, const char *what, uint64_t pub, uint64_t got,
+                        uint64_t want)
+{
+    t->st.seqerr++;
+    if (t->reports_seq++ < MAX_REPORTS)
+        fprintf(stderr, "kvtail: SEQUENCE publisher_id=%" PRIx64 " %s: got %" PRIu64
+                        ", expected %" PRIu64 "\n", pub, what, got, want);
+}
+
+/* One envelope (section 3): header checks, then its RouterEvents. */
+static void handle_envelope(struct tail *t, const char *data, size_t len)
+{
+    msgpack_unpacked u;
+    size_t off = 0;
+    uint64_t pub, seq, at;
+    const msgpack_object *topic, *payload;
+
+    t->st.envelopes++;
+    msgpack_unpacked_init(&u);
+    if (msgpack_unpack_next(&u, data, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len) {
+        bad_mp(t, "not one msgpack object", len);
+        goto out;
+    }
+    if (!get_u64(map_get(&u.data, "publisher_id"), &pub) ||
+        !get_u64(map_get(&u.data, "sequence"), &seq) ||
+        !get_u64(map_get(&u.data, "published_at"), &at)) {
+        bad_mp(t, "envelope: publisher_id, sequence, published_at must be uints", len);
+        goto out;
+    }
+    if (pub >> 53)
+        bad_mp(t, "publisher_id above 53 bits", pub);
+    topic = map_get(&u.data, "topic");
+    if (!topic || !str_is(topic, "kv-events")) {
+        bad_mp(t, "envelope: topic is not \"kv-events\"", pub);
+        goto out;
+    }
+    payload = map_get(&u.data, "payload");
+    if (!payload || payload->type != MSGPACK_OBJECT_BIN) {
+        bad_mp(t, "envelope: payload is not bin", pub);
+        goto out;
+    }
+    bool fresh;
+    struct pubstate *ps = pub_get(t, pub, &fresh);
+    if (fresh && seq != 0 && !t->o.allow_offset)
+        seq_problem(t, "first message", pub, seq, 0);
+    else if (!fresh && seq != ps->next_seq)
+        seq_problem(t, seq > ps->next_seq ? "hole" : "went back", pub, seq, ps->next_seq);
+    ps->next_seq = seq + 1;
+
+    msgpack_unpacked pu;
+    size_t poff = 0;
+    msgpack_unpacked_init(&pu);
+    if (msgpack_unpack_next(&pu, payload->via.bin.ptr, payload->via.bin.size, &poff) !=
+            MSGPACK_UNPACK_SUCCESS || poff != payload->via.bin.size) {
+        bad_mp(t, "payload: not one msgpack object", pub);
+    } else {
+        const msgpack_object *evs = &pu.data;
+        uint32_t n = evs->type == MSGPACK_OBJECT_ARRAY ? evs->via.array.size : 1;
+        if (evs->type == MSGPACK_OBJECT_ARRAY && n == 0)
+            bad_mp(t, "payload: an empty array", pub);
+        for (uint32_t i = 0; i < n; i++) {
+            const msgpack_object *one = evs->type == MSGPACK_OBJECT_ARRAY ? &evs->via.array.ptr[i] : evs;
+            const char *why = mp_rev(t, one);
+            if (why) {
+                bad_mp(t, why, pub);
+                continue;
+            }
+            if (!ps->has_pair) {
+                ps->has_pair = true;
+                ps->worker = t->ev.worker;
+                ps->rank = t->ev.rank;
+            } else if (ps->worker != t->ev.worker || ps->rank != t->ev.rank) {
+                bad_mp(t, "a publisher_id with two (worker_id, dp_rank) pairs", pub);
+            }
+            t->st.messages++;
+            if (!t->o.quiet)
+                print_json(t);
+            apply_rev(t);
+        }
+    }
+    msgpack_unpacked_destroy(&pu);
+out:
+    msgpack_unpacked_destroy(&u);
+}
+
+/* --------------------------------------------------------- raw batches */
+
+static void handle_raw(struct tail *t, natsMsg *msg)
+{
+    const char *seqs = NULL, *src = NULL, *topic = NULL, *rank = NULL;
+    char key[512];
+    t->st.messages++;
+    natsMsgHeader_Get(msg, "KV-Seq", &seqs);
+    natsMsgHeader_Get(msg, "KV-Source", &src);
+    natsMsgHeader_Get(msg, "KV-Topic", &topic);
+    natsMsgHeader_Get(msg, "KV-DP-Rank", &rank);
+    if (!seqs || !src || !rank) {
+        bad_mp(t, "raw: a KV-Seq, KV-Source or KV-DP-Rank header is missing",
+               (uint64_t)natsMsg_GetDataLength(msg));
         return;
     }
-    if (t->o.check)
-        check_ids(t, &t->ev);
-    if (t->o.index)
-        apply_index(t, &t->ev);
+    if (!topic)
+        topic = ""; /* absent when the engine's topic frame is empty */
+    uint64_t seq = strtoull(seqs, NULL, 10);
+    snprintf(key, sizeof key, "%s\n%s", src, topic);
+    if (!t->o.quiet)
+        printf("{\"seq\":%" PRIu64 ",\"source\":\"%s\",\"topic\":\"%s\",\"dp_rank\":%s,"
+               "\"bytes\":%d}\n", seq, src, topic, rank, natsMsg_GetDataLength(msg));
+    for (size_t i = 0; i < t->nraws; i++) {
+        if (strcmp(t->raws[i].key, key))
+            continue;
+        if (seq != t->raws[i].next)
+            seq_problem(t, "raw KV-Seq", i, seq, t->raws[i].next);
+        t->raws[i].next = seq + 1;
+        return;
+    }
+    t->raws = xrealloc(t->raws, (t->nraws + 1) * sizeof *t->raws);
+    snprintf(t->raws[t->nraws].key, sizeof t->raws[0].key, "%s", key);
+    t->raws[t->nraws++].next = seq + 1;
 }
 
 /* ------------------------------------------------- kvsim record (truth) */
@@ -1149,12 +1488,30 @@ static int do_publish(const struct opts *o)
         fprintf(stderr, "kvtail: --publish needs a subject without wildcards\n");
         goto out;
     }
+    if (o->format == F_RAW) {
+        fprintf(stderr, "kvtail: --publish takes dynamo-json or dynamo-msgpack (hex) lines\n");
+        goto out;
+    }
     nc = connect_nats(o->server);
     if (!nc)
         goto out;
     while (!stop_flag && (n = read_line(f, &line, &cap)) >= 0) {
         if (n == 0)
             continue;
+        if (o->format == F_MSGPACK) { /* a hex line (kvbridge-inspect --format dynamo-msgpack) */
+            ssize_t k = 0;
+            for (ssize_t i = 0; i + 1 < n; i += 2) {
+                unsigned v;
+                if (sscanf(line + i, "%2x", &v) != 1)
+                    break;
+                line[k++] = (char)v;
+            }
+            if (k * 2 != n) {
+                fprintf(stderr, "kvtail: --publish: line %" PRIu64 " is not hex\n", count + 1);
+                goto out;
+            }
+            n = k;
+        }
         s = natsConnection_Publish(nc, o->subject, line, (int)n);
         if (s != NATS_OK)
             break;
@@ -1315,6 +1672,16 @@ static void usage(FILE *f)
 "                        counted as missing (fine after barriers)\n"
 "  --ready-file PATH     written once subscribed (start publishers after it exists)\n"
 "  --publish FILE        publish each non-empty line of FILE ('-' = stdin) to\n"
+"                        --subject, then exit (--format dynamo-msgpack: each line\n"
+"                        is a message in hex, as kvbridge-inspect writes them)\n"
+"  --format F            dynamo-json (default), dynamo-msgpack (event-plane\n"
+"                        envelopes: sequence contiguous per publisher_id from 0,\n"
+"                        one (worker_id, dp_rank) per publisher and message; each\n"
+"                        RouterEvent printed and checked as its dynamo-json line,\n"
+"                        messages= counts router events, envelopes= NATS messages;\n"
+"                        default subject namespace.dynamo.component.backend.\n"
+"                        endpoint.generate.kv-events) or raw (engine batches with\n"
+"                        KV-* headers: KV-Seq contiguous per source and topic)\n"
 "                        --subject, then exit\n"
 "  --query SUBJ          kvbridge's query subject (query.subject, e.g.\n"
 "                        kvbridge.query.7), for the options below\n"
@@ -1343,8 +1710,8 @@ static void usage(FILE *f)
 
 enum {
     OPT_SERVER = 256, OPT_SUBJECT, OPT_COUNT, OPT_TIMEOUT, OPT_QUIET, OPT_CHECK, OPT_OFFSET,
-    OPT_INDEX, OPT_EXPECT, OPT_READY, OPT_PUBLISH, OPT_QUERY, OPT_RECOVER, OPT_PAIR, OPT_CUT,
-    OPT_DUMP, OPT_MATCH, OPT_TOKENS, OPT_LORA, OPT_BS,
+    OPT_INDEX, OPT_EXPECT, OPT_READY, OPT_PUBLISH, OPT_FORMAT, OPT_QUERY, OPT_RECOVER, OPT_PAIR,
+    OPT_CUT, OPT_DUMP, OPT_MATCH, OPT_TOKENS, OPT_LORA, OPT_BS,
 };
 
 /* "W:R" -> a pair; false when malformed. */
@@ -1375,6 +1742,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { "expect-record", required_argument, NULL, OPT_EXPECT },
         { "ready-file", required_argument, NULL, OPT_READY },
         { "publish", required_argument, NULL, OPT_PUBLISH },
+        { "format", required_argument, NULL, OPT_FORMAT },
         { "query", required_argument, NULL, OPT_QUERY },
         { "recover", no_argument, NULL, OPT_RECOVER },
         { "pair", required_argument, NULL, OPT_PAIR },
@@ -1388,12 +1756,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { NULL, 0, NULL, 0 },
     };
     int c;
+    bool subject_set = false;
 
     while ((c = getopt_long(argc, argv, "hq", lo, NULL)) != -1) {
         uint64_t v;
         switch (c) {
         case OPT_SERVER: o->server = optarg; break;
-        case OPT_SUBJECT: o->subject = optarg; break;
+        case OPT_SUBJECT: o->subject = optarg; subject_set = true; break;
         case OPT_COUNT:
         case OPT_TIMEOUT:
             if (parse_u64(optarg, &v) || (c == OPT_TIMEOUT && v > 86400000ULL * 365)) {
@@ -1413,6 +1782,22 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case OPT_EXPECT: o->expect = optarg; o->index = true; break;
         case OPT_READY: o->ready = optarg; break;
         case OPT_PUBLISH: o->publish = optarg; break;
+        case OPT_FORMAT:
+            if (!strcmp(optarg, "dynamo-json")) {
+                o->format = F_JSON;
+            } else if (!strcmp(optarg, "dynamo-msgpack")) {
+                o->format = F_MSGPACK;
+            } else if (!strcmp(optarg, "raw")) {
+                o->format = F_RAW;
+            } else {
+                fprintf(stderr, "kvtail: --format: dynamo-json, dynamo-msgpack or raw\n");
+                return -EINVAL;
+            }
+            if (!subject_set)
+                o->subject = o->format == F_MSGPACK
+                                 ? "namespace.dynamo.component.backend.endpoint.generate.kv-events"
+                                 : "namespace.dynamo.component.backend.kv_events";
+            break;
         case OPT_QUERY: o->query = optarg; break;
         case OPT_RECOVER: o->recover = true; break;
         case OPT_PAIR:
@@ -1490,6 +1875,9 @@ static void report(struct tail *t, int64_t dropped)
                 "kvtail: check: pairs=%zu holes=%" PRIu64 " (%" PRIu64 " ids) dups=%" PRIu64
                 " reorders=%" PRIu64 " resets=%" PRIu64 "\n",
                 t->nstreams, s->holes, s->hole_ids, s->dups, s->reorders, s->resets);
+    if (t->o.format == F_MSGPACK)
+        fprintf(stderr, "kvtail: event plane: envelopes=%" PRIu64 " publishers=%zu "
+                "sequence errors=%" PRIu64 "\n", s->envelopes, t->npubs, s->seqerr);
     if (t->o.index)
         fprintf(stderr,
                 "kvtail: index: orphan stores dropped=%" PRIu64 " unknown removes=%" PRIu64
@@ -1510,10 +1898,11 @@ static void report(struct tail *t, int64_t dropped)
     printf("kvtail: messages=%" PRIu64 " stored=%" PRIu64 " removed=%" PRIu64 " cleared=%" PRIu64
            " holes=%" PRIu64 " dups=%" PRIu64 " wrong=%" PRIu64 " missing=%" PRIu64
            " bad=%" PRIu64 " reorders=%" PRIu64 " resets=%" PRIu64 " orphans=%" PRIu64
-           " unknown_removes=%" PRIu64 " badtok=%" PRIu64 " indexed=%" PRIu64 "%s",
+           " unknown_removes=%" PRIu64 " badtok=%" PRIu64 " indexed=%" PRIu64
+           " envelopes=%" PRIu64 " seqerr=%" PRIu64 " publishers=%zu%s",
            s->messages, s->stored, s->removed, s->cleared, s->holes, s->dups, s->wrong,
            s->missing, s->bad, s->reorders, s->resets, s->orphans, s->unknown_removes, s->badtok,
-           s->indexed, t->o.recover ? "" : "\n");
+           s->indexed, s->envelopes, s->seqerr, t->npubs, t->o.recover ? "" : "\n");
     if (t->o.recover)
         printf(" dumps=%" PRIu64 " events_asked=%" PRIu64 " gone=%" PRIu64 " skipped=%" PRIu64
                " query_errors=%" PRIu64 "\n", s->dumps, s->events_asked, s->gone, s->skipped,
@@ -1622,7 +2011,12 @@ int main(int argc, char **argv)
             conn_lost = true;
             break;
         }
-        handle_message(&t, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+        if (t.o.format == F_MSGPACK)
+            handle_envelope(&t, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+        else if (t.o.format == F_RAW)
+            handle_raw(&t, msg);
+        else
+            handle_message(&t, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
         natsMsg_Destroy(msg);
         got_any = true;
         last = now_ms();
@@ -1642,7 +2036,7 @@ int main(int argc, char **argv)
     report(&t, dropped);
 
     rc = 0;
-    if (t.o.check && (t.st.holes || t.st.dups || t.st.reorders))
+    if (t.o.check && (t.st.holes || t.st.dups || t.st.reorders || t.st.seqerr))
         rc = 1;
     if ((t.o.check || t.o.index) && t.st.bad)
         rc = 1;
@@ -1672,6 +2066,9 @@ out:
     spaces_free(&t.index);
     spaces_free(&t.truth);
     free(t.streams);
+    free(t.pubs);
+    free(t.raws);
+    free(t.line);
     free(t.ev.h.v);
     free(t.ev.th.v);
     return rc;

@@ -57,6 +57,8 @@ struct bench_shm {
     _Atomic uint64_t msgs;        /* messages received */
     _Atomic uint64_t bytes;       /* payload bytes received */
     _Atomic uint64_t errors;      /* async errors (slow consumer, ...) */
+    _Atomic uint64_t wire_msgs;   /* NATS messages (msgs counts router events
+                                     with count-sub --events) */
     _Atomic int64_t recv_ns[];    /* CLOCK_MONOTONIC receive time of message i */
 };
 

@@ -1,7 +1,12 @@
 /* count-sub: the benchmark's NATS subscriber.  Counts messages and bytes and
  * records each message's receive time (CLOCK_MONOTONIC), parsing nothing.
  *
- *   count-sub --server URL --shm FILE --cap N [--subject SUBJ] [--ready-file F]
+ *   count-sub --server URL --shm FILE --cap N [--subject SUBJ] [--ready-file F] [--events]
+ *
+ * --events: messages are dynamo-msgpack envelopes (dynamo-event-plane.md
+ * section 3); each counts as the number of RouterEvents in its payload
+ * (decoded with msgpack-c), each with the message's receive time, so that
+ * bench-pub's accounting by router events holds for batched output.
  *
  * Creates FILE (struct bench_shm with room for N receive times, every page
  * touched before subscribing; put it on tmpfs), subscribes,
@@ -20,27 +25,63 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <msgpack.h>
 #include <nats/nats.h>
+#include <stdbool.h>
 
 #include "bench.h"
 
 static struct bench_shm *shm;
+static bool events_mode;
+
+/* RouterEvents in an envelope's payload (1 when it is not an array); 0 when
+ * the message is not an envelope. */
+static uint64_t envelope_events(const char *data, size_t len)
+{
+    msgpack_unpacked u, p;
+    size_t off = 0, poff = 0;
+    uint64_t n = 0;
+    msgpack_unpacked_init(&u);
+    msgpack_unpacked_init(&p);
+    if (msgpack_unpack_next(&u, data, len, &off) == MSGPACK_UNPACK_SUCCESS &&
+        u.data.type == MSGPACK_OBJECT_MAP) {
+        for (uint32_t i = 0; i < u.data.via.map.size; i++) {
+            const msgpack_object_kv *kv = &u.data.via.map.ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR || kv->key.via.str.size != 7 ||
+                memcmp(kv->key.via.str.ptr, "payload", 7) || kv->val.type != MSGPACK_OBJECT_BIN)
+                continue;
+            if (msgpack_unpack_next(&p, kv->val.via.bin.ptr, kv->val.via.bin.size, &poff) ==
+                MSGPACK_UNPACK_SUCCESS)
+                n = p.data.type == MSGPACK_OBJECT_ARRAY ? p.data.via.array.size : 1;
+        }
+    }
+    msgpack_unpacked_destroy(&p);
+    msgpack_unpacked_destroy(&u);
+    return n;
+}
 
 static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
 {
     int64_t now = bench_now_ns();
     uint64_t i = atomic_load_explicit(&shm->msgs, memory_order_relaxed);
+    uint64_t k = events_mode ? envelope_events(natsMsg_GetData(msg),
+                                               (size_t)natsMsg_GetDataLength(msg))
+                             : 1;
     (void)nc;
     (void)sub;
     (void)closure;
-    if (i < shm->cap)
-        atomic_store_explicit(&shm->recv_ns[i], now, memory_order_relaxed);
+    for (uint64_t j = 0; j < k; j++)
+        if (i + j < shm->cap)
+            atomic_store_explicit(&shm->recv_ns[i + j], now, memory_order_relaxed);
+    atomic_store_explicit(&shm->wire_msgs,
+                          atomic_load_explicit(&shm->wire_msgs, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     atomic_store_explicit(&shm->bytes,
                           atomic_load_explicit(&shm->bytes, memory_order_relaxed) +
                               (uint64_t)natsMsg_GetDataLength(msg),
                           memory_order_relaxed);
     /* release: a reader that sees msgs = i + 1 sees recv_ns[i] */
-    atomic_store_explicit(&shm->msgs, i + 1, memory_order_release);
+    atomic_store_explicit(&shm->msgs, i + k, memory_order_release);
     natsMsg_Destroy(msg);
 }
 
@@ -58,7 +99,8 @@ int main(int argc, char **argv)
     static const struct option lo[] = {
         {"server", required_argument, NULL, 's'}, {"subject", required_argument, NULL, 'j'},
         {"shm", required_argument, NULL, 'm'},    {"cap", required_argument, NULL, 'c'},
-        {"ready-file", required_argument, NULL, 'r'}, {NULL, 0, NULL, 0},
+        {"ready-file", required_argument, NULL, 'r'}, {"events", no_argument, NULL, 'e'},
+        {NULL, 0, NULL, 0},
     };
     const char *server = "nats://127.0.0.1:4222", *path = NULL, *ready = NULL;
     const char *subject = "namespace.dynamo.component.backend.kv_events";
@@ -71,6 +113,7 @@ int main(int argc, char **argv)
         case 'm': path = optarg; break;
         case 'c': cap = strtoull(optarg, NULL, 10); break;
         case 'r': ready = optarg; break;
+        case 'e': events_mode = true; break;
         default: return 2;
         }
     }

@@ -16,6 +16,8 @@ mkdir -p "$OUT"
 T=$(mktemp -d /dev/shm/kvb-bench.XXXXXX 2>/dev/null || mktemp -d /tmp/kvb-bench.XXXXXX)
 PIDS=()
 SUBJECT=namespace.dynamo.component.backend.kv_events
+# shellcheck disable=SC2034 # used by run.sh, which sources this file
+MP_SUBJECT=namespace.dynamo.component.backend.endpoint.generate.kv-events
 
 cleanup() {
   local p
@@ -104,6 +106,7 @@ capture_mix() {
 }
 
 # write_config FILE ZMQ_PORT: the kvbridge configuration of the benchmarks
+# write_config FILE ZMQ_PORT [FORMAT]
 write_config() {
   cat >"$1" <<YAML
 worker_id: 7
@@ -113,6 +116,7 @@ sources:
   - endpoint: "tcp://127.0.0.1:$2"
 nats:
   servers: ["$NATS_URL"]
+  format: ${3:-dynamo-json}
 metrics:
   listen: ""
 log:
@@ -124,15 +128,15 @@ YAML
 start_sub() {
   SHM=$T/shm.$1
   rm -f "$T/sub.ready"
-  "$BIN/bench/count-sub" --server "$NATS_URL" --subject "$SUBJECT" --shm "$SHM" \
-    --cap "$2" --ready-file "$T/sub.ready" >"$T/sub.$1.log" 2>&1 &
+  "$BIN/bench/count-sub" --server "$NATS_URL" --subject "${3:-$SUBJECT}" --shm "$SHM" \
+    --cap "$2" --ready-file "$T/sub.ready" ${4:+"$4"} >"$T/sub.$1.log" 2>&1 &
   SUB_PID=$!; PIDS+=("$SUB_PID")
   wait_file "$T/sub.ready" 15 || { log "count-sub did not start"; return 1; }
 }
 
 # start_kvbridge NAME ZMQ_PORT: sets BRIDGE_PID
-start_kvbridge() {
-  write_config "$T/kvbridge.$1.yaml" "$2"
+start_kvbridge() { # start_kvbridge NAME ZMQ_PORT [FORMAT]
+  write_config "$T/kvbridge.$1.yaml" "$2" "${3:-}"
   "$BIN/kvbridge" -c "$T/kvbridge.$1.yaml" >"$T/kvbridge.$1.log" 2>&1 &
   BRIDGE_PID=$!; PIDS+=("$BRIDGE_PID")
   wait_log "$T/kvbridge.$1.log" "running:" 15 || { log "kvbridge did not start"; return 1; }

@@ -533,11 +533,13 @@ int main(int argc, char **argv)
            " msgs=%" PRIu64 " secs=%.3f batches_per_s=%.0f events_per_s=%.0f msgs_per_s=%.0f"
            " cpu_s=%.3f cpu_us_per_event=%.3f cpu_pct=%.2f lat_n=%zu p50_us=%.1f p99_us=%.1f"
            " p999_us=%.1f max_us=%.1f hwm_kb=%ld rss_kb=%ld sent=%zu lost=%" PRIu64
-           " extra=%" PRIu64 " sub_errors=%" PRIu64 " foreign_pct=%.0f runq_wait_ms_per_s=%.1f\n",
+           " extra=%" PRIu64 " sub_errors=%" PRIu64 " foreign_pct=%.0f runq_wait_ms_per_s=%.1f"
+           " wire_msgs=%" PRIu64 " sub_msgs=%" PRIu64 "\n",
            o.label, o.raw ? "raw" : "kvbridge", o.rate, m_batches, m_events, m_msgs, secs,
            (double)m_batches / secs, (double)m_events / secs, (double)m_msgs / secs, cpu_s,
            cpu_s * 1e6 / (double)m_events, 100.0 * cpu_s / secs, nlat, p50, p99, p999, pmax, hwm,
-           rss, nsent, lost, extra, atomic_load(&shm->errors), foreign, (double)(rq_b - rq_a) / 1e6 / secs);
+           rss, nsent, lost, extra, atomic_load(&shm->errors), foreign, (double)(rq_b - rq_a) / 1e6 / secs,
+           atomic_load(&shm->wire_msgs), atomic_load(&shm->msgs));
     fflush(stdout);
 
     free(sent);

@@ -44,16 +44,25 @@ start_nats
 for mix in $MIXES; do capture_mix "$mix"; done
 
 # ---- one measurement -------------------------------------------------------------
-# measure IMPL MIX KIND [REP]: IMPL kvbridge | baseline | baseline-asap, KIND
+# measure IMPL MIX KIND [REP]: IMPL kvbridge | kvbridge-msgpack (nats.format
+# dynamo-msgpack, batched; count-sub --events counts its router events) |
+# baseline | baseline-asap, KIND
 # tput | lat | cpu1k.  Prints bench-pub's result line (and appends it to
 # raw.txt); its label is IMPL/MIX/KIND (#REP when given).
 measure() {
   local impl=$1 mix=$2 kind=$3 name=$1.$2.$3${4:+.$4} zport rc=0 line args label=$1/$2/$3${4:+#$4}
   zport=$(free_port)
   # receive times are needed for latency only (rate runs)
-  start_sub "$name" "$([ "$kind" = tput ] && echo 1 || echo 1000000)" || return 1
+  local cap
+  cap=$([ "$kind" = tput ] && echo 1 || echo 1000000)
+  if [ "$impl" = kvbridge-msgpack ]; then
+    start_sub "$name" "$cap" "$MP_SUBJECT" --events || return 1
+  else
+    start_sub "$name" "$cap" || return 1
+  fi
   case $impl in
     kvbridge) start_kvbridge "$name" "$zport" || return 1 ;;
+    kvbridge-msgpack) start_kvbridge "$name" "$zport" dynamo-msgpack || return 1 ;;
     baseline) start_forwarder "$name" "$zport" || return 1 ;;
     baseline-asap) start_forwarder "$name" "$zport" --send-asap || return 1 ;;
   esac
@@ -64,7 +73,7 @@ measure() {
   esac
   line=$(timeout 120 "$BIN/bench/bench-pub" --endpoint "tcp://127.0.0.1:$zport" --shm "$SHM" \
     --capture "$T/$mix.cap" --max-batches 1000000 \
-    --expect "$([ "$impl" = kvbridge ] && echo kvbridge || echo raw)" \
+    --expect "$(case $impl in kvbridge*) echo kvbridge ;; *) echo raw ;; esac)" \
     --watch-pid "$BRIDGE_PID" --own-pids "$SUB_PID,$NATS_PID" --label "$label" "${args[@]}" 2>"$T/pub.$name.log") || rc=$?
   stop "$BRIDGE_PID"
   stop "$SUB_PID"
@@ -87,13 +96,13 @@ for mix in $MIXES; do
   # each (the table takes medians, and the median of the pairwise ratios)
   for kind in tput lat; do
     for rep in $(seq "$REPS"); do
-      for impl in kvbridge baseline; do
+      for impl in kvbridge kvbridge-msgpack baseline; do
         log "$mix: $impl $kind ($rep/$REPS)"
         measure "$impl" "$mix" "$kind" "$rep" >/dev/null
       done
     done
   done
-  for impl in kvbridge baseline; do
+  for impl in kvbridge kvbridge-msgpack baseline; do
     log "$mix: $impl cpu1k"
     measure "$impl" "$mix" cpu1k >/dev/null
   done
@@ -111,6 +120,7 @@ BUSY_AFTER=$(machine_busy)
   echo "kvbridge benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(version); $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
   echo "other load on the machine: before ${BUSY_BEFORE}, after ${BUSY_AFTER}"
   echo "tput: max rate (closed loop, <= 4096 batches in flight), ${DUR} s after 1 s warm-up, median of $REPS alternated runs | latency: send -> subscriber at 2000 batches/s, ${LAT_DUR} s, median of $REPS alternated runs | cpu%: at 1000 batches/s, ${CPU_DUR} s"
+  echo "kvbridge-msgpack = nats.format dynamo-msgpack (batched envelopes; rev/s counts the router events in them, msgs/ev = NATS messages per router event)"
   echo "events = engine events in; rev/s = NATS messages out; cpu_us/ev = bridge utime+stime per engine event in the tput runs; ratio = median of batches/s / baseline's, run by run; rss_MB = max VmHWM at 1-2k batches/s, rss_tput = VmHWM in the tput run"
   echo "other% = most CPU (of all CPUs) used by other processes during the row's runs (above ~10 the row is skewed); rq = ms per second the bridge's threads waited for a CPU in the lat runs (~0 on an idle machine)"
   awk -v mixes="$MIXES" -f tests/bench/table.awk "$OUT/raw.txt"

@@ -95,7 +95,7 @@ END {
     "cpu%@1k", "rss_MB", "rss_tput", "other%", "rq", "status"
   n = split(mixes, M, " ")
   for (i = 1; i <= n; i++) {
-    row(M[i], "kvbridge"); row(M[i], "baseline"); row(M[i], "baseline-asap")
+    row(M[i], "kvbridge"); row(M[i], "kvbridge-msgpack"); row(M[i], "baseline"); row(M[i], "baseline-asap")
   }
   print "targets (kvbridge):"
   r = RATIO["kvbridge", "decode"]
@@ -113,4 +113,16 @@ END {
       ((ht > 0) ? sprintf("%.1f", ht / 1024) : "-"), ((ht > 0) ? ((ht <= 20480) ? "PASS" : "FAIL") : "n/a")
   }
   print "  (RSS flat over 10M events: make bench-rss)"
+  print "targets (kvbridge-msgpack, dynamo-event-plane, decode mix):"
+  r = RATIO["kvbridge-msgpack", "decode"]
+  printf "  batches/s >= 0.90 x baseline: %s %s\n", fmt("%.2f", r), (ok(r) ? ((r >= 0.90) ? "PASS" : "FAIL") : "n/a")
+  a = med("kvbridge-msgpack/decode/tput", "cpu_us_per_event"); b = med("kvbridge/decode/tput", "cpu_us_per_event")
+  if (ok(a) && ok(b) && b > 0)
+    printf "  cpu per router event <= 0.50 x dynamo-json's: %.3f / %.3f = %.2f %s\n", a, b, a / b, ((a / b <= 0.5) ? "PASS" : "FAIL")
+  else
+    print "  cpu per router event <= 0.50 x dynamo-json's: n/a"
+  h = RSST["kvbridge-msgpack", "decode"] + 0; if (RSS["kvbridge-msgpack", "decode"] + 0 > h) h = RSS["kvbridge-msgpack", "decode"] + 0
+  printf "  rss <= 20 MB: %s %s\n", ((h > 0) ? sprintf("%.1f", h / 1024) : "-"), ((h > 0) ? ((h <= 20480) ? "PASS" : "FAIL") : "n/a")
+  w = med("kvbridge-msgpack/decode/tput", "wire_msgs"); e = med("kvbridge-msgpack/decode/tput", "sub_msgs")
+  if (ok(w) && ok(e) && e > 0) printf "  (NATS messages per router event at max rate: %.3f)\n", w / e
 }

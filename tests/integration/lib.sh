@@ -8,6 +8,9 @@ T=$(mktemp -d /tmp/kvb-it.XXXXXX)
 PIDS=()
 PASS=0
 FAIL=0
+# nats.format the daemon tests run with (make integration-msgpack:
+# dynamo-msgpack): honoured by kvbridge_config, kvb_format_yaml and start_kvtail
+KVB_FORMAT=${KVB_FORMAT:-dynamo-json}
 
 cleanup() {
   local p
@@ -80,8 +83,13 @@ start_nats() {
   wait_port "$port" 10
 }
 
+# kvb_format_yaml: the line of the nats: mapping that selects $KVB_FORMAT
+# (nothing for dynamo-json, the default), for configs written by hand
+kvb_format_yaml() { [ "$KVB_FORMAT" = dynamo-json ] || echo "  format: $KVB_FORMAT"; }
+
 # kvbridge_config FILE: write a config; variables: WORKER, BS, SOURCES (yaml
-# lines for the sources list), NATS_URLS, EXTRA (more yaml)
+# lines for the sources list), NATS_URLS, EXTRA (more yaml); nats.format is
+# $KVB_FORMAT
 kvbridge_config() {
   cat >"$1" <<YAML
 worker_id: ${WORKER:-7}
@@ -91,6 +99,7 @@ sources:
 ${SOURCES}
 nats:
   servers: [${NATS_URLS}]
+$(kvb_format_yaml)
 metrics:
   listen: ""
 ${EXTRA:-}
@@ -193,14 +202,15 @@ signal_pid() {
 count_log() { local n; n=$(grep -c -- "$2" "$1" 2>/dev/null) || true; echo "${n:-0}"; }
 
 # start_kvtail NAME NATS_PORT [kvtail options]: returns once subscribed (ready
-# file written); PID in TAIL_PID.  Its stdout (the messages unless --quiet,
+# file written); PID in TAIL_PID; reads $KVB_FORMAT (--format).  Its stdout (the messages unless --quiet,
 # then the "kvtail: messages=..." line) goes to $T/NAME.log, its stderr (the
 # summary and check reports) to $T/NAME.err: kept apart, so that a report
 # written between two flushes of stdout cannot split a message line.
 start_kvtail() {
   local name=$1 port=$2; shift 2
   rm -f "$T/$name.ready"
-  "$BIN/kvtail" --server "nats://127.0.0.1:$port" --ready-file "$T/$name.ready" "$@" \
+  "$BIN/kvtail" --server "nats://127.0.0.1:$port" --ready-file "$T/$name.ready" \
+    --format "$KVB_FORMAT" "$@" \
     >"$T/$name.log" 2>"$T/$name.err" &
   TAIL_PID=$!
   PIDS+=("$TAIL_PID")

@@ -20,6 +20,7 @@ nats:
   servers: [nats://127.0.0.1:$np]
   reconnect_wait_ms: 1500
   reconnect_wait_max_ms: 1500
+$(kvb_format_yaml)
 metrics:
   listen: ""
 YAML

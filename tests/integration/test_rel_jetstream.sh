@@ -19,6 +19,28 @@
 source "$(dirname "$0")/lib.sh"
 
 js_build || { finish; exit 1; }
+
+# ---- JetStream carries dynamo-json only ------------------------------------
+# Dynamo's JetStream consumers read one JSON RouterEvent per message: an
+# event-plane envelope (or a raw batch) there would reach no router, so the
+# combination is refused at load (exit 78) and the runs below use dynamo-json
+# whatever KVB_FORMAT says (make integration-msgpack runs this test too).
+for f in dynamo-msgpack raw; do
+  cat >"$T/refuse-$f.yaml" <<YAML
+worker_id: 7
+block_size: 16
+sources:
+  - endpoint: tcp://127.0.0.1:5557
+nats:
+  format: $f
+  jetstream:
+    enabled: true
+YAML
+  RC=0; "$BIN/kvbridge" -c "$T/refuse-$f.yaml" --check >"$T/refuse-$f.out" 2>&1 || RC=$?
+  expect_eq "$f with JetStream: refused at load (exit 78)" "$RC" 78
+  expect_eq "$f with JetStream: says why" \
+    "$(count_log "$T/refuse-$f.out" "nats.format: $f cannot be published through JetStream")" 1
+done
 st_stat() { grep '^stream:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 
 # js_expect NAME WANT_MESSAGES: the stream holds exactly the engine's events

@@ -392,12 +392,14 @@ static const struct bad_file bad_files[] = {
     {"bad-enum.yaml",
      DATA "bad-enum.yaml:10:1: only one YAML document is allowed\n"
      DATA "bad-enum.yaml:5:11: sources[0].mode: 'listen' is not one of connect or bind\n"
-     DATA "bad-enum.yaml:7:11: nats.format: dynamo-msgpack is not supported yet "
-          "(use dynamo-json)\n"
      DATA "bad-enum.yaml:9:10: log.level: 'verbose' is not one of error, warn, info "
           "or debug\n"},
     {"bad-format.yaml",
-     DATA "bad-format.yaml:4:16: nats.format: raw is not supported yet (use dynamo-json)\n"},
+     DATA "bad-format.yaml:4:16: nats.format: raw cannot be published through JetStream "
+          "(nats.jetstream.enabled): Dynamo's JetStream consumers read dynamo-json; use "
+          "dynamo-json, or core NATS\n"
+     DATA "bad-format.yaml:5:31: discovery.etcd.endpoints: discovery registers event-plane "
+          "publishers: it needs nats.format dynamo-msgpack\n"},
     {"bad-ints.yaml",
      DATA "bad-ints.yaml:1:12: worker_id: '-1' is negative (expected "
           "0..18446744073709551615)\n"
@@ -458,7 +460,7 @@ static const struct bad_file bad_files[] = {
           "single value\n"
      DATA "bad-values.yaml:9:28: nats.servers[1]: must not be empty\n"
      DATA "bad-values.yaml:10:12: nats.subject: unknown placeholder '{namspace}' "
-          "(expected {namespace}, {component}, {worker_id} or {dp_rank})\n"
+          "(expected {namespace}, {component}, {endpoint}, {worker_id} or {dp_rank})\n"
      DATA "bad-values.yaml:13:11: metrics.listen: '9464' is not HOST:PORT (or \"\" to "
           "disable)\n"
      DATA "bad-values.yaml:11:22: nats.reconnect_wait_max_ms: 5000 is less than "

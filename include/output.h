@@ -1,0 +1,86 @@
+/* output: router events and engine batches -> NATS messages, in the format
+ * of nats.format (dynamo-event-plane.md):
+ *   dynamo-json     one message per router event (the pipeline's bytes), on
+ *                   nats.subject; JetStream: with Nats-Msg-Id
+ *   dynamo-msgpack  the event-plane batcher (encode_msgpack.h): envelopes
+ *                   of one (worker_id, dp_rank), cut at 128 events / 8192
+ *                   blocks and at every kvb_output_flush(); the subject is
+ *                   nats.subject with each value percent-encoded
+ *   raw             each engine batch unchanged (kvb_output_raw()), with
+ *                   the headers KV-Seq, KV-Topic, KV-Source, KV-DP-Rank
+ * With discovery (discovery.h), a pair's messages are published only once
+ * its EventSource record exists: until then they are held (at most
+ * HELD_MAX_BYTES; beyond that they are dropped and a loss is reported, which
+ * the caller answers with barriers) and kvb_output_blocked() tells the loop
+ * to stop reading the engines.
+ *
+ * Threads: the loop thread owns the output and is its only caller.
+ * Ownership: kvb_output_create() returns an output freed with
+ * kvb_output_destroy(&o) (accepts NULL, sets NULL), which drops what was not
+ * flushed.  The sink and discovery handles are borrowed (set_sink after a
+ * sink is replaced); the config passed to create/reconfigure must outlive
+ * the output or the next reconfigure.
+ */
+#ifndef KVB_OUTPUT_H
+#define KVB_OUTPUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convert.h"
+
+struct kvb_config;
+struct kvb_metrics;
+struct kvb_sink;
+struct kvb_discovery;
+struct kvb_output;
+
+/* 0, -ENOMEM, -ENAMETOOLONG / -EINVAL (subject template).  publisher_seed:
+ * the seed of the event-plane publisher ids (random at every start). */
+int kvb_output_create(const struct kvb_config *cfg, struct kvb_metrics *m,
+                      uint64_t publisher_seed, struct kvb_output **out);
+void kvb_output_destroy(struct kvb_output **o);
+
+/* A new configuration (SIGHUP): subjects are resolved again (flush first).
+ * nats.format, nats.batch and nats.residency_domain need a restart. */
+int kvb_output_reconfigure(struct kvb_output *o, const struct kvb_config *cfg);
+void kvb_output_set_sink(struct kvb_output *o, struct kvb_sink *s);
+/* Discovery on: register the configured pairs now (each source's ranks). */
+int kvb_output_set_discovery(struct kvb_output *o, struct kvb_discovery *d);
+
+/* One router event; json/len: its dynamo-json bytes (dynamo-json only).
+ * 0; a publish that failed is logged, counted by the sink and reported by
+ * kvb_output_take_loss(). */
+int kvb_output_event(struct kvb_output *o, const struct kvb_rev *r, const char *json,
+                     size_t len);
+
+/* One engine batch, raw format. */
+struct kvb_raw_batch {
+    const char *source;  /* the stream's name (its endpoint) */
+    const char *topic;   /* the engine's ZMQ topic frame, "" when none */
+    uint64_t seq;
+    uint32_t dp_rank;
+    const void *payload;
+    size_t len;
+};
+int kvb_output_raw(struct kvb_output *o, const struct kvb_raw_batch *b);
+
+/* Send what is batched (the end of every loop turn, and before a barrier,
+ * a flush of the sink, a reload or the shutdown) and release held messages
+ * whose pair got registered.  0. */
+int kvb_output_flush(struct kvb_output *o);
+
+/* True once per loss since the last call: a publish failed or held
+ * messages were dropped (the caller publishes barriers). */
+bool kvb_output_take_loss(struct kvb_output *o);
+
+/* Discovery: a pair is not registered yet, or messages are held. */
+bool kvb_output_blocked(const struct kvb_output *o);
+/* Discovery off, or every pair registered. */
+bool kvb_output_registered(const struct kvb_output *o);
+
+/* The subject of (cfg worker_id, rank 0), for the start-up log line. */
+const char *kvb_output_subject(struct kvb_output *o);
+
+#endif
