@@ -137,6 +137,12 @@ static inline bool in_sources(const struct opt *o)
     return strncmp(o->key, SRC_PREFIX ".", sizeof SRC_PREFIX) == 0;
 }
 
+#define ENGINE_PREFIX SRC_PREFIX ".engine."
+static inline bool is_engine_key(const struct opt *o)
+{
+    return strncmp(o->key, ENGINE_PREFIX, sizeof ENGINE_PREFIX - 1) == 0;
+}
+
 /* opts[] of src/config.c and its row count. */
 extern const struct opt *const kvb_cfg_opts;
 extern const size_t kvb_cfg_nopts;
