@@ -1,4 +1,4 @@
-# kvbridge: plain Makefile, pkg-config for every library (design.md rule 12).
+# kvbridge: plain Makefile, pkg-config for every library (docs/design.md rule 12).
 # Binaries go to build/.  `make deps` installs missing Debian packages.
 
 CC       ?= cc

@@ -1,5 +1,5 @@
 /* discovery: EventSource records in Dynamo's etcd discovery
- * (dynamo-event-plane.md section 5), so that the newest routers apply
+ * (docs/dynamo-event-plane.md section 5), so that the newest routers apply
  * kvbridge's event-plane messages.
  *
  * For each (worker_id, dp_rank) the caller adds, one record

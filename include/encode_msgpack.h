@@ -1,4 +1,4 @@
-/* encode_msgpack: router events -> Dynamo's event plane (dynamo-event-plane.md
+/* encode_msgpack: router events -> Dynamo's event plane (docs/dynamo-event-plane.md
  * sections 3, 4 and 6): msgpack named maps, keys in Dynamo's order, every
  * integer in its smallest form, packed with msgpack-c.
  *

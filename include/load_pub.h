@@ -1,4 +1,4 @@
-/* load_pub: one ActiveLoad message (dynamo-event-plane.md section 6) in the
+/* load_pub: one ActiveLoad message (docs/dynamo-event-plane.md section 6) in the
  * configured nats.format, and the subject it goes on.
  *
  *   dynamo-msgpack: the event-plane envelope {publisher_id, sequence,

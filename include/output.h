@@ -1,5 +1,5 @@
 /* output: router events and engine batches -> NATS messages, in the format
- * of nats.format (dynamo-event-plane.md):
+ * of nats.format (docs/dynamo-event-plane.md):
  *   dynamo-json     one message per router event (the pipeline's bytes), on
  *                   nats.subject; JetStream: with Nats-Msg-Id
  *   dynamo-msgpack  the event-plane batcher (encode_msgpack.h): envelopes

@@ -1,5 +1,5 @@
 /* pipeline: decode -> convert -> encode -> emit for one batch of one stream.
- * The sequence rules (gap, restart, replay; router-events.md section 6) are
+ * The sequence rules (gap, restart, replay; docs/router-events.md section 6) are
  * replay.h's: kvb_pipeline_live/apply/reject are those rules with this
  * pipeline carrying them out (kvb_pipeline_ops()), shared by the daemon and
  * kvbridge-inspect, so both follow exactly the same rules.

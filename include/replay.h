@@ -1,5 +1,5 @@
 /* replay: the sequence and replay rules of engine streams, in one place
- * (router-events.md section 6, engine-events.md section 1 "Replay").
+ * (docs/router-events.md section 6, docs/engine-events.md section 1 "Replay").
  *
  * "Count the gap, log it, replay it or publish a barrier", "seq went back:
  * restart barrier", "hold the live batches while a replay runs, then apply
@@ -48,7 +48,7 @@
 #include "metrics.h"
 
 #define KVB_MAX_STREAM_RANKS 64
-/* The replay reply's end marker (engine-events.md section 1). */
+/* The replay reply's end marker (docs/engine-events.md section 1). */
 #define KVB_REPLAY_END UINT64_MAX
 
 /* One engine stream: one (source endpoint, topic) pair.  Plain data, the

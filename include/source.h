@@ -1,7 +1,7 @@
 /* source: one engine endpoint (after dp_size expansion): a ZMQ SUB, frame
  * validation, sequence tracking per stream (endpoint, topic), and recovery of
- * gaps through the engine's replay ROUTER (engine-events.md section 1,
- * router-events.md section 6).
+ * gaps through the engine's replay ROUTER (docs/engine-events.md section 1,
+ * docs/router-events.md section 6).
  *
  * The loop thread owns every source and is the only caller.  A source hands
  * each batch, in order, to the pipeline it is given; it never publishes by

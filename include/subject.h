@@ -3,8 +3,8 @@
  * One module owns the placeholders of nats.subject and of the JetStream
  * stream / subject templates: which ones exist, the check the config module
  * runs on a template, their expansion, the percent-encoding of a segment
- * (dynamo-event-plane.md section 2) and the JetStream Nats-Msg-Id
- * (router-events.md section 2).
+ * (docs/dynamo-event-plane.md section 2) and the JetStream Nats-Msg-Id
+ * (docs/router-events.md section 2).
  *
  * Placeholders: {namespace} {component} {endpoint} (text, the caller's
  * values) and {worker_id} {dp_rank} (decimal numbers).  A '{' always starts a
@@ -32,7 +32,7 @@ enum kvb_subject_ph {
                     KVB_PH_ENDPOINT)
 
 /* nats.subject for dynamo-msgpack when the file does not set it: the newest
- * routers' endpoint-scoped subject (dynamo-event-plane.md section 2). */
+ * routers' endpoint-scoped subject (docs/dynamo-event-plane.md section 2). */
 #define KVB_SUBJECT_DEFAULT_MSGPACK \
     "namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv-events"
 

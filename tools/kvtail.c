@@ -17,7 +17,7 @@
  * kvbridge's query API once and print the answer (a dump as a summary).
  *
  * --format dynamo-msgpack reads Dynamo's event plane instead
- * (dynamo-event-plane.md sections 3 and 4), decoded here with msgpack-c:
+ * (docs/dynamo-event-plane.md sections 3 and 4), decoded here with msgpack-c:
  * each envelope's sequence must be contiguous per publisher_id from 0, a
  * publisher must stay with one (worker_id, dp_rank) and a message must not
  * mix pairs; each RouterEvent inside is then checked and printed as its

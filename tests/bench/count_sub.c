@@ -3,7 +3,7 @@
  *
  *   count-sub --server URL --shm FILE --cap N [--subject SUBJ] [--ready-file F] [--events]
  *
- * --events: messages are dynamo-msgpack envelopes (dynamo-event-plane.md
+ * --events: messages are dynamo-msgpack envelopes (docs/dynamo-event-plane.md
  * section 3); each counts as the number of RouterEvents in its payload
  * (decoded with msgpack-c), each with the message's receive time, so that
  * bench-pub's accounting by router events holds for batched output.

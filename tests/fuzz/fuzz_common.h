@@ -1,5 +1,5 @@
 /* Shared by the libFuzzer targets: a strict checker of the dynamo-json shape
- * (router-events.md section 1) that also compares every value with the
+ * (docs/router-events.md section 1) that also compares every value with the
  * kvb_rev it was encoded from, and an event_id tracker per dp_rank.
  *
  * A violated invariant calls fuzz_fail(), which prints what went wrong and

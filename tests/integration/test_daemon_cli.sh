@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kvbridge's command line and exit codes (config.md): --check 0 / 78 with
+# kvbridge's command line and exit codes (docs/configuration.md): --check 0 / 78 with
 # FILE:LINE:COL for each error, --version and --help 0, usage errors 1, a bad
 # file at start 78, no NATS within nats.connect_timeout_ms 69 (in about that
 # time), a source that cannot bind 1, an unusable state.dir 73; ${VAR} in

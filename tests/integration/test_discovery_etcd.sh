@@ -6,7 +6,7 @@
 #   1. etcd not there yet: /readyz 503, etcd errors counted, nothing published
 #      (the engine's batches wait); etcd comes up: the records appear, /readyz
 #      200, and kvtail gets every event (sequence from 0 per publisher)
-#   2. each record's key and JSON are dynamo-event-plane.md section 5's, for
+#   2. each record's key and JSON are docs/dynamo-event-plane.md section 5's, for
 #      the publisher_id kvtail saw; the lease outlives 3x its TTL
 #   3. etcd killed and brought back empty: /readyz 503 once the lease could
 #      not be kept alive, then a new lease and the records again

@@ -308,7 +308,7 @@ def xxh3(b, seed): return xx.XXH3_64bits_withSeed(b, len(b), seed & MASK)
 def tokens_hash(tok, lora):
     seed = 1337 + (xxh3(lora.encode(), 0) if lora else 0)
     return xxh3(struct.pack("<%dI" % len(tok), *tok), seed)
-# known answers from router-events.md
+# known answers from docs/router-events.md
 assert tokens_hash([1, 2, 3, 4], None) == 14643705804678351452
 assert xxh3(b"test data", 1337) == 13226331709069118873
 Q = [151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30, 151645, 198, 151644, 77091, 198, 151667]

@@ -1,4 +1,4 @@
-/* config: the YAML file of config.md, every error kind with its exact
+/* config: the YAML file of docs/configuration.md, every error kind with its exact
  * FILE:LINE:COLUMN message, the example file, reloads.  Run from the project
  * root (reads tests/data/config/ and conf/kvbridge.yaml). */
 #include <check.h>
@@ -210,7 +210,7 @@ static void assert_defaults(const struct kvb_config *c)
 
 START_TEST(test_spec_example)
 {
-    /* config.md's example, verbatim. */
+    /* docs/configuration.md's example, verbatim. */
     struct result r = load(DATA "spec-example.yaml");
     ck_assert_str_eq(r.errs, "");
     ck_assert_int_eq(r.rc, 0);

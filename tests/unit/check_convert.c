@@ -1,4 +1,4 @@
-/* convert: router-events.md sections 3 to 5. */
+/* convert: docs/router-events.md sections 3 to 5. */
 #include <check.h>
 
 #include "testutil.h"
@@ -24,7 +24,7 @@ static void setup(void)
 }
 static void teardown(void) { kvb_converter_destroy(&conv); }
 
-/* The real Qwen3-8B block of router-events.md section 1. */
+/* The real Qwen3-8B block of docs/router-events.md section 1. */
 static const uint32_t qwen[16] = {151644, 872,  198,    9064, 374,   279, 6722,  315,
                                   5616,   30,   151645, 198,  151644, 77091, 198, 151667};
 
@@ -398,7 +398,7 @@ END_TEST
 
 /* ---- the hash contract's newer parts (docs/hash-rules.md) ---------------- *
  * Known answers computed independently with python3-xxhash (the script is in
- * docs/hash-rules.md); the first two equal router-events.md's. */
+ * docs/hash-rules.md); the first two equal docs/router-events.md's. */
 
 static const char img1[] = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
 static const char img2[] = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";

@@ -1,4 +1,4 @@
-/* decode: every input variant of engine-events.md and every malformed kind. */
+/* decode: every input variant of docs/engine-events.md and every malformed kind. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>

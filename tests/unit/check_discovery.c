@@ -1,5 +1,5 @@
 /* Unit tests for the discovery module's pure parts: the EventSource record's
- * etcd key and JSON value (dynamo-event-plane.md section 5).  The etcd side
+ * etcd key and JSON value (docs/dynamo-event-plane.md section 5).  The etcd side
  * (lease, keepalive, revoke, re-registration) is covered by
  * tests/integration/test_discovery_etcd.sh against a real etcd. */
 #include <check.h>

@@ -13,9 +13,9 @@
  *   - docs/configuration.md: its key reference has one row per key of
  *     conf/kvbridge.yaml (default, "required", SIGHUP or restart), and only
  *     real keys; it lists the exit codes, the signals and the options.
- *   - docs/engine-events.md, router-events.md and design.md keep the
+ *   - docs/engine-events.md, docs/router-events.md and docs/design.md keep the
  *     numbered sections and rules that comments in the code cite
- *     ("router-events.md section 6", "design.md rule 10").
+ *     ("docs/router-events.md section 6", "docs/design.md rule 10").
  * Run from the project root (reads docs/, conf/ and build/kvbridge). */
 #include <check.h>
 
@@ -665,8 +665,8 @@ START_TEST(configuration_md_keys)
 }
 END_TEST
 
-/* Comments cite "engine-events.md section N", "router-events.md section N"
- * and "design.md rule N": those headings and rules must stay. */
+/* Comments cite "docs/engine-events.md section N", "docs/router-events.md section N"
+ * and "docs/design.md rule N": those headings and rules must stay. */
 START_TEST(docs_sections_stable)
 {
     static const struct {

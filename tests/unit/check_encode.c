@@ -1,4 +1,4 @@
-/* encode: the exact JSON of router-events.md section 1. */
+/* encode: the exact JSON of docs/router-events.md section 1. */
 #include <check.h>
 
 #include "testutil.h"

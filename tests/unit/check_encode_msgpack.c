@@ -1,4 +1,4 @@
-/* encode_msgpack: the byte-exact known answers of dynamo-event-plane.md
+/* encode_msgpack: the byte-exact known answers of docs/dynamo-event-plane.md
  * sections 3, 4 and 6, the batcher's cutting rules, and an unpacker
  * round trip.  Answers not in the spec were produced independently with
  * python3-msgpack (to_vec_named equivalents). */

@@ -1,4 +1,4 @@
-/* limits: hardening against a hostile or broken engine (design.md rule 8).
+/* limits: hardening against a hostile or broken engine (docs/design.md rule 8).
  *
  *   encode   the JSON encoder's buffer holds the largest router event
  *            (20-digit numbers everywhere), directly and from an engine batch
@@ -415,7 +415,7 @@ enum outcome {
 };
 
 /* strict: one container declares more elements than any configured limit
- * allows (max_events, max_hashes, max_tokens), so design.md rule 8 says it
+ * allows (max_events, max_hashes, max_tokens), so docs/design.md rule 8 says it
  * is refused before anything is allocated for it: peak RSS growth at most
  * STRICT_FACTOR x the payload.  The refusal may then be of the whole batch
  * (KVB_DEC_TOO_LARGE) instead of the one event: `alt` allows it. */
@@ -612,7 +612,7 @@ START_TEST(big_payload_bounded)
         ck_assert_msg(!bc->strict || growth <= STRICT_FACTOR * len + RSS_SLACK,
                       "%s: peak RSS grew by %zu MiB (%.1f x the %zu MiB payload): a container "
                       "longer than any limit allows was allocated before being refused "
-                      "(design.md rule 8; decode.c: msgpack_unpack() builds the whole tree "
+                      "(docs/design.md rule 8; decode.c: msgpack_unpack() builds the whole tree "
                       "before the limits are checked)",
                       bc->name, growth / MiB, (double)growth / (double)len, len / MiB);
     }

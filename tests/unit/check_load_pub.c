@@ -1,5 +1,5 @@
 /* load_pub: ActiveLoad known answers.  The msgpack payload is the example of
- * dynamo-event-plane.md section 6, byte for byte, inside an envelope built
+ * docs/dynamo-event-plane.md section 6, byte for byte, inside an envelope built
  * like section 3's (topic kv_metrics); the JSON form carries the same fields
  * in the same order; the subject is endpoint-scoped and percent-encoded. */
 #include <check.h>
@@ -13,7 +13,7 @@
 
 #define W 7587890738027725506ULL
 
-/* dynamo-event-plane.md section 6 */
+/* docs/dynamo-event-plane.md section 6 */
 static const char ACTIVE_LOAD[] =
     "86a9776f726b65725f6964cf694d9a6c829e82c2a764705f72616e6b00b46163746976655f6465636f64655f"
     "626c6f636b7378b56163746976655f70726566696c6c5f746f6b656e73c0b47363686564756c65725f6c6f61"

@@ -1,5 +1,5 @@
 /* pipeline + seq: the real captures against expected.jsonl, and the
- * sequence / barrier rules of router-events.md section 6. */
+ * sequence / barrier rules of docs/router-events.md section 6. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>

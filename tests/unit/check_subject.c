@@ -93,7 +93,7 @@ START_TEST(test_subject_endpoint)
     const char *t = "namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv-events";
     ck_assert_int_eq(kvb_subject_expand_vals(t, &v, 0, out, sizeof(out)),
                      (int)strlen("namespace.dynamo.component.backend.endpoint.generate.kv-events"));
-    /* dynamo-event-plane.md section 2, first example */
+    /* docs/dynamo-event-plane.md section 2, first example */
     ck_assert_str_eq(out, "namespace.dynamo.component.backend.endpoint.generate.kv-events");
     /* empty (or NULL) endpoint: expands to nothing */
     v.endpoint = NULL;
@@ -108,7 +108,7 @@ END_TEST
 START_TEST(test_subject_pct_expand)
 {
     char out[128];
-    /* dynamo-event-plane.md section 2: namespace my.ns */
+    /* docs/dynamo-event-plane.md section 2: namespace my.ns */
     struct kvb_subject_vals v = {"my.ns", "backend", NULL, 18446744073709551615ull, 3};
     ck_assert_int_eq(kvb_subject_expand_vals("namespace.{namespace}.component.{component}."
                                              "kv-events",
