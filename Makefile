@@ -95,7 +95,11 @@ integration-msgpack: $(PROGS)
 	@set -e; for t in $(MSGPACK_ITEST); do echo "== $$t (dynamo-msgpack)"; \
 	  KVB_FORMAT=dynamo-msgpack timeout 300 bash $$t; done
 
-check: all
+# On a fresh Debian machine this installs what the build and the tests need
+# (the package test builds a .deb: deps-deb), then builds.
+check:
+	@$(MAKE) --no-print-directory deps deps-deb
+	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory tools-selftest
 	@$(MAKE) --no-print-directory integration
@@ -106,8 +110,10 @@ check-valgrind: $(UNIT_BIN)
 	  CK_FORK=no valgrind -q --error-exitcode=99 --leak-check=full \
 	    --errors-for-leak-kinds=definite,indirect,possible $$t; done
 
-deps:
-	@missing=""; for p in $(DEB_PKGS); do \
+# $(call apt_install,PACKAGES): apt-get install those of PACKAGES that are
+# missing (nothing, not even apt-get update, when none is); root or sudo.
+define apt_install
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -115,6 +121,10 @@ deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
 	fi
+endef
+
+deps:
+	$(call apt_install,$(DEB_PKGS))
 
 demo: deps
 	@$(MAKE) --no-print-directory all

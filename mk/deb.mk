@@ -30,14 +30,7 @@ DEB_BUILD_PKGS := debhelper dpkg-dev lintian
 deb: $(DEB_FILE)
 
 deps-deb:
-	@missing=""; for p in $(DEB_BUILD_PKGS); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
-	fi
+	$(call apt_install,$(DEB_BUILD_PKGS))
 
 $(DEB_FILE): $(DEB_INPUTS)
 	@v=$$(dpkg-parsechangelog -l debian/changelog -S Version); \

@@ -30,11 +30,4 @@ lint-c:
 	@cppcheck $(LINT_CPPCHECK_FLAGS) $(LINT_C)
 
 deps-lint:
-	@missing=""; for p in shellcheck cppcheck; do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
-	fi
+	$(call apt_install,shellcheck cppcheck)
