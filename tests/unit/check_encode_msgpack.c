@@ -59,17 +59,6 @@ static const char MM_STORED[] =
     "5f65787472615f696e666f81aa6d6d5f6f626a656374739282a76d6d5f68617368cf0cf457e24a479f02a76f"
     "6666736574739082a76d6d5f6861736805a76f66667365747390a764705f72616e6b03";
 
-static size_t unhex(const char *h, uint8_t *out)
-{
-    size_t n = strlen(h) / 2;
-    for (size_t i = 0; i < n; i++) {
-        unsigned v;
-        ck_assert_int_eq(sscanf(h + 2 * i, "%2x", &v), 1);
-        out[i] = (uint8_t)v;
-    }
-    return n;
-}
-
 static void expect_bytes(const void *got, size_t len, const char *hex)
 {
     static uint8_t want[4096];

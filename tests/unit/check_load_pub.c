@@ -24,17 +24,6 @@ static const char HEAD[] =
     "85ac7075626c69736865725f6964cf0000123456789abca873657175656e636500ac7075626c69736865645f"
     "6174cf0000019b76daa800a5746f706963aa6b765f6d657472696373a77061796c6f6164c472";
 
-static size_t unhex(const char *h, uint8_t *out)
-{
-    size_t n = strlen(h) / 2;
-    for (size_t i = 0; i < n; i++) {
-        unsigned v;
-        ck_assert_int_eq(sscanf(h + 2 * i, "%2x", &v), 1);
-        out[i] = (uint8_t)v;
-    }
-    return n;
-}
-
 static const struct kvb_active_load example = {
     .worker_id = W, .dp_rank = 0, .has_decode_blocks = true, .active_decode_blocks = 120,
     .has_kv_used_blocks = true, .kv_used_blocks = 3400};

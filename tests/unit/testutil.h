@@ -37,6 +37,18 @@ static inline void mp_raw(struct mp *m, const void *p, size_t n)
 }
 static inline const uint8_t *mp_data(const struct mp *m) { return (const uint8_t *)m->sb.data; }
 
+/* Hex text (known answers) to bytes; returns the byte count. */
+static inline size_t unhex(const char *h, uint8_t *out)
+{
+    size_t n = strlen(h) / 2;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        ck_assert_int_eq(sscanf(h + 2 * i, "%2x", &v), 1);
+        out[i] = (uint8_t)v;
+    }
+    return n;
+}
+
 /* ---- files -------------------------------------------------------------- */
 
 static inline uint8_t *read_all(const char *path, size_t *len)
