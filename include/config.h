@@ -75,7 +75,7 @@ struct kvb_config {
     uint32_t block_size;      /* 0 = "auto" */
     bool lora_salt;
     uint32_t forward_tiers;   /* bitmask of (1u << enum kvb_tier) */
-    char *cache_namespace;    /* tokens_hash salt (docs/dynamo-event-plane.md section 7); "" = none */
+    char *cache_namespace;    /* tokens_hash salt (docs/router-events.md section 3.1); "" = none */
 
     struct kvb_source_cfg *sources;
     size_t n_sources;         /* >= 1 */

@@ -93,7 +93,8 @@ static const struct opt opts[] = {
     {.key = "cache_namespace", .type = T_STR, .off = TOP(cache_namespace, char *), .def = "",
      .flags = R,
      .help = "Cache namespace salted into tokens_hash for events that carry none of "
-             "their own (Dynamo's cache_namespace, docs/hash-rules.md); \"\" = none."},
+             "their own (Dynamo's cache_namespace, docs/router-events.md section 3.1); \"\" = "
+             "none."},
 
     {.key = "sources", .type = T_SOURCES,
      .off = TOP(sources, struct kvb_source_cfg *), .noff = TOP(n_sources, size_t),

@@ -396,9 +396,9 @@ START_TEST(counter_table_is_bounded)
 }
 END_TEST
 
-/* ---- the hash contract's newer parts (docs/hash-rules.md) ---------------- *
- * Known answers computed independently with python3-xxhash (the script is in
- * docs/hash-rules.md); the first two equal docs/router-events.md's. */
+/* ---- the hash contract's newer parts (docs/router-events.md 3.1-3.3) ---- *
+ * Known answers computed independently with python3 and libxxhash (the script
+ * is in docs/router-events.md section 3.4); the first two equal section 3's. */
 
 static const char img1[] = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
 static const char img2[] = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";

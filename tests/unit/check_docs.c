@@ -15,16 +15,23 @@
  *     real keys; it lists the exit codes, the signals and the options.
  *   - docs/engine-events.md, docs/router-events.md and docs/design.md keep the
  *     numbered sections and rules that comments in the code cite
- *     ("docs/router-events.md section 6", "docs/design.md rule 10").
+ *     ("docs/router-events.md section 6", "docs/design.md rule 10");
+ *     docs/dynamo-event-plane.md keeps sections 1-8 on the same topics; every
+ *     "docs/X.md section N" cited anywhere in the tree names a real heading.
+ *   - no document in docs/ (the man page aside) is a copy of one of the
+ *     contracts it was written from (when they are beside the tree: see
+ *     docs_are_not_spec_copies).
  * Run from the project root (reads docs/, conf/ and build/kvbridge). */
 #include <check.h>
 
 #include "testutil.h"
 #include <ctype.h>
+#include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -699,6 +706,242 @@ START_TEST(docs_sections_stable)
 }
 END_TEST
 
+/* docs/dynamo-event-plane.md: comments cite its sections by number ("section 5"
+ * for the EventSource records): each number must still exist and still be about
+ * the same thing, told by a word of its heading. */
+START_TEST(event_plane_sections_stable)
+{
+    static const struct {
+        const char *head;
+        const char *word;
+    } secs[] = {{"## 1. ", "router"},       {"## 2. ", "Subject"},
+                {"## 3. ", "envelope"},     {"## 4. ", "RouterEvent"},
+                {"## 5. ", "Discovery"},    {"## 6. ", "ActiveLoad"},
+                {"## 7. ", "tokens_hash"},  {"## 8. ", "checked"}};
+    size_t len;
+    char *t = (char *)read_all("docs/dynamo-event-plane.md", &len);
+    for (size_t i = 0; i < sizeof(secs) / sizeof(secs[0]); i++) {
+        char *sec = md_section(t, secs[i].head);
+        ck_assert_msg(sec != NULL, "docs/dynamo-event-plane.md: no section '%s...'",
+                      secs[i].head);
+        char *eol = strchr(sec, '\n');
+        if (eol)
+            *eol = '\0';
+        ck_assert_msg(strstr(sec, secs[i].word), "docs/dynamo-event-plane.md: '%s' is not "
+                      "about %s any more", sec, secs[i].word);
+        free(sec);
+    }
+    free(t);
+    /* router-events.md section 3's subsections, cited as 3.1 .. 3.4 */
+    t = (char *)read_all("docs/router-events.md", &len);
+    static const struct {
+        const char *head;
+        const char *word;
+    } sub[] = {{"### 3.1 ", "namespace"}, {"### 3.2 ", "Multimodal"}, {"### 3.3 ", "EAGLE"},
+               {"### 3.4 ", "Known answers"}};
+    for (size_t i = 0; i < sizeof(sub) / sizeof(sub[0]); i++) {
+        char *sec = md_section(t, sub[i].head);
+        ck_assert_msg(sec != NULL, "docs/router-events.md: no section '%s...'", sub[i].head);
+        char *eol = strchr(sec, '\n');
+        if (eol)
+            *eol = '\0';
+        ck_assert_msg(strstr(sec, sub[i].word), "docs/router-events.md: '%s' is not about %s",
+                      sec, sub[i].word);
+        free(sec);
+    }
+    free(t);
+}
+END_TEST
+
+/* One "docs/NAME.md section N" (or "sections N, M and K", "sections N to M",
+ * N possibly "3.1") cited at P in FILE: the document exists and has those
+ * headings ("## N. " or "### N.M "). Returns the end of the citation. */
+static const char *check_citation(const char *file, const char *text, const char *p)
+{
+    const char *name = p + 5; /* after "docs/" */
+    size_t nlen = strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789-");
+    if (strncmp(name + nlen, ".md", 3) != 0)
+        return p + 5;
+    const char *q = name + nlen + 3;
+    q += strspn(q, " \t\n*#/");
+    if (strncmp(q, "sections ", 9) == 0)
+        q += 9;
+    else if (strncmp(q, "section ", 8) == 0)
+        q += 8;
+    else
+        return q;
+    char path[128];
+    snprintf(path, sizeof(path), "docs/%.*s.md", (int)nlen, name);
+    int line = 1;
+    for (const char *c = text; c < p; c++)
+        line += *c == '\n';
+    ck_assert_msg(access(path, R_OK) == 0, "%s:%d cites %s, which does not exist", file, line,
+                  path);
+    size_t len;
+    char *doc = (char *)read_all(path, &len);
+    long prev = -1;
+    bool range = false;
+    for (;;) {
+        if (!isdigit((unsigned char)*q))
+            break;
+        char *end;
+        long major = strtol(q, &end, 10), minor = -1;
+        if (*end == '.' && isdigit((unsigned char)end[1]))
+            minor = strtol(end + 1, &end, 10);
+        long from = range && minor < 0 && prev >= 0 ? prev + 1 : major;
+        for (long n = from; n <= major; n++) {
+            char h[48];
+            if (minor < 0)
+                snprintf(h, sizeof(h), "## %ld. ", n);
+            else
+                snprintf(h, sizeof(h), "### %ld.%ld ", n, minor);
+            char *sec = md_section(doc, h);
+            ck_assert_msg(sec != NULL, "%s:%d cites %s, which has no heading '%s'", file, line,
+                          path, h);
+            free(sec);
+        }
+        prev = minor < 0 ? major : -1;
+        q = end;
+        range = false;
+        const char *r = q + strspn(q, " \t\n*#/");
+        if (strncmp(q, ", and ", 6) == 0)
+            q += 6;
+        else if (strncmp(q, ", ", 2) == 0)
+            q += 2;
+        else if (strncmp(r, "and ", 4) == 0 && r > q)
+            q = r + 4;
+        else if (strncmp(r, "to ", 3) == 0 && r > q) {
+            q = r + 3;
+            range = true;
+        } else
+            break;
+        q += strspn(q, " \t\n*#/");
+    }
+    free(doc);
+    return q;
+}
+
+/* Every "docs/X.md section N" cited in the code, the tests, the tools and the
+ * documents names a document and a heading that exist. */
+START_TEST(cited_sections_exist)
+{
+    static const char *dirs[] = {"src", "include", "tools", "tests/unit", "tests/integration",
+                                 "tests/fuzz", "tests/bench", "docs", "conf", "."};
+    size_t files = 0, cites = 0;
+    for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]); d++) {
+        DIR *dir = opendir(dirs[d]);
+        if (!dir)
+            continue;
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+            const char *ext = strrchr(e->d_name, '.');
+            if (!ext || e->d_name[0] == '.' ||
+                (strcmp(ext, ".c") && strcmp(ext, ".h") && strcmp(ext, ".sh") &&
+                 strcmp(ext, ".md") && strcmp(ext, ".yaml")))
+                continue;
+            char path[512];
+            snprintf(path, sizeof(path), "%s/%s", dirs[d], e->d_name);
+            struct stat st;
+            if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+                continue;
+            size_t len;
+            char *t = (char *)read_all(path, &len);
+            files++;
+            for (const char *p = strstr(t, "docs/"); p; p = strstr(p, "docs/")) {
+                const char *q = check_citation(path, t, p);
+                cites += q != p + 5;
+                p = q > p ? q : p + 5;
+            }
+            free(t);
+        }
+        closedir(dir);
+    }
+    ck_assert_msg(files > 50 && cites > 20, "only %zu files and %zu citations found: run from "
+                  "the project root", files, cites);
+}
+END_TEST
+
+/* The documents in docs/ are the project's own, not copies of the contracts
+ * they were written from.  The contracts are not part of the tree: they are
+ * looked for in $KVB_SPEC_DIR, else ../shared/spec (beside a CI checkout); when
+ * neither exists the check is skipped.  A document fails when a fifth or more
+ * of its lines of 40 characters or more appear word for word in one contract. */
+static char **lines_of(char *text, size_t *n)
+{
+    size_t cap = 64;
+    char **v = malloc(cap * sizeof(*v));
+    ck_assert(v != NULL);
+    *n = 0;
+    for (char *l = strtok(text, "\n"); l; l = strtok(NULL, "\n")) {
+        while (isspace((unsigned char)*l))
+            l++;
+        size_t k = strlen(l);
+        while (k && isspace((unsigned char)l[k - 1]))
+            l[--k] = '\0';
+        if (k < 40)
+            continue;
+        if (*n == cap) {
+            cap *= 2;
+            v = realloc(v, cap * sizeof(*v));
+            ck_assert(v != NULL);
+        }
+        v[(*n)++] = l;
+    }
+    return v;
+}
+
+START_TEST(docs_are_not_spec_copies)
+{
+    const char *spec = getenv("KVB_SPEC_DIR");
+    if (!spec || !*spec)
+        spec = "../shared/spec";
+    DIR *sd = opendir(spec);
+    if (!sd)
+        return; /* no contracts beside this tree: nothing to compare with */
+    struct dirent *s;
+    size_t compared = 0;
+    while ((s = readdir(sd))) {
+        const char *ext = strrchr(s->d_name, '.');
+        if (!ext || strcmp(ext, ".md") != 0)
+            continue;
+        char sp[512];
+        snprintf(sp, sizeof(sp), "%s/%s", spec, s->d_name);
+        size_t slen, ns;
+        char *stext = (char *)read_all(sp, &slen);
+        char **sl = lines_of(stext, &ns);
+        DIR *dd = opendir("docs");
+        ck_assert(dd != NULL);
+        struct dirent *e;
+        while ((e = readdir(dd))) {
+            if (e->d_name[0] == '.' || strcmp(e->d_name, "kvbridge.8") == 0)
+                continue;
+            char dp[512];
+            snprintf(dp, sizeof(dp), "docs/%s", e->d_name);
+            size_t dlen, nd, same = 0;
+            char *dtext = (char *)read_all(dp, &dlen);
+            char **dl = lines_of(dtext, &nd);
+            for (size_t i = 0; i < nd; i++)
+                for (size_t j = 0; j < ns; j++)
+                    if (strcmp(dl[i], sl[j]) == 0) {
+                        same++;
+                        break;
+                    }
+            ck_assert_msg(nd == 0 || same * 5 < nd, "%s: %zu of its %zu long lines are copied "
+                          "word for word from %s: write the project's own document", dp, same,
+                          nd, sp);
+            compared++;
+            free(dl);
+            free(dtext);
+        }
+        closedir(dd);
+        free(sl);
+        free(stext);
+    }
+    closedir(sd);
+    ck_assert_msg(compared > 0, "%s: no contract (*.md) found", spec);
+}
+END_TEST
+
 static Suite *docs_suite(void)
 {
     Suite *s = suite_create("docs");
@@ -712,6 +955,9 @@ static Suite *docs_suite(void)
     tcase_add_test(tc, grafana_matches_metrics);
     tcase_add_test(tc, configuration_md_keys);
     tcase_add_test(tc, docs_sections_stable);
+    tcase_add_test(tc, event_plane_sections_stable);
+    tcase_add_test(tc, cited_sections_exist);
+    tcase_add_test(tc, docs_are_not_spec_copies);
     suite_add_tcase(s, tc);
     return s;
 }
