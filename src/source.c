@@ -42,6 +42,12 @@ struct kvb_source {
     size_t n_streams;
     struct kvb_replay *rp;     /* the sequence and replay rules (replay.h) */
     struct kvb_pipeline *pipe; /* during an entry point: the ops' pipeline */
+    /* A connection dropped and the batches it sent before may still wait in
+     * the SUB's queue: they are applied while they continue their stream
+     * (see on_conn_event()); drop_fd is the connection (-1: unknown). */
+    bool drop_pending;
+    int drop_fd;
+    char drop_addr[256];
     struct kvb_ratelimit rl_frames;
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
     bool curve_client;
@@ -550,6 +556,27 @@ static void observe(struct kvb_source *s, struct kvb_pipeline *p, uint64_t seria
     }
 }
 
+/* The engine's connection dropped (s->drop_fd): the next batch of each of
+ * its streams must prove that it continues the stream (replay.h). */
+static void mark_dropped(struct kvb_source *s)
+{
+    bool any = false;
+    s->drop_pending = false;
+    for (size_t i = 0; i < s->n_streams; i++) {
+        struct stream *st = s->streams[i];
+        /* bind mode: the streams that came on that connection (all of them
+         * when libzmq cannot tell) */
+        if (s->p.mode == KVB_MODE_BIND && st->peer_fd >= 0 && s->drop_fd >= 0 &&
+            st->peer_fd != s->drop_fd)
+            continue;
+        st->peer_fd = -1;
+        any |= st->st.has_last;
+        kvb_replay_peer_reset(s->rp, &st->st, kvb_mono_ms());
+    }
+    kvb_info("source", "%s: engine connection dropped (%s)%s", s->name, s->drop_addr,
+             any ? ": the next batches must prove they continue the stream" : "");
+}
+
 static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
     zmq_msg_t f[3];
@@ -583,10 +610,17 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
                        "%s: too many topics (or one too long): dropped", s->name);
         } else {
+            int fd = s->p.mode == KVB_MODE_BIND ? zmq_msg_get(&f[0], ZMQ_SRCFD) : -1;
+            uint64_t seq = be64(zmq_msg_data(&f[1]));
+            /* draining after a drop: the first batch of the dropped
+             * connection that does not continue its stream ends it */
+            if (s->drop_pending && st->st.has_last && seq != st->st.last + 1 &&
+                (s->p.mode != KVB_MODE_BIND || s->drop_fd < 0 || fd == s->drop_fd))
+                mark_dropped(s);
             if (s->p.mode == KVB_MODE_BIND)
-                st->peer_fd = zmq_msg_get(&f[0], ZMQ_SRCFD);
+                st->peer_fd = fd;
             uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
-            rc = kvb_replay_live(s->rp, &st->st, be64(zmq_msg_data(&f[1])),
+            rc = kvb_replay_live(s->rp, &st->st, seq,
                                  zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), kvb_mono_ms());
             observe(s, p, serial, t0);
         }
@@ -633,19 +667,19 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
     }
     if (ev != ZMQ_EVENT_DISCONNECTED)
         return;
-    bool any = false;
-    for (size_t i = 0; i < s->n_streams; i++) {
-        struct stream *st = s->streams[i];
-        /* bind mode: the streams that came on that connection (all of them
-         * when libzmq cannot tell) */
-        if (s->p.mode == KVB_MODE_BIND && st->peer_fd >= 0 && fd >= 0 && st->peer_fd != fd)
-            continue;
-        st->peer_fd = -1;
-        any |= st->st.has_last;
-        kvb_replay_peer_reset(s->rp, &st->st, kvb_mono_ms());
-    }
-    kvb_info("source", "%s: engine connection dropped (%s)%s", s->name, addr,
-             any ? ": the next batches must prove they continue the stream" : "");
+    /* The monitor's event can be read before batches the engine sent ahead
+     * of the drop (the loop lags behind a busy engine): apply those first,
+     * as long as they continue their stream; the first one that does not
+     * (or the next batch after the queue is empty) must prove itself. */
+    s->drop_pending = true;
+    s->drop_fd = fd;
+    snprintf(s->drop_addr, sizeof(s->drop_addr), "%s", addr);
+    int rc = read_live(s, s->pipe, s->p.rcvhwm ? (int)(s->p.rcvhwm < 100000 ? s->p.rcvhwm : 100000)
+                                             : 100000);
+    if (rc < 0)
+        kvb_err("source", "%s: %s", s->name, strerror(-rc));
+    if (s->drop_pending)
+        mark_dropped(s);
 }
 
 int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p)

@@ -852,7 +852,8 @@ static void net_close(struct net *n)
     kvb_source_destroy(&n->src);
     if (n->router)
         zmq_close(n->router);
-    zmq_close(n->xpub);
+    if (n->xpub)
+        zmq_close(n->xpub);
     zmq_ctx_term(n->zctx);
 }
 
@@ -1204,6 +1205,44 @@ START_TEST(config_fifo_refused_not_waited_on)
 }
 END_TEST
 
+/* The engine sends batches, then its connection drops, and the loop reads
+ * the monitor's "disconnected" before the batches still queued in the SUB
+ * (a loop that lags behind).  Those batches came before the drop: they are
+ * applied as they are, with no restart barrier (there is no replay endpoint
+ * to prove continuity with).  Before the fix each such drop published a
+ * spurious "cleared". */
+START_TEST(drop_after_queued_batches_no_barrier)
+{
+    struct kvb_pipeline_cfg c = test_pcfg(W, 16);
+    open_pipeline(&c);
+    struct net n;
+    net_open(&n, KVB_MODE_CONNECT, false);
+    size_t len;
+    uint8_t *small = padded_batch(1, 100, &len);
+    first_batch(&n, small, len); /* start barrier + seq 0 */
+    for (uint64_t seq = 1; seq <= 5; seq++)
+        publish(&n, seq, small, len);
+    int linger = 2000; /* the engine exits: what it sent still goes out */
+    zmq_setsockopt(n.xpub, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_close(n.xpub);
+    n.xpub = NULL;
+    uint64_t end = kvb_mono_ms() + 5000;
+    for (;;) { /* the monitor has the drop (nothing of the SUB read yet) */
+        ck_assert_msg(kvb_mono_ms() < end, "no disconnect event");
+        zmq_pollitem_t it = {kvb_source_monitor(n.src), 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 50) > 0)
+            break;
+    }
+    usleep(100 * 1000); /* let the monitor report everything it has */
+    kvb_source_read_monitor(n.src, p); /* the loop's order: events first */
+    ck_assert_int_ge(kvb_source_read(n.src, p, 100), 0);
+    ck_assert_uint_eq(out.n, 7); /* barrier + seq 0 + seqs 1..5 */
+    ck_assert_uint_eq(count_str(out.text, "\"cleared\""), 1);
+    free(small);
+    net_close(&n);
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
     Suite *s = suite_create("limits");
@@ -1246,6 +1285,7 @@ static Suite *limits_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, payload_live_oversize_bind_mode);
     tcase_add_test(tc, payload_live_oversize_connect_mode);
+    tcase_add_test(tc, drop_after_queued_batches_no_barrier);
     tcase_add_test(tc, payload_live_oversize_counted);
     tcase_add_test(tc, payload_replay_oversize_refused);
     suite_add_tcase(s, tc);
