@@ -81,7 +81,7 @@ struct kvb_source_cfg {
     uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
     /* Exact topic -> worker_id (several engines on one bind-mode SUB); a
      * batch on a topic not listed is dropped.  n_topics == 0: no map, every
-     * topic is this source's worker_id. */
+     * topic is this source's worker_id.  A source key: a change reopens it. */
     struct kvb_topic_cfg *topics;
     size_t n_topics;
     uint32_t inherited;     /* at load: bit k set when the k-th row of the table
@@ -245,7 +245,7 @@ bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_so
 bool kvb_config_engine_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b);
 
 /* True when the two sources' worker keys (worker_id, block_size, lora_salt,
- * forward_tiers, topics) are equal.  kvb_config_source_equal() leaves them
+ * forward_tiers) are equal.  kvb_config_source_equal() leaves them
  * out: a reload hands them to the running source (kvb_source_set_worker()). */
 bool kvb_config_worker_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b);
 

@@ -158,7 +158,7 @@ static const struct opt opts[] = {
              "forward_tiers."},
     {.key = "sources[].topics", .type = T_TOPICS,
      .off = SRC(topics, struct kvb_topic_cfg *), .noff = SRC(n_topics, size_t), .def = "",
-     .flags = R | F_WORKER,
+     .flags = R, /* a change reopens the source */
      .help = "Several engines on one source (bind mode, each publishing on its own "
              "topic): a mapping of exact topics to worker ids, such as "
              "{\"kv@pod-a@llama\": 101, \"kv@pod-b@llama\": 102} (the kv@POD@MODEL form "

@@ -1950,9 +1950,9 @@ START_TEST(test_worker_keys)
     ck_assert(kvb_config_source_equal(&x, &s[1]));
     ck_assert(!kvb_config_worker_equal(&x, &s[1]));
     x = s[2];
-    x.n_topics = 1;
-    ck_assert(kvb_config_source_equal(&x, &s[2]));
-    ck_assert(!kvb_config_worker_equal(&x, &s[2]));
+    x.n_topics = 1; /* the map is how streams are taken: a source key */
+    ck_assert(!kvb_config_source_equal(&x, &s[2]));
+    ck_assert(kvb_config_worker_equal(&x, &s[2]));
     ck_assert(kvb_config_worker_equal(&s[2], &s[2]));
     /* --check -v shows the effective values */
     char *out = NULL;
