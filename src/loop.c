@@ -154,15 +154,15 @@ static int open_source(struct kvb_daemon *d, const struct kvb_config *c,
             .resume = d->resume, .curve = &sc->curve, .zap = d->zap,
             .worker = &w, .topics = sc->topics, .n_topics = sc->n_topics};
         rc = kvb_source_create(d->zctx, &p, &d->m, out);
-        if (rc == 0 && sc->n_topics)
-            kvb_info("source", "%s %s (dp_rank %u, %zu topics mapped to workers%s%s)",
+        char who[64];
+        if (sc->n_topics)
+            snprintf(who, sizeof who, "%zu topics mapped to worker ids", sc->n_topics);
+        else
+            snprintf(who, sizeof who, "worker_id %llu", (unsigned long long)sc->worker_id);
+        if (rc == 0)
+            kvb_info("source", "%s %s (dp_rank %u%s%s): %s",
                      sc->mode == KVB_MODE_BIND ? "bound" : "connecting to", ep, p.dp_rank,
-                     sc->n_topics, rep[0] ? ", replay " : "", rep);
-        else if (rc == 0)
-            kvb_info("source", "%s %s (worker_id %llu, dp_rank %u%s%s)",
-                     sc->mode == KVB_MODE_BIND ? "bound" : "connecting to", ep,
-                     (unsigned long long)sc->worker_id, p.dp_rank, rep[0] ? ", replay " : "",
-                     rep);
+                     rep[0] ? ", replay " : "", rep, who);
     }
     free(ep);
     free(rep);
