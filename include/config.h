@@ -53,6 +53,12 @@ struct kvb_engine_cfg {
     uint32_t dead_after_ms;      /* failing this long AND no batch: gone */
 };
 
+/* sources[].topics: batches on this exact topic carry this worker_id. */
+struct kvb_topic_cfg {
+    char *topic;            /* not empty, no NUL */
+    uint64_t worker_id;
+};
+
 struct kvb_source_cfg {
     char *endpoint;         /* required, e.g. tcp://127.0.0.1:5557 */
     char *replay_endpoint;  /* "" when none */
@@ -64,6 +70,22 @@ struct kvb_source_cfg {
     uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap */
     struct kvb_curve_cfg curve;
     struct kvb_engine_cfg engine;
+    /* The worker this source's engine is (the identity its router events
+     * carry).  A key the source leaves out (or sets to ~) takes the top-level
+     * key's value at load, so these always hold the effective values.  They
+     * are not how the source is opened: kvb_config_source_equal() leaves
+     * them out, and a reload hands them to the running source. */
+    uint64_t worker_id;
+    uint32_t block_size;    /* 0 = "auto" */
+    bool lora_salt;
+    uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
+    /* Exact topic -> worker_id (several engines on one bind-mode SUB); a
+     * batch on a topic not listed is dropped.  n_topics == 0: no map, every
+     * topic is this source's worker_id.  A source key: a change reopens it. */
+    struct kvb_topic_cfg *topics;
+    size_t n_topics;
+    uint32_t inherited;     /* at load: bit k set when the k-th row of the table
+                             * that inherits a top-level key was absent */
 };
 
 struct kvb_config {
@@ -221,6 +243,11 @@ bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_so
  * kvb_config_source_equal() leaves them out: the engine's HTTP face is not
  * how the source is opened, and changing it does not reopen the source. */
 bool kvb_config_engine_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b);
+
+/* True when the two sources' worker keys (worker_id, block_size, lora_salt,
+ * forward_tiers) are equal.  kvb_config_source_equal() leaves them
+ * out: a reload hands them to the running source (kvb_source_set_worker()). */
+bool kvb_config_worker_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b);
 
 /* SIGHUP: 0 when NEW may replace OLD in a running process; -EINVAL with a
  * message on err when a key that needs a restart changed (with JetStream on,

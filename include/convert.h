@@ -35,6 +35,16 @@ struct kvb_convert_cfg {
     const char *cache_namespace;
 };
 
+/* The worker a stream's events belong to (a source's or a topic's, issue
+ * 17): what kvb_converter_select() switches between.  The converter's
+ * configuration gives the defaults. */
+struct kvb_worker_cfg {
+    uint64_t worker_id;
+    uint32_t block_size;    /* 0 = auto */
+    bool lora_salt;
+    uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
+};
+
 struct kvb_block {
     uint64_t block_hash;
     uint64_t tokens_hash;
@@ -70,6 +80,15 @@ void kvb_converter_destroy(struct kvb_converter **c);
 /* Replace the configuration (SIGHUP).  Counters are kept: they are keyed by
  * (worker_id, dp_rank), so a new worker_id starts its own from 0. */
 void kvb_converter_set_config(struct kvb_converter *c, const struct kvb_convert_cfg *cfg);
+
+/* The worker the next events and barriers are converted for, until the
+ * next select or set_config (which selects the configuration's own). */
+void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *w);
+/* The configuration's worker (the defaults). */
+struct kvb_worker_cfg kvb_convert_cfg_worker(const struct kvb_convert_cfg *cfg);
+/* An event_id counter exists for (worker, rank): something was published
+ * for the pair (or its counter was restored). */
+bool kvb_converter_has_counter(const struct kvb_converter *c, uint64_t worker, uint32_t rank);
 
 /* Convert one decoded event.  Returns 1 and fills *out when a router event is
  * to be published (its event_id is taken), 0 when the event publishes nothing

@@ -42,7 +42,8 @@
 /* Messages that could not be used at all, by kind. */
 #define KVB_MALFORMED_KINDS(X)                                                 \
     X(FRAMES, "frames") X(SEQ_FRAME, "seq_frame") X(BATCH, "malformed_batch")  \
-    X(REPLAY_REPLY, "replay_reply") X(OVERSIZE, "oversize")
+    X(REPLAY_REPLY, "replay_reply") X(OVERSIZE, "oversize")                   \
+    X(UNKNOWN_TOPIC, "unknown_topic")
 
 /* docs/router-events.md section 6: why a "cleared" barrier was published. */
 #define KVB_BARRIER_CAUSES(X)                                                  \

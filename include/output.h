@@ -63,6 +63,7 @@ struct kvb_raw_batch {
     uint32_t dp_rank;
     const void *payload;
     size_t len;
+    uint64_t worker_id;  /* the stream's worker ({worker_id} of the subject) */
 };
 int kvb_output_raw(struct kvb_output *o, const struct kvb_raw_batch *b);
 

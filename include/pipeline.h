@@ -82,14 +82,17 @@ int kvb_pipeline_malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_
 struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p);
 
 /* "cleared" for every dp_rank of the stream (the ranks seen so far, or its
- * configured rank if none), counted under cause (enum kvb_barrier_cause). */
+ * configured rank if none), counted under cause (enum kvb_barrier_cause).
+ * Every router event of a stream is for its worker (kvb_stream.worker, or
+ * the configuration's when NULL). */
 int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause);
 
-/* "cleared" for one dp_rank of this worker, counted under cause (the
+/* "cleared" for one (worker_id, dp_rank), counted under cause (the
  * residency mirror's barrier: residency.h).  May be called from inside the
  * emit callback: the event being emitted is published by then.  1 or a
  * negative errno. */
-int kvb_pipeline_cleared(struct kvb_pipeline *p, uint32_t dp_rank, int cause);
+int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank,
+                         int cause);
 
 /* What the last kvb_pipeline_apply() saw, for metrics. */
 struct kvb_batch_info {

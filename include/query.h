@@ -76,11 +76,21 @@ void kvb_query_req_free(struct kvb_query_req *r);
 /* "dump", "events", "match", or NULL. */
 int kvb_query_op_of(const char *name);
 
+#define KVB_QUERY_MAX_WORKERS 64
 struct kvb_query_cfg {
     uint64_t worker_id;  /* the default pair's worker */
     uint32_t block_size; /* 0 = auto: match needs "block_size" */
     bool lora_salt;
     uint32_t wait_ms;    /* how long a transport waits for the loop; then 503 */
+    /* Workers whose block_size / lora_salt differ from the above (several
+     * engines, one kvbridge: sources[]): a match for one of them hashes
+     * with its own.  The first KVB_QUERY_MAX_WORKERS only. */
+    struct kvb_query_worker {
+        uint64_t worker_id;
+        uint32_t block_size;
+        bool lora_salt;
+    } workers[KVB_QUERY_MAX_WORKERS];
+    size_t n_workers;
 };
 
 struct kvb_query;

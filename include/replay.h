@@ -51,10 +51,15 @@
 /* The replay reply's end marker (docs/engine-events.md section 1). */
 #define KVB_REPLAY_END UINT64_MAX
 
+struct kvb_worker_cfg; /* convert.h */
+
 /* One engine stream: one (source endpoint, topic) pair.  Plain data, the
  * caller owns it (nothing to free). */
 struct kvb_stream {
     const char *name;   /* for logs; not owned */
+    /* The worker its router events are for (set by its owner; not owned):
+     * NULL = the pipeline's configured worker. */
+    const struct kvb_worker_cfg *worker;
     const char *source, *topic; /* raw format headers (KV-Source, KV-Topic); not
                                  * owned, NULL when the owner set none */
     uint32_t cfg_rank;  /* the source's configured dp_rank */

@@ -55,6 +55,15 @@ struct kvb_source_params {
      * without it); without one, a source given a handler registers "any
      * client".  May be NULL; must outlive the source. */
     struct kvb_zap *zap;
+    /* The worker behind this source (sources[].worker_id, block_size,
+     * lora_salt, forward_tiers: issue 17), and its topics map: a stream whose
+     * topic is listed gets the listed worker_id; with a map, a batch on any
+     * other topic is counted (malformed_messages_total{kind="unknown_topic"})
+     * and dropped.  Both copied.  worker NULL: the pipeline's configured
+     * worker, and the map is not used. */
+    const struct kvb_worker_cfg *worker;
+    const struct kvb_topic_cfg *topics;
+    size_t n_topics;
 };
 
 /* Expand a dp_size source entry: endpoint i of n gets port + i.  Writes a
@@ -88,6 +97,11 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
  * or -1.  now_ms: CLOCK_MONOTONIC. */
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms);
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms);
+
+/* A reload changed the worker keys (not the topics map, which reopens the
+ * source): every stream's router events are for W from the next batch on
+ * (a topic's listed worker_id stays).  Cannot fail. */
+void kvb_source_set_worker(struct kvb_source *s, const struct kvb_worker_cfg *w);
 
 /* "cleared" for every dp_rank of every stream of this source. */
 int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause);

@@ -138,6 +138,36 @@ static const struct opt opts[] = {
              "engine, in milliseconds (libzmq's reconnect timer: no busy loop). A "
              "restarted engine is reached within it; what it published meanwhile "
              "comes from its replay socket."},
+    /* The worker behind the source (fan-in: several engines, one kvbridge). */
+    {.key = "sources[].worker_id", .type = T_U64, .off = SRC(worker_id, uint64_t),
+     .def = "~", .min = 0, .max = UINT64_MAX, .flags = R | F_WORKER | F_INHERIT,
+     .help = "This engine's worker_id, when one kvbridge serves several engines (one "
+             "source each); ~ (or absent) = the top-level worker_id. When every source "
+             "sets its own, the top-level worker_id (and block_size likewise) may be "
+             "left out: it then takes the first source's value."},
+    {.key = "sources[].block_size", .type = T_BLOCKSIZE, .off = SRC(block_size, uint32_t),
+     .def = "~", .min = 1, .max = 1048576, .flags = R | F_WORKER | F_INHERIT,
+     .help = "This engine's KV block size, or \"auto\"; ~ (or absent) = the top-level "
+             "block_size."},
+    {.key = "sources[].lora_salt", .type = T_BOOL, .off = SRC(lora_salt, bool), .def = "~",
+     .flags = R | F_WORKER | F_INHERIT,
+     .help = "lora_salt for this engine's events; ~ (or absent) = the top-level "
+             "lora_salt."},
+    {.key = "sources[].forward_tiers", .type = T_TIERS, .off = SRC(forward_tiers, uint32_t),
+     .def = "~", .values = tier_values, .flags = R | F_WORKER | F_INHERIT,
+     .help = "forward_tiers for this engine's events; ~ (or absent) = the top-level "
+             "forward_tiers."},
+    {.key = "sources[].topics", .type = T_TOPICS,
+     .off = SRC(topics, struct kvb_topic_cfg *), .noff = SRC(n_topics, size_t), .def = "",
+     .flags = R, /* a change reopens the source */
+     .help = "Several engines on one source (bind mode, each publishing on its own "
+             "topic): a mapping of exact topics to worker ids, such as "
+             "{\"kv@pod-a@llama\": 101, \"kv@pod-b@llama\": 102} (the kv@POD@MODEL form "
+             "other indexers use); each topic's router events carry its worker_id, with "
+             "this source's other keys. A batch on a topic not listed is counted "
+             "(kvbridge_malformed_messages_total{kind=\"unknown_topic\"}) and dropped, "
+             "never guessed. At most 64 topics. {} = no map: every topic is this "
+             "source's worker_id."},
     {.key = "sources[].curve.secret_key_file", .type = T_STR,
      .off = SRC(curve.secret_key_file, char *), .def = "", .flags = R,
      .help = "ZMQ CURVE (encryption and authentication of the engine link): file "
@@ -731,7 +761,8 @@ static int apply_defaults(struct ctx *c, void *base, bool sources_scope)
     for (size_t i = 0; i < N_OPTS; i++) {
         const struct opt *o = &opts[i];
         void *field = (char *)base + o->off;
-        if (in_sources(o) != sources_scope || (o->flags & F_REQUIRED))
+        if (in_sources(o) != sources_scope || (o->flags & (F_REQUIRED | F_INHERIT)) ||
+            o->type == T_TOPICS) /* inherited after the walk; an empty map (calloc) */
             continue;
         if (o->type == T_STRLIST || o->type == T_TIERS) {
             /* comma-separated */
@@ -775,6 +806,37 @@ static int apply_defaults(struct ctx *c, void *base, bool sources_scope)
 static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
                      const char *dprefix, void *base, struct mark *marks);
 
+/* The row of sources[] that inherits top-level row O, or NULL. */
+static const struct opt *inheriting_row(const struct opt *o)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if ((opts[i].flags & F_INHERIT) && strcmp(opts[i].key + sizeof SRC_PREFIX, o->key) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+/* Bit of F_INHERIT row O in kvb_source_cfg.inherited. */
+static uint32_t inherit_bit(const struct opt *o)
+{
+    uint32_t bit = 1;
+    for (size_t i = 0; i < N_OPTS && &opts[i] != o; i++)
+        if (opts[i].flags & F_INHERIT)
+            bit <<= 1;
+    return bit;
+}
+
+/* Every source of CFG sets its own value of top-level row O. */
+static bool sources_set_own(const struct kvb_config *cfg, const struct opt *o)
+{
+    const struct opt *r = inheriting_row(o);
+    if (!r || cfg->n_sources == 0)
+        return false;
+    for (size_t k = 0; k < cfg->n_sources; k++)
+        if (cfg->sources[k].inherited & inherit_bit(r))
+            return false;
+    return true;
+}
+
 static void required_missing(struct ctx *c, const struct node *map, const char *dprefix,
                              bool sources_scope, const void *base, const struct mark *marks)
 {
@@ -782,6 +844,8 @@ static void required_missing(struct ctx *c, const struct node *map, const char *
         const struct opt *o = &opts[i];
         if (!(o->flags & F_REQUIRED) || in_sources(o) != sources_scope || marks[i].set)
             continue;
+        if (!sources_scope && sources_set_own(base, o))
+            continue; /* the first source's value, after the walk (inherit()) */
         if (o->alt) {
             size_t a = kvb_cfg_opt_index(o->alt);
             const char *v = *(char *const *)((const char *)base + opts[a].off);
@@ -833,6 +897,9 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
         apply_defaults(c, &srcs[i], true);
         if (item->kind == N_MAP) {
             walk_map(c, item, SRC_PREFIX, ipath, &srcs[i], smarks);
+            for (size_t k = 0; k < N_OPTS; k++)
+                if ((opts[k].flags & F_INHERIT) && !smarks[k].set)
+                    srcs[i].inherited |= inherit_bit(&opts[k]);
             required_missing(c, item, ipath, true, &srcs[i], smarks);
             kvb_cfg_check_source(c, &srcs[i], i, smarks);
             kvb_cfg_check_curve(c, &srcs[i], i, smarks);
@@ -901,6 +968,97 @@ fail:
     free_strlist(list, v->kind == N_SEQ ? v->n : 0);
 }
 
+static void free_topics(struct kvb_topic_cfg *t, size_t n)
+{
+    for (size_t i = 0; t && i < n; i++)
+        free(t[i].topic);
+    free(t);
+}
+
+/* sources[].topics: a mapping of exact topics to worker ids. */
+static void set_topics(struct ctx *c, const char *dpath, const struct node *v, void *field,
+                       size_t *np, struct mark *m)
+{
+    static const struct opt id_opt = {.key = "worker_id", .type = T_U64, .max = UINT64_MAX};
+    struct kvb_topic_cfg *t = NULL;
+    size_t n = 0;
+    bool bad = false;
+
+    if (v->kind == N_SCALAR && kvb_cfg_is_null(v))
+        goto done; /* no map */
+    if (v->kind != N_MAP) {
+        err_at(c, v->line, v->col, "%s: expected a mapping of topics to worker ids "
+               "({\"kv@pod-a@llama\": 101}), found %s", dpath, kvb_cfg_kind_name(v));
+        goto fail;
+    }
+    if (v->n / 2 > MAX_TOPICS) {
+        err_at(c, v->line, v->col, "%s: too many topics (more than %d)", dpath, MAX_TOPICS);
+        goto fail;
+    }
+    if (!(t = calloc(v->n / 2 ? v->n / 2 : 1, sizeof *t))) {
+        oom(c);
+        goto fail;
+    }
+    for (size_t i = 0; i + 1 < v->n; i += 2) {
+        const struct node *k = v->kid[i], *val = v->kid[i + 1];
+        if (k->kind == N_BAD || val->kind == N_BAD) {
+            bad = true;
+            continue;
+        }
+        if (k->kind != N_SCALAR || kvb_cfg_is_null(k) || k->len == 0) {
+            err_at(c, k->line, k->col, "%s: a topic must be a non-empty single value",
+                   dpath);
+            bad = true;
+            continue;
+        }
+        char *shown = kvb_cfg_shown(k->s, k->len);
+        char *tpath = kvb_cfg_asprintf(c, "%s['%s']", dpath, SHOWN(shown));
+        const struct node *dup = NULL;
+        for (size_t j = 0; j < i && !dup; j += 2)
+            if (v->kid[j]->kind == N_SCALAR && v->kid[j]->len == k->len &&
+                memcmp(v->kid[j]->s, k->s, k->len) == 0)
+                dup = v->kid[j];
+        uint64_t id = 0;
+        if (!tpath) {
+            bad = true;
+        } else if (memchr(k->s, '\0', k->len)) {
+            err_at(c, k->line, k->col, "%s: the topic contains a NUL character", dpath);
+            bad = true;
+        } else if (k->len > MAX_TOPIC_LEN) {
+            err_at(c, k->line, k->col, "%s: the topic is longer than %d bytes", tpath,
+                   MAX_TOPIC_LEN);
+            bad = true;
+        } else if (dup) {
+            err_at(c, k->line, k->col, "%s: the topic is listed twice (first at %zu:%zu)",
+                   tpath, dup->line, dup->col);
+            bad = true;
+        } else if (val->kind != N_SCALAR || kvb_cfg_is_null(val)) {
+            err_at(c, val->line, val->col, "%s: expected a worker id, found %s", tpath,
+                   kvb_cfg_is_null(val) ? "nothing" : kvb_cfg_kind_name(val));
+            bad = true;
+        } else if (conv(c, &id_opt, tpath, val->s, val->len, val->line, val->col, &id) < 0) {
+            bad = true;
+        } else if (!(t[n].topic = strndup(k->s, k->len))) {
+            oom(c);
+            bad = true;
+        } else {
+            t[n++].worker_id = id;
+        }
+        free(tpath);
+        free(shown);
+    }
+    if (bad)
+        goto fail;
+done:
+    free_topics(*(struct kvb_topic_cfg **)field, *np);
+    *(struct kvb_topic_cfg **)field = t;
+    *np = n;
+    return;
+fail:
+    m->bad = true;
+    free_topics(t, n);
+}
+
 static void set_opt(struct ctx *c, const struct opt *o, const char *dpath,
                     const struct node *v, void *base, struct mark *marks)
 {
@@ -913,9 +1071,16 @@ static void set_opt(struct ctx *c, const struct opt *o, const char *dpath,
         m->bad = true;
         return;
     }
+    if ((o->flags & F_INHERIT) && v->kind == N_SCALAR && kvb_cfg_is_null(v)) {
+        m->set = false; /* ~: the top-level value, as when absent */
+        return;
+    }
     switch (o->type) {
     case T_SOURCES:
         set_sources(c, o, dpath, v, base);
+        return;
+    case T_TOPICS:
+        set_topics(c, dpath, v, field, (size_t *)((char *)base + o->noff), m);
         return;
     case T_STRLIST:
     case T_TIERS:
@@ -1022,6 +1187,11 @@ static void free_fields(void *base, bool sources_scope)
             free_strlist(*(char ***)field, *np);
             *(char ***)field = NULL;
             *np = 0;
+        } else if (o->type == T_TOPICS) {
+            size_t *np = (size_t *)((char *)base + o->noff);
+            free_topics(*(struct kvb_topic_cfg **)field, *np);
+            *(struct kvb_topic_cfg **)field = NULL;
+            *np = 0;
         } else if (o->type == T_SOURCES) {
             size_t *np = (size_t *)((char *)base + o->noff);
             struct kvb_source_cfg *s = *(struct kvb_source_cfg **)field;
@@ -1047,6 +1217,53 @@ void kvb_config_free(struct kvb_config **cfg)
     free((*cfg)->path);
     free(*cfg);
     *cfg = NULL;
+}
+
+/* Copy the value of top-level row T (in CFG) into row S of source SRC. */
+static void copy_value(const struct opt *t, const struct kvb_config *cfg, const struct opt *s,
+                       struct kvb_source_cfg *src)
+{
+    const void *from = (const char *)cfg + t->off;
+    void *to = (char *)src + s->off;
+    switch (s->type) {
+    case T_U64: *(uint64_t *)to = *(const uint64_t *)from; break;
+    case T_U32:
+    case T_TIERS:
+    case T_BLOCKSIZE: *(uint32_t *)to = *(const uint32_t *)from; break;
+    case T_BOOL: *(bool *)to = *(const bool *)from; break;
+    default: break; /* no F_INHERIT row of another type */
+    }
+}
+
+/* The sources' F_INHERIT keys they left out take the top-level values; a
+ * required top-level key that every source sets (so was not required) takes
+ * the first source's value. */
+static void inherit(struct kvb_config *cfg, const struct mark *marks)
+{
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const struct opt *s = &opts[i];
+        if (!(s->flags & F_INHERIT))
+            continue;
+        const struct opt *t = find_opt(s->key + sizeof SRC_PREFIX);
+        uint32_t bit = inherit_bit(s);
+        size_t ti = (size_t)(t - opts);
+        const char *alt = t->alt ? *(char *const *)((const char *)cfg +
+                                                    opts[kvb_cfg_opt_index(t->alt)].off)
+                                 : NULL;
+        bool alt_set = alt && *alt;
+        if ((t->flags & F_REQUIRED) && !marks[ti].set && !alt_set && cfg->n_sources &&
+            !(cfg->sources[0].inherited & bit)) {
+            const void *from = (const char *)&cfg->sources[0] + s->off;
+            void *to = (char *)cfg + t->off;
+            if (t->type == T_U64)
+                *(uint64_t *)to = *(const uint64_t *)from;
+            else
+                *(uint32_t *)to = *(const uint32_t *)from; /* block_size */
+        }
+        for (size_t k = 0; k < cfg->n_sources; k++)
+            if (cfg->sources[k].inherited & bit)
+                copy_value(t, cfg, s, &cfg->sources[k]);
+    }
 }
 
 int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
@@ -1094,7 +1311,8 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
     walk_map(&c, root, "", "", cfg, marks);
     required_missing(&c, root, "", false, cfg, marks);
     kvb_cfg_resolve_files(&c, cfg, marks);
-    kvb_cfg_check_config(&c, cfg, marks);
+    kvb_cfg_check_config(&c, cfg, marks); /* reads worker_id_file */
+    inherit(cfg, marks);
     if (!cfg->nats.nkey_public && !(cfg->nats.nkey_public = strdup("")))
         oom(&c);
     if (!c.nerr && (!cfg->nats.jetstream.stream_name || !cfg->nats.jetstream.subject_name))

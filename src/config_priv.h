@@ -92,6 +92,8 @@ enum otype {
     T_TIERS,     /* uint32_t bitmask of 1u << enum kvb_tier */
     T_BLOCKSIZE, /* uint32_t, integer in min..max or "auto" -> 0 */
     T_SOURCES,   /* struct kvb_source_cfg * + size_t count at noff */
+    T_TOPICS,    /* struct kvb_topic_cfg * + size_t count at noff: a mapping of
+                  * exact topics (keys) to worker ids (u64 values) */
 };
 
 #define F_REQUIRED 1u /* no default: absent is an error; def is the example's value */
@@ -101,6 +103,10 @@ enum otype {
                        * readable at load; with .fills, read into that key */
 #define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
 #define F_EMPTY 32u   /* T_STRLIST: an empty list is allowed (and the default "" is one) */
+#define F_WORKER 64u  /* sources[]: the worker's identity, not how the source is opened
+                       * (kvb_config_worker_equal(), not kvb_config_source_equal()) */
+#define F_INHERIT 128u /* sources[]: absent (or ~) takes the value of the top-level key
+                        * of the same name, after the whole file was read */
 
 struct opt;
 
@@ -142,6 +148,9 @@ static inline bool is_engine_key(const struct opt *o)
 {
     return strncmp(o->key, ENGINE_PREFIX, sizeof ENGINE_PREFIX - 1) == 0;
 }
+
+#define MAX_TOPICS 64     /* sources[].topics entries (source.c: 64 streams a source) */
+#define MAX_TOPIC_LEN 255 /* bytes of one topic (source.c: MAX_TOPIC - 1) */
 
 /* opts[] of src/config.c and its row count. */
 extern const struct opt *const kvb_cfg_opts;

@@ -36,6 +36,18 @@ static bool field_eq(const struct opt *o, const void *a_base, const void *b_base
                 return false;
         return true;
     }
+    case T_TOPICS: {
+        size_t na = *(const size_t *)((const char *)a_base + o->noff);
+        size_t nb = *(const size_t *)((const char *)b_base + o->noff);
+        const struct kvb_topic_cfg *ta = *(struct kvb_topic_cfg *const *)a;
+        const struct kvb_topic_cfg *tb = *(struct kvb_topic_cfg *const *)b;
+        if (na != nb)
+            return false;
+        for (size_t i = 0; i < na; i++)
+            if (ta[i].worker_id != tb[i].worker_id || strcmp(ta[i].topic, tb[i].topic) != 0)
+                return false;
+        return true;
+    }
     case T_SOURCES: {
         size_t na = *(const size_t *)((const char *)a_base + o->noff);
         size_t nb = *(const size_t *)((const char *)b_base + o->noff);
@@ -63,13 +75,23 @@ bool kvb_config_engine_equal(const struct kvb_source_cfg *a, const struct kvb_so
     return true;
 }
 
+bool kvb_config_worker_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b)
+{
+    if (!a || !b)
+        return a == b;
+    for (size_t i = 0; i < kvb_cfg_nopts; i++)
+        if ((kvb_cfg_opts[i].flags & F_WORKER) && !field_eq(&kvb_cfg_opts[i], a, b))
+            return false;
+    return true;
+}
+
 bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_source_cfg *b)
 {
     if (!a || !b)
         return a == b;
     for (size_t i = 0; i < kvb_cfg_nopts; i++) {
         const struct opt *o = &kvb_cfg_opts[i];
-        if (in_sources(o) && !is_engine_key(o) && !field_eq(o, a, b))
+        if (in_sources(o) && !is_engine_key(o) && !(o->flags & F_WORKER) && !field_eq(o, a, b))
             return false;
     }
     const struct kvb_curve_cfg *x = &a->curve, *y = &b->curve;

@@ -61,7 +61,14 @@ static void put_quoted(FILE *f, const char *s, size_t len)
 
 static void put_value(FILE *f, const struct opt *o)
 {
+    if (o->flags & F_INHERIT) {
+        fputs("~", f); /* the top-level key's value */
+        return;
+    }
     switch (o->type) {
+    case T_TOPICS:
+        fputs("{}", f);
+        break;
     case T_STR:
         put_quoted(f, o->def, strlen(o->def));
         break;
@@ -277,6 +284,18 @@ static void put_effective(FILE *f, const struct opt *o, const void *base)
             }
         }
         fputc(']', f);
+        break;
+    }
+    case T_TOPICS: {
+        const struct kvb_topic_cfg *t = *(struct kvb_topic_cfg *const *)field;
+        size_t n = *(const size_t *)((const char *)base + o->noff);
+        fputc('{', f);
+        for (size_t i = 0; i < n; i++) {
+            fputs(i ? ", " : "", f);
+            put_quoted(f, t[i].topic, strlen(t[i].topic));
+            fprintf(f, ": %" PRIu64, t[i].worker_id);
+        }
+        fputc('}', f);
         break;
     }
     case T_SOURCES:

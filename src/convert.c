@@ -77,6 +77,31 @@ void kvb_converter_set_config(struct kvb_converter *c, const struct kvb_convert_
     set_cfg(c, cfg);
 }
 
+struct kvb_worker_cfg kvb_convert_cfg_worker(const struct kvb_convert_cfg *cfg)
+{
+    return (struct kvb_worker_cfg){cfg->worker_id, cfg->block_size, cfg->lora_salt,
+                                   cfg->forward_tiers};
+}
+
+void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *w)
+{
+    c->cfg.worker_id = w->worker_id;
+    c->cfg.block_size = w->block_size;
+    c->cfg.lora_salt = w->lora_salt;
+    c->cfg.forward_tiers = w->forward_tiers;
+}
+
+bool kvb_converter_has_counter(const struct kvb_converter *c, uint64_t worker, uint32_t rank)
+{
+    if (c->last_hit < c->n_ctr && c->ctr[c->last_hit].worker_id == worker &&
+        c->ctr[c->last_hit].dp_rank == rank)
+        return true; /* the common case: the pair of the last event */
+    for (size_t i = 0; i < c->n_ctr; i++)
+        if (c->ctr[i].worker_id == worker && c->ctr[i].dp_rank == rank)
+            return true;
+    return false;
+}
+
 void kvb_converter_set_epoch(struct kvb_converter *c, uint64_t epoch_ms)
 {
     c->epoch = epoch_ms;

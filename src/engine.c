@@ -31,6 +31,7 @@ struct eng {
     char *endpoint;            /* the same, unexpanded (names of ranks >= dp_size) */
     size_t first;              /* the loop's index of the entry's first source */
     uint32_t dp_size, base_rank, dead_after_ms;
+    uint64_t worker_id;        /* the entry's (sources[].worker_id): its load messages' */
     uint64_t last_batch_ms;
     uint64_t rounds, failed;   /* counted into the metrics so far */
     uint64_t load_ms;          /* load_ms of the last page used */
@@ -49,7 +50,6 @@ struct kvb_engines {
     size_t *entry_of;          /* loop source index -> engine index, or SIZE_MAX */
     size_t n_src;
     int format;
-    uint64_t worker_id;
     char subject[SUBJECT_MAX];
     msgpack_sbuffer tmp, out;
     struct kvb_scrape_result *res; /* scratch (large: a whole engine_load) */
@@ -151,7 +151,6 @@ int kvb_engines_create(const struct kvb_config *c, struct kvb_metrics *m,
     x->publish = publish;
     x->ctx = ctx;
     x->format = c->nats.format;
-    x->worker_id = c->worker_id;
     x->rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     int rc = kvb_load_subject(c->nats.namespace_, c->nats.component,
                               c->nats.endpoint ? c->nats.endpoint : "", x->subject,
@@ -184,11 +183,12 @@ int kvb_engines_create(const struct kvb_config *c, struct kvb_metrics *m,
             e->dp_size = sc->dp_size;
             e->base_rank = sc->dp_rank;
             e->dead_after_ms = sc->engine.dead_after_ms;
+            e->worker_id = sc->worker_id;
             t[k] = (struct kvb_scrape_target){
                 .name = e->name, .kind = (enum kvb_engine_kind)sc->engine.kind,
                 .metrics_url = sc->engine.metrics_url, .health_url = sc->engine.health_url,
                 .interval_ms = sc->engine.scrape_interval_ms,
-                .timeout_ms = sc->engine.scrape_interval_ms, .block_tokens = c->block_size};
+                .timeout_ms = sc->engine.scrape_interval_ms, .block_tokens = sc->block_size};
             for (uint32_t r = 0; r < sc->dp_size; r++) /* up gauges from the start */
                 if (!rank_of(x, e, r))
                     goto fail;
@@ -236,7 +236,7 @@ void kvb_engines_note_batch(struct kvb_engines *x, size_t i, uint64_t now_ms)
 static void publish_load(struct kvb_engines *x, struct eng *e, struct eng_rank *r,
                          uint64_t used, uint64_t now_ms)
 {
-    struct kvb_active_load l = {.worker_id = x->worker_id, .dp_rank = r->dp_rank,
+    struct kvb_active_load l = {.worker_id = e->worker_id, .dp_rank = r->dp_rank,
                                 .has_kv_used_blocks = true, .kv_used_blocks = used};
     struct kvb_load_env env = {r->publisher_id, r->sequence, kvb_wall_ms()};
     int rc = kvb_load_encode(x->format, &l, &env, &x->tmp, &x->out);
@@ -352,8 +352,7 @@ void kvb_engines_on_ready(struct kvb_engines *x, struct kvb_source **src, size_t
 
 bool kvb_engines_cfg_equal(const struct kvb_config *a, const struct kvb_config *b)
 {
-    if (a->n_sources != b->n_sources || a->worker_id != b->worker_id ||
-        a->nats.format != b->nats.format || a->block_size != b->block_size ||
+    if (a->n_sources != b->n_sources || a->nats.format != b->nats.format ||
         strcmp(a->nats.namespace_, b->nats.namespace_) != 0 ||
         strcmp(a->nats.component, b->nats.component) != 0 ||
         strcmp(a->nats.endpoint ? a->nats.endpoint : "", b->nats.endpoint ? b->nats.endpoint : "") != 0)
@@ -361,6 +360,7 @@ bool kvb_engines_cfg_equal(const struct kvb_config *a, const struct kvb_config *
     for (size_t i = 0; i < a->n_sources; i++) {
         const struct kvb_source_cfg *x = &a->sources[i], *y = &b->sources[i];
         if (x->dp_size != y->dp_size || x->dp_rank != y->dp_rank ||
+            x->worker_id != y->worker_id || x->block_size != y->block_size ||
             strcmp(x->endpoint, y->endpoint) != 0 || !kvb_config_engine_equal(x, y))
             return false;
     }

@@ -81,7 +81,7 @@ static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t l
     int rc = kvb_output_event(d->out, rev, data, len); /* a failure: kvb_output_take_loss() */
     /* The mirror is full: "cleared" for the pair (it comes back here). */
     if (kvb_residency_apply(d->res, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED)
-        kvb_pipeline_cleared(d->pipe, rev->dp_rank, KVB_BAR_MIRROR_FULL);
+        kvb_pipeline_cleared(d->pipe, rev->worker_id, rev->dp_rank, KVB_BAR_MIRROR_FULL);
     return rc;
 }
 
@@ -89,7 +89,8 @@ static int emit_raw(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_
                     const uint8_t *payload, size_t len)
 {
     struct kvb_daemon *d = ctx;
-    struct kvb_raw_batch b = {s->source ? s->source : s->name, s->topic, seq, dp_rank, payload, len};
+    struct kvb_raw_batch b = {s->source ? s->source : s->name, s->topic, seq, dp_rank, payload, len,
+                              s->worker ? s->worker->worker_id : d->cfg->worker_id};
     return kvb_output_raw(d->out, &b);
 }
 
@@ -101,6 +102,27 @@ static int publish_load(void *ctx, const char *subject, const void *data, size_t
 }
 
 /* ---- sources ------------------------------------------------------------ */
+
+/* The worker a sources[] entry's router events are for (issue 17). */
+static struct kvb_worker_cfg worker_of(const struct kvb_source_cfg *sc)
+{
+    return (struct kvb_worker_cfg){sc->worker_id, sc->block_size, sc->lora_salt,
+                                   sc->forward_tiers};
+}
+
+/* WORKER_ID is one that configuration C publishes for. */
+static bool configured_worker(const struct kvb_config *c, uint64_t worker_id)
+{
+    for (size_t i = 0; i < c->n_sources; i++) {
+        const struct kvb_source_cfg *sc = &c->sources[i];
+        if (!sc->n_topics && sc->worker_id == worker_id)
+            return true;
+        for (size_t t = 0; t < sc->n_topics; t++)
+            if (sc->topics[t].worker_id == worker_id)
+                return true;
+    }
+    return false;
+}
 
 /* Close every non-NULL source of v[0..n) and free the arrays. */
 static void destroy_sources(struct kvb_source ***v, struct src_origin **from, size_t *n)
@@ -122,18 +144,25 @@ static int open_source(struct kvb_daemon *d, const struct kvb_config *c,
     if (rc == 0)
         rc = kvb_endpoint_with_offset(sc->replay_endpoint, r, &rep);
     if (rc == 0) {
+        struct kvb_worker_cfg w = worker_of(sc);
         struct kvb_source_params p = {
             .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
             .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
             .reconnect_max_ms = sc->reconnect_max_ms,
             .replay_timeout_ms = c->replay.timeout_ms,
             .max_payload_bytes = c->limits.max_payload_bytes,
-            .resume = d->resume, .curve = &sc->curve, .zap = d->zap};
+            .resume = d->resume, .curve = &sc->curve, .zap = d->zap,
+            .worker = &w, .topics = sc->topics, .n_topics = sc->n_topics};
         rc = kvb_source_create(d->zctx, &p, &d->m, out);
+        char who[64];
+        if (sc->n_topics)
+            snprintf(who, sizeof who, "%zu topics mapped to worker ids", sc->n_topics);
+        else
+            snprintf(who, sizeof who, "worker_id %llu", (unsigned long long)sc->worker_id);
         if (rc == 0)
-            kvb_info("source", "%s %s (dp_rank %u%s%s)",
+            kvb_info("source", "%s %s (dp_rank %u%s%s): %s",
                      sc->mode == KVB_MODE_BIND ? "bound" : "connecting to", ep, p.dp_rank,
-                     rep[0] ? ", replay " : "", rep);
+                     rep[0] ? ", replay " : "", rep, who);
     }
     free(ep);
     free(rep);
@@ -303,8 +332,8 @@ static int load_state(struct kvb_daemon *d)
 static void mirror_barrier(void *ctx, uint64_t worker_id, uint32_t dp_rank)
 {
     struct kvb_daemon *d = ctx;
-    if (worker_id == d->cfg->worker_id)
-        kvb_pipeline_cleared(d->pipe, dp_rank, KVB_BAR_START);
+    if (configured_worker(d->cfg, worker_id)) /* not an old worker_id's pairs */
+        kvb_pipeline_cleared(d->pipe, worker_id, dp_rank, KVB_BAR_START);
 }
 
 /* ---- reload (SIGHUP) ---------------------------------------------------- */
@@ -449,6 +478,14 @@ static void reload(struct kvb_daemon *d)
         d->src_from = nfrom;
         d->n_src = n_nsrc;
         free(lent);
+    } else { /* the same entries, in the same order: point at the new ones */
+        for (size_t k = 0, n = 0; k < nc->n_sources; k++)
+            for (uint32_t r = 0; r < nc->sources[k].dp_size && n < d->n_src; r++, n++)
+                d->src_from[n].sc = &nc->sources[k];
+    }
+    for (size_t k = 0; k < d->n_src; k++) { /* the worker keys do not reopen a source */
+        struct kvb_worker_cfg w = worker_of(d->src_from[k].sc);
+        kvb_source_set_worker(d->src[k], &w);
     }
     if (nsink) {
         kvb_residency_detach(d->res, d->sink);
@@ -780,8 +817,10 @@ int kvb_daemon_run(struct kvb_config **pcfg)
             d->heartbeat_ms = d->watchdog_ms;
     }
     kvb_set(&d->m.heartbeat_interval_ms, d->heartbeat_ms);
-    kvb_info("main", "running: worker_id %llu, %zu endpoint(s), subject %s",
-             (unsigned long long)d->cfg->worker_id, d->n_src, kvb_output_subject(d->out));
+    kvb_info("main", "running: worker_id %llu%s, %zu endpoint(s), subject %s",
+             (unsigned long long)d->cfg->worker_id,
+             d->cfg->n_sources > 1 || d->cfg->sources[0].n_topics ? " (and per source)" : "",
+             d->n_src, kvb_output_subject(d->out));
     sd_notify(0, "READY=1\nSTATUS=running");
 
     size_t cap = 0;

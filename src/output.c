@@ -253,7 +253,7 @@ int kvb_output_raw(struct kvb_output *o, const struct kvb_raw_batch *b)
         hdrs[2 * n] = "KV-Source";
         hdrs[2 * n++ + 1] = b->source;
     }
-    const char *subj = subject_for(o, o->cfg->worker_id, b->dp_rank);
+    const char *subj = subject_for(o, b->worker_id, b->dp_rank);
     int rc = subj ? kvb_sink_publish_hdrs(o->sink, subj, b->payload, b->len, hdrs, n) : -EINVAL;
     if (rc < 0)
         failed(o, rc, "engine seq", b->seq, b->seq);
@@ -350,15 +350,19 @@ int kvb_output_set_discovery(struct kvb_output *o, struct kvb_discovery *d)
     if (!d || !o->mp)
         return 0;
     const struct kvb_config *c = o->cfg;
-    for (size_t i = 0; i < c->n_sources; i++)
-        for (uint32_t r = 0; r < c->sources[i].dp_size; r++) {
-            uint64_t pid;
-            uint32_t rank = c->sources[i].dp_rank + r;
-            int rc = kvb_mp_batcher_publisher(o->mp, c->worker_id, rank, &pid);
-            if (rc == 0)
-                rc = kvb_discovery_add(d, c->worker_id, rank, pid);
-            if (rc < 0)
-                return rc;
-        }
+    for (size_t i = 0; i < c->n_sources; i++) {
+        const struct kvb_source_cfg *sc = &c->sources[i];
+        /* the source's worker, or each worker of its topics map */
+        for (size_t t = 0; t < (sc->n_topics ? sc->n_topics : 1); t++)
+            for (uint32_t r = 0; r < sc->dp_size; r++) {
+                uint64_t pid, w = sc->n_topics ? sc->topics[t].worker_id : sc->worker_id;
+                uint32_t rank = sc->dp_rank + r;
+                int rc = kvb_mp_batcher_publisher(o->mp, w, rank, &pid);
+                if (rc == 0)
+                    rc = kvb_discovery_add(d, w, rank, pid);
+                if (rc < 0)
+                    return rc;
+            }
+    }
     return 0;
 }

@@ -20,7 +20,24 @@ struct kvb_pipeline {
     struct kvb_encoder *enc;
     struct kvb_ratelimit rl_mismatch, rl_malformed;
     struct kvb_batch_info last;
+    struct kvb_worker_cfg def; /* cfg.convert's worker: streams without their own */
+    struct kvb_worker_cfg cur; /* the converter's selected worker */
 };
+
+/* Convert for worker w from now on. */
+static void use(struct kvb_pipeline *p, const struct kvb_worker_cfg *w)
+{
+    p->cur = *w;
+    kvb_converter_select(p->conv, w);
+}
+
+/* The worker of stream s (issue 17: a source's or a topic's), selected. */
+static const struct kvb_worker_cfg *use_stream(struct kvb_pipeline *p, const struct kvb_stream *s)
+{
+    const struct kvb_worker_cfg *w = s->worker ? s->worker : &p->def;
+    use(p, w);
+    return w;
+}
 
 int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
                         kvb_emit_fn emit, void *emit_ctx, struct kvb_pipeline **out)
@@ -40,6 +57,7 @@ int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *
         goto fail;
     if ((rc = kvb_converter_create(&cfg->convert, m, &p->conv)) < 0)
         goto fail;
+    p->def = p->cur = kvb_convert_cfg_worker(&cfg->convert);
     if (cfg->format == KVB_FORMAT_DYNAMO_JSON && (rc = kvb_encoder_create(cfg->format, &p->enc)) < 0)
         goto fail;
     *out = p;
@@ -78,6 +96,7 @@ int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_c
     p->enc = enc;
     p->cfg = *cfg;
     kvb_converter_set_config(p->conv, &cfg->convert);
+    p->def = p->cur = kvb_convert_cfg_worker(&cfg->convert);
     return 0;
 }
 
@@ -115,13 +134,20 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
     return rc < 0 ? rc : 1;
 }
 
-int kvb_pipeline_cleared(struct kvb_pipeline *p, uint32_t dp_rank, int cause)
+int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank,
+                         int cause)
 {
-    return cleared(p, dp_rank, cause);
+    struct kvb_worker_cfg was = p->cur, w = p->cur;
+    w.worker_id = worker_id; /* a "cleared" uses nothing else of the worker */
+    use(p, &w);
+    int rc = cleared(p, dp_rank, cause);
+    use(p, &was); /* it may be called from inside emit, mid-batch */
+    return rc;
 }
 
 int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause)
 {
+    use_stream(p, s);
     if (s->n_ranks == 0)
         kvb_stream_add_rank(s, s->cfg_rank); /* cannot fail on an empty list */
     int n = 0;
@@ -158,9 +184,14 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
     s->batches++;
     s->events += b.n_events;
     uint32_t rank = b.dp_rank.has ? (uint32_t)b.dp_rank.v : s->cfg_rank;
+    const struct kvb_worker_cfg *w = use_stream(p, s);
     int n = 0;
-    if (!kvb_stream_has_rank(s, rank)) {
-        if (kvb_stream_add_rank(s, rank) < 0)
+    /* A pair's first router event is a start barrier: a rank new to the
+     * stream, or a worker new to the converter (a worker_id changed by a
+     * reload starts its counters at 0, as a fresh start would). */
+    bool known = kvb_stream_has_rank(s, rank);
+    if (!known || !kvb_converter_has_counter(p->conv, w->worker_id, rank)) {
+        if (!known && kvb_stream_add_rank(s, rank) < 0)
             return malformed(p, s, seq, "too many dp ranks on one stream");
         if ((rc = cleared(p, rank, KVB_BAR_START)) < 0)
             return rc;
@@ -184,7 +215,7 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
                            "dropped (fix the configuration: a wrong block size ruins routing)",
                            s->name, (long long)(b.events[i].block_size.has
                                                     ? b.events[i].block_size.v : -1),
-                           p->cfg.convert.block_size);
+                           w->block_size);
             else if (why == KVB_DROP_MALFORMED_EVENT)
                 kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
                            "%s: seq %llu event %u skipped: %s", s->name,

@@ -593,12 +593,20 @@ int kvb_query_error(struct kvb_query *q, int status, const char *msg,
 static int hash_tokens(const struct kvb_query_req *r, const struct kvb_query_cfg *cfg,
                        struct job *j, char *err, size_t cap)
 {
-    uint32_t bs = r->block_size ? r->block_size : cfg->block_size;
+    uint32_t cbs = cfg->block_size;
+    bool salt = cfg->lora_salt;
+    for (size_t i = 0; i < cfg->n_workers; i++) /* the pair's worker's own settings */
+        if (cfg->workers[i].worker_id == j->worker) {
+            cbs = cfg->workers[i].block_size;
+            salt = cfg->workers[i].lora_salt;
+            break;
+        }
+    uint32_t bs = r->block_size ? r->block_size : cbs;
     if (!bs)
         return fail(err, cap, "%s", "block_size is auto in the configuration: give "
                                         "\"block_size\" in the request");
     uint64_t seed = KVB_TOKENS_HASH_SEED;
-    if (cfg->lora_salt && r->lora_name && r->lora_name[0])
+    if (salt && r->lora_name && r->lora_name[0])
         seed = kvb_lora_seed(r->lora_name, strlen(r->lora_name));
     j->n_th = r->n_tokens / bs;
     j->th = malloc((j->n_th ? j->n_th : 1) * sizeof(*j->th));

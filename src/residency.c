@@ -27,10 +27,24 @@ struct kvb_residency {
     struct kvb_mirror_saver *saver; /* state.dir */
 };
 
+static void add_worker(struct kvb_query_cfg *q, uint64_t w, const struct kvb_source_cfg *sc)
+{
+    if (q->n_workers < KVB_QUERY_MAX_WORKERS)
+        q->workers[q->n_workers++] = (struct kvb_query_worker){w, sc->block_size, sc->lora_salt};
+}
+
 static struct kvb_query_cfg query_cfg(const struct kvb_config *c)
 {
-    return (struct kvb_query_cfg){.worker_id = c->worker_id, .block_size = c->block_size,
-                                  .lora_salt = c->lora_salt};
+    struct kvb_query_cfg q = {.worker_id = c->worker_id, .block_size = c->block_size,
+                              .lora_salt = c->lora_salt};
+    for (size_t i = 0; i < c->n_sources; i++) { /* each source's worker(s) */
+        const struct kvb_source_cfg *sc = &c->sources[i];
+        if (!sc->n_topics)
+            add_worker(&q, sc->worker_id, sc);
+        for (size_t t = 0; t < sc->n_topics; t++)
+            add_worker(&q, sc->topics[t].worker_id, sc);
+    }
+    return q;
 }
 
 int kvb_residency_create(const struct kvb_config *c, struct kvb_metrics *m, int wake_fd,

@@ -25,6 +25,7 @@ struct stream {
     size_t topic_len;             /* the topic may hold NUL bytes */
     int peer_fd;                  /* bind mode: the connection it came on (ZMQ_SRCFD), or -1 */
     char name[MAX_TOPIC + 320];
+    struct kvb_worker_cfg w;      /* its worker: st.worker points here */
     struct kvb_stream st;
 };
 
@@ -54,7 +55,47 @@ struct kvb_source {
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
     struct kvb_zap *zap;      /* with zap_domain registered, or NULL */
     char zap_domain[KVB_ZAP_DOMAIN_MAX];
+    struct kvb_topic_cfg *topics; /* p.topics copied (issue 17); NULL when none */
+    struct kvb_worker_cfg worker; /* *p.worker copied; p.worker points here */
+    struct kvb_ratelimit rl_topics;
 };
+
+/* The worker_id of a batch on TOPIC (N bytes): its entry of the topics map;
+ * false when the source has a map that does not list it. */
+static bool topic_worker(const struct kvb_source *s, const void *topic, size_t n, uint64_t *id)
+{
+    if (!s->p.n_topics || !s->p.worker) {
+        *id = s->p.worker ? s->p.worker->worker_id : 0; /* (no worker: not read) */
+        return true;
+    }
+    for (size_t i = 0; i < s->p.n_topics; i++) {
+        const struct kvb_topic_cfg *t = &s->topics[i];
+        if (strlen(t->topic) == n && memcmp(t->topic, topic, n) == 0) {
+            *id = t->worker_id;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void stream_worker(const struct kvb_source *s, struct stream *st)
+{
+    if (!s->p.worker) {
+        st->st.worker = NULL; /* the pipeline's */
+        return;
+    }
+    st->w = *s->p.worker;
+    topic_worker(s, st->topic, st->topic_len, &st->w.worker_id); /* else: never read */
+    st->st.worker = &st->w;
+}
+
+void kvb_source_set_worker(struct kvb_source *s, const struct kvb_worker_cfg *w)
+{
+    s->worker = *w;
+    s->p.worker = &s->worker;
+    for (size_t i = 0; i < s->n_streams; i++)
+        stream_worker(s, s->streams[i]);
+}
 
 int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out)
 {
@@ -185,6 +226,22 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     s->zctx = zctx;
     s->m = m;
     s->rl_frames = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_topics = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->p.topics = NULL;
+    s->p.n_topics = 0;
+    if (p->n_topics && !(s->topics = calloc(p->n_topics, sizeof *s->topics)))
+        goto fail;
+    for (; s->p.n_topics < p->n_topics; s->p.n_topics++) {
+        struct kvb_topic_cfg *t = &s->topics[s->p.n_topics];
+        t->worker_id = p->topics[s->p.n_topics].worker_id;
+        if (!(t->topic = strdup(p->topics[s->p.n_topics].topic)))
+            goto fail;
+    }
+    s->p.topics = s->topics;
+    if (p->worker) {
+        s->worker = *p->worker;
+        s->p.worker = &s->worker;
+    }
     s->endpoint = strdup(p->endpoint);
     s->replay_endpoint = strdup(p->replay_endpoint ? p->replay_endpoint : "");
     s->topic = strdup(p->topic ? p->topic : "");
@@ -308,6 +365,9 @@ void kvb_source_destroy(struct kvb_source **ps)
     for (size_t i = 0; i < s->n_streams; i++)
         free(s->streams[i]);
     kvb_state_free(&s->resume);
+    for (size_t i = 0; s->topics && i < s->p.n_topics; i++)
+        free(s->topics[i].topic);
+    free(s->topics);
     free(s->endpoint);
     free(s->replay_endpoint);
     free(s->topic);
@@ -353,6 +413,7 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
     else
         snprintf(st->name, sizeof(st->name), "%s", s->name);
     kvb_stream_init(&st->st, st->name, s->p.dp_rank);
+    stream_worker(s, st);
     st->st.source = s->name;
     st->st.topic = st->topic;
     const struct kvb_state_stream *saved = kvb_state_find_stream(s->resume, s->name, st->topic);
@@ -600,6 +661,24 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
                        "%s: seq frame of %zu bytes (want 8): dropped", s->name,
                        zmq_msg_size(&f[1]));
+            close_frames(f, n, 3);
+            continue;
+        }
+        uint64_t wid;
+        if (!topic_worker(s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), &wid)) {
+            /* several engines on one SUB, told apart by their topic: a
+             * topic the map does not list has no worker, and none is guessed */
+            char t[65];
+            size_t tn = zmq_msg_size(&f[0]) < 64 ? zmq_msg_size(&f[0]) : 64;
+            for (size_t k = 0; k < tn; k++) { /* a peer's bytes: printable only */
+                char ch = ((const char *)zmq_msg_data(&f[0]))[k];
+                t[k] = ch >= 0x20 && ch < 0x7f ? ch : '?';
+            }
+            t[tn] = '\0';
+            kvb_inc(&s->m->malformed_messages_total[KVB_MAL_UNKNOWN_TOPIC]);
+            kvb_log_rl(&s->rl_topics, KVB_LOG_WARN, "source",
+                       "%s: batch on topic '%s', which sources[].topics does not list: "
+                       "dropped", s->name, t);
             close_frames(f, n, 3);
             continue;
         }

@@ -286,6 +286,8 @@ struct opts {
     uint64_t block_size;
     uint64_t cut_after;         /* --cut-after N:MS: test hook */
     long cut_ms;
+    bool has_worker;            /* --worker W: only that worker's events count */
+    uint64_t worker;
 };
 
 struct stats {
@@ -293,6 +295,7 @@ struct stats {
         orphans, unknown_removes, wrong, missing, badtok, indexed, blocks, envelopes, seqerr;
     /* --recover */
     uint64_t dumps, dump_blocks, events_asked, events_got, gone, skipped, query_errors;
+    uint64_t other_workers;     /* --worker: events of other workers, ignored */
 };
 
 struct tail {
@@ -783,6 +786,10 @@ static void recover_tail(struct tail *t)
 
 static void apply_rev(struct tail *t)
 {
+    if (t->o.has_worker && t->ev.worker != t->o.worker) {
+        t->st.other_workers++; /* another engine behind the same bridge */
+        return;
+    }
     switch (t->ev.kind) {
     case K_STORED:
         t->st.stored++;
@@ -1699,6 +1706,10 @@ static void usage(FILE *f)
 "  --tokens LIST         comma-separated token ids (--match)\n"
 "  --lora NAME           LoRA adapter name (--match)\n"
 "  --block-size N        when kvbridge's block_size is auto (--match)\n"
+"  --worker W            only router events of worker_id W are counted, checked and\n"
+"                        indexed (one engine's, when a bridge serves several: the\n"
+"                        record of --expect-record is that engine's); the others\n"
+"                        are ignored (other_workers= in the summary)\n"
 "  -h, --help            this text\n"
 "\n"
 "Prints each message on its own line on stdout (unless --quiet); at exit a summary\n"
@@ -1711,7 +1722,7 @@ static void usage(FILE *f)
 enum {
     OPT_SERVER = 256, OPT_SUBJECT, OPT_COUNT, OPT_TIMEOUT, OPT_QUIET, OPT_CHECK, OPT_OFFSET,
     OPT_INDEX, OPT_EXPECT, OPT_READY, OPT_PUBLISH, OPT_FORMAT, OPT_QUERY, OPT_RECOVER, OPT_PAIR,
-    OPT_CUT, OPT_DUMP, OPT_MATCH, OPT_TOKENS, OPT_LORA, OPT_BS,
+    OPT_CUT, OPT_DUMP, OPT_MATCH, OPT_TOKENS, OPT_LORA, OPT_BS, OPT_WORKER,
 };
 
 /* "W:R" -> a pair; false when malformed. */
@@ -1752,6 +1763,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { "tokens", required_argument, NULL, OPT_TOKENS },
         { "lora", required_argument, NULL, OPT_LORA },
         { "block-size", required_argument, NULL, OPT_BS },
+        { "worker", required_argument, NULL, OPT_WORKER },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -1831,6 +1843,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 return -EINVAL;
             }
             break;
+        case OPT_WORKER:
+            if (parse_u64(optarg, &o->worker)) {
+                fprintf(stderr, "kvtail: bad --worker '%s'\n", optarg);
+                return -EINVAL;
+            }
+            o->has_worker = true;
+            break;
         case 'h':
             usage(stdout);
             exit(0);
@@ -1870,6 +1889,9 @@ static void report(struct tail *t, int64_t dropped)
             "kvtail: summary: messages=%" PRIu64 " (stored=%" PRIu64 " with %" PRIu64
             " blocks, removed=%" PRIu64 ", cleared=%" PRIu64 ", bad=%" PRIu64 ")\n",
             s->messages, s->stored, s->blocks, s->removed, s->cleared, s->bad);
+    if (t->o.has_worker)
+        fprintf(stderr, "kvtail: worker %" PRIu64 " only: other_workers=%" PRIu64 "\n",
+                t->o.worker, s->other_workers);
     if (t->o.check)
         fprintf(stderr,
                 "kvtail: check: pairs=%zu holes=%" PRIu64 " (%" PRIu64 " ids) dups=%" PRIu64

@@ -1912,6 +1912,152 @@ START_TEST(test_engine_keys)
 }
 END_TEST
 
+
+/* ---- several engines, one kvbridge (issue 17) --------------------------- */
+
+START_TEST(test_worker_keys)
+{
+    /* a source's own keys; the others (absent or ~) take the top level's */
+    struct result r = load_text(
+        "worker_id: 5\nblock_size: 16\nlora_salt: false\nforward_tiers: [device, disk]\n"
+        "sources:\n"
+        "  - endpoint: tcp://127.0.0.1:5557\n"
+        "  - endpoint: tcp://127.0.0.1:5558\n    worker_id: 12\n    block_size: auto\n"
+        "    lora_salt: true\n    forward_tiers: [host_pinned]\n"
+        "  - endpoint: tcp://0.0.0.0:5559\n    mode: bind\n    worker_id: ~\n"
+        "    block_size: 32\n    topics: {\"kv@pod-a@llama\": 101, kv@pod-b@llama: 102}\n");
+    ck_assert_msg(r.rc == 0, "%s", r.errs);
+    const struct kvb_source_cfg *s = r.cfg->sources;
+    ck_assert_uint_eq(s[0].worker_id, 5);
+    ck_assert_uint_eq(s[0].block_size, 16);
+    ck_assert(!s[0].lora_salt);
+    ck_assert_uint_eq(s[0].forward_tiers, (1u << KVB_TIER_DEVICE) | (1u << KVB_TIER_DISK));
+    ck_assert_uint_eq(s[0].n_topics, 0);
+    ck_assert_uint_eq(s[1].worker_id, 12);
+    ck_assert_uint_eq(s[1].block_size, 0);
+    ck_assert(s[1].lora_salt);
+    ck_assert_uint_eq(s[1].forward_tiers, 1u << KVB_TIER_HOST_PINNED);
+    ck_assert_uint_eq(s[2].worker_id, 5);
+    ck_assert_uint_eq(s[2].block_size, 32);
+    ck_assert_uint_eq(s[2].n_topics, 2);
+    ck_assert_str_eq(s[2].topics[0].topic, "kv@pod-a@llama");
+    ck_assert_uint_eq(s[2].topics[0].worker_id, 101);
+    ck_assert_str_eq(s[2].topics[1].topic, "kv@pod-b@llama");
+    ck_assert_uint_eq(s[2].topics[1].worker_id, 102);
+    /* the worker keys are not how a source is opened */
+    struct kvb_source_cfg x = s[1];
+    x.worker_id = 99;
+    ck_assert(kvb_config_source_equal(&x, &s[1]));
+    ck_assert(!kvb_config_worker_equal(&x, &s[1]));
+    x = s[2];
+    x.n_topics = 1; /* the map is how streams are taken: a source key */
+    ck_assert(!kvb_config_source_equal(&x, &s[2]));
+    ck_assert(kvb_config_worker_equal(&x, &s[2]));
+    ck_assert(kvb_config_worker_equal(&s[2], &s[2]));
+    /* --check -v shows the effective values */
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    ck_assert_int_eq(kvb_config_write_effective(r.cfg, f), 0);
+    fclose(f);
+    ck_assert_msg(strstr(out, "sources[0].worker_id: 5\nsources[0].block_size: 16\n"
+                              "sources[0].lora_salt: false\n"
+                              "sources[0].forward_tiers: [device, disk]\n"
+                              "sources[0].topics: {}\n"), "%s", out);
+    ck_assert_msg(strstr(out, "sources[1].block_size: auto\n"), "%s", out);
+    ck_assert_msg(strstr(out, "sources[2].topics: {\"kv@pod-a@llama\": 101, "
+                              "\"kv@pod-b@llama\": 102}\n"), "%s", out);
+    free(out);
+    result_free(&r);
+
+    /* every source sets its own: the top level is not required, and takes
+     * the first source's values */
+    r = load_text("sources:\n  - {endpoint: 'inproc://a', worker_id: 7, block_size: 32}\n"
+                  "  - {endpoint: 'inproc://b', worker_id: 8, block_size: 16}\n");
+    ck_assert_msg(r.rc == 0, "%s", r.errs);
+    ck_assert_uint_eq(r.cfg->worker_id, 7);
+    ck_assert_uint_eq(r.cfg->block_size, 32);
+    ck_assert_uint_eq(r.cfg->sources[1].worker_id, 8);
+    result_free(&r);
+
+    /* ... but one that does not makes them required again */
+    r = load_text("sources:\n  - {endpoint: 'inproc://a', worker_id: 7, block_size: 32}\n"
+                  "  - {endpoint: 'inproc://b', block_size: 16}\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs, "T:1:1: missing required key 'worker_id'\n");
+    result_free(&r);
+
+    /* worker_id_file is the default of the sources that set none */
+    char path[32], text[300];
+    temp_file(path, "41\n", 3);
+    snprintf(text, sizeof text,
+             "worker_id_file: '%s'\nblock_size: 16\n"
+             "sources: [{endpoint: 'inproc://x'}, {endpoint: 'inproc://y', worker_id: 3}]\n",
+             path);
+    r = load_text(text);
+    ck_assert_msg(r.rc == 0, "%s", r.errs);
+    ck_assert_uint_eq(r.cfg->worker_id, 41);
+    ck_assert_uint_eq(r.cfg->sources[0].worker_id, 41);
+    ck_assert_uint_eq(r.cfg->sources[1].worker_id, 3);
+    result_free(&r);
+    unlink(path);
+}
+END_TEST
+
+START_TEST(test_topics_bad)
+{
+    struct result r = load_text(
+        "worker_id: 1\nblock_size: 16\nsources:\n"
+        "  - endpoint: 'inproc://a'\n"
+        "    topics: {\"\": 3, a: x, b: [1], a: 2, c: , d: -1}\n"
+        "  - {endpoint: 'inproc://b', topics: [a]}\n"
+        "  - {endpoint: 'inproc://c', topics: 5}\n"
+        "  - {endpoint: 'inproc://d', worker_id: -2, block_size: 0, lora_salt: yes,"
+        " forward_tiers: [gpu]}\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs,
+        "T:5:14: sources[0].topics: a topic must be a non-empty single value\n"
+        "T:5:24: sources[0].topics['a']: 'x' is not a decimal integer (expected "
+        "0..18446744073709551615)\n"
+        "T:5:30: sources[0].topics['b']: expected a worker id, found a list\n"
+        "T:5:35: sources[0].topics['a']: the topic is listed twice (first at 5:21)\n"
+        "T:5:44: sources[0].topics['c']: expected a worker id, found nothing\n"
+        "T:5:49: sources[0].topics['d']: '-1' is negative (expected "
+        "0..18446744073709551615)\n"
+        "T:6:38: sources[1].topics: expected a mapping of topics to worker ids "
+        "({\"kv@pod-a@llama\": 101}), found a list\n"
+        "T:7:38: sources[2].topics: expected a mapping of topics to worker ids "
+        "({\"kv@pod-a@llama\": 101}), found a single value\n"
+        "T:8:41: sources[3].worker_id: '-2' is negative (expected 0..18446744073709551615)\n"
+        "T:8:57: sources[3].block_size: 0 is out of range (expected 1..1048576 or \"auto\")\n"
+        "T:8:71: sources[3].lora_salt: 'yes' is not a boolean (expected true or false)\n"
+        "T:8:92: sources[3].forward_tiers[0]: 'gpu' is not a storage tier (expected device, "
+        "host_pinned, disk or external)\n");
+    result_free(&r);
+
+    /* at most 64 topics, of at most 255 bytes */
+    char *text = malloc(8192);
+    ck_assert(text != NULL);
+    int n = snprintf(text, 8192, "worker_id: 1\nblock_size: 16\nsources:\n"
+                                 "  - endpoint: 'inproc://a'\n    topics:\n");
+    for (int i = 0; i < 65; i++)
+        n += snprintf(text + n, 8192 - (size_t)n, "      t%d: %d\n", i, i);
+    r = load_text(text);
+    ck_assert_str_eq(r.errs, "T:6:7: sources[0].topics: too many topics (more than 64)\n");
+    result_free(&r);
+    n = snprintf(text, 8192, "worker_id: 1\nblock_size: 16\nsources:\n"
+                             "  - endpoint: 'inproc://a'\n    topics: {");
+    for (int i = 0; i < 256; i++)
+        text[n++] = 'x';
+    snprintf(text + n, 8192 - (size_t)n, ": 1}\n");
+    r = load_text(text);
+    ck_assert_msg(strstr(r.errs, "T:5:14: sources[0].topics['xxxx") &&
+                  strstr(r.errs, "...']: the topic is longer than 255 bytes\n"), "%s", r.errs);
+    result_free(&r);
+    free(text);
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -1956,6 +2102,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_multiline_secret_file);
     tcase_add_test(tc, test_write_effective);
     tcase_add_test(tc, test_engine_keys);
+    tcase_add_test(tc, test_worker_keys);
+    tcase_add_test(tc, test_topics_bad);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -282,6 +282,43 @@ START_TEST(dump_events_match)
 }
 END_TEST
 
+
+/* Several engines, one kvbridge: a match for a worker hashes with that
+ * worker's block_size and lora_salt (kvb_query_cfg.workers). */
+START_TEST(match_per_worker)
+{
+    struct loop l;
+    loop_start(&l, 5000);
+    struct kvb_query_cfg qc = {.worker_id = W, .block_size = 4, .lora_salt = true,
+                               .wait_ms = 5000, .n_workers = 1};
+    qc.workers[0] = (struct kvb_query_worker){8, 8, false};
+    kvb_query_set_config(l.q, &qc);
+    uint32_t tok[8];
+    for (uint32_t i = 0; i < 8; i++)
+        tok[i] = i;
+    struct kvb_block b = {201, kvb_tokens_hash(tok, 8, KVB_TOKENS_HASH_SEED)};
+    struct kvb_rev r = {.type = KVB_REVT_STORED, .worker_id = 8, .event_id = 0, .blocks = &b,
+                        .n = 1};
+    apply(&l, &r);
+    const char *ask8 = "{\"op\":\"match\",\"worker_id\":8,\"token_ids\":[0,1,2,3,4,5,6,7],"
+                       "\"lora_name\":\"adapter-a\"}"; /* worker 8: no LoRA salt */
+    struct kvb_query_answer *a = ask(&l, ask8);
+    int n;
+    char *text = all_lines(a, &n);
+    ck_assert_str_eq(text, "{\"matched_blocks\":{\"device\":1,\"host_pinned\":0,\"disk\":0,"
+                           "\"external\":0}}\n");
+    free(text);
+    kvb_query_answer_free(&a);
+    /* the same tokens in worker 7's 4-token blocks: other hashes */
+    a = ask(&l, "{\"op\":\"match\",\"worker_id\":7,\"token_ids\":[0,1,2,3,4,5,6,7]}");
+    text = all_lines(a, &n);
+    ck_assert_ptr_nonnull(strstr(text, "\"device\":0"));
+    free(text);
+    kvb_query_answer_free(&a);
+    loop_stop(&l);
+}
+END_TEST
+
 START_TEST(closed_and_slow_loop)
 {
     struct loop l;
@@ -317,6 +354,7 @@ static Suite *query_suite(void)
     tcase_add_test(tc, parse_json);
     tcase_add_test(tc, parse_params);
     tcase_add_test(tc, dump_events_match);
+    tcase_add_test(tc, match_per_worker);
     tcase_add_test(tc, closed_and_slow_loop);
     suite_add_tcase(s, tc);
     return s;
