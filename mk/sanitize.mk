@@ -42,9 +42,10 @@ ASAN_ENV_IT := ASAN_OPTIONS=$(ASAN_AOPT):log_path=$(CURDIR)/$(ASAN_RPT)/asan \
                UBSAN_OPTIONS=$(ASAN_UOPT):log_path=$(CURDIR)/$(ASAN_RPT)/ubsan
 
 # A few integration tests under ASan for CI (check-asan-unit): the daemon's
-# gap/replay path, SIGHUP reload, NATS through its I/O thread, HTTP metrics
+# gap/replay path, SIGHUP reload (with kept sources), NATS through its I/O
+# thread, HTTP metrics
 ASAN_SMOKE  ?= tests/integration/test_daemon_gaps.sh tests/integration/test_daemon_reload.sh \
-               tests/integration/test_ops_metrics.sh
+               tests/integration/test_daemon_reload_sources.sh tests/integration/test_ops_metrics.sh
 
 VG_B        := build/valgrind-bin
 # Integration tests not run under memcheck (kvbridge is 20-50x slower there):

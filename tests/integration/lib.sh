@@ -55,6 +55,13 @@ wait_log() { # wait_log FILE PATTERN [SECONDS]
   until grep -q -- "$2" "$1" 2>/dev/null; do [ $SECONDS -ge $end ] && return 1; sleep 0.05; done
 }
 
+wait_log_count() { # wait_log_count FILE PATTERN N [SECONDS]: N matching lines
+  local end=$((SECONDS + ${4:-10}))
+  until [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -ge "$3" ]; do
+    [ $SECONDS -ge $end ] && return 1; sleep 0.05
+  done
+}
+
 # start NAME CMD...: run in the background, output to $T/NAME.log; PID in $LAST_PID
 start() {
   local name=$1; shift

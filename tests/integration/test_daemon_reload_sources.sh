@@ -52,6 +52,18 @@ kill -HUP "$KVB_PID"
 if wait_log "$T/kvb.log" "reloaded $CFG" 10; then ok "log says reloaded"; else bad "no 'reloaded' in the log"; fi
 expect_eq "log: one source kept, one opened" "$(count_log "$T/kvb.log" '1 source(s) kept, 1 opened')" 1
 
+# A reload that keeps every source (only the log level changes), then one
+# more: the kept sources must not refer to the configuration the first one
+# freed (ASan runs this test: mk/sanitize.mk ASAN_SMOKE).
+printf 'log:\n  level: info\n' >>"$CFG"
+kill -HUP "$KVB_PID"
+wait_log_count "$T/kvb.log" "reloaded $CFG" 2 10 \
+  && ok "reload keeping every source" || bad "no second 'reloaded' in the log"
+write_cfg 200000
+kill -HUP "$KVB_PID"
+wait_log_count "$T/kvb.log" "reloaded $CFG" 3 10 \
+  && ok "a reload after it" || bad "no third 'reloaded' in the log"
+
 wait_pid "$SIM_PID" 30
 expect_eq "kvsim exit code" "$RC" 0
 wait_pid "$A_PID" 20
