@@ -14,8 +14,13 @@
  * globals.  One thread (the loop) owns a batcher.
  *
  * Ownership: kvb_mp_batcher_create() returns a batcher the caller frees with
- * kvb_mp_batcher_destroy(&b).  It owns two msgpack_sbuffers, grown to the
- * largest message seen and then only reset, never freed, between messages.
+ * kvb_mp_batcher_destroy(&b).  It owns one buffer, grown to the largest
+ * message seen and then only reset, never freed, between messages: the
+ * events are packed into it behind room left for the envelope head, so a
+ * message is emitted where it was packed (no copy).  The batcher packs from
+ * runs of keys pre-packed with msgpack-c at create, and per pair from the
+ * pieces that never change (worker_id, dp_rank, publisher_id), packed once;
+ * the result is byte for byte kvb_mp_pack_envelope() around kvb_mp_pack_rev().
  * The bytes handed to the emit callback (struct kvb_mp_msg .data) are valid
  * only during the callback: copy them to keep them.
  */
