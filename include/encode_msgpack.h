@@ -118,8 +118,8 @@ void kvb_mp_batcher_destroy(struct kvb_mp_batcher **b);
  * error. */
 int kvb_mp_batcher_add(struct kvb_mp_batcher *b, const struct kvb_rev *r, uint64_t now_ms);
 
-/* Emit the pending batch, if any (the end of each loop turn: at most one
- * message per engine batch and pair when events are few).  0 or as above. */
+/* Emit the pending batch, if any (the daemon: at the end of each engine
+ * batch, so one message per engine batch and pair when events are few).  0 or as above. */
 int kvb_mp_batcher_flush(struct kvb_mp_batcher *b, uint64_t now_ms);
 bool kvb_mp_batcher_pending(const struct kvb_mp_batcher *b);
 
