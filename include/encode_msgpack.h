@@ -99,7 +99,9 @@ struct kvb_mp_msg {
 };
 
 /* Returns 0, or a negative errno that kvb_mp_batcher_add/flush pass back (the
- * message counts as sent: its sequence number is used). */
+ * message counts as sent: its sequence number is used).  msg->data lies in
+ * the batcher's buffer: the callback must not call kvb_mp_batcher_add or
+ * _flush of the same batcher (copy the bytes first). */
 typedef int (*kvb_mp_emit_fn)(void *ctx, const struct kvb_mp_msg *msg);
 
 struct kvb_mp_batcher;
