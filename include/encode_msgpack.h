@@ -14,8 +14,13 @@
  * globals.  One thread (the loop) owns a batcher.
  *
  * Ownership: kvb_mp_batcher_create() returns a batcher the caller frees with
- * kvb_mp_batcher_destroy(&b).  It owns two msgpack_sbuffers, grown to the
- * largest message seen and then only reset, never freed, between messages.
+ * kvb_mp_batcher_destroy(&b).  It owns one buffer, grown to the largest
+ * message seen and then only reset, never freed, between messages: the
+ * events are packed into it behind room left for the envelope head, so a
+ * message is emitted where it was packed (no copy).  The batcher packs from
+ * runs of keys pre-packed with msgpack-c at create, and per pair from the
+ * pieces that never change (worker_id, dp_rank, publisher_id), packed once;
+ * the result is byte for byte kvb_mp_pack_envelope() around kvb_mp_pack_rev().
  * The bytes handed to the emit callback (struct kvb_mp_msg .data) are valid
  * only during the callback: copy them to keep them.
  */
@@ -94,7 +99,9 @@ struct kvb_mp_msg {
 };
 
 /* Returns 0, or a negative errno that kvb_mp_batcher_add/flush pass back (the
- * message counts as sent: its sequence number is used). */
+ * message counts as sent: its sequence number is used).  msg->data lies in
+ * the batcher's buffer: the callback must not call kvb_mp_batcher_add or
+ * _flush of the same batcher (copy the bytes first). */
 typedef int (*kvb_mp_emit_fn)(void *ctx, const struct kvb_mp_msg *msg);
 
 struct kvb_mp_batcher;
@@ -113,8 +120,8 @@ void kvb_mp_batcher_destroy(struct kvb_mp_batcher **b);
  * error. */
 int kvb_mp_batcher_add(struct kvb_mp_batcher *b, const struct kvb_rev *r, uint64_t now_ms);
 
-/* Emit the pending batch, if any (the end of each loop turn: at most one
- * message per engine batch and pair when events are few).  0 or as above. */
+/* Emit the pending batch, if any (the daemon: at the end of each engine
+ * batch, so one message per engine batch and pair when events are few).  0 or as above. */
 int kvb_mp_batcher_flush(struct kvb_mp_batcher *b, uint64_t now_ms);
 bool kvb_mp_batcher_pending(const struct kvb_mp_batcher *b);
 

@@ -4,7 +4,9 @@
  *                   nats.subject; JetStream: with Nats-Msg-Id
  *   dynamo-msgpack  the event-plane batcher (encode_msgpack.h): envelopes
  *                   of one (worker_id, dp_rank), cut at 128 events / 8192
- *                   blocks and at every kvb_output_flush(); the subject is
+ *                   blocks, at the end of every engine batch
+ *                   (kvb_output_cut(): one message per engine batch, as
+ *                   the engine sent it) and at every kvb_output_flush(); the subject is
  *                   nats.subject with each value percent-encoded
  *   raw             each engine batch unchanged (kvb_output_raw()), with
  *                   the headers KV-Seq, KV-Topic, KV-Source, KV-DP-Rank
@@ -66,6 +68,12 @@ struct kvb_raw_batch {
     uint64_t worker_id;  /* the stream's worker ({worker_id} of the subject) */
 };
 int kvb_output_raw(struct kvb_output *o, const struct kvb_raw_batch *b);
+
+/* An engine batch ended (the caller saw its router events): dynamo-msgpack
+ * sends the pending message, so that no message carries the events of two
+ * engine batches.  Other formats: nothing.  0; a failure as for
+ * kvb_output_event(). */
+int kvb_output_cut(struct kvb_output *o);
 
 /* Send what is batched (the end of every loop turn, and before a barrier,
  * a flush of the sink, a reload or the shutdown) and release held messages

@@ -253,8 +253,8 @@ static const struct opt opts[] = {
              "dynamo-msgpack and raw are refused with nats.jetstream.enabled."},
     {.key = "nats.batch", .type = T_BOOL, .off = TOP(nats.batch, bool), .def = "true",
      .help = "dynamo-msgpack: each message carries an array of RouterEvents of one "
-             "(worker_id, dp_rank), at most 128 events or 8192 blocks (routers from "
-             "mid 2026); false: one RouterEvent per message (the event plane's first "
+             "(worker_id, dp_rank) from one engine batch, at most 128 events or 8192 "
+             "blocks (routers from mid 2026); false: one RouterEvent per message (the event plane's first "
              "routers)."},
     {.key = "nats.residency_domain", .type = T_BOOL,
      .off = TOP(nats.residency_domain, bool), .def = "true",

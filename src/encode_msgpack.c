@@ -170,11 +170,210 @@ int kvb_mp_pack_active_load(msgpack_packer *pk, const struct kvb_active_load *l)
 
 /* ---- batcher ------------------------------------------------------------ */
 
+/* The batcher's output side.  Every byte is still msgpack-c's packer output:
+ *   - the constant runs of keys (and the fixed values between them) are
+ *     packed once, with msgpack-c, when the batcher is created (struct runs)
+ *     and appended as they are;
+ *   - the variable values (ids, hashes, array and bin headers, multimodal
+ *     objects) are packed per event by msgpack-c's packer, whose write
+ *     callback (buf_write) appends to one reusable buffer;
+ *   - the pending events are packed after HEAD_ROOM bytes left free at the
+ *     front of that buffer: the envelope head (and the payload's array
+ *     header) is packed into that room when the message is cut, so the
+ *     message is emitted from where its events already are, never copied.
+ * check_encode_msgpack.c holds this byte for byte to kvb_mp_pack_rev() and
+ * kvb_mp_pack_envelope_head(), the straightforward packers above. */
+
+struct mp_buf {
+    char *data;
+    size_t size, cap;
+};
+
+/* the envelope head: map5 + 5 keys (55 B) + 3 uint64 (27) + "kv-events"
+ * (10) + bin32 header (5), then the payload's array32 header (5): 102 */
+#define HEAD_ROOM 128u
+
+static int buf_grow(struct mp_buf *b, size_t need)
+{
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap - b->size < need) {
+        if (cap > SIZE_MAX / 2)
+            return -1;
+        cap *= 2;
+    }
+    char *n = realloc(b->data, cap);
+    if (!n)
+        return -1;
+    b->data = n;
+    b->cap = cap;
+    return 0;
+}
+
+/* msgpack_packer's write callback: msgpack-c hands over each piece (1, 2,
+ * 3, 5 or 9 bytes for headers and integers); the fixed sizes are inline
+ * copies, not calls to memcpy. */
+static int buf_write(void *data, const char *s, size_t len)
+{
+    struct mp_buf *b = data;
+    if (b->cap - b->size < len && buf_grow(b, len) < 0)
+        return -1;
+    char *d = b->data + b->size;
+    switch (len) {
+    case 1: d[0] = s[0]; break;
+    case 2: memcpy(d, s, 2); break;
+    case 3: memcpy(d, s, 3); break;
+    case 5: memcpy(d, s, 5); break;
+    case 9: memcpy(d, s, 9); break;
+    default: memcpy(d, s, len); break;
+    }
+    b->size += len;
+    return 0;
+}
+
+/* The envelope head's packer target: a fixed array (HEAD_ROOM bytes). */
+struct head_buf {
+    char b[HEAD_ROOM];
+    size_t n;
+};
+
+static int head_write(void *data, const char *s, size_t len)
+{
+    struct head_buf *h = data;
+    if (len > sizeof(h->b) - h->n)
+        return -1;
+    memcpy(h->b + h->n, s, len);
+    h->n += len;
+    return 0;
+}
+
+/* The pre-packed constant runs (offsets into struct runs .bytes). */
+enum run_id {
+    R_HEAD,                        /* map4|map3, "worker_id" */
+    R_MID,                         /* + tier: "storage_tier" <tier> ["residency_domain"
+                                      "worker"] "event" map3 "event_id"; one per tier,
+                                      the last one for a tier out of range ("device") */
+    R_STORED = R_MID + KVB_TIER__COUNT + 1, /* "data" map1 "stored" map3 "parent_hash" */
+    R_STORED_B,                    /* "start_position" nil "blocks" */
+    R_BLK_A,                       /* map3 "block_hash" */
+    R_BLK_B,                       /* "tokens_hash" */
+    R_BLK_C,                       /* "mm_extra_info" */
+    R_BLK_C_NIL,                   /* "mm_extra_info" nil */
+    R_REMOVED,                     /* "data" map1 "removed" map1 "block_hashes" */
+    R_CLEARED,                     /* "data" "cleared" */
+    R_TAIL,                        /* "dp_rank" */
+    R_ENV_A,                       /* map5 "publisher_id" */
+    R_ENV_B,                       /* "sequence" */
+    R_ENV_C,                       /* "published_at" */
+    R_ENV_D,                       /* "topic" "kv-events" "payload" */
+    R__COUNT
+};
+
+#define RUN_MAX 32u /* the longest run (R_REMOVED) is 28 bytes */
+
+struct runs {
+    char bytes[1024];
+    uint16_t off[R__COUNT], len[R__COUNT];
+};
+
+/* Pack the runs with msgpack-c into r->bytes. */
+static int build_runs(struct runs *r, bool residency_domain)
+{
+    struct head_buf tmp; /* reused per run */
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &tmp, head_write);
+    size_t used = 0;
+    for (int id = 0; id < R__COUNT; id++) {
+        tmp.n = 0;
+        switch (id) {
+        case R_HEAD:
+            P(msgpack_pack_map(&pk, residency_domain ? 4 : 3));
+            KEY(&pk, "worker_id");
+            break;
+        case R_STORED:
+            KEY(&pk, "data");
+            P(msgpack_pack_map(&pk, 1));
+            KEY(&pk, "stored");
+            P(msgpack_pack_map(&pk, 3));
+            KEY(&pk, "parent_hash");
+            break;
+        case R_STORED_B:
+            KEY(&pk, "start_position");
+            P(msgpack_pack_nil(&pk));
+            KEY(&pk, "blocks");
+            break;
+        case R_BLK_A:
+            P(msgpack_pack_map(&pk, 3));
+            KEY(&pk, "block_hash");
+            break;
+        case R_BLK_B: KEY(&pk, "tokens_hash"); break;
+        case R_BLK_C: KEY(&pk, "mm_extra_info"); break;
+        case R_BLK_C_NIL:
+            KEY(&pk, "mm_extra_info");
+            P(msgpack_pack_nil(&pk));
+            break;
+        case R_REMOVED:
+            KEY(&pk, "data");
+            P(msgpack_pack_map(&pk, 1));
+            KEY(&pk, "removed");
+            P(msgpack_pack_map(&pk, 1));
+            KEY(&pk, "block_hashes");
+            break;
+        case R_CLEARED:
+            KEY(&pk, "data");
+            KEY(&pk, "cleared");
+            break;
+        case R_TAIL: KEY(&pk, "dp_rank"); break;
+        case R_ENV_A:
+            P(msgpack_pack_map(&pk, 5));
+            KEY(&pk, "publisher_id");
+            break;
+        case R_ENV_B: KEY(&pk, "sequence"); break;
+        case R_ENV_C: KEY(&pk, "published_at"); break;
+        case R_ENV_D:
+            KEY(&pk, "topic");
+            P(str(&pk, KVB_MP_TOPIC_KV));
+            KEY(&pk, "payload");
+            break;
+        default: /* R_MID + tier */
+            KEY(&pk, "storage_tier");
+            P(str(&pk, kvb_tier_name(id - R_MID)));
+            if (residency_domain) {
+                KEY(&pk, "residency_domain");
+                KEY(&pk, "worker");
+            }
+            KEY(&pk, "event");
+            P(msgpack_pack_map(&pk, 3));
+            KEY(&pk, "event_id");
+            break;
+        }
+        /* append_run() copies RUN_MAX bytes of the runs it appends */
+        if ((id >= R_STORED && id <= R_TAIL && tmp.n > RUN_MAX) ||
+            tmp.n + RUN_MAX > sizeof(r->bytes) - used)
+            return -ENOMEM;
+        memcpy(r->bytes + used, tmp.b, tmp.n);
+        r->off[id] = (uint16_t)used;
+        r->len[id] = (uint16_t)tmp.n;
+        used += tmp.n;
+    }
+    return 0;
+}
+
+/* Per pair, what every event and message of the pair starts or ends with,
+ * packed by msgpack-c when first needed: pre = R_HEAD <worker_id>
+ * R_MID[pre_tier] (<= 11 + 9 + 65 bytes), tail = "dp_rank" <dp_rank>
+ * (<= 13), env = R_ENV_A <publisher_id> R_ENV_B (<= 32). */
+#define PRE_MAX 96u
+#define TAIL_MAX 16u
+#define ENV_MAX 40u
+#define PRE_NONE 0xffu
+
 struct pair_state {
     uint64_t worker_id;
     uint32_t dp_rank;
     uint64_t publisher_id;
     uint64_t next_seq;
+    uint8_t pre_tier, pre_len, tail_len, env_len; /* 0 / PRE_NONE: not packed yet */
+    char pre[PRE_MAX], tail[TAIL_MAX], env[ENV_MAX];
 };
 
 struct kvb_mp_batcher {
@@ -186,10 +385,9 @@ struct kvb_mp_batcher {
     struct pair_state *pairs; /* few: linear scan with a last-hit cache */
     size_t n_pairs, cap_pairs, last;
 
-    msgpack_sbuffer evbuf; /* the pending events, packed back to back */
-    msgpack_packer evpk;
-    msgpack_sbuffer envbuf; /* the message being emitted */
-    msgpack_packer envpk;
+    struct mp_buf ev;  /* HEAD_ROOM free bytes, then the pending events */
+    msgpack_packer pk; /* writes to ev */
+    struct runs runs;
 
     bool pending;
     size_t pend_pair; /* index into pairs */
@@ -221,10 +419,12 @@ int kvb_mp_batcher_create(const struct kvb_mp_batcher_cfg *cfg, kvb_mp_emit_fn e
     b->emit = emit;
     b->ctx = ctx;
     b->rng = cfg->seed;
-    msgpack_sbuffer_init(&b->evbuf);
-    msgpack_packer_init(&b->evpk, &b->evbuf, msgpack_sbuffer_write);
-    msgpack_sbuffer_init(&b->envbuf);
-    msgpack_packer_init(&b->envpk, &b->envbuf, msgpack_sbuffer_write);
+    if (build_runs(&b->runs, b->cfg.residency_domain) < 0 || buf_grow(&b->ev, HEAD_ROOM) < 0) {
+        kvb_mp_batcher_destroy(&b);
+        return -ENOMEM;
+    }
+    b->ev.size = HEAD_ROOM;
+    msgpack_packer_init(&b->pk, &b->ev, buf_write);
     *out = b;
     return 0;
 }
@@ -234,8 +434,7 @@ void kvb_mp_batcher_destroy(struct kvb_mp_batcher **pb)
     if (!pb || !*pb)
         return;
     struct kvb_mp_batcher *b = *pb;
-    msgpack_sbuffer_destroy(&b->evbuf);
-    msgpack_sbuffer_destroy(&b->envbuf);
+    free(b->ev.data);
     free(b->pairs);
     free(b);
     *pb = NULL;
@@ -278,7 +477,7 @@ static ptrdiff_t pair(struct kvb_mp_batcher *b, uint64_t worker, uint32_t rank)
     do
         id = splitmix64(&b->rng) & KVB_MP_PUBLISHER_MASK;
     while (id == 0 || publisher_taken(b, id));
-    b->pairs[b->n_pairs] = (struct pair_state){worker, rank, id, 0};
+    b->pairs[b->n_pairs] = (struct pair_state){worker, rank, id, 0, .pre_tier = PRE_NONE};
     b->last = b->n_pairs++;
     return (ptrdiff_t)b->last;
 }
@@ -303,10 +502,147 @@ int kvb_mp_batcher_set_publisher(struct kvb_mp_batcher *b, uint64_t worker_id,
     if (p->next_seq > 0 || (b->pending && b->pend_pair == (size_t)i))
         return -EEXIST;
     p->publisher_id = publisher_id & KVB_MP_PUBLISHER_MASK;
+    p->env_len = 0; /* packed again with the new id */
     return 0;
 }
 
-static uint32_t array_header_len(uint32_t n) { return n < 16 ? 1 : n < 65536 ? 3 : 5; }
+/* Append a run or a pair's cached bytes.  pack_event() reserved room for
+ * the event plus SLACK: the copies are fixed-size (inline moves, no call to
+ * memcpy), they may write past the bytes that count, which the next
+ * pieces overwrite. */
+#define SLACK 512u
+#define COPY_FIXED(b, src, fixed, n)                                                          \
+    do {                                                                                       \
+        memcpy((b)->ev.data + (b)->ev.size, (src), (fixed));                                   \
+        (b)->ev.size += (n);                                                                   \
+    } while (0)
+
+static inline void append_run(struct kvb_mp_batcher *b, int id)
+{
+    COPY_FIXED(b, b->runs.bytes + b->runs.off[id], RUN_MAX, b->runs.len[id]);
+}
+
+/* Bytes one event can take at most, besides SLACK (which covers the runs,
+ * the cached prefix and tail and the scalar values): per stored block map3
+ * + 3 keys + 2 uint64 (57) or per removed hash a uint64 (9), and the
+ * multimodal objects (27 each) with their headers. */
+static size_t event_bound(const struct kvb_rev *r)
+{
+    size_t n = SLACK + (size_t)r->n * 64;
+    if (r->type == KVB_REVT_STORED && r->n_mm)
+        n += (size_t)r->n * 24 + (size_t)r->n_mm * 32;
+    return n;
+}
+
+/* Pack a pair's cached pieces (struct pair_state) with msgpack-c. */
+static int pack_cached(struct kvb_mp_batcher *b, char *dst, size_t max, uint8_t *len,
+                       int run_a, uint64_t v, int run_b)
+{
+    struct head_buf h = {.n = 0};
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &h, head_write);
+    P(head_write(&h, b->runs.bytes + b->runs.off[run_a], b->runs.len[run_a]));
+    P(msgpack_pack_uint64(&pk, v));
+    if (run_b >= 0)
+        P(head_write(&h, b->runs.bytes + b->runs.off[run_b], b->runs.len[run_b]));
+    if (h.n > max)
+        return -ENOMEM;
+    memcpy(dst, h.b, h.n);
+    *len = (uint8_t)h.n;
+    return 0;
+}
+
+static int pack_pair_pieces(struct kvb_mp_batcher *b, struct pair_state *p, unsigned tier)
+{
+    if (p->pre_tier != tier) {
+        P(pack_cached(b, p->pre, sizeof(p->pre), &p->pre_len, R_HEAD, p->worker_id,
+                      R_MID + (int)tier));
+        p->pre_tier = (uint8_t)tier;
+    }
+    if (!p->tail_len)
+        P(pack_cached(b, p->tail, sizeof(p->tail), &p->tail_len, R_TAIL, p->dp_rank, -1));
+    return 0;
+}
+
+/* One RouterEvent of pair p appended to b->ev: kvb_mp_pack_rev()'s bytes,
+ * from the pre-packed runs, the pair's cached pieces and msgpack-c's
+ * packer.  0 or -ENOMEM. */
+static int pack_event(struct kvb_mp_batcher *b, struct pair_state *p, const struct kvb_rev *r)
+{
+    msgpack_packer *pk = &b->pk;
+    unsigned tier = r->tier < KVB_TIER__COUNT ? r->tier : KVB_TIER__COUNT;
+    if (p->pre_tier != tier || !p->tail_len)
+        P(pack_pair_pieces(b, p, tier));
+    if (b->ev.cap - b->ev.size < event_bound(r) && buf_grow(&b->ev, event_bound(r)) < 0)
+        return -ENOMEM;
+    COPY_FIXED(b, p->pre, PRE_MAX, p->pre_len);
+    P(msgpack_pack_uint64(pk, r->event_id));
+    switch (r->type) {
+    case KVB_REVT_STORED:
+        append_run(b, R_STORED);
+        P(r->has_parent ? msgpack_pack_uint64(pk, r->parent) : msgpack_pack_nil(pk));
+        append_run(b, R_STORED_B);
+        P(msgpack_pack_array(pk, r->n));
+        for (uint32_t i = 0; i < r->n; i++) {
+            if (b->ev.cap - b->ev.size < SLACK && buf_grow(&b->ev, SLACK) < 0)
+                return -ENOMEM; /* a multimodal block took more than its share */
+            append_run(b, R_BLK_A);
+            P(msgpack_pack_uint64(pk, r->blocks[i].block_hash));
+            append_run(b, R_BLK_B);
+            P(msgpack_pack_uint64(pk, r->blocks[i].tokens_hash));
+            if (!r->n_mm || r->mm_off[i + 1] == r->mm_off[i]) {
+                append_run(b, R_BLK_C_NIL);
+                continue;
+            }
+            append_run(b, R_BLK_C);
+            if (pack_mm_extra_info(pk, r, i) < 0)
+                return -ENOMEM;
+        }
+        break;
+    case KVB_REVT_REMOVED:
+        append_run(b, R_REMOVED);
+        P(msgpack_pack_array(pk, r->n));
+        for (uint32_t i = 0; i < r->n; i++)
+            P(msgpack_pack_uint64(pk, r->hashes[i]));
+        break;
+    default:
+        append_run(b, R_CLEARED);
+        break;
+    }
+    if (b->ev.cap - b->ev.size < TAIL_MAX && buf_grow(&b->ev, TAIL_MAX) < 0)
+        return -ENOMEM;
+    COPY_FIXED(b, p->tail, TAIL_MAX, p->tail_len);
+    return 0;
+}
+
+/* The envelope head (and the payload's array header when batching) as
+ * kvb_mp_pack_envelope_head() packs it, into h. */
+static int pack_head(struct kvb_mp_batcher *b, struct head_buf *h, struct pair_state *p,
+                     uint64_t now_ms, size_t events_len)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, h, head_write);
+    h->n = 0;
+    if (!p->env_len)
+        P(pack_cached(b, p->env, sizeof(p->env), &p->env_len, R_ENV_A, p->publisher_id,
+                      R_ENV_B));
+    size_t arr = 0;
+    if (b->cfg.batch) /* the array header, packed apart to learn its length */
+        arr = b->pend_events < 16 ? 1 : b->pend_events < 65536 ? 3 : 5;
+    if (events_len + arr > UINT32_MAX)
+        return -EMSGSIZE;
+#define RUN(id) P(head_write(h, b->runs.bytes + b->runs.off[id], b->runs.len[id]))
+    P(head_write(h, p->env, p->env_len));
+    P(msgpack_pack_uint64(&pk, p->next_seq));
+    RUN(R_ENV_C);
+    P(msgpack_pack_uint64(&pk, now_ms));
+    RUN(R_ENV_D);
+#undef RUN
+    P(msgpack_pack_bin(&pk, events_len + arr));
+    if (b->cfg.batch)
+        P(msgpack_pack_array(&pk, b->pend_events));
+    return 0;
+}
 
 /* Wrap the pending events into an envelope and hand it to emit. */
 static int emit_pending(struct kvb_mp_batcher *b, uint64_t now_ms)
@@ -314,15 +650,11 @@ static int emit_pending(struct kvb_mp_batcher *b, uint64_t now_ms)
     if (!b->pending)
         return 0;
     struct pair_state *p = &b->pairs[b->pend_pair];
-    size_t hdr = b->cfg.batch ? array_header_len(b->pend_events) : 0;
-    size_t plen = hdr + b->evbuf.size;
-    msgpack_sbuffer_clear(&b->envbuf);
-    int rc = kvb_mp_pack_envelope_head(&b->envpk, p->publisher_id, p->next_seq, now_ms,
-                                       KVB_MP_TOPIC_KV, plen);
-    if (rc == 0 && b->cfg.batch && msgpack_pack_array(&b->envpk, b->pend_events) != 0)
-        rc = -ENOMEM;
-    if (rc == 0 && msgpack_sbuffer_write(&b->envbuf, b->evbuf.data, b->evbuf.size) != 0)
-        rc = -ENOMEM;
+    struct head_buf h;
+    int rc = pack_head(b, &h, p, now_ms, b->ev.size - HEAD_ROOM);
+    char *start = b->ev.data + HEAD_ROOM - h.n;
+    if (rc == 0)
+        memcpy(start, h.b, h.n); /* right in front of the events */
     struct kvb_mp_msg msg = {
         .worker_id = p->worker_id,
         .dp_rank = p->dp_rank,
@@ -332,12 +664,12 @@ static int emit_pending(struct kvb_mp_batcher *b, uint64_t now_ms)
         .n_blocks = b->pend_blocks,
         .first_event_id = b->pend_first_id,
         .last_event_id = b->pend_last_id,
-        .data = b->envbuf.data,
-        .len = b->envbuf.size,
+        .data = start,
+        .len = b->ev.size - (HEAD_ROOM - h.n),
     };
     b->pending = false;
     b->pend_events = b->pend_blocks = 0;
-    msgpack_sbuffer_clear(&b->evbuf);
+    b->ev.size = HEAD_ROOM; /* the bytes stay valid during the callback */
     if (rc < 0)
         return rc; /* nothing went out: the sequence number stays free */
     p->next_seq++;
@@ -365,9 +697,9 @@ int kvb_mp_batcher_add(struct kvb_mp_batcher *b, const struct kvb_rev *r, uint64
     ptrdiff_t i = pair(b, r->worker_id, r->dp_rank);
     if (i < 0)
         return -ENOSPC;
-    size_t mark = b->evbuf.size;
-    if ((rc = kvb_mp_pack_rev(&b->evpk, r, b->cfg.residency_domain)) < 0) {
-        b->evbuf.size = mark; /* roll back the partial event */
+    size_t mark = b->ev.size;
+    if ((rc = pack_event(b, &b->pairs[i], r)) < 0) {
+        b->ev.size = mark; /* roll back the partial event */
         return rc;
     }
     if (!b->pending) {

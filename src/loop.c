@@ -62,6 +62,7 @@ struct kvb_daemon {
     uint64_t heartbeat_ms;   /* loop wake-up period */
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
+    uint64_t emit_serial;    /* the engine batch emit() saw last (kvb_batch_info) */
     bool paused;             /* backpressure: NATS buffer too full to read more */
     bool barrier_due;        /* router events were lost on the NATS side */
     uint64_t losses_seen;    /* kvb_sink_losses() already answered with a barrier */
@@ -78,6 +79,13 @@ struct kvb_daemon {
 static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
 {
     struct kvb_daemon *d = ctx;
+    /* dynamo-msgpack: one message per engine batch (the pipeline counts
+     * the batches it applies; barriers join the message they follow) */
+    uint64_t serial = kvb_pipeline_last_batch(d->pipe)->serial;
+    if (serial != d->emit_serial) {
+        d->emit_serial = serial;
+        kvb_output_cut(d->out);
+    }
     int rc = kvb_output_event(d->out, rev, data, len); /* a failure: kvb_output_take_loss() */
     /* The mirror is full: "cleared" for the pair (it comes back here). */
     if (kvb_residency_apply(d->res, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED)

@@ -262,6 +262,17 @@ int kvb_output_raw(struct kvb_output *o, const struct kvb_raw_batch *b)
     return 0;
 }
 
+int kvb_output_cut(struct kvb_output *o)
+{
+    if (o->mp && kvb_mp_batcher_pending(o->mp)) {
+        /* published_at: the clock read when the message's first event came */
+        int rc = kvb_mp_batcher_flush(o->mp, o->now_ms);
+        if (rc < 0)
+            failed(o, rc, "batch", 0, 0);
+    }
+    return 0;
+}
+
 int kvb_output_flush(struct kvb_output *o)
 {
     if (o->mp) {

@@ -228,7 +228,7 @@ static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream 
         rc = 0;
     } else {
         rc = kvb_pipeline_live(p, s, seq, buf, len);
-        if (rc >= 0 && o->mp) /* the daemon cuts a message at the end of a loop turn */
+        if (rc >= 0 && o->mp) /* the daemon cuts a message at the end of each engine batch */
             rc = kvb_mp_batcher_flush(o->mp, 0);
         if (rc < 0)
             fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));

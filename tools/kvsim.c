@@ -56,6 +56,7 @@
 #define CPU_CAP       512  /* CPU-tier blocks (realistic) */
 #define G1_CAP        256  /* group-1 blocks (realistic) */
 #define DECODE_KEEP   64   /* decode: remove the block stored this many batches ago */
+#define CHAIN_KEEP    512  /* multimodal, eagle: remove the block stored this many blocks ago */
 #define PREFILL_BLOCKS 32
 #define FLUSH_MS      2000 /* at exit, time given to queued messages (ZMQ_LINGER) */
 
@@ -258,6 +259,14 @@ struct ev {
     int lora;           /* 0 = none, else index in lora_names */
     enum medium medium;
     int group;
+    /* --workload multimodal: extra_keys regenerated from mm_seed
+     * (mm_block_items()); ns: 1 + index into cache_namespaces when the
+     * request's block 0 carries a cache salt */
+    bool mm;
+    uint64_t mm_seed;
+    int ns;
+    /* --workload eagle: nh * bs + 1 flat tokens, sent as nh * bs bigrams */
+    bool eagle;
 };
 
 struct batch {
@@ -318,7 +327,7 @@ static uint32_t *batch_tokens(struct batch *b, size_t n)
 
 enum encoding { ENC_POSITIONAL, ENC_MAP };
 enum hashkind { HASH_UINT, HASH_INT, HASH_BIN };
-enum workload { WL_REALISTIC, WL_DECODE, WL_PREFILL };
+enum workload { WL_REALISTIC, WL_DECODE, WL_PREFILL, WL_MULTIMODAL, WL_EAGLE };
 
 enum engine_kind { EK_VLLM, EK_SGLANG };
 
@@ -384,10 +393,11 @@ struct gen {
     struct active act[NACTIVE];
     struct fifoset cpu, g1;
     /* decode: recent chain */
-    uint64_t ring[DECODE_KEEP];
+    uint64_t ring[CHAIN_KEEP]; /* decode uses DECODE_KEEP of them */
     size_t ring_n, ring_head;
     uint64_t last;
     bool has_last;
+    int cur_lora;       /* multimodal: the current request's LoRA */
 };
 
 struct rbent {
@@ -429,6 +439,7 @@ struct sim {
     uint64_t lora_tokens_seed[NLORA + 1];
     uint32_t *chain_tok;        /* MAX_CHAIN * bs */
     unsigned char *lebuf;       /* 4 * bs */
+    unsigned char *orbuf;       /* the oracle's: 4 * (bs + 1) + 8 * MM_MAX_ITEMS */
 };
 
 static void track_usage(const struct sim *s, struct rank *r);
@@ -585,6 +596,161 @@ static void gen_prefill(struct sim *s, struct rank *r)
     for (size_t i = 0; i < PREFILL_BLOCKS; i++)
         h[i] = block_hash(i ? h[i - 1] : 0, i > 0, tok + i * bs, bs, 0);
     b->ev[ei].nh = PREFILL_BLOCKS;
+}
+
+/* ------------------------------------ generators: multimodal and eagle */
+
+/* --workload multimodal (vLLM with images) and eagle (SGLang with EAGLE
+ * speculative decoding): each batch one BlockStored of 1-3 blocks that
+ * continues the current request's chain (or starts a new request, 1 in 4),
+ * then one BlockRemoved of the blocks stored CHAIN_KEEP blocks earlier.
+ * multimodal: every block has an extra_keys entry (mm_block_items()): the
+ * LoRA name, multimodal identifiers in every shape vLLM has sent, a cache
+ * salt in a request's block 0, prompt-embedding digests, or nil.
+ * eagle: token_ids are bigrams [[t0,t1],[t1,t2],...]: nh * bs pairs for nh
+ * blocks (docs/hash-rules.md section 3). */
+
+#define MM_MAX_ITEMS 8
+static const char *const cache_namespaces[2] = { "tenant-a", "tenant-b" };
+#define SALT_PREFIX "dynamo-cache-salt:"
+
+enum mm_kind { MMI_LORA, MMI_HEX, MMI_HEX_OFF, MMI_OPAQUE_OFF, MMI_SALT, MMI_BIN, MMI_NOTE };
+
+struct mm_item {
+    enum mm_kind kind;
+    char str[96];
+    int64_t off;
+};
+
+/* Block i's extra_keys entry of event e, in vLLM's order (LoRA name, mm
+ * identifiers, cache salt, prompt-embedding digests): the number of items,
+ * or -1 for a nil entry.  Deterministic in (e->mm_seed, i), so that the
+ * encoder and the record see the same items. */
+static int mm_block_items(const struct ev *e, size_t i, struct mm_item *it)
+{
+    uint64_t rng = mix64(e->mm_seed + 0x6d6d000000ULL + i);
+    bool salt = i == 0 && e->ns;
+    int n = 0;
+
+    if (!e->lora && !salt && rnd_below(&rng, 5) == 0)
+        return -1;
+    if (e->lora) {
+        it[n].kind = MMI_LORA;
+        snprintf(it[n].str, sizeof it[n].str, "%s", lora_names[e->lora]);
+        n++;
+    }
+    /* an image that runs through the event's blocks: the same identifier,
+     * its offset relative to the block's first token (negative when it
+     * started in an earlier block) */
+    if (mix64(e->mm_seed) & 1) {
+        uint64_t id = mix64(e->mm_seed ^ 0x696d67ULL);
+        it[n].kind = (mix64(e->mm_seed) >> 1) & 1 ? MMI_HEX_OFF : MMI_OPAQUE_OFF;
+        if (it[n].kind == MMI_HEX_OFF)
+            snprintf(it[n].str, sizeof it[n].str, "%016" PRIx64 "%016" PRIx64 "%016" PRIx64
+                     "%016" PRIx64, id, mix64(id + 1), mix64(id + 2), mix64(id + 3));
+        else
+            snprintf(it[n].str, sizeof it[n].str, "opaque-image-%" PRIu64, id % 100000);
+        it[n].off = 5 - (int64_t)i * 16;
+        n++;
+    }
+    for (uint32_t k = rnd_below(&rng, 3); k > 0; k--) {
+        uint64_t id = rnd(&rng);
+        switch (rnd_below(&rng, 3)) {
+        case 0: /* vLLM <= 0.18: a bare sha256 hex digest */
+            it[n].kind = MMI_HEX;
+            break;
+        case 1: /* vLLM >= 0.19: [identifier, offset] */
+            it[n].kind = MMI_HEX_OFF;
+            break;
+        default: /* an identifier that is not a hex digest: hashed */
+            it[n].kind = MMI_OPAQUE_OFF;
+            break;
+        }
+        if (it[n].kind == MMI_OPAQUE_OFF)
+            snprintf(it[n].str, sizeof it[n].str, "opaque-image-%" PRIu64, id % 100000);
+        else
+            snprintf(it[n].str, sizeof it[n].str, "%016" PRIx64 "%016" PRIx64 "%016" PRIx64
+                     "%016" PRIx64, id, mix64(id + 1), mix64(id + 2), mix64(id + 3));
+        it[n].off = (int64_t)rnd_below(&rng, 16);
+        n++;
+    }
+    if (salt) {
+        it[n].kind = MMI_SALT;
+        snprintf(it[n].str, sizeof it[n].str, SALT_PREFIX "%s", cache_namespaces[e->ns - 1]);
+        n++;
+    }
+    switch (rnd_below(&rng, 6)) {
+    case 0: /* a prompt-embedding digest */
+        it[n].kind = MMI_BIN;
+        snprintf(it[n].str, sizeof it[n].str, "%016" PRIx64 "%016" PRIx64, rnd(&rng),
+                 rnd(&rng));
+        n++;
+        break;
+    case 1: /* a bare string that is neither a digest nor tagged: nothing */
+        it[n].kind = MMI_NOTE;
+        snprintf(it[n].str, sizeof it[n].str, "note-%u", rnd_below(&rng, 100));
+        n++;
+        break;
+    default: break;
+    }
+    return n;
+}
+
+static void gen_chain(struct sim *s, struct rank *r)
+{
+    struct gen *g = &r->g;
+    struct batch *b = &r->b;
+    unsigned bs = s->o.bs;
+    bool eagle = s->o.wl == WL_EAGLE;
+    size_t nb = 1 + rnd_below(&g->rng, 3);
+    bool fresh = !g->has_last || rnd_below(&g->rng, 4) == 0;
+    size_t ei = batch_ev(b, EV_STORED);
+    size_t t_off = b->ntok, h_off = b->nh;
+    size_t ntok = nb * bs + (eagle ? 1 : 0);
+    struct ev *e;
+
+    random_tokens(&g->rng, batch_tokens(b, ntok), ntok);
+    batch_hashes(b, nb);
+    e = &b->ev[ei];
+    e->nh = nb;
+    e->has_parent = !fresh;
+    e->parent = g->last;
+    e->eagle = eagle;
+    if (!eagle) {
+        if (fresh)
+            g->cur_lora = rnd_below(&g->rng, 3) == 0 ? 1 + (int)rnd_below(&g->rng, NLORA) : 0;
+        e->mm = true;
+        e->mm_seed = rnd(&g->rng);
+        e->lora = g->cur_lora;
+        e->ns = fresh && rnd_below(&g->rng, 2) == 0 ? 1 + (int)rnd_below(&g->rng, 2) : 0;
+    }
+    for (size_t i = 0; i < nb; i++) {
+        uint64_t parent = i ? b->h[h_off + i - 1] : g->last;
+        bool hp = i ? true : e->has_parent;
+        b->h[h_off + i] = block_hash(parent, hp, b->tok + t_off + i * bs, bs, e->lora) ^
+                          (e->mm ? mix64(e->mm_seed + i) : 0);
+    }
+    g->last = b->h[h_off + nb - 1];
+    g->has_last = true;
+
+    uint64_t rm[3];
+    size_t nrm = 0;
+    for (size_t i = 0; i < nb; i++) {
+        uint64_t h = b->h[h_off + i];
+        if (g->ring_n == CHAIN_KEEP) {
+            rm[nrm++] = g->ring[g->ring_head];
+            g->ring[g->ring_head] = h;
+            g->ring_head = (g->ring_head + 1) % CHAIN_KEEP;
+        } else {
+            g->ring[(g->ring_head + g->ring_n) % CHAIN_KEEP] = h;
+            g->ring_n++;
+        }
+    }
+    if (nrm) {
+        size_t ri = batch_ev(b, EV_REMOVED);
+        memcpy(batch_hashes(b, nrm), rm, nrm * sizeof *rm);
+        b->ev[ri].nh = nrm;
+    }
 }
 
 /* -------------------------------------------------- generator: realistic */
@@ -936,12 +1102,52 @@ static void pack_tokens(const struct sim *s, msgpack_packer *pk, const struct ba
 {
     size_t n = e->nh * s->o.bs;
     msgpack_pack_array(pk, n);
+    if (e->eagle) { /* bigrams: pair k = (t_k, t_k+1) */
+        for (size_t i = 0; i < n; i++) {
+            msgpack_pack_array(pk, 2);
+            msgpack_pack_uint32(pk, b->tok[e->t_off + i]);
+            msgpack_pack_uint32(pk, b->tok[e->t_off + i + 1]);
+        }
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         msgpack_pack_uint32(pk, b->tok[e->t_off + i]);
 }
 
+static void pack_mm_item(msgpack_packer *pk, const struct mm_item *it)
+{
+    switch (it->kind) {
+    case MMI_HEX_OFF:
+    case MMI_OPAQUE_OFF:
+        msgpack_pack_array(pk, 2);
+        pack_cstr(pk, it->str);
+        msgpack_pack_int64(pk, it->off);
+        break;
+    case MMI_BIN:
+        msgpack_pack_bin(pk, strlen(it->str));
+        msgpack_pack_bin_body(pk, it->str, strlen(it->str));
+        break;
+    default: pack_cstr(pk, it->str); break;
+    }
+}
+
 static void pack_extra_keys(msgpack_packer *pk, const struct ev *e)
 {
+    if (e->mm) {
+        struct mm_item it[MM_MAX_ITEMS];
+        msgpack_pack_array(pk, e->nh);
+        for (size_t i = 0; i < e->nh; i++) {
+            int n = mm_block_items(e, i, it);
+            if (n < 0) {
+                msgpack_pack_nil(pk);
+                continue;
+            }
+            msgpack_pack_array(pk, (size_t)n);
+            for (int k = 0; k < n; k++)
+                pack_mm_item(pk, &it[k]);
+        }
+        return;
+    }
     if (!e->lora) {
         msgpack_pack_nil(pk);
         return;
@@ -1056,7 +1262,7 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
         return;
     }
     {
-        bool with_extra = big || e->lora, with_window = big || e->group;
+        bool with_extra = big || e->lora || e->mm, with_window = big || e->group;
         size_t n = 1 + 7 + (with_extra ? 1 : 0) + 2 + (with_window ? 1 : 0) + (big ? 4 : 1);
         msgpack_pack_map(pk, n);   /* 16 entries when big: map16 header */
         if (!type_last) {
@@ -1144,6 +1350,157 @@ static uint64_t tokens_hash(struct sim *s, const uint32_t *tok, int lora)
     return XXH3_64bits_withSeed(s->lebuf, 4 * (size_t)bs, s->lora_tokens_seed[lora]);
 }
 
+/* The router's tokens_hash of block i of a multimodal or EAGLE event,
+ * computed here from the rules of docs/hash-rules.md (the test oracle:
+ * nothing from src/): seed 1337 + XXH3(lora_name, 0) + XXH3(namespace, 1);
+ * the block's tokens (bs, or bs + 1 for EAGLE) as u32-LE, then its
+ * multimodal hashes sorted ascending as u64-LE. */
+static uint64_t mm_item_hash(const struct mm_item *it, const char *lora, bool *has)
+{
+    size_t n = strlen(it->str);
+    bool hex64 = n == 64 && strspn(it->str, "0123456789abcdefABCDEF") == 64;
+    bool pair = it->kind == MMI_HEX_OFF || it->kind == MMI_OPAQUE_OFF;
+    char first[17];
+
+    *has = false;
+    if (it->kind == MMI_BIN)
+        return 0; /* bin: nothing */
+    if (!pair && (!hex64 || (lora && !strcmp(it->str, lora))))
+        return 0; /* bare: the LoRA name, a salt, anything but a digest */
+    if (hex64) { /* bare or [identifier, int]: the first 16 hex digits */
+        memcpy(first, it->str, 16);
+        first[16] = '\0';
+        *has = true;
+        return strtoull(first, NULL, 16);
+    }
+    if (n == 0)
+        return 0;
+    *has = true; /* [identifier, int], another identifier: hashed */
+    return XXH3_64bits_withSeed(it->str, n, 0);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The rule on explicit inputs: ntok tokens, the LoRA name (or NULL), block
+ * 0's extra_keys items (n0 < 0: nil; the namespace), the block's own items. */
+static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok,
+                            const char *lora, const struct mm_item *first, int n0,
+                            const struct mm_item *it, int n)
+{
+    uint64_t seed = TOKENS_SEED, mm[MM_MAX_ITEMS];
+    size_t nmm = 0, len = 0;
+
+    if (lora && *lora)
+        seed += XXH3_64bits_withSeed(lora, strlen(lora), 0);
+    /* the namespace: block 0's first bare string tagged dynamo-cache-salt:
+     * (one item equal to the LoRA name skipped first: never the salt here) */
+    for (int k = 0; k < n0; k++) {
+        if (first[k].kind == MMI_HEX_OFF || first[k].kind == MMI_OPAQUE_OFF ||
+            first[k].kind == MMI_BIN)
+            continue;
+        if (!strncmp(first[k].str, SALT_PREFIX, strlen(SALT_PREFIX))) {
+            const char *ns = first[k].str + strlen(SALT_PREFIX);
+            if (*ns)
+                seed += XXH3_64bits_withSeed(ns, strlen(ns), 1);
+            break;
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        bool has;
+        uint64_t h = mm_item_hash(&it[k], lora, &has);
+        if (has)
+            mm[nmm++] = h;
+    }
+    qsort(mm, nmm, sizeof *mm, cmp_u64);
+    for (size_t k = 0; k < ntok; k++)
+        for (int j = 0; j < 4; j++)
+            buf[len++] = (unsigned char)(tok[k] >> (8 * j));
+    for (size_t k = 0; k < nmm; k++)
+        for (int j = 0; j < 8; j++)
+            buf[len++] = (unsigned char)(mm[k] >> (8 * j));
+    return XXH3_64bits_withSeed(buf, len, seed);
+}
+
+static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const struct ev *e,
+                                   size_t i)
+{
+    struct mm_item it[MM_MAX_ITEMS], first[MM_MAX_ITEMS];
+    int n = 0, n0 = 0;
+
+    if (e->mm) {
+        n = mm_block_items(e, i, it);
+        n0 = mm_block_items(e, 0, first);
+    }
+    return oracle_hash(s->orbuf, b->tok + e->t_off + i * s->o.bs, s->o.bs + (e->eagle ? 1 : 0),
+                       e->lora ? lora_names[e->lora] : NULL, first, n0, it, n);
+}
+
+/* --oracle-selftest: the known answers of docs/hash-rules.md (computed there
+ * with python3-xxhash), through oracle_hash(). */
+static int oracle_selftest(void)
+{
+    static const uint32_t qwen[17] = { 151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30,
+                                       151645, 198, 151644, 77091, 198, 151667, 1000 };
+    /* sha256("image-1"), sha256("image-2") */
+    static const char img1[] = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
+    static const char img2[] = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";
+    struct mm_item a[3] = { 0 }, salt = { .kind = MMI_SALT };
+    unsigned char buf[4 * 17 + 8 * MM_MAX_ITEMS];
+    uint32_t eag[33];
+    int bad = 0;
+
+    snprintf(salt.str, sizeof salt.str, SALT_PREFIX "tenant-a");
+#define EXPECT(what, got, want)                                                                \
+    do {                                                                                       \
+        uint64_t g_ = (got);                                                                   \
+        if (g_ != (want)) {                                                                    \
+            fprintf(stderr, "kvsim: oracle %s: %" PRIu64 ", want %" PRIu64 "\n", what, g_,      \
+                    (uint64_t)(want));                                                         \
+            bad++;                                                                             \
+        }                                                                                      \
+    } while (0)
+    EXPECT("no salt", oracle_hash(buf, qwen, 16, NULL, NULL, 0, NULL, 0),
+           7652252100776996844ULL);
+    EXPECT("lora", oracle_hash(buf, qwen, 16, "adapter-a", NULL, 0, NULL, 0),
+           18179192224704087310ULL);
+    EXPECT("namespace", oracle_hash(buf, qwen, 16, NULL, &salt, 1, NULL, 0),
+           6220064897286669353ULL);
+    EXPECT("lora + namespace", oracle_hash(buf, qwen, 16, "adapter-a", &salt, 1, NULL, 0),
+           17508456296452210659ULL);
+    /* sha256 hex digests: img1 -> 933467652192968450, img2 -> 6487179950600636046 */
+    a[0].kind = MMI_HEX;
+    snprintf(a[0].str, sizeof a[0].str, "%s", img1);
+    a[1].kind = MMI_OPAQUE_OFF;
+    snprintf(a[1].str, sizeof a[1].str, "opaque-image-0");
+    a[1].off = 3;
+    EXPECT("img1 + opaque", oracle_hash(buf, qwen, 16, NULL, NULL, 0, a, 2),
+           18076277279652650428ULL);
+    /* img2 as [identifier, offset] (vLLM >= 0.19) */
+    a[2].kind = MMI_HEX_OFF;
+    snprintf(a[2].str, sizeof a[2].str, "%s", img2);
+    a[2].off = -4;
+    struct mm_item two[2] = { a[2], a[0] };
+    EXPECT("img2 + img1", oracle_hash(buf, qwen, 16, NULL, NULL, 0, two, 2),
+           11552180366119068694ULL);
+    EXPECT("eagle 16 pairs", oracle_hash(buf, qwen, 17, NULL, NULL, 0, NULL, 0),
+           8531672197035749033ULL);
+    for (uint32_t i = 0; i < 33; i++)
+        eag[i] = i * 7 + 1;
+    EXPECT("eagle block 0", oracle_hash(buf, eag, 17, NULL, NULL, 0, NULL, 0),
+           7581774737841154026ULL);
+    EXPECT("eagle block 1", oracle_hash(buf, eag + 16, 17, NULL, NULL, 0, NULL, 0),
+           18042718775135788396ULL);
+    EXPECT("eagle + lora + namespace + img1",
+           oracle_hash(buf, qwen, 17, "adapter-a", &salt, 1, a, 1), 7299114549342135128ULL);
+#undef EXPECT
+    fprintf(stderr, "kvsim: oracle self-test: %s\n", bad ? "FAILED" : "ok");
+    return bad ? 1 : 0;
+}
+
 static void rec_hash_list(FILE *f, const struct batch *b, const struct ev *e)
 {
     fputc('[', f);
@@ -1168,7 +1525,8 @@ static void rec_event(struct sim *s, const struct batch *b, const struct ev *e)
         fputs(",\"tokens_hashes\":[", f);
         for (size_t i = 0; i < e->nh; i++)
             fprintf(f, "%s%" PRIu64, i ? "," : "",
-                    tokens_hash(s, b->tok + e->t_off + i * s->o.bs, e->lora));
+                    e->mm || e->eagle ? oracle_tokens_hash(s, b, e, i)
+                                      : tokens_hash(s, b->tok + e->t_off + i * s->o.bs, e->lora));
         fprintf(f, "],\"tier\":\"%s\",\"group\":%d,\"lora\":", tier_name(e->medium), e->group);
         if (e->lora)
             fprintf(f, "\"%s\"}", lora_names[e->lora]);
@@ -1373,6 +1731,8 @@ static void publish_one(struct sim *s, struct rank *r)
     case WL_REALISTIC: gen_realistic(s, r); break;
     case WL_DECODE: gen_decode(s, r); break;
     case WL_PREFILL: gen_prefill(s, r); break;
+    case WL_MULTIMODAL:
+    case WL_EAGLE: gen_chain(s, r); break;
     }
 
     track_usage(s, r);
@@ -1691,6 +2051,8 @@ static void usage(FILE *f)
 "                         ROUTER are CURVE servers, or with --curve-server-key the\n"
 "                         PUB is a CURVE client (the ROUTER stays plain)\n"
 "  --curve-server-key K   the CURVE server's public key (Z85), for a CURVE client\n"
+"  --oracle-selftest      check the multimodal/EAGLE tokens_hash oracle against the\n"
+"                         known answers of docs/hash-rules.md, then exit\n"
 "  --curve-keygen         print a new CURVE key pair (public, then secret, Z85, one\n"
 "                         per line) and exit\n"
 "\n"
@@ -1704,6 +2066,10 @@ static void usage(FILE *f)
 "                         evictions, rare AllBlocksCleared, LoRA, CPU tier, group 1,\n"
 "                         heartbeats | decode: 1-block store + 1-hash remove per batch\n"
 "                         | prefill: one 32-block store per batch\n"
+"                         | multimodal: vLLM with images: 1-3 block stores whose\n"
+"                         extra_keys carry mm identifiers (every shape), LoRA\n"
+"                         names, cache salts, digests; a remove 512 blocks later\n"
+"                         | eagle: SGLang with EAGLE: token_ids as bigram pairs\n"
 "  --cache-blocks N       realistic: device cache capacity in blocks (default 4096)\n"
 "  --batches N            batches per rank (default 0 = until SIGINT/SIGTERM)\n"
 "  --rate R               batches/s per rank (default 0 = as fast as possible)\n"
@@ -1750,6 +2116,7 @@ enum {
     OPT_MALFORMED, OPT_BADFRAMES, OPT_RESTART, OPT_RECORD, OPT_CURVE_SECRET,
     OPT_CURVE_SERVER, OPT_CURVE_KEYGEN, OPT_RESTART_CLOSE, OPT_RESTART_DROP, OPT_BLIP_AT,
     OPT_BLIP_MS, OPT_MARK_AFTER, OPT_MARK_FILE, OPT_HTTP, OPT_EKIND, OPT_TOTAL_BLOCKS,
+    OPT_ORACLE_SELFTEST,
 };
 
 /* --curve-keygen */
@@ -1867,6 +2234,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { "curve-secret-file", required_argument, NULL, OPT_CURVE_SECRET },
         { "curve-server-key", required_argument, NULL, OPT_CURVE_SERVER },
         { "curve-keygen", no_argument, NULL, OPT_CURVE_KEYGEN },
+        { "oracle-selftest", no_argument, NULL, OPT_ORACLE_SELFTEST },
         { "http", required_argument, NULL, OPT_HTTP },
         { "engine-kind", required_argument, NULL, OPT_EKIND },
         { "total-blocks", required_argument, NULL, OPT_TOTAL_BLOCKS },
@@ -1941,6 +2309,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 o->wl = WL_DECODE;
             else if (!strcmp(optarg, "prefill"))
                 o->wl = WL_PREFILL;
+            else if (!strcmp(optarg, "multimodal"))
+                o->wl = WL_MULTIMODAL;
+            else if (!strcmp(optarg, "eagle"))
+                o->wl = WL_EAGLE;
             else
                 goto bad;
             break;
@@ -2029,6 +2401,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->curve_server_key = optarg;
             break;
         case OPT_CURVE_KEYGEN: exit(curve_keygen());
+        case OPT_ORACLE_SELFTEST: exit(oracle_selftest());
         case OPT_HTTP: o->http = optarg; break;
         case OPT_EKIND:
             if (!strcmp(optarg, "vllm"))
@@ -2193,6 +2566,7 @@ static void close_all(struct sim *s, bool fast)
     free(s->items);
     free(s->chain_tok);
     free(s->lebuf);
+    free(s->orbuf);
     msgpack_sbuffer_destroy(&s->sb);
     free(s->o.drop_live.r);
     free(s->o.drop_forever.r);
@@ -2256,6 +2630,7 @@ int main(int argc, char **argv)
             TOKENS_SEED + XXH3_64bits_withSeed(lora_names[i], strlen(lora_names[i]), 0);
     sim.chain_tok = xcalloc((size_t)MAX_CHAIN * sim.o.bs, sizeof *sim.chain_tok);
     sim.lebuf = xcalloc(4, sim.o.bs);
+    sim.orbuf = xcalloc(4 * ((size_t)sim.o.bs + 1) + 8 * MM_MAX_ITEMS, 1);
 
     catch_stop_signals();
     {

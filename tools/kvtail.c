@@ -356,6 +356,8 @@ static bool num(struct cur *c, uint64_t *out)
 /*
  * Parses exactly the compact dynamo-json shape, fields in order:
  *   {"worker_id":W[,"storage_tier":"T"],"event":{"event_id":E,"data":D,"dp_rank":R}}
+ * a stored block {"block_hash":H,"tokens_hash":T[,"mm_extra_info":{"mm_objects":
+ * [{"mm_hash":M,"offsets":[]},...]}]} (docs/hash-rules.md section 2).
  * Returns NULL on success, else what was expected (and c->p is where).
  */
 static const char *parse_rev(struct cur *c, struct rev *ev)
@@ -394,8 +396,23 @@ static const char *parse_rev(struct cur *c, struct rev *ev)
         for (;;) {
             uint64_t h, t;
             if (!lit(c, "{\"block_hash\":") || !num(c, &h) || !lit(c, ",\"tokens_hash\":") ||
-                !num(c, &t) || !lit(c, "}"))
-                return "{\"block_hash\":<u64>,\"tokens_hash\":<u64>}";
+                !num(c, &t))
+                return "{\"block_hash\":<u64>,\"tokens_hash\":<u64>";
+            /* multimodal objects: written only for blocks that have some */
+            if (lit(c, ",\"mm_extra_info\":{\"mm_objects\":[")) {
+                for (;;) {
+                    uint64_t mh;
+                    if (!lit(c, "{\"mm_hash\":") || !num(c, &mh) || !lit(c, ",\"offsets\":[]}"))
+                        return "{\"mm_hash\":<u64>,\"offsets\":[]}";
+                    if (lit(c, ","))
+                        continue;
+                    if (lit(c, "]}"))
+                        break;
+                    return "',' or ']}' in mm_objects";
+                }
+            }
+            if (!lit(c, "}"))
+                return "'}' after a block (or ,\"mm_extra_info\":{\"mm_objects\":[..]})";
             vec_push(&ev->h, h);
             vec_push(&ev->th, t);
             if (lit(c, ","))

@@ -8,6 +8,9 @@
 # Mixes: decode, prefill, realistic (self-encoded by benchgen.c, shapes as
 # kvsim), and realistic-kvsim: the same pipeline over a capture of kvsim's own
 # realistic stream (skipping its first 5000 batches, while its cache fills).
+# Each also as MIX-msgpack: nats.format dynamo-msgpack (the event-plane
+# batcher, a message per engine batch) instead of dynamo-json, over the same
+# batches: Ir/rev of the two rows compares the formats exactly.
 # Output files in $B/bench/callgrind/; the summary also in
 # $B/bench/callgrind/results.txt.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -24,15 +27,17 @@ capture_mix realistic || CAP=
 summary=$CG/results.txt
 {
   echo "pipeline (decode -> convert -> encode) under callgrind, commit $(version): instructions (Ir) in run_measured()"
-  printf '%-16s %8s %9s %9s %13s %9s %9s %10s %9s\n' mix batches events rev Ir \
+  printf '%-24s %8s %9s %9s %13s %9s %9s %10s %9s\n' mix batches events rev Ir \
     Ir/event Ir/batch Ir/rev Ir/in_B
 } >"$summary"
 
-runs=(decode prefill realistic)
-[ -n "$CAP" ] && runs+=(realistic-kvsim)
+runs=(decode decode-msgpack prefill prefill-msgpack realistic realistic-msgpack)
+[ -n "$CAP" ] && runs+=(realistic-kvsim realistic-kvsim-msgpack)
 for run in "${runs[@]}"; do
-  args=(--mix "${run%-kvsim}")
-  [ "$run" = realistic-kvsim ] && args+=(--capture "$CAP")
+  base=${run%-msgpack}
+  args=(--mix "${base%-kvsim}")
+  [ "$base" = realistic-kvsim ] && args+=(--capture "$CAP")
+  [ "$run" != "$base" ] && args+=(--format dynamo-msgpack)
   cg=$CG/callgrind.$run.out
   valgrind --tool=callgrind --collect-atstart=no --toggle-collect=run_measured \
     --callgrind-out-file="$cg" "$BIN/bench/pipeline-bench" "${args[@]}" \
@@ -43,7 +48,7 @@ for run in "${runs[@]}"; do
   batches=$(field batches "$line"); events=$(field engine_events "$line")
   rev=$(field router_events "$line"); inb=$(field in_bytes "$line")
   awk -v m="$run" -v b="$batches" -v e="$events" -v r="$rev" -v i="$ir" -v n="$inb" 'BEGIN {
-    printf "%-16s %8d %9d %9d %13d %9.0f %9.0f %10.0f %9.1f\n", m, b, e, r, i, i / e, i / b, i / r, i / n }' \
+    printf "%-24s %8d %9d %9d %13d %9.0f %9.0f %10.0f %9.1f\n", m, b, e, r, i, i / e, i / b, i / r, i / n }' \
     >>"$summary"
 done
 cat "$summary"
@@ -70,15 +75,17 @@ incl() { # incl FILE FUNCTION
 {
   echo
   echo "per engine event, by stage (inclusive Ir): decode = kvb_decode_batch (msgpack_unpack inside),"
-  echo "convert = kvb_convert_event (XXH3 inside), encode = kvb_encode (JSON), rest = the other (seq, glue)"
-  printf '%-16s %9s %9s %9s %9s %9s %9s\n' mix Ir/event decode unpack convert encode rest
+  echo "convert = kvb_convert_event (XXH3 inside), encode = kvb_encode (JSON) or kvb_mp_batcher_add +"
+  echo "kvb_mp_batcher_flush (msgpack: events and envelopes), rest = the other (seq, glue)"
+  printf '%-24s %9s %9s %9s %9s %9s %9s\n' mix Ir/event decode unpack convert encode rest
   for run in "${runs[@]}"; do
     f=$CG/$run.annotate-incl.txt
     line=$(cat "$CG/$run.txt")
     awk -v m="$run" -v e="$(field engine_events "$line")" -v tot="$(sed -n 's/^summary: *\([0-9]*\).*/\1/p; s/^totals: *\([0-9]*\).*/\1/p' "$CG/callgrind.$run.out" | tail -1)" \
         -v d="$(incl "$f" kvb_decode_batch)" -v u="$(incl "$f" msgpack_unpack)" \
-        -v c="$(incl "$f" kvb_convert_event)" -v n="$(incl "$f" kvb_encode)" 'BEGIN {
-      printf "%-16s %9.0f %9.0f %9.0f %9.0f %9.0f %9.0f\n", m, tot / e, d / e, u / e, c / e, n / e, (tot - d - c - n) / e }'
+        -v c="$(incl "$f" kvb_convert_event)" \
+        -v n="$(( $(incl "$f" kvb_encode) + $(incl "$f" kvb_mp_batcher_add) + $(incl "$f" kvb_mp_batcher_flush) ))" 'BEGIN {
+      printf "%-24s %9.0f %9.0f %9.0f %9.0f %9.0f %9.0f\n", m, tot / e, d / e, u / e, c / e, n / e, (tot - d - c - n) / e }'
   done
 } | tee -a "$summary"
 

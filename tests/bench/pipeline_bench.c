@@ -2,6 +2,7 @@
  * over pre-encoded batches, with an emit callback that only sums lengths.
  *
  *   pipeline-bench --mix decode|prefill|realistic [--capture FILE]
+ *                  [--format dynamo-json|dynamo-msgpack]
  *                  [--batches N] [--passes P] [--stats]
  *
  * The batches are self-encoded (benchgen.c, shapes as kvsim), or read from a
@@ -13,9 +14,14 @@
  * per event (tests/bench/callgrind.sh prints it).  Natively, ns_per_event is
  * the wall time per engine event.
  *
+ * --format dynamo-msgpack: the router events go through the event-plane
+ * batcher (encode_msgpack.h, batch: true, residency_domain as the daemon's
+ * default) and a message is cut at the end of every engine batch, as the
+ * daemon does; out_bytes and msgs are then the envelopes'.
+ *
  * Prints one line:
- *   mix=M source=S batches=N engine_events=E router_events=R out_bytes=B
- *   in_bytes=I ns_per_event=X
+ *   mix=M format=F source=S batches=N engine_events=E router_events=R
+ *   msgs=K out_bytes=B in_bytes=I ns_per_event=X
  * --stats prints the batch shapes instead (events per batch by type, blocks
  * per store, hashes per remove, bytes per batch), to compare the self-encoded
  * mixes with kvsim's.
@@ -30,27 +36,42 @@
 #include "bench.h"
 #include "config.h"
 #include "decode.h"
+#include "encode_msgpack.h"
 #include "metrics.h"
 #include "pipeline.h"
 #include "replay.h"
 
 struct sink {
-    uint64_t msgs, bytes;
+    uint64_t revs, msgs, bytes;
+    struct kvb_mp_batcher *mp; /* dynamo-msgpack */
 };
 
+/* The pipeline's emit: dynamo-json sums the encoded lengths, dynamo-msgpack
+ * hands the event to the batcher (as src/output.c does). */
 static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
 {
     struct sink *k = ctx;
-    (void)rev;
+    k->revs++;
+    if (k->mp)
+        return kvb_mp_batcher_add(k->mp, rev, 1767225600000ULL);
     (void)data;
     k->msgs++;
     k->bytes += len;
     return 0;
 }
 
+static int emit_mp(void *ctx, const struct kvb_mp_msg *msg)
+{
+    struct sink *k = ctx;
+    k->msgs++;
+    k->bytes += msg->len;
+    return 0;
+}
+
 struct run {
     struct kvb_pipeline *p;
     struct kvb_stream st;
+    struct sink *sink;
     uint64_t seq;
     int errors;
 };
@@ -59,10 +80,14 @@ __attribute__((noinline)) static void feed(struct run *r, const struct bench_set
                                            unsigned passes)
 {
     for (unsigned k = 0; k < passes; k++)
-        for (size_t i = 0; i < set->n; i++)
+        for (size_t i = 0; i < set->n; i++) {
             if (kvb_pipeline_live(r->p, &r->st, r->seq++, bench_set_data(set, i),
                                   bench_set_len(set, i)) < 0)
                 r->errors++;
+            /* one message per engine batch */
+            if (r->sink->mp && kvb_mp_batcher_flush(r->sink->mp, 1767225600000ULL) < 0)
+                r->errors++;
+        }
 }
 
 /* The measured region: keep it a real function (callgrind toggles on it). */
@@ -138,9 +163,10 @@ int main(int argc, char **argv)
     static const struct option lo[] = {
         {"mix", required_argument, NULL, 'm'},     {"capture", required_argument, NULL, 'c'},
         {"batches", required_argument, NULL, 'n'}, {"passes", required_argument, NULL, 'p'},
-        {"stats", no_argument, NULL, 's'},         {NULL, 0, NULL, 0},
+        {"stats", no_argument, NULL, 's'},         {"format", required_argument, NULL, 'f'},
+        {NULL, 0, NULL, 0},
     };
-    const char *mix = "decode", *capture = NULL;
+    const char *mix = "decode", *capture = NULL, *format = "dynamo-json";
     size_t nb = 0;
     unsigned passes = 1;
     int c, do_stats = 0, rc = 1;
@@ -151,8 +177,16 @@ int main(int argc, char **argv)
         case 'n': nb = strtoull(optarg, NULL, 10); break;
         case 'p': passes = (unsigned)strtoul(optarg, NULL, 10); break;
         case 's': do_stats = 1; break;
+        case 'f': format = optarg; break;
         default: return 2;
         }
+    }
+    int fmt = !strcmp(format, "dynamo-json")      ? KVB_FORMAT_DYNAMO_JSON
+              : !strcmp(format, "dynamo-msgpack") ? KVB_FORMAT_DYNAMO_MSGPACK
+                                                  : -1;
+    if (fmt < 0) {
+        fprintf(stderr, "pipeline-bench: --format dynamo-json or dynamo-msgpack\n");
+        return 2;
     }
     if (!nb)
         nb = !strcmp(mix, "prefill") ? 4000 : 20000;
@@ -173,13 +207,20 @@ int main(int argc, char **argv)
 
     static struct kvb_metrics m;
     struct sink sink = {0};
-    struct run run = {0};
+    struct run run = {.sink = &sink};
     struct kvb_pipeline_cfg cfg = {
         .convert = {.worker_id = 7, .block_size = 16, .lora_salt = true,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
+        .format = fmt,
     };
+    if (fmt == KVB_FORMAT_DYNAMO_MSGPACK) {
+        struct kvb_mp_batcher_cfg bc = {.batch = true, .residency_domain = true, .seed = 1};
+        if (kvb_mp_batcher_create(&bc, emit_mp, &sink, &sink.mp) < 0) {
+            fprintf(stderr, "pipeline-bench: cannot create the batcher\n");
+            goto out;
+        }
+    }
     if (kvb_pipeline_create(&cfg, &m, emit, &sink, &run.p) < 0) {
         fprintf(stderr, "pipeline-bench: cannot create the pipeline\n");
         goto out;
@@ -190,7 +231,7 @@ int main(int argc, char **argv)
     struct bench_set warm = set;
     warm.n = set.n < 2000 ? set.n : 2000;
     feed(&run, &warm, 1);
-    sink = (struct sink){0};
+    sink.revs = sink.msgs = sink.bytes = 0;
 
     uint64_t ev = engine_events(&set) * passes;
     int64_t t0 = bench_now_ns();
@@ -200,13 +241,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "pipeline-bench: %d batches failed\n", run.errors);
         goto out;
     }
-    printf("mix=%s source=%s batches=%zu engine_events=%" PRIu64 " router_events=%" PRIu64
-           " out_bytes=%" PRIu64 " in_bytes=%zu ns_per_event=%.1f\n",
-           mix, capture ? "kvsim-capture" : "self-encoded", set.n * passes, ev, sink.msgs,
-           sink.bytes, set.blob_len * passes, ev ? (double)(t1 - t0) / (double)ev : 0.0);
+    printf("mix=%s format=%s source=%s batches=%zu engine_events=%" PRIu64
+           " router_events=%" PRIu64 " msgs=%" PRIu64 " out_bytes=%" PRIu64
+           " in_bytes=%zu ns_per_event=%.1f\n",
+           mix, format, capture ? "kvsim-capture" : "self-encoded", set.n * passes, ev,
+           sink.revs, sink.msgs, sink.bytes, set.blob_len * passes, ev ? (double)(t1 - t0) / (double)ev : 0.0);
     rc = 0;
 out:
     kvb_pipeline_destroy(&run.p);
+    kvb_mp_batcher_destroy(&sink.mp);
     bench_set_free(&set);
     return rc;
 }

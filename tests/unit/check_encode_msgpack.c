@@ -478,6 +478,109 @@ START_TEST(emit_errors_pass_back)
 }
 END_TEST
 
+/* The batcher packs from pre-packed runs and per-pair cached pieces: its
+ * messages are, byte for byte, what the straightforward packers make of
+ * the same events (kvb_mp_pack_envelope around kvb_mp_pack_rev), for both
+ * forms, every tier (and one out of range), ints of every width, parents
+ * or not, multimodal blocks, arrays and bins of every header size, and the
+ * buffer grown while messages are cut. */
+static void expect_reference(const struct kvb_mp_msg *m, const struct kvb_rev *evs, size_t n,
+                             bool batch, bool residency, uint64_t now)
+{
+    struct mp pay, env;
+    mp_init(&pay);
+    mp_init(&env);
+    if (batch)
+        ck_assert_int_eq(msgpack_pack_array(&pay.pk, (uint32_t)n), 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_int_eq(kvb_mp_pack_rev(&pay.pk, &evs[i], residency), 0);
+    ck_assert_int_eq(kvb_mp_pack_envelope(&env.pk, m->publisher_id, m->sequence, now,
+                                          KVB_MP_TOPIC_KV, pay.sb.data, pay.sb.size),
+                     0);
+    ck_assert_uint_eq(m->len, env.sb.size);
+    for (size_t i = 0; i < m->len; i++)
+        ck_assert_msg(m->data[i] == env.sb.data[i], "byte %zu of %zu: %02x, want %02x", i,
+                      m->len, (uint8_t)m->data[i], (uint8_t)env.sb.data[i]);
+    mp_free(&pay);
+    mp_free(&env);
+}
+
+START_TEST(batcher_bytes_as_the_reference_packers)
+{
+    enum { NB = 9000 };
+    struct kvb_block *blocks = calloc(NB, sizeof(*blocks));
+    uint64_t *hashes = calloc(NB, sizeof(*hashes));
+    ck_assert_ptr_nonnull(blocks);
+    ck_assert_ptr_nonnull(hashes);
+    for (uint32_t i = 0; i < NB; i++) {
+        uint64_t v = i % 5 == 0 ? i : i % 5 == 1 ? 200 + i : i % 5 == 2 ? 70000 + i
+                   : i % 5 == 3 ? (1ULL << 33) + i : UINT64_MAX - i;
+        blocks[i] = (struct kvb_block){v, ~v};
+        hashes[i] = v * 3;
+    }
+    uint64_t mm[3] = {933467652192968450ULL, 5, 1ULL << 40};
+    uint32_t mm_off[4] = {0, 0, 2, 3};
+    const uint64_t workers[3] = {W, 1, 300};
+    const uint32_t ranks[3] = {0, 3, 70000};
+    for (int form = 0; form < 4; form++) {
+        bool batch = form & 1, residency = form & 2;
+        struct kvb_mp_batcher_cfg c = {.batch = batch, .residency_domain = residency,
+                                       .seed = 42};
+        ck_assert_int_eq(kvb_mp_batcher_create(&c, collect, &got, &bat), 0);
+        ck_assert_int_eq(kvb_mp_batcher_set_publisher(bat, W, 0, 0x123456789abcULL), 0);
+        uint64_t now = 1767225600000ULL;
+        for (int round = 0; round < 12; round++) {
+            /* one message: up to 5 events of one pair */
+            struct kvb_rev ev[5];
+            /* rounds 9 and 10: one event alone, above 65535 bytes (bin32) */
+            size_t n = batch && round != 9 && round != 10 ? 1 + (size_t)round % 5 : 1;
+            uint64_t w = workers[round % 3];
+            uint32_t rank = ranks[round % 3];
+            for (size_t k = 0; k < n; k++) {
+                uint64_t id = round < 6 ? (uint64_t)(round * 5 + k) : (1ULL << 35) + k;
+                struct kvb_rev r = {.worker_id = w, .dp_rank = rank, .event_id = id,
+                                    .tier = (uint8_t)((round + k) % (KVB_TIER__COUNT + 1))};
+                if (round == 7 && k == 0)
+                    r.tier = 200; /* out of range: "device", as kvb_tier_name() */
+                switch ((round + k) % 4) {
+                case 0:
+                    r.type = KVB_REVT_STORED;
+                    r.has_parent = k % 2;
+                    r.parent = k * 1000003;
+                    r.blocks = blocks;
+                    r.n = round == 9 && k == 0 ? NB : round == 4 ? 3 : 1 + (uint32_t)k * 7;
+                    break;
+                case 1:
+                    r.type = KVB_REVT_STORED;
+                    r.blocks = blocks + 1;
+                    r.n = 3;
+                    r.mm_hashes = mm;
+                    r.mm_off = mm_off;
+                    r.n_mm = 3;
+                    break;
+                case 2:
+                    r.type = KVB_REVT_REMOVED;
+                    r.hashes = hashes;
+                    r.n = round == 10 && k == 0 ? 8000 : 1 + (uint32_t)k * 9;
+                    break;
+                default: r.type = KVB_REVT_CLEARED; break;
+                }
+                ev[k] = r;
+                ck_assert_int_eq(kvb_mp_batcher_add(bat, &ev[k], now), 0);
+            }
+            ck_assert_int_eq(kvb_mp_batcher_flush(bat, now), 0);
+            ck_assert_int_eq(got.n, batch ? 1 : (int)n);
+            expect_reference(&got.msg[0], ev, n, batch, residency, now);
+            got_reset();
+            now += 977;
+        }
+        kvb_mp_batcher_destroy(&bat);
+    }
+    free(blocks);
+    free(hashes);
+}
+END_TEST
+
 static Suite *encode_msgpack_suite(void)
 {
     Suite *s = suite_create("encode_msgpack");
@@ -491,6 +594,7 @@ static Suite *encode_msgpack_suite(void)
     tcase_add_test(tc, cut_at_8192_blocks_never_split);
     tcase_add_test(tc, pairs_never_mix);
     tcase_add_test(tc, emit_errors_pass_back);
+    tcase_add_test(tc, batcher_bytes_as_the_reference_packers);
     suite_add_tcase(s, tc);
     return s;
 }

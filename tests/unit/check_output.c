@@ -92,6 +92,34 @@ START_TEST(failed_publish_is_a_loss)
 }
 END_TEST
 
+/* kvb_output_cut() (the loop: the end of an engine batch) sends the
+ * pending dynamo-msgpack message at once, without a flush; for dynamo-json
+ * (a message per event, sent by kvb_output_event) it has nothing to do.
+ * Without a sink the publish fails: the loss shows that it was attempted. */
+START_TEST(cut_sends_the_pending_message)
+{
+    static const char *const formats[] = {"  format: dynamo-msgpack", ""};
+    for (int k = 0; k < 2; k++) {
+        struct kvb_config *c = load(formats[k], "");
+        struct kvb_metrics *m = calloc(1, sizeof(*m));
+        struct kvb_output *o = NULL;
+        ck_assert_int_eq(kvb_output_create(c, m, 1, &o), 0);
+        struct kvb_rev r = {.type = KVB_REVT_CLEARED, .worker_id = 7, .event_id = 0};
+        ck_assert_int_eq(kvb_output_event(o, &r, "{}", 2), 0);
+        /* dynamo-msgpack holds the event; dynamo-json tried to publish it */
+        ck_assert(kvb_output_take_loss(o) == (k == 1));
+        ck_assert_int_eq(kvb_output_cut(o), 0);
+        ck_assert(kvb_output_take_loss(o) == (k == 0));
+        ck_assert_int_eq(kvb_output_cut(o), 0); /* nothing pending any more */
+        ck_assert_int_eq(kvb_output_flush(o), 0);
+        ck_assert(!kvb_output_take_loss(o));
+        kvb_output_destroy(&o);
+        free(m);
+        kvb_config_free(&c);
+    }
+}
+END_TEST
+
 START_TEST(format_combinations_refused)
 {
     char path[] = "/tmp/kvb-check-output.XXXXXX";
@@ -121,6 +149,7 @@ static Suite *output_suite(void)
     tcase_add_test(tc, subjects);
     tcase_add_test(tc, failed_publish_is_a_loss);
     tcase_add_test(tc, format_combinations_refused);
+    tcase_add_test(tc, cut_sends_the_pending_message);
     suite_add_tcase(su, tc);
     return su;
 }

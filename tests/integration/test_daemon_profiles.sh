@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# kvsim's multimodal and EAGLE profiles end to end, in dynamo-json and
+# dynamo-msgpack: kvsim -> kvbridge -> nats-server -> kvtail.
+#   multimodal: vLLM BlockStored events whose extra_keys carry multimodal
+#               identifiers (bare digests, [identifier, offset] pairs, opaque
+#               identifiers), LoRA names, cache salts, digests;
+#   eagle:      SGLang BlockStored events whose token_ids are bigram pairs.
+# kvsim's record carries the router's tokens_hash computed by kvsim itself
+# (docs/hash-rules.md, duplicated in tools/kvsim.c as the oracle, checked
+# against that file's known answers by kvsim --oracle-selftest); kvtail
+# --expect-record compares every indexed block's tokens_hash with it: no
+# wrong block, no bad tokens_hash, nothing missing, the counts as recorded.
+# dynamo-msgpack: one envelope per engine batch (every batch of these
+# profiles publishes a stored event; the start barrier rides with the first).
+# Runs both formats whatever KVB_FORMAT says.
+source "$(dirname "$0")/lib.sh"
+
+# the oracle itself first: docs/hash-rules.md's known answers
+check "kvsim's tokens_hash oracle gives the known answers" "$BIN/kvsim" --oracle-selftest
+
+NP=$(daemon_port)
+start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
+BATCHES=1200
+
+run_profile() { # run_profile FORMAT WORKLOAD ENCODING
+  local KVB_FORMAT=$1 wl=$2 enc=$3 tag="$1-$2-$3" p rc want
+  p=$(daemon_port 2)
+  SOURCES="  - endpoint: tcp://127.0.0.1:$p
+    replay_endpoint: tcp://127.0.0.1:$((p + 1))" NATS_URLS="nats://127.0.0.1:$NP" \
+    kvbridge_config "$T/$tag.yaml"
+  start_kvbridge "kvb-$tag" "$T/$tag.yaml" || { bad "$tag: kvbridge did not start"; return; }
+  local kvb_pid=$KVB_PID
+  start_kvtail "tail-$tag" "$NP" --check --index --expect-record "$T/$tag.rec" --timeout 2500 \
+    || { bad "$tag: kvtail not ready"; return; }
+  local tail_pid=$TAIL_PID
+  # a high rate: several batches reach kvbridge within one turn of its loop.
+  # The replay endpoint: under load kvbridge may see the engine's connection
+  # drop (kvsim closing) before it has read the last queued batches; it then
+  # proves their continuity with the engine instead of publishing a restart
+  # barrier (reported to the lead: the batches arrive with the drop)
+  timeout 60 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
+    --workload "$wl" --encoding "$enc" --batches "$BATCHES" --rate 6000 --lossless --seed 5 \
+    --wait-subscribers 1000 --linger 2000 \
+    --record "$T/$tag.rec" 2>"$T/sim-$tag.log" || bad_log "$tag: kvsim failed" "$T/sim-$tag.log"
+  wait_pid "$tail_pid" 30; rc=$RC
+  expect_eq "$tag: kvtail checks pass (exit code)" "$rc" 0
+  want=$(rec_counts "$T/$tag.rec" live)
+  expect_eq "$tag: all batches published live" "$(field batches "$want")" "$BATCHES"
+  expect_eq "$tag: stored events = record" "$(tail_stat "tail-$tag" stored)" "$(field stored "$want")"
+  expect_eq "$tag: removed events = record" "$(tail_stat "tail-$tag" removed)" "$(field removed "$want")"
+  local s
+  for s in holes dups bad reorders wrong badtok missing orphans; do
+    expect_eq "$tag: kvtail $s" "$(tail_stat "tail-$tag" "$s")" 0
+  done
+  expect_ge "$tag: blocks indexed and compared" "$(tail_stat "tail-$tag" indexed)" 500
+  if [ "$KVB_FORMAT" = dynamo-json ] && [ "$wl" = multimodal ]; then
+    # not vacuous: many blocks carry multimodal objects (whose hashes enter
+    # tokens_hash); JSON writes mm_extra_info only for those
+    expect_ge "$tag: stored events with multimodal objects" \
+      "$(count_log "$T/tail-$tag.log" '"mm_objects"')" 200
+  fi
+  if [ "$KVB_FORMAT" = dynamo-msgpack ]; then
+    # no envelope carries two engine batches (a barrier may travel alone)
+    expect_ge "$tag: an envelope per engine batch" "$(tail_stat "tail-$tag" envelopes)" "$BATCHES"
+    expect_eq "$tag: envelope sequence errors" "$(tail_stat "tail-$tag" seqerr)" 0
+  fi
+  expect_eq "$tag: kvbridge logged no warning" "$(count_log "$T/kvb-$tag.log" ' warn:\| error:')" 0
+  signal_pid "$kvb_pid" TERM 15; rc=$RC
+  expect_eq "$tag: kvbridge exit code after SIGTERM" "$rc" 0
+}
+
+for fmt in dynamo-json dynamo-msgpack; do
+  run_profile "$fmt" multimodal positional
+  run_profile "$fmt" multimodal map
+  run_profile "$fmt" eagle positional
+done
+
+stop_pid "$NATS_PID" >/dev/null
+finish
