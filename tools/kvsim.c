@@ -608,7 +608,7 @@ static void gen_prefill(struct sim *s, struct rank *r)
  * LoRA name, multimodal identifiers in every shape vLLM has sent, a cache
  * salt in a request's block 0, prompt-embedding digests, or nil.
  * eagle: token_ids are bigrams [[t0,t1],[t1,t2],...]: nh * bs pairs for nh
- * blocks (docs/hash-rules.md section 3). */
+ * blocks (docs/router-events.md section 3.3). */
 
 #define MM_MAX_ITEMS 8
 static const char *const cache_namespaces[2] = { "tenant-a", "tenant-b" };
@@ -1351,7 +1351,7 @@ static uint64_t tokens_hash(struct sim *s, const uint32_t *tok, int lora)
 }
 
 /* The router's tokens_hash of block i of a multimodal or EAGLE event,
- * computed here from the rules of docs/hash-rules.md (the test oracle:
+ * computed here from the rules of docs/router-events.md section 3 (the test oracle:
  * nothing from src/): seed 1337 + XXH3(lora_name, 0) + XXH3(namespace, 1);
  * the block's tokens (bs, or bs + 1 for EAGLE) as u32-LE, then its
  * multimodal hashes sorted ascending as u64-LE. */
@@ -1439,7 +1439,7 @@ static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const s
                        e->lora ? lora_names[e->lora] : NULL, first, n0, it, n);
 }
 
-/* --oracle-selftest: the known answers of docs/hash-rules.md (computed there
+/* --oracle-selftest: the known answers of docs/router-events.md section 3.4 (computed there
  * with python3-xxhash), through oracle_hash(). */
 static int oracle_selftest(void)
 {
@@ -2052,7 +2052,7 @@ static void usage(FILE *f)
 "                         PUB is a CURVE client (the ROUTER stays plain)\n"
 "  --curve-server-key K   the CURVE server's public key (Z85), for a CURVE client\n"
 "  --oracle-selftest      check the multimodal/EAGLE tokens_hash oracle against the\n"
-"                         known answers of docs/hash-rules.md, then exit\n"
+"                         known answers of docs/router-events.md section 3.4, then exit\n"
 "  --curve-keygen         print a new CURVE key pair (public, then secret, Z85, one\n"
 "                         per line) and exit\n"
 "\n"

@@ -357,7 +357,7 @@ static bool num(struct cur *c, uint64_t *out)
  * Parses exactly the compact dynamo-json shape, fields in order:
  *   {"worker_id":W[,"storage_tier":"T"],"event":{"event_id":E,"data":D,"dp_rank":R}}
  * a stored block {"block_hash":H,"tokens_hash":T[,"mm_extra_info":{"mm_objects":
- * [{"mm_hash":M,"offsets":[]},...]}]} (docs/hash-rules.md section 2).
+ * [{"mm_hash":M,"offsets":[]},...]}]} (docs/router-events.md section 3.2).
  * Returns NULL on success, else what was expected (and c->p is where).
  */
 static const char *parse_rev(struct cur *c, struct rev *ev)

@@ -6,7 +6,7 @@
 #               identifiers), LoRA names, cache salts, digests;
 #   eagle:      SGLang BlockStored events whose token_ids are bigram pairs.
 # kvsim's record carries the router's tokens_hash computed by kvsim itself
-# (docs/hash-rules.md, duplicated in tools/kvsim.c as the oracle, checked
+# (docs/router-events.md section 3, duplicated in tools/kvsim.c as the oracle, checked
 # against that file's known answers by kvsim --oracle-selftest); kvtail
 # --expect-record compares every indexed block's tokens_hash with it: no
 # wrong block, no bad tokens_hash, nothing missing, the counts as recorded.
@@ -15,7 +15,7 @@
 # Runs both formats whatever KVB_FORMAT says.
 source "$(dirname "$0")/lib.sh"
 
-# the oracle itself first: docs/hash-rules.md's known answers
+# the oracle itself first: the known answers of docs/router-events.md section 3.4
 check "kvsim's tokens_hash oracle gives the known answers" "$BIN/kvsim" --oracle-selftest
 
 NP=$(daemon_port)

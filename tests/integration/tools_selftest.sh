@@ -255,7 +255,7 @@ is_rc $rc 2 "kvtail: bad option"
 
 # ------------------------------------------------------- 2. kvsim smoke
 if timeout 5 "$B/kvsim" --help | grep -q -- "--drop-forever"; then pass "kvsim: --help"; else fail "kvsim: --help"; fi
-# the multimodal / EAGLE tokens_hash oracle against docs/hash-rules.md's known answers
+# the multimodal / EAGLE tokens_hash oracle against the known answers of docs/router-events.md section 3.4
 if timeout 5 "$B/kvsim" --oracle-selftest 2>"$TMP/oracle.err"; then pass "kvsim: --oracle-selftest"
 else fail "kvsim: --oracle-selftest: $(tr '\n' ' ' <"$TMP/oracle.err")"; fi
 timeout 5 "$B/kvsim" --encoding nope >/dev/null 2>&1
