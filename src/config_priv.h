@@ -182,6 +182,17 @@ char *kvb_cfg_shown_max(const char *s, size_t len, size_t max);
 char *kvb_cfg_shown(const char *s, size_t len);
 #define SHOWN(s) ((s) ? (s) : "?")
 
+/* Values (src/config_value.c): one scalar into its field (0, or -1 after
+ * reporting at line:col); one item of a list; the table's defaults for the
+ * top level or one source (0, or -1 out of memory). */
+int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s,
+                 size_t len, size_t line, size_t col, void *field);
+int kvb_cfg_conv_item(struct ctx *c, const struct opt *o, const char *dpath, size_t i,
+                      const char *s, size_t len, size_t line, size_t col, char **str,
+                      uint32_t *mask);
+void kvb_cfg_free_strlist(char **list, size_t n);
+int kvb_cfg_apply_defaults(struct ctx *c, void *base, bool sources_scope);
+
 /* Checks of one value, named by the table's .check. */
 check_fn kvb_cfg_check_endpoint, kvb_cfg_check_opt_endpoint, kvb_cfg_check_subject,
     kvb_cfg_check_word, kvb_cfg_check_format, kvb_cfg_check_listen, kvb_cfg_check_host,
