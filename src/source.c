@@ -17,6 +17,11 @@
 #define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
 #define MIN_HELD_MSGS 10000       /* ... even with a smaller rcvhwm */
 #define READ_REPLAY_BUDGET 256    /* replay replies per turn: the loop stays responsive */
+/* Router events one read (live or replay) may emit before it hands the turn
+ * back: the loop then checks the NATS buffer (backpressure), signals and the
+ * heartbeat.  256 batches of 2000 events each once put 112 MB into nats.c's
+ * buffer in one turn, far past its backpressure mark (issue 18). */
+#define READ_EVENT_BUDGET 16384
 #define REPLAY_RCVHWM 1000        /* replies queued in the DEALER (then TCP backpressure) */
 
 struct stream {
@@ -481,7 +486,9 @@ static int read_replay(struct kvb_source *s, int budget)
 {
     zmq_msg_t f[4];
     int total = 0;
-    while (kvb_replay_active(s->rp) && s->dealer && total < budget) {
+    long events = 0;
+    while (kvb_replay_active(s->rp) && s->dealer && total < budget &&
+           events < READ_EVENT_BUDGET) {
         int n = recv_multipart(s->dealer, f, 4);
         if (n <= 0)
             return n < 0 ? n : total;
@@ -507,6 +514,7 @@ static int read_replay(struct kvb_source *s, int budget)
         close_frames(f, n, 4);
         if (rc < 0)
             return rc;
+        events += rc;
     }
     return total;
 }
@@ -554,7 +562,8 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
     zmq_msg_t f[3];
     int got = 0;
-    while (got < budget) {
+    long events = 0;
+    while (got < budget && events < READ_EVENT_BUDGET) {
         int n = recv_multipart(s->sub, f, 3);
         if (n < 0)
             return n == -EINTR ? got : n;
@@ -593,6 +602,7 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
         close_frames(f, n, 3);
         if (rc < 0)
             return rc;
+        events += rc;
     }
     return got;
 }
