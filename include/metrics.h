@@ -114,6 +114,8 @@
       "1 while reading is paused (NATS buffer above 3/4 of its limit)")        \
     X(gauge, ready, "", KVB_NO_LABEL,                                          \
       "1 while NATS is connected, every source is set up and no engine is gone (/readyz)") \
+    X(gauge, live_held_batches, "", KVB_NO_LABEL,                              \
+      "Live batches held back while a replay runs (all sources)")              \
     X(counter, engine_scrapes_total, "", KVB_NO_LABEL,                         \
       "Rounds of engine metrics/health scrapes finished")                      \
     X(counter, engine_scrape_failures_total, "", KVB_NO_LABEL,                 \
@@ -262,6 +264,11 @@ struct kvb_metrics {
     struct kvb_engine_slot engines[KVB_MAX_ENGINE_SLOTS];
     _Atomic uint64_t loop_heartbeat_ms; /* CLOCK_MONOTONIC of the last loop turn */
     _Atomic uint64_t heartbeat_interval_ms;
+    /* for /readyz's reasons (the loop writes them with ready): how long live
+     * batches have been held back behind a replay, and reading paused for
+     * NATS, without a break (ms, 0: not now) */
+    _Atomic uint64_t live_held_ms;
+    _Atomic uint64_t paused_ms;
 };
 
 /* Single-writer increment: relaxed load + store, no lock prefix.

@@ -89,6 +89,9 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms);
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms);
 
+/* Live batches held back behind this source's replay (0 when none runs). */
+size_t kvb_source_held(const struct kvb_source *s);
+
 /* "cleared" for every dp_rank of every stream of this source. */
 int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause);
 

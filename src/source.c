@@ -519,6 +519,8 @@ static int read_replay(struct kvb_source *s, int budget)
     return total;
 }
 
+size_t kvb_source_held(const struct kvb_source *s) { return kvb_replay_held(s->rp); }
+
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 {
     return kvb_replay_next_deadline(s->rp, now_ms);

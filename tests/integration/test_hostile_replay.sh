@@ -10,6 +10,11 @@
 #      nats.c's buffer at once): peak RSS about 210 MB.
 #   b. the same flood under a long replay.timeout_ms: SIGTERM in the middle
 #      ends kvbridge within nats.flush_timeout_ms (+1 s), exit 0.
+#   c. trickle: the ROUTER answers one in-range batch every 200 ms, never END.
+#      While the replay holds the live stream back, kvbridge_live_held_batches
+#      shows it and /readyz answers 503 saying so; replay.timeout_ms (4 s)
+#      bounds the whole replay: then the gap barrier, the held batches are
+#      applied and /readyz is 200 again.  Before: /readyz 200 all along.
 source "$(dirname "$0")/lib.sh"
 
 # shellcheck disable=SC2046
@@ -97,6 +102,38 @@ if start_kvbridge kvb-b "$T/b.yaml"; then
   expect_le "b: stopped within flush_timeout_ms + 1 s of SIGTERM (ms)" "$ms" 2000
 else
   bad "b: kvbridge did not start"
+fi
+
+# ---- c. trickle, replay.timeout_ms 4000 ----
+ep=$(daemon_port); rp=$(daemon_port); mp=$(daemon_port)
+conf "$T/c.yaml" "$ep" "$rp" "$mp" 4000
+if start_kvbridge kvb-c "$T/c.yaml"; then
+  kpid=$KVB_PID
+  end=$((SECONDS + 10)) # ready before the engine starts
+  until http_get "$mp" /readyz && [ "$HTTP_STATUS" = 200 ]; do [ $SECONDS -ge $end ] && break; sleep 0.1; done
+  expect_eq "c: /readyz before the replay" "$HTTP_STATUS" 200
+  start eng-c "$T/hostile_engine" trickle --pub "tcp://127.0.0.1:$ep" --router "tcp://127.0.0.1:$rp" \
+    --rate 50 --gap-to 1000000 --seconds 30
+  wait_log "$T/eng-c.log" "request from" 15 && ok "c: the replay was asked for" || bad "c: no replay request"
+  t_req=$SECONDS
+  end=$((SECONDS + 4))
+  until http_get "$mp" /readyz && [ "$HTTP_STATUS" = 503 ]; do [ $SECONDS -ge $end ] && break; sleep 0.1; done
+  expect_eq "c: /readyz while live batches are held back" "$HTTP_STATUS" 503
+  check "c: /readyz says why ($(head -n 1 "$T/http.body"))" grep -q "held back behind a replay" "$T/http.body"
+  expect_ge "c: kvbridge_live_held_batches" "$(metric "$mp" kvbridge_live_held_batches)" 20
+  end=$((SECONDS + 10))
+  until [ "$(metric "$mp" kvbridge_replays_failed_total)" -ge 1 ] || [ $SECONDS -ge $end ]; do sleep 0.1; done
+  expect_le "c: the whole replay ended within replay.timeout_ms (+2 s, seconds)" $((SECONDS - t_req)) 6
+  expect_ge "c: the gap barrier" "$(metric "$mp" 'kvbridge_barriers_total{cause="gap"}')" 1
+  end=$((SECONDS + 5))
+  until http_get "$mp" /readyz && [ "$HTTP_STATUS" = 200 ]; do [ $SECONDS -ge $end ] && break; sleep 0.1; done
+  expect_eq "c: /readyz once the held batches are applied" "$HTTP_STATUS" 200
+  expect_eq "c: kvbridge_live_held_batches afterwards" "$(metric "$mp" kvbridge_live_held_batches)" 0
+  expect_ge "c: live batches after the gap applied (last seq)" "$(last_seq "$mp")" 1000100
+  signal_pid "$kpid" TERM 15
+  expect_eq "c: exit status 0 after SIGTERM" "$RC" 0
+else
+  bad "c: kvbridge did not start"
 fi
 
 finish
