@@ -86,6 +86,10 @@
       "CURVE clients refused by a bind-mode source's allowed_clients_file")    \
     X(counter, barriers_total, "cause", KVB_BARRIER_CAUSES,                    \
       "\"cleared\" barriers published, by cause (one per dp_rank)")            \
+    X(counter, barriers_redundant_total, "", KVB_NO_LABEL,                     \
+      "Barriers not published: nothing was published for the pair since its last one") \
+    X(counter, streams_expired_total, "", KVB_NO_LABEL,                        \
+      "Idle streams (topics) forgotten to make room for a new one (64 per source)") \
     X(counter, seq_gaps_total, "", KVB_NO_LABEL,                               \
       "Sequence gaps seen on engine streams")                                  \
     X(counter, engine_restarts_total, "", KVB_NO_LABEL,                        \
