@@ -13,6 +13,10 @@
 #include "replay.h"
 
 #define MAX_STREAMS 64            /* distinct topics per source */
+/* A full stream table makes room by expiring its least recently used stream
+ * idle at least this long (never the one a replay is for): a topic that
+ * comes back is a new stream (start barrier, replay from 0). */
+#define STREAM_IDLE_MS 2000
 #define MAX_TOPIC 256
 #define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
 #define MIN_HELD_MSGS 10000       /* ... even with a smaller rcvhwm */
@@ -29,6 +33,7 @@ struct stream {
     char topic[MAX_TOPIC];
     size_t topic_len;             /* the topic may hold NUL bytes */
     int peer_fd;                  /* bind mode: the connection it came on (ZMQ_SRCFD), or -1 */
+    uint64_t used_ms;             /* its last live batch (CLOCK_MONOTONIC) */
     char name[MAX_TOPIC + 320];
     struct kvb_stream st;
 };
@@ -47,7 +52,7 @@ struct kvb_source {
     size_t n_streams;
     struct kvb_replay *rp;     /* the sequence and replay rules (replay.h) */
     struct kvb_pipeline *pipe; /* during an entry point: the ops' pipeline */
-    struct kvb_ratelimit rl_frames;
+    struct kvb_ratelimit rl_frames, rl_expire;
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
     bool curve_client;
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
@@ -184,6 +189,7 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     s->zctx = zctx;
     s->m = m;
     s->rl_frames = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_expire = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->endpoint = strdup(p->endpoint);
     s->replay_endpoint = strdup(p->replay_endpoint ? p->replay_endpoint : "");
     s->topic = strdup(p->topic ? p->topic : "");
@@ -331,14 +337,44 @@ void kvb_source_foreach_stream(const struct kvb_source *s,
         fn(ctx, s->name, s->streams[i]->topic, &s->streams[i]->st);
 }
 
-static struct stream *find_stream(struct kvb_source *s, const void *topic, size_t n)
+/* The table is full: forget the least recently used stream idle for at
+ * least STREAM_IDLE_MS, unless a replay is for it (it may hold batches).
+ * Returns whether one was expired. */
+static bool expire_idle(struct kvb_source *s, uint64_t now)
+{
+    const struct kvb_stream *busy = kvb_replay_stream(s->rp);
+    size_t victim = s->n_streams;
+    for (size_t i = 0; i < s->n_streams; i++) {
+        const struct stream *st = s->streams[i];
+        if (&st->st == busy || now - st->used_ms < STREAM_IDLE_MS)
+            continue;
+        if (victim == s->n_streams || st->used_ms < s->streams[victim]->used_ms)
+            victim = i;
+    }
+    if (victim == s->n_streams)
+        return false;
+    struct stream *st = s->streams[victim];
+    kvb_inc(&s->m->streams_expired_total[0]);
+    kvb_log_rl(&s->rl_expire, KVB_LOG_WARN, "source",
+               "%s: %d streams (topics): expired %s, idle for %llu ms (if it comes back: a "
+               "new stream, with its start barrier)", s->name, MAX_STREAMS, st->name,
+               (unsigned long long)(now - st->used_ms));
+    free(st);
+    s->streams[victim] = s->streams[--s->n_streams];
+    return true;
+}
+
+static struct stream *find_stream(struct kvb_source *s, const void *topic, size_t n,
+                                  uint64_t now)
 {
     for (size_t i = 0; i < s->n_streams; i++) {
         struct stream *st = s->streams[i];
-        if (st->topic_len == n && memcmp(st->topic, topic, n) == 0)
+        if (st->topic_len == n && memcmp(st->topic, topic, n) == 0) {
+            st->used_ms = now;
             return st;
+        }
     }
-    if (s->n_streams >= MAX_STREAMS || n >= MAX_TOPIC)
+    if (n >= MAX_TOPIC || (s->n_streams >= MAX_STREAMS && !expire_idle(s, now)))
         return NULL;
     struct stream *st = calloc(1, sizeof(*st));
     if (!st)
@@ -347,6 +383,7 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
     st->topic[n] = '\0';
     st->topic_len = n;
     st->peer_fd = -1;
+    st->used_ms = now;
     if (n)
         snprintf(st->name, sizeof(st->name), "%s topic '%s'", s->name, st->topic);
     else
@@ -362,6 +399,8 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
         memcpy(st->st.ranks, saved->ranks, sizeof(st->st.ranks));
         kvb_info("source", "%s: resuming after seq %llu", st->name,
                  (unsigned long long)saved->last);
+        /* once: the same topic after its stream expired is a new stream */
+        ((struct kvb_state_stream *)saved)->source[0] = '\0';
     }
     st->slot = kvb_metrics_stream_slot(s->m, s->name, st->topic);
     s->streams[s->n_streams++] = st;
@@ -587,18 +626,20 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             close_frames(f, n, 3);
             continue;
         }
-        struct stream *st = find_stream(s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]));
+        uint64_t now = kvb_mono_ms();
+        struct stream *st = find_stream(s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), now);
         int rc = 0;
         if (!st) {
             kvb_inc(&s->m->malformed_messages_total[KVB_MAL_FRAMES]);
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
-                       "%s: too many topics (or one too long): dropped", s->name);
+                       "%s: topic of %zu bytes, or %d streams busy in the last %d ms: dropped",
+                       s->name, zmq_msg_size(&f[0]), MAX_STREAMS, STREAM_IDLE_MS);
         } else {
             if (s->p.mode == KVB_MODE_BIND)
                 st->peer_fd = zmq_msg_get(&f[0], ZMQ_SRCFD);
             uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
             rc = kvb_replay_live(s->rp, &st->st, be64(zmq_msg_data(&f[1])),
-                                 zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), kvb_mono_ms());
+                                 zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), now);
             observe(s, p, serial, t0);
         }
         close_frames(f, n, 3);

@@ -13,7 +13,8 @@
  *
  * Live modes (a PUB that connects to --pub: kvbridge binds):
  *   topics   --topics N streams, topic "t<i>", each one batch per round
- *            (--rounds), then --tail more batches on topic "t0" only
+ *            (--rounds), then after --pause-ms, --tail more batches on topic
+ *            --tail-topic (default "t0"; seq from 0 on another topic)
  *   ranks    one stream, every batch with a new dp_rank (0, 1, 2, ...): --count
  *            batches
  *   partial  --peers N raw TCP connections speaking ZMTP 3.0 (NULL, a PUB):
@@ -100,10 +101,10 @@ static int send3(void *sock, const void *topic, size_t tl, uint64_t seq, const v
 }
 
 struct opts {
-    const char *mode, *pub, *router;
+    const char *mode, *pub, *router, *tail_topic;
     double rate;
     uint64_t gap_to;
-    long seconds, flood_ms, fat, topics, rounds, tail, count, peers, decl_mb, send_mb;
+    long seconds, flood_ms, fat, topics, rounds, tail, count, peers, decl_mb, send_mb, pause_ms;
 };
 
 /* ---- replay modes ------------------------------------------------------- */
@@ -255,9 +256,12 @@ static int run_live(const struct opts *o)
             if (period)
                 sleep_ms(period);
         }
+        if (strcmp(o->tail_topic, "t0") != 0)
+            seq0 = 0;
+        sleep_ms(o->pause_ms);
         for (long k = 0; k < o->tail && !stop; k++) {
             batch(&sb, 3000000 + (uint64_t)k, 1, -1);
-            send3(pub, "t0", 2, seq0 + (uint64_t)k, sb.data, sb.size);
+            send3(pub, o->tail_topic, strlen(o->tail_topic), seq0 + (uint64_t)k, sb.data, sb.size);
             sent++;
             last = seq0 + (uint64_t)k;
             if (period)
@@ -364,7 +368,7 @@ int main(int argc, char **argv)
 {
     struct opts o = {.rate = 50, .gap_to = 20, .seconds = 10, .flood_ms = 5000, .fat = 2000,
                      .topics = 100, .rounds = 3, .tail = 50, .count = 1000, .peers = 10,
-                     .decl_mb = 250, .send_mb = 200};
+                     .decl_mb = 250, .send_mb = 200, .tail_topic = "t0"};
     if (argc < 2) {
         fprintf(stderr, "usage: hostile_engine flood|trickle|topics|ranks|partial [options]\n");
         return 2;
@@ -386,6 +390,8 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--peers")) o.peers = atol(v);
         else if (!strcmp(k, "--decl-mb")) o.decl_mb = atol(v);
         else if (!strcmp(k, "--send-mb")) o.send_mb = atol(v);
+        else if (!strcmp(k, "--pause-ms")) o.pause_ms = atol(v);
+        else if (!strcmp(k, "--tail-topic")) o.tail_topic = v;
         else {
             fprintf(stderr, "hostile_engine: unknown option %s\n", k);
             return 2;
