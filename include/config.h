@@ -62,6 +62,7 @@ struct kvb_source_cfg {
     uint32_t dp_rank;       /* rank when a batch carries none (first of the expansion) */
     uint32_t rcvhwm;        /* ZMQ_RCVHWM of the SUB (messages) */
     uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap */
+    uint32_t max_peers;     /* bind mode: connections taken at once */
     struct kvb_curve_cfg curve;
     struct kvb_engine_cfg engine;
 };

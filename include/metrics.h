@@ -88,6 +88,8 @@
       "\"cleared\" barriers published, by cause (one per dp_rank)")            \
     X(counter, barriers_redundant_total, "", KVB_NO_LABEL,                     \
       "Barriers not published: nothing was published for the pair since its last one") \
+    X(counter, peers_refused_total, "", KVB_NO_LABEL,                          \
+      "Bind mode: engine connections closed beyond sources[].max_peers")       \
     X(counter, streams_expired_total, "", KVB_NO_LABEL,                        \
       "Idle streams (topics) forgotten to make room for a new one (64 per source)") \
     X(counter, seq_gaps_total, "", KVB_NO_LABEL,                               \

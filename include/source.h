@@ -38,6 +38,7 @@ struct kvb_source_params {
     uint32_t dp_rank;            /* configured rank of this endpoint */
     uint32_t rcvhwm;
     uint32_t reconnect_max_ms;   /* connect mode: reconnect interval cap (0: 250) */
+    uint32_t max_peers;          /* bind mode: connections taken at once (0: 16) */
     uint32_t replay_timeout_ms;
     uint64_t max_payload_bytes;
     /* Streams persisted by a previous run (state.dir): a stream found here

@@ -128,7 +128,7 @@ static int open_source(struct kvb_daemon *d, const struct kvb_config *c,
         struct kvb_source_params p = {
             .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
             .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
-            .reconnect_max_ms = sc->reconnect_max_ms,
+            .reconnect_max_ms = sc->reconnect_max_ms, .max_peers = sc->max_peers,
             .replay_timeout_ms = c->replay.timeout_ms,
             .max_payload_bytes = c->limits.max_payload_bytes,
             .resume = d->resume, .curve = &sc->curve, .zap = d->zap};

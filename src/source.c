@@ -2,9 +2,11 @@
 #include "source.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <zmq.h>
 
@@ -52,7 +54,8 @@ struct kvb_source {
     size_t n_streams;
     struct kvb_replay *rp;     /* the sequence and replay rules (replay.h) */
     struct kvb_pipeline *pipe; /* during an entry point: the ops' pipeline */
-    struct kvb_ratelimit rl_frames, rl_expire;
+    struct kvb_ratelimit rl_frames, rl_expire, rl_peers;
+    long peers;                /* bind mode: connections accepted and not yet gone */
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
     bool curve_client;
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
@@ -190,6 +193,9 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     s->m = m;
     s->rl_frames = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->rl_expire = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_peers = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    if (!s->p.max_peers)
+        s->p.max_peers = 16;
     s->endpoint = strdup(p->endpoint);
     s->replay_endpoint = strdup(p->replay_endpoint ? p->replay_endpoint : "");
     s->topic = strdup(p->topic ? p->topic : "");
@@ -250,13 +256,13 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
      * size is checked after the receive instead (replay.c); kvbridge never
      * decodes such a frame.  Bind mode: the peers connect, so they come back
      * after libzmq drops one for an oversize frame.  ZMQ_MAXMSGSIZE there is
-     * a guard rail far above the limit (16 x, at least 64 MiB): a frame just
-     * above the limit is still received and counted (with its barrier), but
-     * no peer that can reach the address makes libzmq buffer a frame of any
-     * size (that connection is dropped; the lost batches show as a gap). */
-    int64_t maxmsg = (int64_t)p->max_payload_bytes * 16;
-    if (maxmsg < (int64_t)64 << 20)
-        maxmsg = (int64_t)64 << 20;
+     * the limit itself: a peer that announces a larger frame is dropped
+     * before libzmq buffers it (the lost batches show as a gap), and with at
+     * most max_peers connections (on_conn_event) the unfinished frames of
+     * every peer together stay under max_peers x max_payload_bytes (20 peers
+     * that each left 240 MiB of a 250 MiB frame once held 4.8 GB). */
+    int64_t maxmsg = p->max_payload_bytes > INT64_MAX ? INT64_MAX
+                                                      : (int64_t)p->max_payload_bytes;
     if (zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
         (p->mode == KVB_MODE_BIND && maxmsg > 0 &&
          zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0) ||
@@ -678,14 +684,48 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
 }
 
 /* One event of the SUB's monitor. */
+/* Bind mode: a connection beyond max_peers is shut down as soon as it is
+ * accepted (libzmq then closes it: the fd stays libzmq's).  The event comes
+ * after the fact, so the fd is checked to still be a connection accepted on
+ * this source's port before anything is done to it. */
+static void refuse_peer(struct kvb_source *s, int fd)
+{
+    struct sockaddr_storage a;
+    socklen_t al = sizeof(a);
+    int type = 0;
+    socklen_t tl = sizeof(type);
+    const char *colon = strrchr(s->endpoint, ':');
+    long port = colon && strncmp(s->endpoint, "tcp://", 6) == 0 ? strtol(colon + 1, NULL, 10) : -1;
+    if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM ||
+        getsockname(fd, (struct sockaddr *)&a, &al) < 0)
+        return;
+    long local = a.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&a)->sin_port)
+                 : a.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&a)->sin6_port)
+                                           : -2; /* ipc://: the fd is libzmq's, trust it */
+    if (local != port && local != -2)
+        return;
+    shutdown(fd, SHUT_RDWR);
+    kvb_inc(&s->m->peers_refused_total[0]);
+    kvb_log_rl(&s->rl_peers, KVB_LOG_WARN, "source",
+               "%s: %ld engine connections, sources[].max_peers is %u: closing the new one",
+               s->name, s->peers, s->p.max_peers);
+}
+
 static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char *addr)
 {
+    if (ev == ZMQ_EVENT_ACCEPTED && s->p.mode == KVB_MODE_BIND &&
+        ++s->peers > (long)s->p.max_peers) {
+        refuse_peer(s, fd);
+        return;
+    }
     if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
         kvb_info("source", "%s: engine connection up (%s)", s->name, addr);
         return;
     }
     if (ev != ZMQ_EVENT_DISCONNECTED)
         return;
+    if (s->p.mode == KVB_MODE_BIND && s->peers > 0)
+        s->peers--;
     bool any = false;
     for (size_t i = 0; i < s->n_streams; i++) {
         struct stream *st = s->streams[i];

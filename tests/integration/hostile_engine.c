@@ -312,7 +312,7 @@ static int run_partial(const struct opts *o)
     int port = atoi(colon + 1);
     /* ZMTP 3.0 greeting: signature, version 3.0, mechanism NULL, as-server 0 */
     uint8_t greet[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0, 'N', 'U', 'L', 'L'};
-    static const uint8_t ready[] = {0x04, 26, 5, 'R', 'E', 'A', 'D', 'Y', 11, 'S', 'o', 'c', 'k',
+    static const uint8_t ready[] = {0x04, 25, 5, 'R', 'E', 'A', 'D', 'Y', 11, 'S', 'o', 'c', 'k',
                                     'e', 't', '-', 'T', 'y', 'p', 'e', 0, 0, 0, 3, 'P', 'U', 'B'};
     static char chunk[1 << 20];
     memset(chunk, 'x', sizeof(chunk));

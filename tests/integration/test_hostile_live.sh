@@ -9,6 +9,13 @@
 #      ranks start (one start barrier each); each later batch is dropped and
 #      counted as malformed, without a barrier on the 64 ranks it does not
 #      belong to.  Before: 64 barriers per batch (123,968 in all).
+#   c. partial frames: 12 raw ZMTP peers each announce a 4 MiB frame (the
+#      limit) and send 3 MiB of it, then stall.  With sources[].max_peers 4
+#      the 8 others are closed as they come (kvbridge_peers_refused_total),
+#      and the memory held stays under max_peers x max_payload_bytes.
+#      Before: every peer's partial frame was kept (12 x 3 MiB), and frames
+#      up to 64 MiB were taken from any number of peers (4.8 GB at 20 peers
+#      of 240 MiB each).
 source "$(dirname "$0")/lib.sh"
 
 # shellcheck disable=SC2046
@@ -83,6 +90,32 @@ if start_kvbridge kvb-b "$T/b.yaml"; then
   expect_eq "b: exit status 0 after SIGTERM" "$RC" 0
 else
   bad "b: kvbridge did not start"
+fi
+
+# ---- c. peers that stall in the middle of a frame ----
+ep=$(daemon_port); mp=$(daemon_port)
+conf "$T/c.yaml" "$ep" "$mp" "    max_peers: 4
+limits:
+  max_payload_bytes: 4194304"
+rss_kb() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+if start_kvbridge kvb-c "$T/c.yaml"; then
+  kpid=$KVB_PID
+  rss0=$(rss_kb "$kpid")
+  start eng-c "$T/hostile_engine" partial --pub "tcp://127.0.0.1:$ep" --peers 12 --decl-mb 4 \
+    --send-mb 3 --seconds 20
+  wait_log "$T/eng-c.log" "peers=" 30 && ok "c: the peers are connected and stalled" || bad "c: peers not done"
+  end=$((SECONDS + 5))
+  until [ "$(metric "$mp" kvbridge_peers_refused_total)" -ge 8 ] || [ $SECONDS -ge $end ]; do sleep 0.2; done
+  expect_ge "c: peers beyond max_peers refused" "$(metric "$mp" kvbridge_peers_refused_total)" 8
+  sleep 0.5 # let libzmq read what the taken peers sent (bounded by the check below anyway)
+  grow=$(($(rss_kb "$kpid") - rss0))
+  expect_le "c: RSS growth in KiB under max_peers x max_payload_bytes + 8 MiB" "$grow" $((4 * 4096 + 8192))
+  http_get "$mp" /healthz
+  expect_eq "c: /healthz" "$HTTP_STATUS" 200
+  signal_pid "$kpid" TERM 15
+  expect_eq "c: exit status 0 after SIGTERM" "$RC" 0
+else
+  bad "c: kvbridge did not start"
 fi
 
 finish
