@@ -199,6 +199,12 @@ static const struct opt opts[] = {
      .check = check_server_url,
      .help = "NATS server URLs; list several for a cluster. tls:// URLs turn on "
              "nats.tls.enabled. A port, when given, is 1..65535 (4222 when none)."},
+    {.key = "nats.discovered_servers", .type = T_BOOL,
+     .off = TOP(nats.discovered_servers, bool), .def = "false", .flags = R | C,
+     .help = "Also connect to the servers a NATS server advertises (its cluster's "
+             "connect_urls). Off: only nats.servers are used, so the credentials "
+             "go to no server the configuration does not name; list every server "
+             "of a cluster there."},
     {.key = "nats.subject", .type = T_STR, .off = TOP(nats.subject, char *),
      .def = "namespace.{namespace}.component.{component}.kv_events", .flags = R,
      .check = check_subject,

@@ -823,11 +823,24 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
     kvb_residency_close(d->res); /* queries get 503 from now on */
     rc = drain(d);
-    if (rc < 0)
-        kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
-    else
+    bool undelivered = false;
+    if (rc < 0) {
+        /* what NATS has not confirmed is lost with the process: say so in
+         * the exit status (kvbridge(8), EXIT STATUS), unless nothing waits */
+        uint64_t left = kvb_sink_pending_bytes(d->sink), sent = 0;
+        for (int f = 0; f < KVB_FMT__COUNT; f++)
+            sent += kvb_get(&d->m.messages_published_total[f]);
+        sent += kvb_get(&d->m.load_messages_published_total[0]);
+        /* a connection nats.c gave up reports its buffer as full: only a
+         * loss if anything was ever published */
+        undelivered = left > 0 && sent > 0;
+        kvb_sink_skip_final_flush(d->sink); /* one flush timeout, not two */
+        kvb_warn("sink", "flush at shutdown: %s (%llu bytes of router events not delivered%s)",
+                 strerror(-rc), (unsigned long long)left, undelivered ? ": exit status 75" : "");
+    } else {
         save_state(d, true);
-    exit_code = d->failed ? 1 : 0;
+    }
+    exit_code = d->failed ? 1 : undelivered ? KVB_EX_TEMPFAIL : 0;
 out:
     kvb_residency_close(d->res);
     kvb_http_stop(&d->http);
