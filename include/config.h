@@ -22,6 +22,8 @@
 #define KVB_EX_CONFIG 78      /* sysexits EX_CONFIG */
 #define KVB_EX_UNAVAILABLE 69 /* sysexits EX_UNAVAILABLE */
 #define KVB_EX_CANTCREAT 73   /* sysexits EX_CANTCREAT: state.dir unusable */
+#define KVB_EX_TEMPFAIL 75    /* sysexits EX_TEMPFAIL: stopped with router events
+                               * NATS did not confirm (flush timed out) */
 
 enum kvb_source_mode { KVB_MODE_CONNECT = 0, KVB_MODE_BIND = 1 };
 enum kvb_format { KVB_FORMAT_DYNAMO_JSON = 0, KVB_FORMAT_DYNAMO_MSGPACK, KVB_FORMAT_RAW };
@@ -68,6 +70,7 @@ struct kvb_source_cfg {
     uint32_t dp_rank;       /* rank when a batch carries none (first of the expansion) */
     uint32_t rcvhwm;        /* ZMQ_RCVHWM of the SUB (messages) */
     uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap */
+    uint32_t max_peers;     /* bind mode: connections taken at once */
     struct kvb_curve_cfg curve;
     struct kvb_engine_cfg engine;
     /* The worker this source's engine is (the identity its router events
@@ -105,6 +108,7 @@ struct kvb_config {
     struct {
         char **servers;       /* >= 1 */
         size_t n_servers;
+        bool discovered_servers; /* also use the servers a server advertises */
         char *subject;        /* template: {namespace} {component} {endpoint} {worker_id}
                                * {dp_rank}; for dynamo-msgpack, when the file does not
                                * set it, the endpoint-scoped subject */

@@ -100,6 +100,13 @@ int kvb_convert_event(struct kvb_converter *c, const struct kvb_event *ev, uint3
 /* A "cleared" router event for dp_rank (barriers).  Returns 1, or -ENOSPC. */
 int kvb_convert_cleared(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev *out);
 
+/* What this run published for (worker_id, dp_rank): nothing yet
+ * (KVB_PAIR_NONE), a "cleared" last (KVB_PAIR_CLEAN: the router holds nothing
+ * of the pair, a barrier now would say nothing new), or events since its last
+ * "cleared" (KVB_PAIR_DIRTY). */
+enum { KVB_PAIR_NONE, KVB_PAIR_CLEAN, KVB_PAIR_DIRTY };
+int kvb_convert_pair_state(const struct kvb_converter *c, uint32_t dp_rank);
+
 /* event_id counters, for persistence (reliability): next id and epoch. */
 struct kvb_id_counter {
     uint64_t worker_id;

@@ -87,6 +87,12 @@
       "CURVE clients refused by a bind-mode source's allowed_clients_file")    \
     X(counter, barriers_total, "cause", KVB_BARRIER_CAUSES,                    \
       "\"cleared\" barriers published, by cause (one per dp_rank)")            \
+    X(counter, barriers_redundant_total, "", KVB_NO_LABEL,                     \
+      "Barriers not published: nothing was published for the pair since its last one") \
+    X(counter, peers_refused_total, "", KVB_NO_LABEL,                          \
+      "Bind mode: engine connections closed beyond sources[].max_peers")       \
+    X(counter, streams_expired_total, "", KVB_NO_LABEL,                        \
+      "Idle streams (topics) forgotten to make room for a new one (64 per source)") \
     X(counter, seq_gaps_total, "", KVB_NO_LABEL,                               \
       "Sequence gaps seen on engine streams")                                  \
     X(counter, engine_restarts_total, "", KVB_NO_LABEL,                        \
@@ -115,6 +121,8 @@
       "1 while reading is paused (NATS buffer above 3/4 of its limit)")        \
     X(gauge, ready, "", KVB_NO_LABEL,                                          \
       "1 while NATS is connected, every source is set up and no engine is gone (/readyz)") \
+    X(gauge, live_held_batches, "", KVB_NO_LABEL,                              \
+      "Live batches held back while a replay runs (all sources)")              \
     X(counter, engine_scrapes_total, "", KVB_NO_LABEL,                         \
       "Rounds of engine metrics/health scrapes finished")                      \
     X(counter, engine_scrape_failures_total, "", KVB_NO_LABEL,                 \
@@ -263,6 +271,11 @@ struct kvb_metrics {
     struct kvb_engine_slot engines[KVB_MAX_ENGINE_SLOTS];
     _Atomic uint64_t loop_heartbeat_ms; /* CLOCK_MONOTONIC of the last loop turn */
     _Atomic uint64_t heartbeat_interval_ms;
+    /* for /readyz's reasons (the loop writes them with ready): how long live
+     * batches have been held back behind a replay, and reading paused for
+     * NATS, without a break (ms, 0: not now) */
+    _Atomic uint64_t live_held_ms;
+    _Atomic uint64_t paused_ms;
 };
 
 /* Single-writer increment: relaxed load + store, no lock prefix.

@@ -98,7 +98,9 @@ struct kvb_seq_ops {
     void *ctx;
     /* Decode, convert and emit one batch whose seq is judged (a batch that
      * does not decode publishes the malformed barrier).  Never touches the
-     * cursor: the module has already moved it to seq. */
+     * cursor: the module has already moved it to seq.  Counts the batch in
+     * s->batches when it decoded (a replayed batch that did not is a loss:
+     * the replay is then not "filled"). */
     int (*apply)(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len);
     /* A batch that must not be decoded (above limits.max_payload_bytes):
      * the malformed barrier.  The cursor is already at seq. */

@@ -103,6 +103,11 @@ int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms);
  * x servers x min(2 s, connect timeout)).  Does not call nats_Close(). */
 void kvb_sink_destroy(struct kvb_sink **s);
 
+/* The daemon's drain already spent nats.flush_timeout_ms and gave up:
+ * kvb_sink_destroy() then does not wait that long again (SIGTERM ends
+ * kvbridge within one flush timeout, kvbridge(8) HOSTILE PEERS). */
+void kvb_sink_skip_final_flush(struct kvb_sink *s);
+
 /* From now on, the writes that publishes by the calling thread (the loop
  * thread, the sink's owner) need are left to kvb_sink_service(), which that
  * thread must then call before it waits for input: every publish of a turn

@@ -38,6 +38,7 @@ struct kvb_source_params {
     uint32_t dp_rank;            /* configured rank of this endpoint */
     uint32_t rcvhwm;
     uint32_t reconnect_max_ms;   /* connect mode: reconnect interval cap (0: 250) */
+    uint32_t max_peers;          /* bind mode: connections taken at once (0: 16) */
     uint32_t replay_timeout_ms;
     uint64_t max_payload_bytes;
     /* Streams persisted by a previous run (state.dir): a stream found here
@@ -102,6 +103,9 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
  * source): every stream's router events are for W from the next batch on
  * (a topic's listed worker_id stays).  Cannot fail. */
 void kvb_source_set_worker(struct kvb_source *s, const struct kvb_worker_cfg *w);
+
+/* Live batches held back behind this source's replay (0 when none runs). */
+size_t kvb_source_held(const struct kvb_source *s);
 
 /* "cleared" for every dp_rank of every stream of this source. */
 int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause);

@@ -131,6 +131,13 @@ static const struct opt opts[] = {
              "overhead), "
              "60 MiB for 1 KiB batches (kvbridge(8), MEMORY); beyond it the engine "
              "drops and replay (or a barrier) covers the gap."},
+    {.key = "sources[].max_peers", .type = T_U32, .off = SRC(max_peers, uint32_t),
+     .def = "16", .min = 1, .max = 1000, .flags = R,
+     .help = "Bind mode: engine connections taken at once; one more is closed as "
+             "soon as it is accepted (counted in kvbridge_peers_refused_total). "
+             "Each may hold one unfinished frame of up to limits.max_payload_bytes "
+             "in libzmq: memory up to max_peers x max_payload_bytes (kvbridge(8), "
+             "MEMORY)."},
     {.key = "sources[].reconnect_max_ms", .type = T_U32,
      .off = SRC(reconnect_max_ms, uint32_t), .def = "250", .min = 10, .max = 60000,
      .flags = R,
@@ -223,6 +230,12 @@ static const struct opt opts[] = {
      .check = check_server_url,
      .help = "NATS server URLs; list several for a cluster. tls:// URLs turn on "
              "nats.tls.enabled. A port, when given, is 1..65535 (4222 when none)."},
+    {.key = "nats.discovered_servers", .type = T_BOOL,
+     .off = TOP(nats.discovered_servers, bool), .def = "false", .flags = R | C,
+     .help = "Also connect to the servers a NATS server advertises (its cluster's "
+             "connect_urls). Off: only nats.servers are used, so the credentials "
+             "go to no server the configuration does not name; list every server "
+             "of a cluster there."},
     {.key = "nats.subject", .type = T_STR, .off = TOP(nats.subject, char *),
      .def = "namespace.{namespace}.component.{component}.kv_events", .flags = R,
      .check = check_subject,
@@ -450,7 +463,9 @@ static const struct opt opts[] = {
      .off = TOP(limits.max_payload_bytes, uint64_t), .def = "16777216", .min = 1,
      .max = 1073741824, .flags = R,
      .help = "Largest engine message accepted, in bytes (16 MiB by default); "
-             "larger ones are counted as malformed. Decoding a message takes up to "
+             "larger ones are counted as malformed (in bind mode a peer that sends "
+             "one is disconnected before it is buffered; the loss shows as a gap). "
+             "Decoding a message takes up to "
              "about 28 times its size in memory (msgpack-c makes a 24-byte object "
              "per value): 450 MB for a 16 MiB batch of one-byte values. Lower it to "
              "bound the daemon's peak memory."},

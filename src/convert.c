@@ -15,6 +15,7 @@ struct kvb_converter {
     uint64_t epoch;
 
     struct kvb_id_counter *ctr; /* few entries: linear scan with a last-hit cache */
+    bool *clean;                /* per counter: its last router event was a "cleared" */
     size_t n_ctr, cap_ctr;
     size_t last_hit;
 
@@ -60,6 +61,7 @@ void kvb_converter_destroy(struct kvb_converter **pc)
         return;
     struct kvb_converter *c = *pc;
     free(c->ctr);
+    free(c->clean);
     free(c->blocks);
     free(c->hashes);
     free(c->mm);
@@ -131,12 +133,25 @@ static struct kvb_id_counter *counter(struct kvb_converter *c, uint64_t worker, 
         if (!n)
             return NULL;
         c->ctr = n;
+        bool *cl = realloc(c->clean, cap * sizeof(*cl));
+        if (!cl)
+            return NULL;
+        c->clean = cl;
         c->cap_ctr = cap;
     }
     struct kvb_id_counter *k = &c->ctr[c->n_ctr];
     *k = (struct kvb_id_counter){worker, rank, 0, c->epoch};
+    c->clean[c->n_ctr] = false;
     c->last_hit = c->n_ctr++;
     return k;
+}
+
+int kvb_convert_pair_state(const struct kvb_converter *c, uint32_t dp_rank)
+{
+    for (size_t i = 0; i < c->n_ctr; i++)
+        if (c->ctr[i].worker_id == c->cfg.worker_id && c->ctr[i].dp_rank == dp_rank)
+            return c->clean[i] ? KVB_PAIR_CLEAN : KVB_PAIR_DIRTY;
+    return KVB_PAIR_NONE;
 }
 
 size_t kvb_converter_counters(const struct kvb_converter *c, struct kvb_id_counter *out,
@@ -166,6 +181,7 @@ static int take_id(struct kvb_converter *c, uint32_t rank, struct kvb_rev *out)
     out->worker_id = c->cfg.worker_id;
     out->dp_rank = rank;
     out->event_id = k->next_id++;
+    c->clean[k - c->ctr] = out->type == KVB_REVT_CLEARED;
     out->epoch = k->epoch;
     kvb_inc(&c->m->router_events_published_total[out->type]);
     return 1;

@@ -36,9 +36,10 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     return rc;
 }
 
-/* "not ready: engine gone: SOURCE dp_rank N ..." for /readyz (malloc'ed;
- * NULL when out of memory or no slot says gone). */
-static char *engines_gone(const struct kvb_metrics *m)
+/* Why /readyz says no, one line per reason: "not ready: engine gone: SOURCE
+ * dp_rank N ...", live batches held back, NATS not taking router events
+ * (malloc'ed; NULL when out of memory or none of these holds). */
+static char *not_ready_why(const struct kvb_metrics *m)
 {
     char *text = NULL;
     size_t len = 0;
@@ -55,6 +56,19 @@ static char *engines_gone(const struct kvb_metrics *m)
         fprintf(f, "not ready: engine gone: %s dp_rank %u (its metrics/health URL has not "
                    "answered for %llu ms and no batch came)\n",
                 s->source, s->dp_rank, (unsigned long long)kvb_get(&s->dead_after_ms));
+        n++;
+    }
+    uint64_t held = kvb_get(&m->live_held_ms), paused = kvb_get(&m->paused_ms);
+    if (held > 1000) {
+        fprintf(f, "not ready: %llu live batch(es) held back behind a replay for %llu ms\n",
+                (unsigned long long)kvb_get(&m->live_held_batches[0]),
+                (unsigned long long)held);
+        n++;
+    }
+    if (paused > 1000) {
+        fprintf(f, "not ready: NATS has not taken router events for %llu ms (%llu bytes "
+                   "pending): reading the engines is paused\n",
+                (unsigned long long)paused, (unsigned long long)kvb_get(&m->nats_pending_bytes[0]));
         n++;
     }
     if (fclose(f) != 0 || n == 0) {
@@ -97,7 +111,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         bool ready = kvb_get(&h->m->ready[0]) != 0;
         if (ready)
             return reply(c, 200, "text/plain", ok, 3, MHD_RESPMEM_PERSISTENT);
-        char *why = kvb_get(&h->m->engines_gone[0]) ? engines_gone(h->m) : NULL;
+        char *why = not_ready_why(h->m);
         return why ? reply(c, 503, "text/plain", why, strlen(why), MHD_RESPMEM_MUST_FREE)
                    : reply(c, 503, "text/plain", not_ready, sizeof(not_ready) - 1,
                            MHD_RESPMEM_PERSISTENT);

@@ -36,6 +36,7 @@
 #define HEARTBEAT_MS 1000  /* the loop turns at least this often (healthz, watchdog) */
 #define PAUSED_POLL_MS 20  /* re-check the NATS buffer this often while paused */
 #define STATE_SAVE_MS 1000 /* state.dir: save at most this often (and at shutdown) */
+#define READY_GRACE_MS 1000 /* held back or paused longer than this: not ready */
 
 /* Where a running source comes from: its sources[] entry (in the config
  * that built it) and its offset in that entry's dp_size expansion.  A reload
@@ -64,6 +65,8 @@ struct kvb_daemon {
     uint64_t last_watchdog;
     uint64_t emit_serial;    /* the engine batch emit() saw last (kvb_batch_info) */
     bool paused;             /* backpressure: NATS buffer too full to read more */
+    uint64_t paused_since;   /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
+    uint64_t held_since;     /* live batches held back behind replays since, 0: none */
     bool barrier_due;        /* router events were lost on the NATS side */
     uint64_t losses_seen;    /* kvb_sink_losses() already answered with a barrier */
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
@@ -156,7 +159,7 @@ static int open_source(struct kvb_daemon *d, const struct kvb_config *c,
         struct kvb_source_params p = {
             .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
             .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
-            .reconnect_max_ms = sc->reconnect_max_ms,
+            .reconnect_max_ms = sc->reconnect_max_ms, .max_peers = sc->max_peers,
             .replay_timeout_ms = c->replay.timeout_ms,
             .max_payload_bytes = c->limits.max_payload_bytes,
             .resume = d->resume, .curve = &sc->curve, .zap = d->zap,
@@ -607,9 +610,25 @@ static void update_gauges(struct kvb_daemon *d)
     d->held_back = held;
     kvb_set(&d->m.reading_paused[0], paused || held);
     kvb_set(&d->m.nats_pending_bytes[0], pending);
+    /* Not ready either while NATS has not taken router events for over
+     * READY_GRACE_MS (a server that stopped reading), or while live batches
+     * have been held back behind a replay that long (a replay that trickles
+     * holds the live stream up to replay.timeout_ms): /readyz says which. */
+    uint64_t now = kvb_mono_ms();
+    size_t n_held = 0;
+    for (size_t i = 0; i < d->n_src; i++)
+        n_held += kvb_source_held(d->src[i]);
+    d->held_since = !n_held ? 0 : d->held_since ? d->held_since : now;
+    d->paused_since = !paused ? 0 : d->paused_since ? d->paused_since : now;
+    uint64_t held_ms = d->held_since ? now - d->held_since + 1 : 0;
+    uint64_t paused_ms = d->paused_since ? now - d->paused_since + 1 : 0;
+    kvb_set(&d->m.live_held_batches[0], n_held);
+    kvb_set(&d->m.live_held_ms, held_ms);
+    kvb_set(&d->m.paused_ms, paused_ms);
     kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink) &&
                                 kvb_get(&d->m.engines_gone[0]) == 0 &&
-                                kvb_output_registered(d->out));
+                                kvb_output_registered(d->out) && held_ms <= READY_GRACE_MS &&
+                                paused_ms <= READY_GRACE_MS);
     kvb_residency_gauges(d->res);
 }
 
@@ -851,11 +870,24 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
     kvb_residency_close(d->res); /* queries get 503 from now on */
     rc = drain(d);
-    if (rc < 0)
-        kvb_warn("sink", "flush at shutdown: %s", strerror(-rc));
-    else
+    bool undelivered = false;
+    if (rc < 0) {
+        /* what NATS has not confirmed is lost with the process: say so in
+         * the exit status (kvbridge(8), EXIT STATUS), unless nothing waits */
+        uint64_t left = kvb_sink_pending_bytes(d->sink), sent = 0;
+        for (int f = 0; f < KVB_FMT__COUNT; f++)
+            sent += kvb_get(&d->m.messages_published_total[f]);
+        sent += kvb_get(&d->m.load_messages_published_total[0]);
+        /* a connection nats.c gave up reports its buffer as full: only a
+         * loss if anything was ever published */
+        undelivered = left > 0 && sent > 0;
+        kvb_sink_skip_final_flush(d->sink); /* one flush timeout, not two */
+        kvb_warn("sink", "flush at shutdown: %s (%llu bytes of router events not delivered%s)",
+                 strerror(-rc), (unsigned long long)left, undelivered ? ": exit status 75" : "");
+    } else {
         save_state(d, true);
-    exit_code = d->failed ? 1 : 0;
+    }
+    exit_code = d->failed ? 1 : undelivered ? KVB_EX_TEMPFAIL : 0;
 out:
     kvb_residency_close(d->res);
     kvb_http_stop(&d->http);

@@ -125,6 +125,16 @@ static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
 
 static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
 {
+    /* Nothing published for the pair since its last "cleared": the router
+     * holds nothing of it, and another one would say nothing new (a run of
+     * bad batches published one per batch and rank: 3.36M for 56k batches
+     * under dp_rank churn, issue 18).  Not for nats_lost: what NATS lost may
+     * be that last "cleared". */
+    if (cause != KVB_BAR_NATS_LOST &&
+        kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_CLEAN) {
+        kvb_inc(&p->m->barriers_redundant_total[0]);
+        return 0;
+    }
     struct kvb_rev r;
     int rc = kvb_convert_cleared(p->conv, rank, &r);
     if (rc < 0)
@@ -191,8 +201,19 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
      * reload starts its counters at 0, as a fresh start would). */
     bool known = kvb_stream_has_rank(s, rank);
     if (!known || !kvb_converter_has_counter(p->conv, w->worker_id, rank)) {
-        if (!known && kvb_stream_add_rank(s, rank) < 0)
-            return malformed(p, s, seq, "too many dp ranks on one stream");
+        if (!known && kvb_stream_add_rank(s, rank) < 0) {
+            /* a batch of a rank this stream cannot take: only that pair
+             * lost something, and only if it published anything (through
+             * another stream): never a barrier on every rank of the stream */
+            kvb_inc(&p->m->malformed_messages_total[KVB_MAL_BATCH]);
+            kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
+                       "%s: seq %llu: dp_rank %u is one more than the %d one stream may "
+                       "carry: dropped", s->name, (unsigned long long)seq, rank,
+                       KVB_MAX_STREAM_RANKS);
+            return kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_NONE
+                       ? 0
+                       : cleared(p, rank, KVB_BAR_MALFORMED);
+        }
         if ((rc = cleared(p, rank, KVB_BAR_START)) < 0)
             return rc;
         n += rc;

@@ -585,8 +585,14 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
         r->fresh = true; /* its malformed barrier */
         return n + rc;
     }
+    uint64_t decoded = st->batches;
     if ((rc = apply_one(r, st, seq, data, len, false)) < 0)
         return rc;
+    /* the pipeline counts a batch it decoded; one it could not is a lost
+     * batch (it published the malformed barrier): the replay did not fill
+     * the gap */
+    if (st->batches == decoded)
+        r->lost = true;
     r->fresh = false;
     return n + rc;
 }

@@ -856,6 +856,12 @@ fail:
     return rc;
 }
 
+void kvb_sink_skip_final_flush(struct kvb_sink *s)
+{
+    if (s)
+        s->flush_timeout_ms = 0; /* read by kvb_sink_destroy, on this thread */
+}
+
 void kvb_sink_destroy(struct kvb_sink **ps)
 {
     if (!ps || !*ps)

@@ -103,6 +103,8 @@ natsStatus kvb_sink_set_options(struct kvb_sink *s, const struct kvb_config *cfg
         rbuf = INT_MAX;
 
     st = natsOptions_SetServers(o, (const char **)cfg->nats.servers, (int)cfg->nats.n_servers);
+    if (st == NATS_OK) /* credentials go only to the servers configured */
+        st = natsOptions_SetIgnoreDiscoveredServers(o, !cfg->nats.discovered_servers);
     if (st == NATS_OK)
         st = natsOptions_SetName(o, "kvbridge");
     if (st == NATS_OK)

@@ -2,9 +2,11 @@
 #include "source.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <zmq.h>
 
@@ -13,10 +15,19 @@
 #include "replay.h"
 
 #define MAX_STREAMS 64            /* distinct topics per source */
+/* A full stream table makes room by expiring its least recently used stream
+ * idle at least this long (never the one a replay is for): a topic that
+ * comes back is a new stream (start barrier, replay from 0). */
+#define STREAM_IDLE_MS 2000
 #define MAX_TOPIC 256
 #define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
 #define MIN_HELD_MSGS 10000       /* ... even with a smaller rcvhwm */
 #define READ_REPLAY_BUDGET 256    /* replay replies per turn: the loop stays responsive */
+/* Router events one read (live or replay) may emit before it hands the turn
+ * back: the loop then checks the NATS buffer (backpressure), signals and the
+ * heartbeat.  256 batches of 2000 events each once put 112 MB into nats.c's
+ * buffer in one turn, far past its backpressure mark (issue 18). */
+#define READ_EVENT_BUDGET 16384
 #define REPLAY_RCVHWM 1000        /* replies queued in the DEALER (then TCP backpressure) */
 
 struct stream {
@@ -24,6 +35,7 @@ struct stream {
     char topic[MAX_TOPIC];
     size_t topic_len;             /* the topic may hold NUL bytes */
     int peer_fd;                  /* bind mode: the connection it came on (ZMQ_SRCFD), or -1 */
+    uint64_t used_ms;             /* its last live batch (CLOCK_MONOTONIC) */
     char name[MAX_TOPIC + 320];
     struct kvb_worker_cfg w;      /* its worker: st.worker points here */
     struct kvb_stream st;
@@ -49,7 +61,8 @@ struct kvb_source {
     bool drop_pending;
     int drop_fd;
     char drop_addr[256];
-    struct kvb_ratelimit rl_frames;
+    struct kvb_ratelimit rl_frames, rl_expire, rl_peers;
+    long peers;                /* bind mode: connections accepted and not yet gone */
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
     bool curve_client;
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
@@ -242,6 +255,10 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         s->worker = *p->worker;
         s->p.worker = &s->worker;
     }
+    s->rl_expire = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_peers = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    if (!s->p.max_peers)
+        s->p.max_peers = 16;
     s->endpoint = strdup(p->endpoint);
     s->replay_endpoint = strdup(p->replay_endpoint ? p->replay_endpoint : "");
     s->topic = strdup(p->topic ? p->topic : "");
@@ -302,13 +319,13 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
      * size is checked after the receive instead (replay.c); kvbridge never
      * decodes such a frame.  Bind mode: the peers connect, so they come back
      * after libzmq drops one for an oversize frame.  ZMQ_MAXMSGSIZE there is
-     * a guard rail far above the limit (16 x, at least 64 MiB): a frame just
-     * above the limit is still received and counted (with its barrier), but
-     * no peer that can reach the address makes libzmq buffer a frame of any
-     * size (that connection is dropped; the lost batches show as a gap). */
-    int64_t maxmsg = (int64_t)p->max_payload_bytes * 16;
-    if (maxmsg < (int64_t)64 << 20)
-        maxmsg = (int64_t)64 << 20;
+     * the limit itself: a peer that announces a larger frame is dropped
+     * before libzmq buffers it (the lost batches show as a gap), and with at
+     * most max_peers connections (on_conn_event) the unfinished frames of
+     * every peer together stay under max_peers x max_payload_bytes (20 peers
+     * that each left 240 MiB of a 250 MiB frame once held 4.8 GB). */
+    int64_t maxmsg = p->max_payload_bytes > INT64_MAX ? INT64_MAX
+                                                      : (int64_t)p->max_payload_bytes;
     if (zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
         (p->mode == KVB_MODE_BIND && maxmsg > 0 &&
          zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0) ||
@@ -392,14 +409,44 @@ void kvb_source_foreach_stream(const struct kvb_source *s,
         fn(ctx, s->name, s->streams[i]->topic, &s->streams[i]->st);
 }
 
-static struct stream *find_stream(struct kvb_source *s, const void *topic, size_t n)
+/* The table is full: forget the least recently used stream idle for at
+ * least STREAM_IDLE_MS, unless a replay is for it (it may hold batches).
+ * Returns whether one was expired. */
+static bool expire_idle(struct kvb_source *s, uint64_t now)
+{
+    const struct kvb_stream *busy = kvb_replay_stream(s->rp);
+    size_t victim = s->n_streams;
+    for (size_t i = 0; i < s->n_streams; i++) {
+        const struct stream *st = s->streams[i];
+        if (&st->st == busy || now - st->used_ms < STREAM_IDLE_MS)
+            continue;
+        if (victim == s->n_streams || st->used_ms < s->streams[victim]->used_ms)
+            victim = i;
+    }
+    if (victim == s->n_streams)
+        return false;
+    struct stream *st = s->streams[victim];
+    kvb_inc(&s->m->streams_expired_total[0]);
+    kvb_log_rl(&s->rl_expire, KVB_LOG_WARN, "source",
+               "%s: %d streams (topics): expired %s, idle for %llu ms (if it comes back: a "
+               "new stream, with its start barrier)", s->name, MAX_STREAMS, st->name,
+               (unsigned long long)(now - st->used_ms));
+    free(st);
+    s->streams[victim] = s->streams[--s->n_streams];
+    return true;
+}
+
+static struct stream *find_stream(struct kvb_source *s, const void *topic, size_t n,
+                                  uint64_t now)
 {
     for (size_t i = 0; i < s->n_streams; i++) {
         struct stream *st = s->streams[i];
-        if (st->topic_len == n && memcmp(st->topic, topic, n) == 0)
+        if (st->topic_len == n && memcmp(st->topic, topic, n) == 0) {
+            st->used_ms = now;
             return st;
+        }
     }
-    if (s->n_streams >= MAX_STREAMS || n >= MAX_TOPIC)
+    if (n >= MAX_TOPIC || (s->n_streams >= MAX_STREAMS && !expire_idle(s, now)))
         return NULL;
     struct stream *st = calloc(1, sizeof(*st));
     if (!st)
@@ -408,6 +455,7 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
     st->topic[n] = '\0';
     st->topic_len = n;
     st->peer_fd = -1;
+    st->used_ms = now;
     if (n)
         snprintf(st->name, sizeof(st->name), "%s topic '%s'", s->name, st->topic);
     else
@@ -424,6 +472,8 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
         memcpy(st->st.ranks, saved->ranks, sizeof(st->st.ranks));
         kvb_info("source", "%s: resuming after seq %llu", st->name,
                  (unsigned long long)saved->last);
+        /* once: the same topic after its stream expired is a new stream */
+        ((struct kvb_state_stream *)saved)->source[0] = '\0';
     }
     st->slot = kvb_metrics_stream_slot(s->m, s->name, st->topic);
     s->streams[s->n_streams++] = st;
@@ -548,7 +598,9 @@ static int read_replay(struct kvb_source *s, int budget)
 {
     zmq_msg_t f[4];
     int total = 0;
-    while (kvb_replay_active(s->rp) && s->dealer && total < budget) {
+    long events = 0;
+    while (kvb_replay_active(s->rp) && s->dealer && total < budget &&
+           events < READ_EVENT_BUDGET) {
         int n = recv_multipart(s->dealer, f, 4);
         if (n <= 0)
             return n < 0 ? n : total;
@@ -574,9 +626,12 @@ static int read_replay(struct kvb_source *s, int budget)
         close_frames(f, n, 4);
         if (rc < 0)
             return rc;
+        events += rc;
     }
     return total;
 }
+
+size_t kvb_source_held(const struct kvb_source *s) { return kvb_replay_held(s->rp); }
 
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 {
@@ -642,7 +697,8 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
     zmq_msg_t f[3];
     int got = 0;
-    while (got < budget) {
+    long events = 0;
+    while (got < budget && events < READ_EVENT_BUDGET) {
         int n = recv_multipart(s->sub, f, 3);
         if (n < 0)
             return n == -EINTR ? got : n;
@@ -682,12 +738,14 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             close_frames(f, n, 3);
             continue;
         }
-        struct stream *st = find_stream(s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]));
+        uint64_t now = kvb_mono_ms();
+        struct stream *st = find_stream(s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), now);
         int rc = 0;
         if (!st) {
             kvb_inc(&s->m->malformed_messages_total[KVB_MAL_FRAMES]);
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
-                       "%s: too many topics (or one too long): dropped", s->name);
+                       "%s: topic of %zu bytes, or %d streams busy in the last %d ms: dropped",
+                       s->name, zmq_msg_size(&f[0]), MAX_STREAMS, STREAM_IDLE_MS);
         } else {
             int fd = s->p.mode == KVB_MODE_BIND ? zmq_msg_get(&f[0], ZMQ_SRCFD) : -1;
             uint64_t seq = be64(zmq_msg_data(&f[1]));
@@ -700,12 +758,13 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
                 st->peer_fd = fd;
             uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
             rc = kvb_replay_live(s->rp, &st->st, seq,
-                                 zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), kvb_mono_ms());
+                                 zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), now);
             observe(s, p, serial, t0);
         }
         close_frames(f, n, 3);
         if (rc < 0)
             return rc;
+        events += rc;
     }
     return got;
 }
@@ -738,14 +797,48 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
 }
 
 /* One event of the SUB's monitor. */
+/* Bind mode: a connection beyond max_peers is shut down as soon as it is
+ * accepted (libzmq then closes it: the fd stays libzmq's).  The event comes
+ * after the fact, so the fd is checked to still be a connection accepted on
+ * this source's port before anything is done to it. */
+static void refuse_peer(struct kvb_source *s, int fd)
+{
+    struct sockaddr_storage a;
+    socklen_t al = sizeof(a);
+    int type = 0;
+    socklen_t tl = sizeof(type);
+    const char *colon = strrchr(s->endpoint, ':');
+    long port = colon && strncmp(s->endpoint, "tcp://", 6) == 0 ? strtol(colon + 1, NULL, 10) : -1;
+    if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM ||
+        getsockname(fd, (struct sockaddr *)&a, &al) < 0)
+        return;
+    long local = a.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&a)->sin_port)
+                 : a.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&a)->sin6_port)
+                                           : -2; /* ipc://: the fd is libzmq's, trust it */
+    if (local != port && local != -2)
+        return;
+    shutdown(fd, SHUT_RDWR);
+    kvb_inc(&s->m->peers_refused_total[0]);
+    kvb_log_rl(&s->rl_peers, KVB_LOG_WARN, "source",
+               "%s: %ld engine connections, sources[].max_peers is %u: closing the new one",
+               s->name, s->peers, s->p.max_peers);
+}
+
 static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char *addr)
 {
+    if (ev == ZMQ_EVENT_ACCEPTED && s->p.mode == KVB_MODE_BIND &&
+        ++s->peers > (long)s->p.max_peers) {
+        refuse_peer(s, fd);
+        return;
+    }
     if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
         kvb_info("source", "%s: engine connection up (%s)", s->name, addr);
         return;
     }
     if (ev != ZMQ_EVENT_DISCONNECTED)
         return;
+    if (s->p.mode == KVB_MODE_BIND && s->peers > 0)
+        s->peers--;
     /* The monitor's event can be read before batches the engine sent ahead
      * of the drop (the loop lags behind a busy engine): apply those first,
      * as long as they continue their stream; the first one that does not

@@ -1,6 +1,6 @@
 /* fake_nats: a hostile NATS server for the integration tests.
  *
- *   fake_nats PORT GOOD [HANGUP_MS]
+ *   fake_nats PORT GOOD [HANGUP_MS [ADVERTISE]]
  *
  * Listens on 127.0.0.1:PORT.  Every connection gets an INFO line.  The first
  * GOOD connections are served like a real server: each PING gets a PONG,
@@ -8,6 +8,9 @@
  * and after HANGUP_MS (0: never) the server hangs up.  Every later connection
  * gets INFO and then nothing: its CONNECT and PING are read and ignored, never
  * answered (the handshake of the NATS client never completes).
+ * With ADVERTISE (HOST:PORT), the INFO lists it in connect_urls, as a server
+ * of a cluster advertises the others (a client that follows it sends its
+ * credentials there).
  * Prints "conn N good|mute" when a connection is accepted and "close N" when
  * it ends; stops on SIGTERM/SIGINT.  One thread, poll().
  */
@@ -100,11 +103,17 @@ static void feed(struct conn *c, const char *p, size_t n)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: fake_nats PORT GOOD [HANGUP_MS]\n");
+        fprintf(stderr, "usage: fake_nats PORT GOOD [HANGUP_MS [ADVERTISE]]\n");
         return 2;
     }
     int port = atoi(argv[1]), good = atoi(argv[2]);
     long long hangup = argc > 3 ? atoll(argv[3]) : 0;
+    char info[512];
+    if (argc > 4)
+        snprintf(info, sizeof(info), "%.*s,\"connect_urls\":[\"%s\"]}\r\n",
+                 (int)(strlen(INFO) - 3), INFO, argv[4]);
+    else
+        snprintf(info, sizeof(info), "%s", INFO);
     struct conn cs[MAX_CONNS];
     int accepted = 0, one = 1;
 
@@ -166,7 +175,7 @@ int main(int argc, char **argv)
             accepted++;
             cs[i] = (struct conn){.fd = fd, .n = accepted, .good = accepted <= good, .t0 = now};
             printf("conn %d %s\n", accepted, cs[i].good ? "good" : "mute");
-            if (write(fd, INFO, strlen(INFO)) < 0)
+            if (write(fd, info, strlen(info)) < 0)
                 end(&cs[i]);
         }
     }

@@ -976,14 +976,17 @@ START_TEST(payload_live_oversize_connect_mode)
 END_TEST
 
 /* config.c's help for limits.max_payload_bytes: "larger ones are counted as
- * malformed".  ZMQ_MAXMSGSIZE makes libzmq drop the connection instead, and
- * nothing is counted. */
+ * malformed".  ZMQ_MAXMSGSIZE would make libzmq drop the connection instead,
+ * and nothing would be counted: connect mode never sets it.  (Bind mode sets
+ * it to the limit, so that peers cannot make libzmq buffer more than
+ * max_peers frames of that size, issue 18: there the loss shows as a gap,
+ * payload_live_oversize_bind_mode.) */
 START_TEST(payload_live_oversize_counted)
 {
     struct kvb_pipeline_cfg c = test_pcfg(W, 16);
     open_pipeline(&c);
     struct net n;
-    net_open(&n, KVB_MODE_BIND, false);
+    net_open(&n, KVB_MODE_CONNECT, false);
     size_t len, blen;
     uint8_t *small = padded_batch(1, 100, &len);
     uint8_t *big = padded_batch(BIG_HASH, 4 * MAXPAY, &blen);
@@ -1049,6 +1052,123 @@ START_TEST(payload_replay_oversize_refused)
     /* a gap barrier, or one for the refused batch itself */
     ck_assert_uint_ge(kvb_get(&m.barriers_total[KVB_BAR_GAP]) +
                           kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), 1);
+    net_close(&n);
+}
+END_TEST
+
+/* ---- topics with NUL bytes, replies for other topics (issue 18) ---------- */
+
+static void publish_t(struct net *n, const char *topic, size_t tl, uint64_t seq,
+                      const uint8_t *pl, size_t len)
+{
+    uint8_t s8[8];
+    for (int i = 0; i < 8; i++)
+        s8[i] = (uint8_t)(seq >> (56 - 8 * i));
+    ck_assert_int_ge(zmq_send(n->xpub, topic, tl, ZMQ_SNDMORE), 0);
+    ck_assert_int_ge(zmq_send(n->xpub, s8, 8, ZMQ_SNDMORE), 0);
+    ck_assert_int_ge(zmq_send(n->xpub, pl, len, 0), 0);
+}
+
+/* Wait (pumping the source) for its replay request; returns the start seq
+ * and the requester's identity. */
+static uint64_t take_request(struct net *n, uint8_t *id, int *idn)
+{
+    zmq_pollitem_t it = {n->router, 0, ZMQ_POLLIN, 0};
+    uint64_t end = kvb_mono_ms() + 5000;
+    while (zmq_poll(&it, 1, 0) == 0) {
+        ck_assert_msg(kvb_mono_ms() < end, "no replay request");
+        pump(n, 20, 1000);
+    }
+    uint8_t empty[8], start[8];
+    *idn = zmq_recv(n->router, id, 256, 0);
+    ck_assert_int_gt(*idn, 0);
+    ck_assert_int_eq(zmq_recv(n->router, empty, sizeof(empty), 0), 0);
+    ck_assert_int_eq(zmq_recv(n->router, start, sizeof(start), 0), 8);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | start[i];
+    return v;
+}
+
+/* A new-layout reply: [id, "", topic, seq, payload]. */
+static void reply4(struct net *n, const uint8_t *id, int idn, const char *topic, size_t tl,
+                   uint64_t seq, const uint8_t *pl, size_t len)
+{
+    uint8_t s8[8];
+    for (int i = 0; i < 8; i++)
+        s8[i] = (uint8_t)(seq >> (56 - 8 * i));
+    zmq_send(n->router, id, (size_t)idn, ZMQ_SNDMORE);
+    zmq_send(n->router, "", 0, ZMQ_SNDMORE);
+    zmq_send(n->router, topic, tl, ZMQ_SNDMORE);
+    zmq_send(n->router, s8, 8, ZMQ_SNDMORE);
+    zmq_send(n->router, pl, len, 0);
+}
+
+/* Topics "a\0b" and "a\0c" are two streams (compared with their length,
+ * not as C strings): seq 0 on each is two starts, not a restart. */
+START_TEST(nul_topics_are_their_own_streams)
+{
+    struct kvb_pipeline_cfg c = test_pcfg(W, 16);
+    open_pipeline(&c);
+    struct net n;
+    net_open(&n, KVB_MODE_CONNECT, false);
+    wait_subscribed(&n);
+    size_t l1, l2, l3;
+    uint8_t *b1 = padded_batch(11, 100, &l1), *b2 = padded_batch(12, 100, &l2),
+            *b3 = padded_batch(13, 100, &l3);
+    publish_t(&n, "a\0b", 3, 0, b1, l1);
+    publish_t(&n, "a\0c", 3, 0, b2, l2);
+    publish_t(&n, "a\0b", 3, 1, b3, l3);
+    pump(&n, 5000, 5);
+    /* start barrier + event, the second stream's start barrier + event, event */
+    ck_assert_uint_eq(out.n, 5);
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.seq_gaps_total[0]), 0);
+    free(b1);
+    free(b2);
+    free(b3);
+    net_close(&n);
+}
+END_TEST
+
+/* A new-layout replay reply for another topic cannot fill this stream's gap:
+ * dropped and counted (replay_reply), never published; the gap stays a gap.
+ * The stream's own topic, NUL byte and all, does fill it. */
+START_TEST(replay_reply_topic_checked)
+{
+    struct kvb_pipeline_cfg c = test_pcfg(W, 16);
+    open_pipeline(&c);
+    struct net n;
+    net_open(&n, KVB_MODE_CONNECT, true);
+    wait_subscribed(&n);
+    size_t len, flen;
+    uint8_t *small = padded_batch(1, 100, &len);
+    uint8_t *foreign = padded_batch(BIG_HASH, 100, &flen);
+    uint8_t id[256], fin[8];
+    memset(fin, 0xff, 8);
+    int idn;
+    /* a. a reply for "other", then END: dropped, counted, gap barrier */
+    publish_t(&n, "e\0x", 3, 0, small, len);
+    pump(&n, 5000, 2);
+    publish_t(&n, "e\0x", 3, 2, small, len); /* seq 1 missing */
+    ck_assert_uint_eq(take_request(&n, id, &idn), 1);
+    reply4(&n, id, idn, "other", 5, 1, foreign, flen);
+    reply4(&n, id, idn, "e", 1, 1, foreign, flen); /* the topic up to its NUL byte: foreign */
+    reply4(&n, id, idn, "e\0x", 3, UINT64_MAX, (const uint8_t *)"", 0);
+    pump(&n, 5000, 4); /* the gap barrier, then seq 2 */
+    ck_assert_msg(!has_big_hash(), "a reply for another topic was published:\n%s", out.text);
+    ck_assert_uint_eq(kvb_get(&m.malformed_messages_total[KVB_MAL_REPLAY_REPLY]), 2);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_GAP]), 1);
+    /* b. the stream's own topic fills the next gap */
+    publish_t(&n, "e\0x", 3, 4, small, len); /* seq 3 missing */
+    ck_assert_uint_eq(take_request(&n, id, &idn), 3);
+    reply4(&n, id, idn, "e\0x", 3, 3, small, len);
+    pump(&n, 5000, 6); /* seq 3, then seq 4 */
+    ck_assert_uint_eq(out.n, 6);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+    free(small);
+    free(foreign);
     net_close(&n);
 }
 END_TEST
@@ -1288,6 +1408,8 @@ static Suite *limits_suite(void)
     tcase_add_test(tc, drop_after_queued_batches_no_barrier);
     tcase_add_test(tc, payload_live_oversize_counted);
     tcase_add_test(tc, payload_replay_oversize_refused);
+    tcase_add_test(tc, nul_topics_are_their_own_streams);
+    tcase_add_test(tc, replay_reply_topic_checked);
     suite_add_tcase(s, tc);
     return s;
 }

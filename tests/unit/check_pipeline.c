@@ -220,8 +220,50 @@ START_TEST(too_many_ranks_on_a_stream)
     kvb_stream_init(&s, "t", 0);
     for (int r = 0; r < KVB_MAX_STREAM_RANKS; r++)
         ck_assert_int_eq(live(&s, (uint64_t)r, 1, r), 2);
-    /* one rank more: treated as a malformed batch (barrier on all 64) */
-    ck_assert_int_eq(live(&s, KVB_MAX_STREAM_RANKS, 1, 1000), KVB_MAX_STREAM_RANKS);
+    /* one rank more: dropped and counted as malformed; never a barrier on
+     * all 64 (issue 18: dp_rank churn made 3.36M barriers of 56k batches),
+     * and none at all for a pair that never published */
+    uint64_t bars = kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]);
+    for (int k = 0; k < 1000; k++)
+        ck_assert_int_eq(live(&s, KVB_MAX_STREAM_RANKS + (uint64_t)k, 1, 1000 + k), 0);
+    ck_assert_uint_eq(kvb_get(&m.malformed_messages_total[KVB_MAL_BATCH]), 1000);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), bars);
+    /* a 65th rank that another stream publishes for: a barrier for it alone */
+    struct kvb_stream s2;
+    kvb_stream_init(&s2, "t2", 0);
+    ck_assert_int_eq(live(&s2, 0, 1, 5000), 2);
+    ck_assert_int_eq(live(&s, KVB_MAX_STREAM_RANKS + 1000, 1, 5000), 1);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), bars + 1);
+    ck_assert(strstr(line(out.n - 1), "\"cleared\",\"dp_rank\":5000}") != NULL);
+}
+END_TEST
+
+/* A barrier for a pair that published nothing since its last "cleared" says
+ * nothing new: not published, counted as redundant; nats_lost always is. */
+START_TEST(redundant_barriers_not_published)
+{
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    for (int r = 0; r < 4; r++)
+        ck_assert_int_eq(live(&s, (uint64_t)r, 1, r), 2);
+    static const uint8_t junk[] = {0xc1, 0x00};
+    /* the first bad batch: one barrier per rank; the next 99: none */
+    ck_assert_int_eq(kvb_pipeline_live(p, &s, 4, junk, sizeof(junk)), 4);
+    for (uint64_t q = 5; q < 104; q++)
+        ck_assert_int_eq(kvb_pipeline_live(p, &s, q, junk, sizeof(junk)), 0);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), 4);
+    ck_assert_uint_eq(kvb_get(&m.barriers_redundant_total[0]), 99 * 4);
+    ck_assert_uint_eq(kvb_get(&m.malformed_messages_total[KVB_MAL_BATCH]), 100);
+    /* rank 2 publishes again: the next bad batch clears rank 2 only */
+    ck_assert_int_eq(live(&s, 104, 1, 2), 1);
+    ck_assert_int_eq(kvb_pipeline_live(p, &s, 105, junk, sizeof(junk)), 1);
+    ck_assert(strstr(line(out.n - 1), "\"cleared\",\"dp_rank\":2}") != NULL);
+    /* a gap right after: redundant too */
+    ck_assert_int_eq(live(&s, 200, 0, 2), 0);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_GAP]), 0);
+    /* NATS lost something: every rank, whatever came before */
+    ck_assert_int_eq(kvb_pipeline_barrier(p, &s, KVB_BAR_NATS_LOST), 4);
+    ck_assert_int_eq(kvb_pipeline_barrier(p, &s, KVB_BAR_NATS_LOST), 4);
 }
 END_TEST
 
@@ -286,6 +328,7 @@ static Suite *pipeline_suite(void)
     tcase_add_test(tc, heartbeats_move_last_only);
     tcase_add_test(tc, seq_wraps_at_u64_max);
     tcase_add_test(tc, too_many_ranks_on_a_stream);
+    tcase_add_test(tc, redundant_barriers_not_published);
     tcase_add_test(tc, event_ids_contiguous_through_filters);
     suite_add_tcase(s, tc);
     return s;

@@ -26,12 +26,18 @@ static void add(const char *fmt, unsigned long long v)
     snprintf(trace + n, sizeof(trace) - n, fmt, v);
 }
 
+/* A payload of one byte 0xc1 (never valid msgpack) does not "decode". */
+static const uint8_t junk[1] = {0xc1};
+
 static int t_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *d, size_t len)
 {
     (void)ctx;
-    (void)d;
-    (void)len;
     ck_assert(s->has_last && s->last == seq); /* the cursor moves first */
+    if (len == 1 && d[0] == 0xc1) { /* as the pipeline: the malformed barrier, not counted */
+        add("M%llu ", seq);
+        return 1;
+    }
+    s->batches++; /* as the pipeline: a batch that decoded */
     add("A%llu ", seq);
     return 1;
 }
@@ -142,6 +148,46 @@ START_TEST(wrap_is_next)
 END_TEST
 
 /* ---- with replay -------------------------------------------------------- */
+
+/* An undecodable batch in a reply is a lost batch: the replay fails (not
+ * "filled"); the pipeline published its malformed barrier. */
+START_TEST(undecodable_reply_not_filled)
+{
+    live(&st, 0, 0);
+    live(&st, 4, 10);
+    TRACE("A0 R1 ");
+    reply(1, 20);
+    ck_assert_int_ge(kvb_replay_reply(r, 2, junk, sizeof(junk), 20), 0);
+    reply(3, 21);
+    TRACE("A0 R1 A1 M2 A3 C A4 ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+}
+END_TEST
+
+/* Gap and restart warnings go through the stream's rate limit: a storm of
+ * them logs a few lines per stream, not one per batch. */
+START_TEST(gap_and_restart_warnings_rate_limited)
+{
+    int level = kvb_log_get_level();
+    kvb_log_set_level(KVB_LOG_WARN); /* the limiter counts only lines it would print */
+    for (uint64_t q = 0; q < 200; q += 2)
+        live(&st, q, q); /* a gap every batch: barriers, no replay */
+    ck_assert_uint_eq(kvb_get(&m.seq_gaps_total[0]), 99);
+    ck_assert_uint_le(st.rl.printed, st.rl.burst);
+    ck_assert_uint_ge(st.rl.suppressed, 99 - st.rl.burst);
+    for (int k = 0; k < 50; k++)
+        live(&st, (uint64_t)(150 - k), 300); /* seq goes back every batch: restarts */
+    ck_assert_uint_ge(kvb_get(&m.engine_restarts_total[0]), 49);
+    ck_assert_uint_ge(st.rl.suppressed, 99 - st.rl.burst + 49);
+    /* per stream: another stream has its own budget */
+    live(&other, 0, 400);
+    live(&other, 5, 400);
+    ck_assert_uint_eq(other.rl.printed, 1);
+    kvb_log_set_level(level);
+}
+END_TEST
 
 START_TEST(gap_filled_by_replay)
 {
@@ -549,6 +595,7 @@ Suite *replay_suite(void)
     Suite *s = suite_create("replay");
     TCase *tc = tcase_create("no_replay");
     tcase_add_checked_fixture(tc, setup_norp, teardown);
+    tcase_add_test(tc, gap_and_restart_warnings_rate_limited);
     tcase_add_test(tc, in_order_applies);
     tcase_add_test(tc, gap_without_replay_is_a_barrier);
     tcase_add_test(tc, back_is_a_restart);
@@ -557,6 +604,7 @@ Suite *replay_suite(void)
     tc = tcase_create("replay");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, gap_filled_by_replay);
+    tcase_add_test(tc, undecodable_reply_not_filled);
     tcase_add_test(tc, replay_starts_late_barrier_once);
     tcase_add_test(tc, end_before_caught_up);
     tcase_add_test(tc, timeout_gives_up);
