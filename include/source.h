@@ -73,7 +73,10 @@ void *kvb_source_monitor(struct kvb_source *s);
 
 /* Connection events of the SUB (read before its messages): a dropped
  * connection makes its streams' next batches prove they continue them
- * (replay.h); in bind mode only the streams that came on that connection. */
+ * (replay.h); in bind mode only the streams that came on that connection.
+ * The batches the SUB still held when the drop was read came before it:
+ * kvb_source_read() reads those first and applies the drop after them
+ * (kvb_source_monitor() is NULL meanwhile). */
 int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p);
 const char *kvb_source_name(const struct kvb_source *s);
 

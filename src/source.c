@@ -48,6 +48,12 @@ struct kvb_source {
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
     struct kvb_zap *zap;      /* with zap_domain registered, or NULL */
     char zap_domain[KVB_ZAP_DOMAIN_MAX];
+    /* A connection dropped while batches were still queued in the SUB: they
+     * came before the drop, so they are read first (kvb_source_read) and the
+     * drop is applied after them; the monitor is not read meanwhile. */
+    bool drop_due;
+    int drop_fd;
+    char drop_addr[256];
 };
 
 int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out)
@@ -310,7 +316,9 @@ void kvb_source_destroy(struct kvb_source **ps)
 }
 
 void *kvb_source_sub(struct kvb_source *s) { return s->sub; }
-void *kvb_source_monitor(struct kvb_source *s) { return s->mon; }
+/* Not while a drop waits for the batches queued before it (its events stay
+ * queued: polling them would not block). */
+void *kvb_source_monitor(struct kvb_source *s) { return s->drop_due ? NULL : s->mon; }
 void *kvb_source_replay(struct kvb_source *s)
 {
     return kvb_replay_active(s->rp) ? s->dealer : NULL;
@@ -599,10 +607,14 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 
 /* ---- entry points: the work, then the per-stream metrics ---------------- */
 
+static int read_before_drop(struct kvb_source *s, struct kvb_pipeline *p, int budget);
+
 int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
     s->pipe = p;
-    int rc = read_live(s, p, budget);
+    int got = read_before_drop(s, p, budget), rc = got;
+    if (got >= 0 && got < budget && (rc = read_live(s, p, budget - got)) >= 0)
+        rc += got;
     sync_slots(s);
     return rc;
 }
@@ -624,15 +636,18 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
     sync_slots(s);
 }
 
-/* One event of the SUB's monitor. */
-static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char *addr)
+/* A message is waiting on SOCK (ZMQ_EVENTS: nothing is read). */
+static bool has_input(void *sock)
 {
-    if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
-        kvb_info("source", "%s: engine connection up (%s)", s->name, addr);
-        return;
-    }
-    if (ev != ZMQ_EVENT_DISCONNECTED)
-        return;
+    int ev = 0;
+    size_t len = sizeof(ev);
+    return sock && zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN);
+}
+
+/* The engine's connection FD (bind mode; -1: unknown) dropped: its streams'
+ * next batches must prove they continue them. */
+static void apply_drop(struct kvb_source *s, int fd, const char *addr)
+{
     bool any = false;
     for (size_t i = 0; i < s->n_streams; i++) {
         struct stream *st = s->streams[i];
@@ -648,12 +663,54 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
              any ? ": the next batches must prove they continue the stream" : "");
 }
 
+/* One event of the SUB's monitor.  A drop is applied at once only when no
+ * batch is queued: the monitor and the SUB are two queues, and the batches
+ * the SUB still holds were received before the drop (libzmq keeps them), so
+ * they are read first (kvb_source_read); otherwise they would have to prove
+ * a continuity that is not in question (a spurious restart barrier). */
+static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char *addr)
+{
+    if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
+        kvb_info("source", "%s: engine connection up (%s)", s->name, addr);
+        return;
+    }
+    if (ev != ZMQ_EVENT_DISCONNECTED)
+        return;
+    if (has_input(s->sub)) {
+        s->drop_due = true;
+        s->drop_fd = fd;
+        snprintf(s->drop_addr, sizeof(s->drop_addr), "%s", addr);
+        return;
+    }
+    apply_drop(s, fd, addr);
+}
+
+/* The batches queued before a drop: read one at a time until the SUB is
+ * empty or the monitor has news (a new connection's batches may follow
+ * it), then the drop.  Returns messages read, or a negative errno. */
+static int read_before_drop(struct kvb_source *s, struct kvb_pipeline *p, int budget)
+{
+    int got = 0;
+    while (s->drop_due && got < budget) {
+        int n = has_input(s->mon) || !has_input(s->sub) ? 0 : read_live(s, p, 1);
+        if (n < 0)
+            return n;
+        if (n == 0) {
+            s->drop_due = false;
+            apply_drop(s, s->drop_fd, s->drop_addr);
+            break;
+        }
+        got += n;
+    }
+    return got;
+}
+
 int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p)
 {
     s->pipe = p;
     int got = 0;
     zmq_msg_t f[2];
-    for (int n; (n = recv_multipart(s->mon, f, 2)) > 0; got++) {
+    for (int n; !s->drop_due && (n = recv_multipart(s->mon, f, 2)) > 0; got++) {
         if (n == 2 && zmq_msg_size(&f[0]) >= 6) {
             const uint8_t *d = zmq_msg_data(&f[0]);
             uint16_t ev;
