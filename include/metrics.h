@@ -113,7 +113,13 @@
     X(gauge, reading_paused, "", KVB_NO_LABEL,                                 \
       "1 while reading is paused (NATS buffer above 3/4 of its limit)")        \
     X(gauge, ready, "", KVB_NO_LABEL,                                          \
-      "1 while NATS is connected, every source is set up and no engine is gone (/readyz)") \
+      "1 while NATS is connected, every source is set up, no engine is gone and state.dir saves (/readyz)") \
+    X(counter, state_saves_total, "", KVB_NO_LABEL,                            \
+      "Saves of state.dir (cursors, and the mirror when it persists) that succeeded") \
+    X(counter, state_save_failures_total, "", KVB_NO_LABEL,                    \
+      "Saves of state.dir that failed (the older file stays; retried every second)") \
+    X(gauge, state_save_failing, "", KVB_NO_LABEL,                             \
+      "1 while the last save of state.dir failed (/readyz answers 503)")       \
     X(counter, engine_scrapes_total, "", KVB_NO_LABEL,                         \
       "Rounds of engine metrics/health scrapes finished")                      \
     X(counter, engine_scrape_failures_total, "", KVB_NO_LABEL,                 \
@@ -136,6 +142,10 @@
       "Router events the stream refused; not sent again (a barrier follows)")  \
     X(gauge, jetstream_pending, "", KVB_NO_LABEL,                              \
       "JetStream publishes not yet acknowledged (in flight or to be resent)")  \
+    X(gauge, jetstream_stalled, "", KVB_NO_LABEL,                              \
+      "1 while JetStream stores none of our publishes (no stream leader, timeouts): resending") \
+    X(counter, jetstream_stalls_total, "", KVB_NO_LABEL,                       \
+      "Times JetStream stopped storing our publishes (each ends at the next positive ack)") \
     X(gauge, mirror_resident_blocks, "tier", KVB_TIERS,                        \
       "Blocks the residency mirror holds, by tier")                            \
     X(gauge, mirror_bytes, "", KVB_NO_LABEL,                                   \
@@ -262,6 +272,7 @@ struct kvb_metrics {
     struct kvb_engine_slot engines[KVB_MAX_ENGINE_SLOTS];
     _Atomic uint64_t loop_heartbeat_ms; /* CLOCK_MONOTONIC of the last loop turn */
     _Atomic uint64_t heartbeat_interval_ms;
+    _Atomic uint64_t state_save_errno;  /* the last failed save's errno (/readyz) */
 };
 
 /* Single-writer increment: relaxed load + store, no lock prefix.

@@ -36,6 +36,18 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     return rc;
 }
 
+/* "not ready: ..." for /readyz while saves of state.dir fail (malloc'ed;
+ * NULL when out of memory). */
+static char *save_failing(const struct kvb_metrics *m)
+{
+    char buf[128], *text = NULL;
+    const char *e = strerror_r((int)kvb_get(&m->state_save_errno), buf, sizeof(buf));
+    if (asprintf(&text, "not ready: cannot save state.dir (%s): a restart would resume from "
+                        "an older state (kvbridge_state_save_failing)\n", e) < 0)
+        return NULL;
+    return text;
+}
+
 /* "not ready: engine gone: SOURCE dp_rank N ..." for /readyz (malloc'ed;
  * NULL when out of memory or no slot says gone). */
 static char *engines_gone(const struct kvb_metrics *m)
@@ -98,6 +110,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (ready)
             return reply(c, 200, "text/plain", ok, 3, MHD_RESPMEM_PERSISTENT);
         char *why = kvb_get(&h->m->engines_gone[0]) ? engines_gone(h->m) : NULL;
+        if (!why && kvb_get(&h->m->state_save_failing[0]))
+            why = save_failing(h->m);
         return why ? reply(c, 503, "text/plain", why, strlen(why), MHD_RESPMEM_MUST_FREE)
                    : reply(c, 503, "text/plain", not_ready, sizeof(not_ready) - 1,
                            MHD_RESPMEM_PERSISTENT);

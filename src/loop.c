@@ -67,6 +67,9 @@ struct kvb_daemon {
     uint64_t losses_seen;    /* kvb_sink_losses() already answered with a barrier */
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
     uint64_t last_save_ms, saved_batches;
+    bool save_failing;       /* state.dir: the last save failed */
+    uint64_t save_fail_since, save_fails;
+    struct kvb_ratelimit save_rl;
     struct kvb_source **src;
     struct src_origin *src_from; /* parallel to src: the entry each came from */
     size_t n_src;
@@ -241,6 +244,48 @@ static struct kvb_state *snapshot(struct kvb_daemon *d)
     return st;
 }
 
+/* The outcome of a save of state.dir (0, or a negative errno): counted;
+ * logged once when saves start failing (then at most once a minute) and
+ * once when they work again; /readyz answers 503 while they fail (a restart
+ * would resume from the older file and replay, or re-send, more). */
+static void save_result(struct kvb_daemon *d, int rc)
+{
+    const char *dir = d->cfg->state.dir;
+    if (rc >= 0) {
+        kvb_inc(&d->m.state_saves_total[0]);
+        if (d->save_failing) {
+            kvb_info("state", "saving to %s works again (after %llu failed save(s) in %.0f s)",
+                     dir, (unsigned long long)d->save_fails,
+                     (double)(kvb_mono_ms() - d->save_fail_since) / 1000.0);
+            d->save_failing = false;
+            kvb_set(&d->m.state_save_failing[0], 0);
+        }
+        return;
+    }
+    kvb_inc(&d->m.state_save_failures_total[0]);
+    kvb_set(&d->m.state_save_errno, (uint64_t)-rc);
+    d->save_fails++;
+    if (!d->save_failing) {
+        d->save_failing = true;
+        d->save_fail_since = kvb_mono_ms();
+        d->save_fails = 1;
+        kvb_set(&d->m.state_save_failing[0], 1);
+        /* this line counts as the reminders' first: the next in a minute */
+        d->save_rl.window_start_ms = d->save_fail_since;
+        d->save_rl.printed = d->save_rl.burst;
+        d->save_rl.suppressed = 0;
+        kvb_err("state", "cannot save to %s: %s; the older saved state stays (a restart "
+                         "would resume from it), retrying every second, /readyz answers 503 "
+                         "until a save works",
+                dir, strerror(-rc));
+        return;
+    }
+    kvb_log_rl(&d->save_rl, KVB_LOG_ERROR, "state", "still cannot save to %s: %s (%llu failed "
+                                                   "saves in %.0f s)",
+               dir, strerror(-rc), (unsigned long long)d->save_fails,
+               (double)(kvb_mono_ms() - d->save_fail_since) / 1000.0);
+}
+
 /* Save the cursors, but only once NATS confirmed (flush: PING/PONG) that it
  * has every router event published so far: the file never claims more than
  * was delivered.  After a crash the engine replays from last + 1 and the
@@ -260,6 +305,7 @@ static void save_state(struct kvb_daemon *d, bool force)
         return; /* NATS away: keep the older, safe file */
     }
     struct kvb_state *st = snapshot(d);
+    bool async = kvb_residency_persists(d->res) && !force;
     int rc = !st ? -ENOMEM
              : kvb_residency_persists(d->res) ? kvb_residency_save(d->res, dir, &st, force)
                                               : kvb_state_save(dir, st);
@@ -267,11 +313,23 @@ static void save_state(struct kvb_daemon *d, bool force)
         kvb_state_free(&st);
         return;
     }
-    if (rc < 0)
-        kvb_warn("state", "cannot save to %s: %s", dir, strerror(-rc));
-    else
+    if (rc >= 0)
         d->saved_batches = batches;
+    if (rc < 0 || !async) /* else the saver's thread tells (save_done) */
+        save_result(d, rc);
     kvb_state_free(&st);
+}
+
+/* The saver thread's outcome, once it is known. */
+static void save_done(struct kvb_daemon *d)
+{
+    bool done = false;
+    int rc = kvb_residency_save_result(d->res, &done);
+    if (done) {
+        if (rc < 0)
+            d->saved_batches = 0; /* save again at the next chance */
+        save_result(d, rc);
+    }
 }
 
 static int load_state(struct kvb_daemon *d)
@@ -564,8 +622,9 @@ static void update_gauges(struct kvb_daemon *d)
     kvb_set(&d->m.nats_pending_bytes[0], pending);
     kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink) &&
                                 kvb_get(&d->m.engines_gone[0]) == 0 &&
-                                kvb_output_registered(d->out));
+                                kvb_output_registered(d->out) && !d->save_failing);
     kvb_residency_gauges(d->res);
+    save_done(d);
 }
 
 /* Liveness: /healthz reads the heartbeat; systemd's watchdog gets WATCHDOG=1. */
@@ -772,6 +831,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     }
     uint64_t wd_usec = 0;
     d->heartbeat_ms = HEARTBEAT_MS;
+    d->save_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(60000, 1);
     if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec > 0) {
         d->watchdog_ms = wd_usec / 2000; /* twice per WatchdogSec */
         if (d->watchdog_ms == 0)

@@ -195,9 +195,17 @@ int main(int argc, char **argv)
     for (uint64_t seq = first; si->State.Msgs && seq <= last; seq++) {
         natsMsg *m = NULL;
         int tries = 0;
-        do
+        /* a timeout, or no leader yet (no responders, JetStream error 10008
+         * "cluster temporarily unavailable"): an election; try for 20 s */
+        for (;;) {
+            ec = 0;
             st = js_GetMsg(&m, js, stream, seq, NULL, &ec);
-        while (st == NATS_TIMEOUT && ++tries < 5);
+            bool again = st == NATS_TIMEOUT || st == NATS_NO_RESPONDERS ||
+                         (st == NATS_ERR && ec == 10008);
+            if (!again || ++tries >= 100)
+                break;
+            nats_Sleep(200);
+        }
         if (st == NATS_NOT_FOUND) {
             missing++;
             continue;
