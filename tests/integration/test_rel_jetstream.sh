@@ -85,10 +85,13 @@ expect_eq "a: stream created at start" "$(count_log "$T/kvbA.log" "created strea
   --batches 12000 --rate 2000 --seed 31 --wait-subscribers 800 --linger 8000 \
   --record "$T/recA" 2>"$T/simA.log" &
 spid=$!; PIDS+=("$spid")
-sleep 2.5
+# under load first (about 1.5 s of it), then the outage: it lasts until
+# kvbridge's ack window filled and it paused reading (what case a is about)
+wait_published "$mp" 8000 60 || bad "a: kvbridge did not publish 8000 router events: $(js_diag "$mp")"
 signal_pid "$nspid" KILL 5
 expect_eq "a: nats-server killed" "$RC" 137
-sleep 5
+wait_log "$T/kvbA.log" "pausing the engine streams" 30 \
+  || echo "     a: no pause in 30 s after the kill: $(js_diag "$mp")"
 start "natsA2" nats-server -a 127.0.0.1 -p "$np" -js -sd "$T/jsA"
 nspid=$LAST_PID
 wait_port "$np" 10 || bad "a: nats-server did not come back"
@@ -140,16 +143,27 @@ start_kvbridge kvbB1 "$T/b.yaml" || { bad "kvbridge did not start"; finish; exit
 k1=$KVB_PID
 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
   --batches 10000 --rate 2000 --seed 32 --wait-subscribers 800 --linger 5000 \
-  --record "$T/recB" 2>"$T/simB.log" &
+  --mark-after 5000 --mark-file "$T/markB" --record "$T/recB" 2>"$T/simB.log" &
 spid=$!; PIDS+=("$spid")
-sleep 2.7
+# killed under load once a state past seq 1000 was saved; restarted once the engine is at batch 5000: a gap of thousands
+# of batches for the replay, events published after the save to send again
+wait_published "$mp" 4500 60 || bad "b: kvbridge did not publish 4500 router events"
+wait_state_stream() { # DIR [SECONDS]: until DIR/kvbridge.state has a stream past seq 1000
+  local end=$((SECONDS + ${2:-20}))
+  until [ "$(awk '$1 == "stream" { print $4 }' "$1/kvbridge.state" 2>/dev/null)" -ge 1000 ] 2>/dev/null; do
+    [ $SECONDS -ge $end ] && return 1; sleep 0.1
+  done
+}
+wait_state_stream "$T/stateB" 20 || echo "     b: no saved stream in 20 s"
 signal_pid "$k1" KILL 5
 expect_eq "b: kvbridge killed" "$RC" 137
 saved=$(awk '$1 == "stream" { print $4 }' "$T/stateB/kvbridge.state" 2>/dev/null)
 [ -n "$saved" ] && ok "b: state saved (seq $saved)" || bad "b: no state file"
-sleep 1
+wait_file "$T/markB" 30 || echo "     b: kvsim did not reach batch 5000 in 30 s"
 start_kvbridge kvbB2 "$T/b.yaml" || { bad "kvbridge did not restart"; finish; exit 1; }
 k2=$KVB_PID
+# logged when the stream's first batch comes (a busy machine: not at once)
+wait_log "$T/kvbB2.log" "resuming after seq $saved" 20 || true
 expect_eq "b: restart resumes" "$(count_log "$T/kvbB2.log" "resuming after seq $saved")" 1
 wait_pid "$spid" 40
 wantB=$(rec_counts "$T/recB" all)
