@@ -76,6 +76,7 @@
 #define JS_SETUP_RETRY_MAX_MS 30000
 #define JS_START_RETRY_MS 200 /* create(): between stream checks, until the deadline */
 #define JS_ACK_GRACE_MS 20    /* destroy: after the last on_ack() returned */
+#define JS_STALL_MS 1000      /* a failure with no positive ack for this long: a stall */
 
 static struct slot *ring_at(struct ring *r, size_t i)
 {
@@ -249,12 +250,16 @@ static void stall_end(struct kvb_sink *s)
 }
 
 /* A publish failed for a reason that passes (WHY: timeout, no responders,
- * unavailable): the start of a stall, or a reminder that it goes on.  The
+ * unavailable) and nothing was stored for JS_STALL_MS (or ever): the start
+ * of a stall, or a reminder that it goes on.  The
  * worker keeps sending again (one probe at a time, backoff up to
  * JS_RETRY_MAX_MS, or every ack timeout) until JetStream answers. */
 static void stall_note(struct kvb_sink *s, const char *why)
 {
     uint64_t now = kvb_mono_ms();
+    uint64_t last = atomic_load_explicit(&s->js_last_ack_ms, memory_order_relaxed);
+    if (!atomic_load(&s->js_stalled) && last && now - last < JS_STALL_MS)
+        return; /* one lost ack among stored ones: not a stall */
     if (!atomic_exchange(&s->js_stalled, true)) {
         atomic_store(&s->js_stall_since, now);
         s->stall_rl.window_start_ms = now; /* the reminders: from 30 s on */
@@ -297,6 +302,7 @@ static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void
                 js_count(s, &m->jetstream_duplicates_total[0]);
         }
         atomic_store(&s->ack_ok, true);
+        atomic_store_explicit(&s->js_last_ack_ms, kvb_mono_ms(), memory_order_relaxed);
         stall_end(s);
         if (was_probe) { /* stored: JetStream takes publishes again */
             pthread_mutex_lock(&s->rb_mu);

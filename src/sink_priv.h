@@ -162,6 +162,7 @@ struct kvb_sink {
      * and cleared by on_ack() (atomic_exchange: one log line per change). */
     atomic_bool js_stalled;
     _Atomic uint64_t js_stall_since; /* monotonic ms */
+    _Atomic uint64_t js_last_ack_ms; /* monotonic ms of the last positive ack */
     struct kvb_ratelimit stall_rl;   /* on_ack() only: "still stalled" */
 
     /* ---- I/O (sink_io.c) ----

@@ -1202,9 +1202,14 @@ START_TEST(test_js_window_resend)
     sleep_ms(800); /* past the ack timeout: sent again, still unanswered */
     ck_assert_uint_ge(kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_TIMEOUT]),
                       (uint64_t)accepted);
+    /* nothing stored yet, only ack timeouts: a stall, counted once */
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalled[0]), 1);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalls_total[0]), 1);
     kill(fx.pid, SIGCONT);
 
     ck_assert_int_eq(kvb_sink_flush(s, 5000), 0);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalled[0]), 0); /* stored again: over */
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalls_total[0]), 1);
     ck_assert_msg(wait_until_ms(pending_zero, 2000), "pending did not drop to 0");
     ck_assert_uint_lt(kvb_sink_pending_bytes(s), RBUF);
     ck_assert_uint_ge(kvb_get(&fx.m.jetstream_resends_total[0]), (uint64_t)accepted);
