@@ -149,10 +149,10 @@ YAML
 start_kvbridge kvbB1 "$T/b.yaml" || { bad "kvbridge did not start"; finish; exit 1; }
 k1=$KVB_PID
 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
-  --batches 10000 --rate 2000 --seed 32 --wait-subscribers 800 --linger 5000 \
-  --mark-after 5000 --mark-file "$T/markB" --record "$T/recB" 2>"$T/simB.log" &
+  --batches 16000 --rate 2000 --seed 32 --wait-subscribers 800 --linger 5000 \
+  --mark-after 8000 --mark-file "$T/markB" --record "$T/recB" 2>"$T/simB.log" &
 spid=$!; PIDS+=("$spid")
-# killed under load once a state past seq 1000 was saved; restarted once the engine is at batch 5000: a gap of thousands
+# killed under load once a state past seq 1000 was saved; restarted once the engine is at batch 8000: a gap of thousands
 # of batches for the replay, events published after the save to send again
 wait_published "$mp" 4500 60 || bad "b: kvbridge did not publish 4500 router events"
 wait_state_stream() { # DIR [SECONDS]: until DIR/kvbridge.state has a stream past seq 1000
@@ -166,7 +166,7 @@ signal_pid "$k1" KILL 5
 expect_eq "b: kvbridge killed" "$RC" 137
 saved=$(awk '$1 == "stream" { print $4 }' "$T/stateB/kvbridge.state" 2>/dev/null)
 [ -n "$saved" ] && ok "b: state saved (seq $saved)" || bad "b: no state file"
-wait_file "$T/markB" 30 || echo "     b: kvsim did not reach batch 5000 in 30 s"
+wait_file "$T/markB" 30 || echo "     b: kvsim did not reach batch 8000 in 30 s"
 start_kvbridge kvbB2 "$T/b.yaml" || { bad "kvbridge did not restart"; finish; exit 1; }
 k2=$KVB_PID
 # logged when the stream's first batch comes (a busy machine: not at once)
@@ -181,9 +181,9 @@ wantB=$(rec_counts "$T/recB" all)
 # still queued unread, and with no later batch nothing would show the gap.
 last="kvbridge_source_last_seq{source=\"tcp://127.0.0.1:$p\",topic=\"\"}"
 end=$((SECONDS + 40))
-until { [ "$(metric "$mp" "$last")" = 9999 ] && [ "$(metric "$mp" kvbridge_jetstream_pending)" = 0 ]; } ||
+until { [ "$(metric "$mp" "$last")" = 15999 ] && [ "$(metric "$mp" kvbridge_jetstream_pending)" = 0 ]; } ||
   [ $SECONDS -ge $end ]; do sleep 0.2; done
-expect_eq "b: kvbridge read the engine's last batch" "$(metric "$mp" "$last")" 9999
+expect_eq "b: kvbridge read the engine's last batch" "$(metric "$mp" "$last")" 15999
 dupsB=$(metric "$mp" kvbridge_jetstream_duplicates_total)
 echo "     b: events published again after the restart, dropped by the duplicate window: $dupsB"
 expect_ge "b: the stream dropped the re-sent events" "$dupsB" 1
