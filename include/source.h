@@ -91,6 +91,9 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
  * or -1.  now_ms: CLOCK_MONOTONIC. */
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms);
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms);
+/* The loop held back (read nothing) for MS milliseconds: a replay in flight
+ * gets that much more time (kvb_replay_postpone). */
+void kvb_source_postpone(struct kvb_source *s, uint64_t ms);
 
 /* "cleared" for every dp_rank of every stream of this source. */
 int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause);

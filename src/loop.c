@@ -63,6 +63,7 @@ struct kvb_daemon {
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
     bool paused;             /* backpressure: NATS buffer too full to read more */
+    uint64_t hold_since;     /* monotonic ms: holding back (paused or discovery) since */
     bool barrier_due;        /* router events were lost on the NATS side */
     uint64_t losses_seen;    /* kvb_sink_losses() already answered with a barrier */
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
@@ -647,6 +648,14 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     heartbeat(d, now);
     update_gauges(d);
     bool hold = d->paused || d->held_back;
+    if (hold && !d->hold_since) {
+        d->hold_since = now;
+    } else if (!hold && d->hold_since) {
+        /* replies were not read meanwhile: not the engine's time */
+        for (size_t i = 0; i < d->n_src; i++)
+            kvb_source_postpone(d->src[i], now - d->hold_since);
+        d->hold_since = 0;
+    }
     long timeout = hold ? PAUSED_POLL_MS : (long)d->heartbeat_ms;
     if (d->watchdog_ms) { /* wake in time for the next WATCHDOG=1 */
         uint64_t due = d->last_watchdog + d->watchdog_ms;

@@ -640,6 +640,14 @@ int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, si
     return n;
 }
 
+void kvb_replay_postpone(struct kvb_replay *r, uint64_t ms)
+{
+    if (!r->active)
+        return;
+    r->deadline_ms += ms;
+    r->end_ms += ms;
+}
+
 long kvb_replay_next_deadline(const struct kvb_replay *r, uint64_t now_ms)
 {
     if (!r->active)

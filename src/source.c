@@ -627,6 +627,8 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
     return rc;
 }
 
+void kvb_source_postpone(struct kvb_source *s, uint64_t ms) { kvb_replay_postpone(s->rp, ms); }
+
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
 {
     s->pipe = p;

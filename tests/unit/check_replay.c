@@ -253,6 +253,29 @@ START_TEST(timeout_gives_up)
 }
 END_TEST
 
+/* test_rel_jetstream b under load: a 6000-batch replay while the daemon
+ * held back (the JetStream window full) for longer than replay.timeout_ms:
+ * the time it did not read is not the engine's, so no "timed out" barrier. */
+START_TEST(postponed_while_held_back)
+{
+    live(&st, 0, 0);
+    live(&st, 5, 0);
+    TRACE("A0 R1 ");
+    kvb_replay_postpone(r, 3000); /* held back from 0 to 3000 */
+    ck_assert_int_eq(kvb_replay_next_deadline(r, 3000), 1000);
+    ck_assert_int_eq(kvb_replay_tick(r, 3500), 0);
+    TRACE("A0 R1 ");
+    reply(1, 3600);
+    reply(2, 3600);
+    reply(3, 3600);
+    reply(4, 3600);
+    TRACE("A0 R1 A1 A2 A3 A4 C A5 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+    kvb_replay_postpone(r, 100); /* nothing in flight: no effect */
+}
+END_TEST
+
 START_TEST(cut_reply_asked_again)
 {
     live(&st, 0, 0);
@@ -608,6 +631,7 @@ Suite *replay_suite(void)
     tcase_add_test(tc, end_before_caught_up);
     tcase_add_test(tc, timeout_gives_up);
     tcase_add_test(tc, cut_reply_asked_again);
+    tcase_add_test(tc, postponed_while_held_back);
     tcase_add_test(tc, end_after_cut_tail_asked_again);
     tcase_add_test(tc, jump_to_until_asked_again);
     tcase_add_test(tc, hole_in_reply_asked_again);
