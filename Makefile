@@ -36,7 +36,8 @@ DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-d
 # keep objects of pattern-built binaries
 .SECONDARY:
 
-.PHONY: all check unit integration integration-msgpack tools-selftest check-valgrind deps clean demo
+.PHONY: all check unit integration integration-msgpack tools-selftest check-valgrind deps clean demo \
+        soak soak-ci
 all: $(PROGS) $(UNIT_BIN)
 
 $(B)/obj/%.o: %.c
@@ -94,6 +95,17 @@ MSGPACK_ITEST := $(addprefix tests/integration/,test_daemon_gaps.sh test_daemon_
 integration-msgpack: $(PROGS)
 	@set -e; for t in $(MSGPACK_ITEST); do echo "== $$t (dynamo-msgpack)"; \
 	  KVB_FORMAT=dynamo-msgpack timeout 300 bash $$t; done
+
+# Soak (tests/integration/soak.sh): SOAK_SECONDS of 1000 batches/s through
+# JetStream on a 3-node cluster with engine restarts, NATS restarts, a node
+# killed, SIGHUP reloads and live drops; one summary table.  soak-ci: the
+# short variant CI runs (.ci/run).
+SOAK_SECONDS ?= 300
+soak: $(PROGS)
+	@SOAK_SECONDS=$(SOAK_SECONDS) timeout $$(( $(SOAK_SECONDS) * 2 + 300 )) bash tests/integration/soak.sh
+
+soak-ci: $(PROGS)
+	@SOAK_SECONDS=75 timeout 600 bash tests/integration/soak.sh
 
 # On a fresh Debian machine this installs what the build and the tests need
 # (the package test builds a .deb: deps-deb), then builds.

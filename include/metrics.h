@@ -120,9 +120,15 @@
     X(gauge, reading_paused, "", KVB_NO_LABEL,                                 \
       "1 while reading is paused (NATS buffer above 3/4 of its limit)")        \
     X(gauge, ready, "", KVB_NO_LABEL,                                          \
-      "1 while NATS is connected, every source is set up and no engine is gone (/readyz)") \
+      "1 while NATS is connected and takes router events, every source is set up, no engine is gone, no replay holds the live stream back and state.dir saves (/readyz)") \
     X(gauge, live_held_batches, "", KVB_NO_LABEL,                              \
       "Live batches held back while a replay runs (all sources)")              \
+    X(counter, state_saves_total, "", KVB_NO_LABEL,                            \
+      "Saves of state.dir (cursors, and the mirror when it persists) that succeeded") \
+    X(counter, state_save_failures_total, "", KVB_NO_LABEL,                    \
+      "Saves of state.dir that failed (the older file stays; retried every second)") \
+    X(gauge, state_save_failing, "", KVB_NO_LABEL,                             \
+      "1 while the last save of state.dir failed (/readyz answers 503)")       \
     X(counter, engine_scrapes_total, "", KVB_NO_LABEL,                         \
       "Rounds of engine metrics/health scrapes finished")                      \
     X(counter, engine_scrape_failures_total, "", KVB_NO_LABEL,                 \
@@ -145,6 +151,10 @@
       "Router events the stream refused; not sent again (a barrier follows)")  \
     X(gauge, jetstream_pending, "", KVB_NO_LABEL,                              \
       "JetStream publishes not yet acknowledged (in flight or to be resent)")  \
+    X(gauge, jetstream_stalled, "", KVB_NO_LABEL,                              \
+      "1 while JetStream stores none of our publishes (no stream leader, timeouts): resending") \
+    X(counter, jetstream_stalls_total, "", KVB_NO_LABEL,                       \
+      "Times JetStream stopped storing our publishes (each ends at the next positive ack)") \
     X(gauge, mirror_resident_blocks, "tier", KVB_TIERS,                        \
       "Blocks the residency mirror holds, by tier")                            \
     X(gauge, mirror_bytes, "", KVB_NO_LABEL,                                   \
@@ -276,6 +286,7 @@ struct kvb_metrics {
      * NATS, without a break (ms, 0: not now) */
     _Atomic uint64_t live_held_ms;
     _Atomic uint64_t paused_ms;
+    _Atomic uint64_t state_save_errno;  /* the last failed save's errno (/readyz) */
 };
 
 /* Single-writer increment: relaxed load + store, no lock prefix.

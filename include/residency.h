@@ -51,6 +51,9 @@ void kvb_residency_serve(struct kvb_residency *r);
 
 /* Gauges: mirror_resident_blocks{tier}, mirror_bytes, mirror_orphans_total. */
 void kvb_residency_gauges(struct kvb_residency *r);
+/* The result of the last asynchronous save (kvb_residency_save() without
+ * wait) once it is known: *done set, and 0 or a negative errno. */
+int kvb_residency_save_result(struct kvb_residency *r, bool *done);
 
 /* The hub the HTTP server serves /v1/ from (kvb_http_set_query()). */
 struct kvb_query *kvb_residency_query(struct kvb_residency *r);

@@ -83,7 +83,10 @@ void *kvb_source_monitor(struct kvb_source *s);
 
 /* Connection events of the SUB (read before its messages): a dropped
  * connection makes its streams' next batches prove they continue them
- * (replay.h); in bind mode only the streams that came on that connection. */
+ * (replay.h); in bind mode only the streams that came on that connection.
+ * The batches the SUB still held when the drop was read came before it:
+ * kvb_source_read() reads those first and applies the drop after them
+ * (kvb_source_monitor() is NULL meanwhile). */
 int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p);
 const char *kvb_source_name(const struct kvb_source *s);
 
@@ -98,6 +101,9 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
  * or -1.  now_ms: CLOCK_MONOTONIC. */
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms);
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms);
+/* The loop held back (read nothing) for MS milliseconds: a replay in flight
+ * gets that much more time (kvb_replay_postpone). */
+void kvb_source_postpone(struct kvb_source *s, uint64_t ms);
 
 /* A reload changed the worker keys (not the topics map, which reopens the
  * source): every stream's router events are for W from the next batch on

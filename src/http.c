@@ -37,8 +37,8 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
 }
 
 /* Why /readyz says no, one line per reason: "not ready: engine gone: SOURCE
- * dp_rank N ...", live batches held back, NATS not taking router events
- * (malloc'ed; NULL when out of memory or none of these holds). */
+ * dp_rank N ...", live batches held back, NATS not taking router events,
+ * state.dir saves failing (malloc'ed; NULL when out of memory or none of these holds). */
 static char *not_ready_why(const struct kvb_metrics *m)
 {
     char *text = NULL;
@@ -69,6 +69,13 @@ static char *not_ready_why(const struct kvb_metrics *m)
         fprintf(f, "not ready: NATS has not taken router events for %llu ms (%llu bytes "
                    "pending): reading the engines is paused\n",
                 (unsigned long long)paused, (unsigned long long)kvb_get(&m->nats_pending_bytes[0]));
+        n++;
+    }
+    if (kvb_get(&m->state_save_failing[0])) {
+        char buf[128];
+        const char *e = strerror_r((int)kvb_get(&m->state_save_errno), buf, sizeof(buf));
+        fprintf(f, "not ready: cannot save state.dir (%s): a restart would resume from an "
+                   "older state (kvbridge_state_save_failing)\n", e);
         n++;
     }
     if (fclose(f) != 0 || n == 0) {

@@ -67,10 +67,14 @@ struct kvb_daemon {
     bool paused;             /* backpressure: NATS buffer too full to read more */
     uint64_t paused_since;   /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
     uint64_t held_since;     /* live batches held back behind replays since, 0: none */
+    uint64_t hold_since;     /* monotonic ms: holding back (paused or discovery) since */
     bool barrier_due;        /* router events were lost on the NATS side */
     uint64_t losses_seen;    /* kvb_sink_losses() already answered with a barrier */
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
     uint64_t last_save_ms, saved_batches;
+    bool save_failing;       /* state.dir: the last save failed */
+    uint64_t save_fail_since, save_fails;
+    struct kvb_ratelimit save_rl;
     struct kvb_source **src;
     struct src_origin *src_from; /* parallel to src: the entry each came from */
     size_t n_src;
@@ -281,6 +285,48 @@ static struct kvb_state *snapshot(struct kvb_daemon *d)
     return st;
 }
 
+/* The outcome of a save of state.dir (0, or a negative errno): counted;
+ * logged once when saves start failing (then at most once a minute) and
+ * once when they work again; /readyz answers 503 while they fail (a restart
+ * would resume from the older file and replay, or re-send, more). */
+static void save_result(struct kvb_daemon *d, int rc)
+{
+    const char *dir = d->cfg->state.dir;
+    if (rc >= 0) {
+        kvb_inc(&d->m.state_saves_total[0]);
+        if (d->save_failing) {
+            kvb_info("state", "saving to %s works again (after %llu failed save(s) in %.0f s)",
+                     dir, (unsigned long long)d->save_fails,
+                     (double)(kvb_mono_ms() - d->save_fail_since) / 1000.0);
+            d->save_failing = false;
+            kvb_set(&d->m.state_save_failing[0], 0);
+        }
+        return;
+    }
+    kvb_inc(&d->m.state_save_failures_total[0]);
+    kvb_set(&d->m.state_save_errno, (uint64_t)-rc);
+    d->save_fails++;
+    if (!d->save_failing) {
+        d->save_failing = true;
+        d->save_fail_since = kvb_mono_ms();
+        d->save_fails = 1;
+        kvb_set(&d->m.state_save_failing[0], 1);
+        /* this line counts as the reminders' first: the next in a minute */
+        d->save_rl.window_start_ms = d->save_fail_since;
+        d->save_rl.printed = d->save_rl.burst;
+        d->save_rl.suppressed = 0;
+        kvb_err("state", "cannot save to %s: %s; the older saved state stays (a restart "
+                         "would resume from it), retrying every second, /readyz answers 503 "
+                         "until a save works",
+                dir, strerror(-rc));
+        return;
+    }
+    kvb_log_rl(&d->save_rl, KVB_LOG_ERROR, "state", "still cannot save to %s: %s (%llu failed "
+                                                   "saves in %.0f s)",
+               dir, strerror(-rc), (unsigned long long)d->save_fails,
+               (double)(kvb_mono_ms() - d->save_fail_since) / 1000.0);
+}
+
 /* Save the cursors, but only once NATS confirmed (flush: PING/PONG) that it
  * has every router event published so far: the file never claims more than
  * was delivered.  After a crash the engine replays from last + 1 and the
@@ -300,6 +346,7 @@ static void save_state(struct kvb_daemon *d, bool force)
         return; /* NATS away: keep the older, safe file */
     }
     struct kvb_state *st = snapshot(d);
+    bool async = kvb_residency_persists(d->res) && !force;
     int rc = !st ? -ENOMEM
              : kvb_residency_persists(d->res) ? kvb_residency_save(d->res, dir, &st, force)
                                               : kvb_state_save(dir, st);
@@ -307,11 +354,23 @@ static void save_state(struct kvb_daemon *d, bool force)
         kvb_state_free(&st);
         return;
     }
-    if (rc < 0)
-        kvb_warn("state", "cannot save to %s: %s", dir, strerror(-rc));
-    else
+    if (rc >= 0)
         d->saved_batches = batches;
+    if (rc < 0 || !async) /* else the saver's thread tells (save_done) */
+        save_result(d, rc);
     kvb_state_free(&st);
+}
+
+/* The saver thread's outcome, once it is known. */
+static void save_done(struct kvb_daemon *d)
+{
+    bool done = false;
+    int rc = kvb_residency_save_result(d->res, &done);
+    if (done) {
+        if (rc < 0)
+            d->saved_batches = 0; /* save again at the next chance */
+        save_result(d, rc);
+    }
 }
 
 static int load_state(struct kvb_daemon *d)
@@ -628,8 +687,9 @@ static void update_gauges(struct kvb_daemon *d)
     kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink) &&
                                 kvb_get(&d->m.engines_gone[0]) == 0 &&
                                 kvb_output_registered(d->out) && held_ms <= READY_GRACE_MS &&
-                                paused_ms <= READY_GRACE_MS);
+                                paused_ms <= READY_GRACE_MS && !d->save_failing);
     kvb_residency_gauges(d->res);
+    save_done(d);
 }
 
 /* Liveness: /healthz reads the heartbeat; systemd's watchdog gets WATCHDOG=1. */
@@ -652,6 +712,14 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     heartbeat(d, now);
     update_gauges(d);
     bool hold = d->paused || d->held_back;
+    if (hold && !d->hold_since) {
+        d->hold_since = now;
+    } else if (!hold && d->hold_since) {
+        /* replies were not read meanwhile: not the engine's time */
+        for (size_t i = 0; i < d->n_src; i++)
+            kvb_source_postpone(d->src[i], now - d->hold_since);
+        d->hold_since = 0;
+    }
     long timeout = hold ? PAUSED_POLL_MS : (long)d->heartbeat_ms;
     if (d->watchdog_ms) { /* wake in time for the next WATCHDOG=1 */
         uint64_t due = d->last_watchdog + d->watchdog_ms;
@@ -836,6 +904,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     }
     uint64_t wd_usec = 0;
     d->heartbeat_ms = HEARTBEAT_MS;
+    d->save_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(60000, 1);
     if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec > 0) {
         d->watchdog_ms = wd_usec / 2000; /* twice per WatchdogSec */
         if (d->watchdog_ms == 0)

@@ -524,6 +524,26 @@ static int proof_failed(struct kvb_replay *r, uint64_t seq, const char *why, uin
     return n;
 }
 
+/* This round's reply stopped short of until (its END, or our held batch,
+ * came while want < until) after it had made progress: the engine's ROUTER
+ * dropped the rest at its HWM (a buffer that held the start of the range
+ * holds all of it, since it ends with the live batches we hold), so that is
+ * a cut, not a loss.  Ask again from want within the replay's time; false
+ * when that is not the case or not possible (then it is a loss). */
+static bool cut_ask_again(struct kvb_replay *r, uint64_t now_ms)
+{
+    if (!r->got_reply || r->want == r->req_want || r->want == r->until ||
+        r->rounds >= REPLAY_MAX_ROUNDS || now_ms >= r->end_ms)
+        return false;
+    r->rounds++;
+    cancel(r);
+    if (send_request(r, now_ms) < 0)
+        return false;
+    kvb_debug("replay", "%s: reply cut at seq %llu, asking again", r->name,
+              (unsigned long long)r->want);
+    return true;
+}
+
 static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
                           uint64_t now_ms)
 {
@@ -547,8 +567,11 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
         r->deadline_ms = now_ms + stall < r->end_ms ? now_ms + stall : r->end_ms;
         return 0;
     }
-    if (seq == r->until) /* the engine is at our held batch: the rest is later */
+    if (seq == r->until) { /* the engine is at our held batch: the rest is later */
+        if (cut_ask_again(r, now_ms))
+            return 0;
         return finish_replay(r, "the engine no longer held all of it", now_ms);
+    }
     if (seq - r->want >= r->until - r->want)
         return 0; /* already applied, or live batches we hold */
     if (r->mode == RP_START && r->until - seq > (uint64_t)INT64_MAX)
@@ -605,6 +628,8 @@ int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, si
     if (seq == KVB_REPLAY_END) {
         if (r->mode == RP_PROVE)
             return proof_failed(r, r->until, "the engine no longer holds our last seq", now_ms);
+        if (cut_ask_again(r, now_ms))
+            return 0;
         return finish_replay(r, "engine's replay buffer no longer holds it", now_ms);
     }
     int n = on_reply_batch(r, seq, data, len, now_ms);
@@ -619,6 +644,14 @@ int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, si
         n += rc;
     }
     return n;
+}
+
+void kvb_replay_postpone(struct kvb_replay *r, uint64_t ms)
+{
+    if (!r->active)
+        return;
+    r->deadline_ms += ms;
+    r->end_ms += ms;
 }
 
 long kvb_replay_next_deadline(const struct kvb_replay *r, uint64_t now_ms)

@@ -132,10 +132,12 @@ void kvb_residency_gauges(struct kvb_residency *r)
         kvb_set(&r->m->mirror_resident_blocks[t], kvb_mirror_blocks(r->mirror, t));
     kvb_set(&r->m->mirror_bytes[0], kvb_mirror_bytes(r->mirror));
     kvb_set(&r->m->mirror_orphans_total[0], kvb_mirror_orphans(r->mirror));
-    bool done = false;
-    int rc = r->saver ? kvb_mirror_save_result(r->saver, &done) : 0;
-    if (done && rc < 0)
-        kvb_warn("state", "cannot save the residency mirror and the cursors: %s", strerror(-rc));
+}
+
+int kvb_residency_save_result(struct kvb_residency *r, bool *done)
+{
+    *done = false;
+    return r && r->saver ? kvb_mirror_save_result(r->saver, done) : 0;
 }
 
 bool kvb_residency_persists(const struct kvb_residency *r)

@@ -76,6 +76,7 @@
 #define JS_SETUP_RETRY_MAX_MS 30000
 #define JS_START_RETRY_MS 200 /* create(): between stream checks, until the deadline */
 #define JS_ACK_GRACE_MS 20    /* destroy: after the last on_ack() returned */
+#define JS_STALL_MS 1000      /* a failure with no positive ack for this long: a stall */
 
 static struct slot *ring_at(struct ring *r, size_t i)
 {
@@ -233,6 +234,56 @@ static bool js_transient(natsStatus st, jsErrCode ec)
     }
 }
 
+/* JetStream stores our publishes again (a positive ack): end of a stall. */
+static void stall_end(struct kvb_sink *s)
+{
+    if (!atomic_load_explicit(&s->js_stalled, memory_order_relaxed) ||
+        !atomic_exchange(&s->js_stalled, false))
+        return;
+    if (s->m && kvb_sink_owns_metrics(s))
+        atomic_store_explicit(&s->m->jetstream_stalled[0], 0, memory_order_relaxed);
+    if (atomic_load(&s->live))
+        kvb_info(STAGE, "JetStream stores our publishes again after %.1f s (%" PRIu64
+                        " unacknowledged, sent again in order)",
+                 (double)(kvb_mono_ms() - atomic_load(&s->js_stall_since)) / 1000.0,
+                 atomic_load(&s->inflight));
+}
+
+/* A publish failed for a reason that passes (WHY: timeout, no responders,
+ * unavailable) and nothing was stored for JS_STALL_MS (or ever): the start
+ * of a stall, or a reminder that it goes on.  The
+ * worker keeps sending again (one probe at a time, backoff up to
+ * JS_RETRY_MAX_MS, or every ack timeout) until JetStream answers. */
+static void stall_note(struct kvb_sink *s, const char *why)
+{
+    uint64_t now = kvb_mono_ms();
+    uint64_t last = atomic_load_explicit(&s->js_last_ack_ms, memory_order_relaxed);
+    if (!atomic_load(&s->js_stalled) && last && now - last < JS_STALL_MS)
+        return; /* one lost ack among stored ones: not a stall */
+    if (!atomic_exchange(&s->js_stalled, true)) {
+        atomic_store(&s->js_stall_since, now);
+        s->stall_rl.window_start_ms = now; /* the reminders: from 30 s on */
+        s->stall_rl.printed = s->stall_rl.burst;
+        s->stall_rl.suppressed = 0;
+        if (s->m && kvb_sink_owns_metrics(s)) {
+            atomic_store_explicit(&s->m->jetstream_stalled[0], 1, memory_order_relaxed);
+            js_count(s, &s->m->jetstream_stalls_total[0]);
+        }
+        if (atomic_load(&s->live))
+            kvb_warn(STAGE, "JetStream stores none of our publishes (%s: no stream leader, "
+                            "or JetStream unavailable): %" PRIu64 " unacknowledged, sent "
+                            "again until it answers",
+                     why, atomic_load(&s->inflight));
+        return;
+    }
+    if (atomic_load(&s->live))
+        kvb_log_rl(&s->stall_rl, KVB_LOG_WARN, STAGE,
+                   "JetStream still stores none of our publishes after %.0f s (%s; %" PRIu64
+                   " unacknowledged): sending again",
+                   (double)(now - atomic_load(&s->js_stall_since)) / 1000.0, why,
+                   atomic_load(&s->inflight));
+}
+
 /* nats.c's callback for every asynchronous publish (its own thread, one per
  * jsCtx).  Positive ack: done.  Otherwise the message goes to the resend
  * queue (the worker sends it again once connected; after no responders or
@@ -251,6 +302,8 @@ static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void
                 js_count(s, &m->jetstream_duplicates_total[0]);
         }
         atomic_store(&s->ack_ok, true);
+        atomic_store_explicit(&s->js_last_ack_ms, kvb_mono_ms(), memory_order_relaxed);
+        stall_end(s);
         if (was_probe) { /* stored: JetStream takes publishes again */
             pthread_mutex_lock(&s->rb_mu);
             if (atomic_load(&s->probe) == msg) {
@@ -294,6 +347,9 @@ static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void
         give_up(s, msg);
         goto out;
     }
+    stall_note(s, why == KVB_JSF_TIMEOUT         ? "ack timeout"
+                  : why == KVB_JSF_NO_RESPONDERS ? "no responders"
+                                                 : "unavailable");
     pthread_mutex_lock(&s->rb_mu);
     if (was_probe && atomic_load(&s->probe) == msg)
         atomic_store(&s->probe, NULL);
@@ -773,6 +829,7 @@ int kvb_sink_js_init(struct kvb_sink *s, const struct kvb_config *cfg)
     jsPubOptions_Init(&s->js_pubopts);
     s->js_pubopts.MaxWait = s->js_ack_timeout_ms;
     s->ack_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(REFUSAL_LOG_MS, REFUSAL_LOG_BURST);
+    s->stall_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(REFUSAL_LOG_MS, 1);
     s->js_byte_cap = s->full_bytes;
     s->js_stream = strdup(st_name);
     s->js_subject = strdup(sj_name);

@@ -157,6 +157,13 @@ struct kvb_sink {
     uint64_t js_setup_after; /* monotonic ms */
     int js_setup_failures;
     struct kvb_ratelimit ack_rl; /* on_ack() only (one ack thread at a time) */
+    /* Stalled: JetStream answered our publishes only with failures (no
+     * responders, unavailable, timeouts) since the last positive ack.  Set
+     * and cleared by on_ack() (atomic_exchange: one log line per change). */
+    atomic_bool js_stalled;
+    _Atomic uint64_t js_stall_since; /* monotonic ms */
+    _Atomic uint64_t js_last_ack_ms; /* monotonic ms of the last positive ack */
+    struct kvb_ratelimit stall_rl;   /* on_ack() only: "still stalled" */
 
     /* ---- I/O (sink_io.c) ----
      * nats.c's socket reads, and the writes that the loop thread does not

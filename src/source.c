@@ -55,12 +55,6 @@ struct kvb_source {
     size_t n_streams;
     struct kvb_replay *rp;     /* the sequence and replay rules (replay.h) */
     struct kvb_pipeline *pipe; /* during an entry point: the ops' pipeline */
-    /* A connection dropped and the batches it sent before may still wait in
-     * the SUB's queue: they are applied while they continue their stream
-     * (see on_conn_event()); drop_fd is the connection (-1: unknown). */
-    bool drop_pending;
-    int drop_fd;
-    char drop_addr[256];
     struct kvb_ratelimit rl_frames, rl_expire, rl_peers;
     long peers;                /* bind mode: connections accepted and not yet gone */
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
@@ -71,6 +65,12 @@ struct kvb_source {
     struct kvb_topic_cfg *topics; /* p.topics copied (issue 17); NULL when none */
     struct kvb_worker_cfg worker; /* *p.worker copied; p.worker points here */
     struct kvb_ratelimit rl_topics;
+    /* A connection dropped while batches were still queued in the SUB: they
+     * came before the drop, so they are read first (kvb_source_read) and the
+     * drop is applied after them; the monitor is not read meanwhile. */
+    bool drop_due;
+    int drop_fd;
+    char drop_addr[256];
 };
 
 /* The worker_id of a batch on TOPIC (N bytes): its entry of the topics map;
@@ -393,7 +393,9 @@ void kvb_source_destroy(struct kvb_source **ps)
 }
 
 void *kvb_source_sub(struct kvb_source *s) { return s->sub; }
-void *kvb_source_monitor(struct kvb_source *s) { return s->mon; }
+/* Not while a drop waits for the batches queued before it (its events stay
+ * queued: polling them would not block). */
+void *kvb_source_monitor(struct kvb_source *s) { return s->drop_due ? NULL : s->mon; }
 void *kvb_source_replay(struct kvb_source *s)
 {
     return kvb_replay_active(s->rp) ? s->dealer : NULL;
@@ -672,27 +674,6 @@ static void observe(struct kvb_source *s, struct kvb_pipeline *p, uint64_t seria
     }
 }
 
-/* The engine's connection dropped (s->drop_fd): the next batch of each of
- * its streams must prove that it continues the stream (replay.h). */
-static void mark_dropped(struct kvb_source *s)
-{
-    bool any = false;
-    s->drop_pending = false;
-    for (size_t i = 0; i < s->n_streams; i++) {
-        struct stream *st = s->streams[i];
-        /* bind mode: the streams that came on that connection (all of them
-         * when libzmq cannot tell) */
-        if (s->p.mode == KVB_MODE_BIND && st->peer_fd >= 0 && s->drop_fd >= 0 &&
-            st->peer_fd != s->drop_fd)
-            continue;
-        st->peer_fd = -1;
-        any |= st->st.has_last;
-        kvb_replay_peer_reset(s->rp, &st->st, kvb_mono_ms());
-    }
-    kvb_info("source", "%s: engine connection dropped (%s)%s", s->name, s->drop_addr,
-             any ? ": the next batches must prove they continue the stream" : "");
-}
-
 static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
     zmq_msg_t f[3];
@@ -749,11 +730,6 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
         } else {
             int fd = s->p.mode == KVB_MODE_BIND ? zmq_msg_get(&f[0], ZMQ_SRCFD) : -1;
             uint64_t seq = be64(zmq_msg_data(&f[1]));
-            /* draining after a drop: the first batch of the dropped
-             * connection that does not continue its stream ends it */
-            if (s->drop_pending && st->st.has_last && seq != st->st.last + 1 &&
-                (s->p.mode != KVB_MODE_BIND || s->drop_fd < 0 || fd == s->drop_fd))
-                mark_dropped(s);
             if (s->p.mode == KVB_MODE_BIND)
                 st->peer_fd = fd;
             uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
@@ -771,10 +747,14 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 
 /* ---- entry points: the work, then the per-stream metrics ---------------- */
 
+static int read_before_drop(struct kvb_source *s, struct kvb_pipeline *p, int budget);
+
 int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 {
     s->pipe = p;
-    int rc = read_live(s, p, budget);
+    int got = read_before_drop(s, p, budget), rc = got;
+    if (got >= 0 && got < budget && (rc = read_live(s, p, budget - got)) >= 0)
+        rc += got;
     sync_slots(s);
     return rc;
 }
@@ -787,6 +767,8 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
     return rc;
 }
 
+void kvb_source_postpone(struct kvb_source *s, uint64_t ms) { kvb_replay_postpone(s->rp, ms); }
+
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
 {
     s->pipe = p;
@@ -796,7 +778,6 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
     sync_slots(s);
 }
 
-/* One event of the SUB's monitor. */
 /* Bind mode: a connection beyond max_peers is shut down as soon as it is
  * accepted (libzmq then closes it: the fd stays libzmq's).  The event comes
  * after the fact, so the fd is checked to still be a connection accepted on
@@ -824,6 +805,38 @@ static void refuse_peer(struct kvb_source *s, int fd)
                s->name, s->peers, s->p.max_peers);
 }
 
+/* A message is waiting on SOCK (ZMQ_EVENTS: nothing is read). */
+static bool has_input(void *sock)
+{
+    int ev = 0;
+    size_t len = sizeof(ev);
+    return sock && zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN);
+}
+
+/* The engine's connection FD (bind mode; -1: unknown) dropped: its streams'
+ * next batches must prove they continue them. */
+static void apply_drop(struct kvb_source *s, int fd, const char *addr)
+{
+    bool any = false;
+    for (size_t i = 0; i < s->n_streams; i++) {
+        struct stream *st = s->streams[i];
+        /* bind mode: the streams that came on that connection (all of them
+         * when libzmq cannot tell) */
+        if (s->p.mode == KVB_MODE_BIND && st->peer_fd >= 0 && fd >= 0 && st->peer_fd != fd)
+            continue;
+        st->peer_fd = -1;
+        any |= st->st.has_last;
+        kvb_replay_peer_reset(s->rp, &st->st, kvb_mono_ms());
+    }
+    kvb_info("source", "%s: engine connection dropped (%s)%s", s->name, addr,
+             any ? ": the next batches must prove they continue the stream" : "");
+}
+
+/* One event of the SUB's monitor.  A drop is applied at once only when no
+ * batch is queued: the monitor and the SUB are two queues, and the batches
+ * the SUB still holds were received before the drop (libzmq keeps them), so
+ * they are read first (kvb_source_read); otherwise they would have to prove
+ * a continuity that is not in question (a spurious restart barrier). */
 static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char *addr)
 {
     if (ev == ZMQ_EVENT_ACCEPTED && s->p.mode == KVB_MODE_BIND &&
@@ -839,19 +852,33 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
         return;
     if (s->p.mode == KVB_MODE_BIND && s->peers > 0)
         s->peers--;
-    /* The monitor's event can be read before batches the engine sent ahead
-     * of the drop (the loop lags behind a busy engine): apply those first,
-     * as long as they continue their stream; the first one that does not
-     * (or the next batch after the queue is empty) must prove itself. */
-    s->drop_pending = true;
-    s->drop_fd = fd;
-    snprintf(s->drop_addr, sizeof(s->drop_addr), "%s", addr);
-    int rc = read_live(s, s->pipe, s->p.rcvhwm ? (int)(s->p.rcvhwm < 100000 ? s->p.rcvhwm : 100000)
-                                             : 100000);
-    if (rc < 0)
-        kvb_err("source", "%s: %s", s->name, strerror(-rc));
-    if (s->drop_pending)
-        mark_dropped(s);
+    if (has_input(s->sub)) {
+        s->drop_due = true;
+        s->drop_fd = fd;
+        snprintf(s->drop_addr, sizeof(s->drop_addr), "%s", addr);
+        return;
+    }
+    apply_drop(s, fd, addr);
+}
+
+/* The batches queued before a drop: read one at a time until the SUB is
+ * empty or the monitor has news (a new connection's batches may follow
+ * it), then the drop.  Returns messages read, or a negative errno. */
+static int read_before_drop(struct kvb_source *s, struct kvb_pipeline *p, int budget)
+{
+    int got = 0;
+    while (s->drop_due && got < budget) {
+        int n = has_input(s->mon) || !has_input(s->sub) ? 0 : read_live(s, p, 1);
+        if (n < 0)
+            return n;
+        if (n == 0) {
+            s->drop_due = false;
+            apply_drop(s, s->drop_fd, s->drop_addr);
+            break;
+        }
+        got += n;
+    }
+    return got;
 }
 
 int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p)
@@ -859,7 +886,7 @@ int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p)
     s->pipe = p;
     int got = 0;
     zmq_msg_t f[2];
-    for (int n; (n = recv_multipart(s->mon, f, 2)) > 0; got++) {
+    for (int n; !s->drop_due && (n = recv_multipart(s->mon, f, 2)) > 0; got++) {
         if (n == 2 && zmq_msg_size(&f[0]) >= 6) {
             const uint8_t *d = zmq_msg_data(&f[0]);
             uint16_t ev;

@@ -147,17 +147,45 @@ published() {
   http_get "$1" /metrics
   awk '$1 ~ /^kvbridge_router_events_published_total/ { n += $2 } END { print n + 0 }' "$T/http.body"
 }
+# js_diag MPORT: kvbridge's view of NATS and its JetStream window, one line
+# (what a wait that timed out prints): reading paused, NATS buffer, in-flight
+# window, acks and ack failures, resends, stalls, engine seq
+js_diag() {
+  http_get "$1" /metrics
+  awk '$1 ~ /^kvbridge_router_events_published_total/ { pub += $2; next }
+    $1 ~ /^kvbridge_(reading_paused|nats_connected|nats_pending_bytes|jetstream_pending|jetstream_acks_total|jetstream_resends_total|jetstream_ack_failures_total|jetstream_stalled|jetstream_stalls_total|source_last_seq|replays_failed_total|barriers_total)/ {
+      k = $1; sub(/^kvbridge_/, "", k); gsub(/source="[^"]*",?|topic="",?|\{\}/, "", k)
+      if ($2 != 0 || k !~ /total/) printf "%s=%s ", k, $2 }
+    END { printf "published=%d\n", pub }' "$T/http.body"
+}
 # settle MPORT WANT: wait (bounded, SETTLE_S s) until kvbridge published WANT router
-# events and JetStream acknowledged every one
+# events and JetStream acknowledged every one; on a timeout, print what kvbridge
+# says (js_diag)
 settle() {
   local end=$((SECONDS + ${SETTLE_S:-30}))
   until [ "$(published "$1")" -ge "$2" ] && [ "$(metric "$1" kvbridge_jetstream_pending)" = 0 ]; do
-    [ $SECONDS -ge $end ] && { echo "     (not settled: published $(published "$1") of $2)"; return 1; }
+    [ $SECONDS -ge $end ] && {
+      echo "     (not settled in ${SETTLE_S:-30} s: published $(published "$1") of $2)"
+      echo "     kvbridge: $(js_diag "$1")"
+      return 1; }
     sleep 0.2
   done
 }
-# js_stat NAME FIELD: FIELD=N from js_check's "jscheck:" line in $T/NAME.out
-js_stat() { grep '^jscheck:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+# wait_published MPORT N [SECONDS]: until kvbridge published N router events
+wait_published() {
+  local end=$((SECONDS + ${3:-30}))
+  until [ "$(published "$1")" -ge "$2" ]; do
+    [ $SECONDS -ge $end ] && { echo "     (published $(published "$1") of $2 in ${3:-30} s)"; return 1; }
+    sleep 0.1
+  done
+}
+# js_stat NAME FIELD: FIELD=N from js_check's "jscheck:" line in $T/NAME.out;
+# -1 when there is none (js_check failed), so that sums stay numbers
+js_stat() {
+  local v
+  v=$(grep '^jscheck:' "$T/$1.out" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p")
+  echo "${v:--1}"
+}
 
 # ---- helpers for the daemon tests (test_daemon_*.sh) ------------------------
 

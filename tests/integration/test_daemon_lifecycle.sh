@@ -82,8 +82,12 @@ expect_eq "restart-below: kvbridge log: restart detected" \
 expect_ge "restart-below: kvbridge log: the new stream's start asked" \
   "$(count_log "$T/kvb-restart-below.log" 'stream starts at a later seq')" 1
 
+# (the first incarnation lasts 50 ms: kvsim waits 1.5 s before it, so that
+# kvbridge, retrying the connection every 250 ms at most, is connected by
+# then even on a loaded machine; without it kvbridge sometimes saw only the
+# second incarnation, and no restart)
 engine_late restart-above 0 --batches 800 --rate 1000 --seed 13 --restart-at 50 --restart-close 300 \
-  --restart-drop-live 200
+  --restart-drop-live 200 --wait-subscribers 1500
 check_index restart-above 1
 expect_eq "restart-above: kvbridge log: continuity not proven, restart" \
   "$(count_log "$T/kvb-restart-above.log" 'engine reconnected and seq .*: engine restart')" 1

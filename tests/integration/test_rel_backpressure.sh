@@ -11,11 +11,16 @@
 #      NATS itself lost in flight when A died is measured and reported.
 #   2. The engine keeps only 100 batches: replay cannot fill the gap, so a
 #      "cleared" barrier follows the outage and the index holds nothing wrong.
+# Timing is by conditions (a loaded machine stretches everything): A is
+# killed once kvbridge published 1500 router events, and comes back once
+# kvsim is at batch 4500 and kvbridge has paused, so that the outage always
+# spans thousands of batches (more than the SUB queue and the small buffer).
 source "$(dirname "$0")/lib.sh"
 
 run_case() { # NAME REPLAY_BUFFER
-  local name=$1 rbuf=$2 pa pb ca cb p
+  local name=$1 rbuf=$2 pa pb ca cb p mp
   pa=$(daemon_port); pb=$(daemon_port); ca=$(daemon_port); cb=$(daemon_port); p=$(daemon_port 2)
+  mp=$(daemon_port)
   local cl=(--cluster_name kvb --no_advertise)
   start "natsA-$name" nats-server -a 127.0.0.1 -p "$pa" "${cl[@]}" -cluster "nats://127.0.0.1:$ca" -routes "nats://127.0.0.1:$cb"
   local apid=$LAST_PID
@@ -37,24 +42,26 @@ nats:
 replay:
   timeout_ms: 3000
 metrics:
-  listen: ""
+  listen: 127.0.0.1:$mp
 YAML
-  start_kvtail "tail-$name" "$pb" --quiet --check --allow-start-offset --index --timeout 10000 \
+  start_kvtail "tail-$name" "$pb" --quiet --check --allow-start-offset --index --timeout 20000 \
     || { bad "$name: kvtail not ready"; return 1; }
   local tpid=$TAIL_PID
   start_kvbridge "kvb-$name" "$T/$name.yaml" || { bad "$name: kvbridge did not start"; return 1; }
   local kpid=$KVB_PID
   "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
     --replay-buffer "$rbuf" --batches 8000 --rate 2000 --workload prefill --seed 9 \
-    --wait-subscribers 800 --linger 4000 --record "$T/rec-$name" 2>"$T/sim-$name.log" &
+    --wait-subscribers 800 --linger 4000 --mark-after 4500 --mark-file "$T/mark-$name" \
+    --record "$T/rec-$name" 2>"$T/sim-$name.log" &
   local spid=$!
   PIDS+=("$spid")
-  sleep 2
+  wait_published "$mp" 1500 60 || bad "$name: kvbridge did not publish 1500 router events"
   stop_pid "$apid" KILL >/dev/null
-  wait_log "$T/kvb-$name.log" "pausing the engine streams" 5 \
+  wait_log "$T/kvb-$name.log" "pausing the engine streams" 30 \
     && ok "$name: kvbridge paused reading while NATS was away" \
-    || bad_log "$name: no pause" "$T/kvb-$name.log"
-  sleep 1.5
+    || { bad_log "$name: no pause" "$T/kvb-$name.log"
+         echo "     kvbridge: $(js_diag "$mp")"; }
+  wait_file "$T/mark-$name" 30 || echo "     $name: kvsim did not reach batch 4500 in 30 s"
   start "natsA2-$name" nats-server -a 127.0.0.1 -p "$pa" "${cl[@]}" -cluster "nats://127.0.0.1:$ca" -routes "nats://127.0.0.1:$cb"
   wait_port "$pa" 10 || bad "$name: nats A did not come back"
   wait_pid "$spid" 40

@@ -8,7 +8,7 @@
 # duplicate is an exact re-send.
 source "$(dirname "$0")/lib.sh"
 
-np=$(daemon_port); p=$(daemon_port 2)
+np=$(daemon_port); p=$(daemon_port 2); mp=$(daemon_port)
 start_nats "$np" || { bad "nats-server did not start"; finish; exit 1; }
 mkdir -p "$T/state"
 cat >"$T/k.yaml" <<YAML
@@ -22,29 +22,36 @@ nats:
 replay:
   timeout_ms: 5000
 metrics:
-  listen: ""
+  listen: 127.0.0.1:$mp
 state:
   dir: $T/state
 YAML
-start_kvtail tail "$np" --check --index --expect-record "$T/rec" --timeout 5000 \
+start_kvtail tail "$np" --check --index --expect-record "$T/rec" --timeout 10000 \
   || { bad "kvtail not ready"; finish; exit 1; }
 tpid=$TAIL_PID
 start_kvbridge kvb1 "$T/k.yaml" || { bad "kvbridge did not start"; finish; exit 1; }
 k1=$KVB_PID
 expect_eq "first run: no saved state" "$(count_log "$T/kvb1.log" 'no saved state')" 1
 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
-  --batches 10000 --rate 2000 --seed 21 --wait-subscribers 800 --linger 5000 \
-  --record "$T/rec" 2>"$T/sim.log" &
+  --batches 16000 --rate 2000 --seed 21 --wait-subscribers 800 --linger 5000 \
+  --mark-after 8000 --mark-file "$T/mark" --record "$T/rec" 2>"$T/sim.log" &
 spid=$!; PIDS+=("$spid")
-sleep 2.7
+# killed under load once a state past seq 1000 was saved; restarted once
+# the engine is at batch 8000 (a gap for replay)
+wait_published "$mp" 4500 60 || bad "kvbridge did not publish 4500 router events"
+end=$((SECONDS + 20))
+until [ "$(awk '$1 == "stream" { print $4 }' "$T/state/kvbridge.state" 2>/dev/null)" -ge 1000 ] 2>/dev/null ||
+  [ $SECONDS -ge $end ]; do sleep 0.1; done
 signal_pid "$k1" KILL 5
 expect_eq "kvbridge killed" "$RC" 137
 [ -s "$T/state/kvbridge.state" ] && ok "state file written" || bad "no state file"
 saved=$(awk '$1 == "stream" { print $4 }' "$T/state/kvbridge.state")
 echo "     saved seq: $saved"
-sleep 1
+wait_file "$T/mark" 30 || echo "     kvsim did not reach batch 8000 in 30 s"
 start_kvbridge kvb2 "$T/k.yaml" || { bad "kvbridge did not restart"; finish; exit 1; }
 k2=$KVB_PID
+# logged when the stream's first batch comes (a busy machine: not at once)
+wait_log "$T/kvb2.log" "resuming after seq $saved" 20 || true
 expect_eq "restart resumes" "$(count_log "$T/kvb2.log" "resuming after seq $saved")" 1
 wait_pid "$spid" 40
 wait_pid "$tpid" 40
@@ -65,5 +72,5 @@ signal_pid "$k2" TERM 15
 expect_eq "kvbridge exit code" "$RC" 0
 # a clean stop saves the final cursor
 last=$(awk '$1 == "stream" { print $4 }' "$T/state/kvbridge.state")
-expect_eq "state after a clean stop: the last seq" "$last" 9999
+expect_eq "state after a clean stop: the last seq" "$last" 15999
 finish

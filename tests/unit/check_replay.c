@@ -228,6 +228,9 @@ START_TEST(replay_starts_late_barrier_once)
 }
 END_TEST
 
+/* The END after part of the range: the ROUTER dropped the rest at its HWM
+ * (a buffer holding seq 1 and the live seq 5 holds 2..4): asked again; a
+ * round whose reply is only the END is a loss. */
 START_TEST(end_before_caught_up)
 {
     live(&st, 0, 0);
@@ -235,7 +238,51 @@ START_TEST(end_before_caught_up)
     live(&st, 6, 0);
     reply(1, 1);
     end(2);
-    TRACE("A0 R1 A1 C Bg A5 A6 ");
+    TRACE("A0 R1 A1 C R2 ");
+    ck_assert(kvb_replay_active(r));
+    end(3);
+    TRACE("A0 R1 A1 C R2 C Bg A5 A6 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+}
+END_TEST
+
+/* test_rel_jetstream case b stopping short: a 4000-batch reply whose middle
+ * and tail the ROUTER dropped; the END came through.  Asked again until
+ * filled, no barrier. */
+START_TEST(end_after_cut_tail_asked_again)
+{
+    live(&st, 0, 0);
+    live(&st, 9, 0);
+    reply(1, 1);
+    reply(2, 1);
+    end(1); /* 3..8 and what followed dropped */
+    TRACE("A0 R1 A1 A2 C R3 ");
+    for (uint64_t q = 3; q < 9; q++)
+        reply(q, 2);
+    TRACE("A0 R1 A1 A2 C R3 A3 A4 A5 A6 A7 A8 C A9 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+}
+END_TEST
+
+/* The reply jumps to our held batch after part of the range: a cut too. */
+START_TEST(jump_to_until_asked_again)
+{
+    live(&st, 0, 0);
+    live(&st, 9, 0);
+    reply(1, 1);
+    reply(9, 1); /* 2..8 dropped */
+    TRACE("A0 R1 A1 C R2 ");
+    for (uint64_t q = 2; q < 9; q++)
+        reply(q, 2);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+    ck_assert_uint_eq(st.last, 9);
+    /* a round that starts at our held batch: the engine no longer holds the rest */
+    live(&st, 10, 3);
+    live(&st, 15, 3);
+    reply(15, 4);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+    ck_assert(!kvb_replay_active(r));
 }
 END_TEST
 
@@ -249,6 +296,29 @@ START_TEST(timeout_gives_up)
     kvb_replay_tick(r, 1100);
     TRACE("A0 R1 C Bg A5 ");
     ck_assert_int_eq(kvb_replay_next_deadline(r, 1100), -1);
+}
+END_TEST
+
+/* test_rel_jetstream b under load: a 6000-batch replay while the daemon
+ * held back (the JetStream window full) for longer than replay.timeout_ms:
+ * the time it did not read is not the engine's, so no "timed out" barrier. */
+START_TEST(postponed_while_held_back)
+{
+    live(&st, 0, 0);
+    live(&st, 5, 0);
+    TRACE("A0 R1 ");
+    kvb_replay_postpone(r, 3000); /* held back from 0 to 3000 */
+    ck_assert_int_eq(kvb_replay_next_deadline(r, 3000), 1000);
+    ck_assert_int_eq(kvb_replay_tick(r, 3500), 0);
+    TRACE("A0 R1 ");
+    reply(1, 3600);
+    reply(2, 3600);
+    reply(3, 3600);
+    reply(4, 3600);
+    TRACE("A0 R1 A1 A2 A3 A4 C A5 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+    kvb_replay_postpone(r, 100); /* nothing in flight: no effect */
 }
 END_TEST
 
@@ -609,6 +679,9 @@ Suite *replay_suite(void)
     tcase_add_test(tc, end_before_caught_up);
     tcase_add_test(tc, timeout_gives_up);
     tcase_add_test(tc, cut_reply_asked_again);
+    tcase_add_test(tc, postponed_while_held_back);
+    tcase_add_test(tc, end_after_cut_tail_asked_again);
+    tcase_add_test(tc, jump_to_until_asked_again);
     tcase_add_test(tc, hole_in_reply_asked_again);
     tcase_add_test(tc, second_gap_among_held_replayed);
     tcase_add_test(tc, request_fails_barrier);

@@ -5,6 +5,7 @@
  *   CK_FORK=no valgrind --leak-check=full ./build/tests/check_sink
  */
 #include <check.h>
+#include <dirent.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -152,6 +153,49 @@ static void server_start_conf(int port, const char *conf)
 }
 
 static void server_start(int port) { server_start_conf(port, NULL); }
+
+/* Every thread of PID is stopped (SIGSTOP took effect: /proc/PID/task/ * /stat
+ * state T).  A stopped nats-server answers nothing from then on. */
+static bool all_stopped(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return false;
+    bool all = true;
+    int n = 0;
+    for (struct dirent *e; all && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sp[384], buf[512];
+        snprintf(sp, sizeof(sp), "%s/%s/stat", path, e->d_name);
+        FILE *f = fopen(sp, "r");
+        size_t len = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[len] = '\0';
+        const char *rp = strrchr(buf, ')'); /* "pid (comm) S ..." */
+        all = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+        n++;
+    }
+    closedir(d);
+    return all && n > 0;
+}
+
+/* SIGSTOP the server and wait (bounded) until it took effect. */
+static void server_stop(void)
+{
+    kill(fx.pid, SIGSTOP);
+    uint64_t deadline = now_ms() + 5000;
+    while (!all_stopped(fx.pid)) {
+        ck_assert_msg(now_ms() < deadline, "nats-server %d not stopped 5 s after SIGSTOP",
+                      (int)fx.pid);
+        sleep_ms(1);
+    }
+}
+
+
 
 static void server_kill(void)
 {
@@ -1177,7 +1221,7 @@ START_TEST(test_js_window_resend)
     struct kvb_sink *s = fx.sink;
     ck_assert_uint_lt(kvb_sink_pending_bytes(s), RBUF);
 
-    kill(fx.pid, SIGSTOP); /* no acks from now on */
+    server_stop(); /* no acks from now on */
     int i, rc = 0;
     uint64_t pending_at_12 = 0;
     for (i = 0; i < 100 && rc == 0; i++) {
@@ -1198,13 +1242,29 @@ START_TEST(test_js_window_resend)
     ck_assert_uint_eq(kvb_get(&fx.m.nats_publish_errors_total[0]), 1);
     ck_assert_uint_ge(kvb_sink_pending_bytes(s), RBUF);
     ck_assert_uint_eq(kvb_get(&fx.m.jetstream_pending[0]), (uint64_t)accepted);
-    ck_assert_int_eq(kvb_sink_flush(s, 200), -ETIMEDOUT);
+    int frc = kvb_sink_flush(s, 200);
+    ck_assert_msg(frc == -ETIMEDOUT,
+                  "flush with the server stopped: %d; acks %" PRIu64 ", timeouts %" PRIu64
+                  ", no responders %" PRIu64 ", unavailable %" PRIu64 ", refused %" PRIu64
+                  ", losses %" PRIu64 ", disconnects %" PRIu64 ", connected %d, pending %" PRIu64,
+                  frc, kvb_get(&fx.m.jetstream_acks_total[0]),
+                  kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_TIMEOUT]),
+                  kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_NO_RESPONDERS]),
+                  kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_UNAVAILABLE]),
+                  kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_REFUSED]),
+                  kvb_sink_losses(s), kvb_get(&fx.m.nats_disconnects_total[0]),
+                  kvb_sink_connected(s), kvb_get(&fx.m.jetstream_pending[0]));
     sleep_ms(800); /* past the ack timeout: sent again, still unanswered */
     ck_assert_uint_ge(kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_TIMEOUT]),
                       (uint64_t)accepted);
+    /* nothing stored yet, only ack timeouts: a stall, counted once */
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalled[0]), 1);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalls_total[0]), 1);
     kill(fx.pid, SIGCONT);
 
     ck_assert_int_eq(kvb_sink_flush(s, 5000), 0);
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalled[0]), 0); /* stored again: over */
+    ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalls_total[0]), 1);
     ck_assert_msg(wait_until_ms(pending_zero, 2000), "pending did not drop to 0");
     ck_assert_uint_lt(kvb_sink_pending_bytes(s), RBUF);
     ck_assert_uint_ge(kvb_get(&fx.m.jetstream_resends_total[0]), (uint64_t)accepted);
