@@ -160,9 +160,10 @@ int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, si
 int kvb_replay_tick(struct kvb_replay *r, uint64_t now_ms);
 /* Milliseconds until kvb_replay_tick() has work, or -1. */
 long kvb_replay_next_deadline(const struct kvb_replay *r, uint64_t now_ms);
-/* The caller did not read replies for MS milliseconds (the daemon held back:
- * NATS backpressure): the replay's deadlines move by as much, so that time
- * spent not reading is not counted against the engine. */
+/* MS milliseconds were not the engine's: the caller did not read replies
+ * (the daemon held back: NATS backpressure) or was applying and publishing
+ * them.  The replay's deadlines move by as much: replay.timeout_ms bounds
+ * the time spent waiting for the engine. */
 void kvb_replay_postpone(struct kvb_replay *r, uint64_t ms);
 /* A replay is in flight (its replies are wanted). */
 bool kvb_replay_active(const struct kvb_replay *r);

@@ -70,6 +70,7 @@ struct kvb_source {
      * drop is applied after them; the monitor is not read meanwhile. */
     bool drop_due;
     int drop_fd;
+    uint64_t replay_busy_ns;   /* time applying replies not yet credited (< 1 ms) */
     char drop_addr[256];
 };
 
@@ -762,7 +763,16 @@ int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
 {
     s->pipe = p;
+    uint64_t t0 = kvb_mono_ns();
     int rc = read_replay(s, READ_REPLAY_BUDGET);
+    /* Applying and publishing the replies is our time, not the engine's:
+     * a big reply paced by NATS (the JetStream ack window) must not run out
+     * of replay.timeout_ms while the engine has long sent it. */
+    s->replay_busy_ns += kvb_mono_ns() - t0;
+    if (s->replay_busy_ns >= 1000000) {
+        kvb_replay_postpone(s->rp, s->replay_busy_ns / 1000000);
+        s->replay_busy_ns %= 1000000;
+    }
     sync_slots(s);
     return rc;
 }
