@@ -423,8 +423,10 @@ static const struct opt opts[] = {
 
     {.key = "replay.timeout_ms", .type = T_U32, .off = TOP(replay.timeout_ms, uint32_t),
      .def = "2000", .min = 1, .max = I32MAX, .flags = R,
-     .help = "Time allowed for a whole replay request, in milliseconds; then a "
-             "\"cleared\" barrier is published instead."},
+     .help = "Time allowed for a whole replay (every request of it), in "
+             "milliseconds, counting only the time spent waiting for the engine (not "
+             "kvbridge's own holding back or applying the replies); then a "
+             "\"cleared\" barrier is published for what is still missing."},
 
     {.key = "discovery.etcd.endpoints", .type = T_STRLIST,
      .off = TOP(discovery.etcd.endpoints, char **),
