@@ -25,7 +25,10 @@
  *   - a payload that does not decode, or is rejected, publishes exactly one
  *     "cleared" per dp_rank of the stream and nothing else;
  *   - a payload that decodes publishes only for its dp_rank, starting with a
- *     "cleared" when that rank is new to the stream;
+ *     "cleared" when that rank is new to the stream; a 65th rank publishes
+ *     nothing (its pair never published);
+ *   - but no "cleared" where the pair's last router event already was one
+ *     (the router holds nothing of it: kvbridge_barriers_redundant_total);
  *   - the return value is the number of router events emitted, and the
  *     stream's last seq is the seq just applied.
  */
@@ -49,8 +52,14 @@ struct emitted {
     uint32_t rank;
 };
 
+#define MAX_PAIRS (MAX_RECORDS + 8)
+
 struct ctx {
     struct id_track ids;
+    /* the model of each pair's state (convert.h): KVB_PAIR_NONE, _CLEAN, _DIRTY */
+    uint32_t pair_rank[MAX_PAIRS];
+    uint8_t pair_state[MAX_PAIRS];
+    size_t n_pairs;
     struct emitted *ev; /* this call's events */
     size_t n_ev;
 };
@@ -80,15 +89,32 @@ static struct kvb_pipeline_cfg make_cfg(uint8_t b)
     return cfg;
 }
 
-/* Check events ev[*k..] start with one "cleared" per rank of ranks[0..n). */
-static void expect_barrier(const struct ctx *c, size_t *k, const uint32_t *ranks, uint32_t n,
+static uint8_t *pair_state(struct ctx *c, uint32_t rank)
+{
+    for (size_t i = 0; i < c->n_pairs; i++)
+        if (c->pair_rank[i] == rank)
+            return &c->pair_state[i];
+    FUZZ_CHECK(c->n_pairs < MAX_PAIRS, "too many pairs");
+    c->pair_rank[c->n_pairs] = rank;
+    c->pair_state[c->n_pairs] = KVB_PAIR_NONE;
+    return &c->pair_state[c->n_pairs++];
+}
+
+/* Check events ev[*k..] start with one "cleared" per rank of ranks[0..n)
+ * whose pair does not already end with one. */
+static void expect_barrier(struct ctx *c, size_t *k, const uint32_t *ranks, uint32_t n,
                            const char *why)
 {
-    for (uint32_t i = 0; i < n; i++, (*k)++) {
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *ps = pair_state(c, ranks[i]);
+        if (*ps == KVB_PAIR_CLEAN)
+            continue; /* redundant: not published */
+        *ps = KVB_PAIR_CLEAN;
         FUZZ_CHECK(*k < c->n_ev, "%s: barrier missing for rank %u", why, ranks[i]);
         FUZZ_CHECK(c->ev[*k].type == KVB_REVT_CLEARED && c->ev[*k].rank == ranks[i],
                    "%s: event %zu is type %u rank %u, want cleared for rank %u", why, *k,
                    c->ev[*k].type, c->ev[*k].rank, ranks[i]);
+        (*k)++;
     }
 }
 
@@ -108,7 +134,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct kvb_metrics m;
     memset(&m, 0, sizeof(m));
     static struct emitted evbuf[MAX_CALL_EVENTS];
-    struct ctx c = {.ev = evbuf};
+    static struct ctx c;
+    memset(&c, 0, sizeof(c));
+    c.ev = evbuf;
     struct kvb_pipeline *p = NULL;
     FUZZ_CHECK(kvb_pipeline_create(&cfg, &m, on_emit, &c, &p) == 0, "pipeline_create");
     /* an independent decoder, to know what the pipeline's will say */
@@ -195,20 +223,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FUZZ_CHECK(verdict == KVB_SEQ_FIRST || verdict == KVB_SEQ_NEXT, "verdict %d",
                        verdict);
         }
-        if (!decodes || (!known && old_n == KVB_MAX_STREAM_RANKS)) {
+        if (!decodes) {
             /* the malformed barrier, for every rank of the stream */
             expect_barrier(&c, &k, s.ranks, s.n_ranks, "malformed batch");
             FUZZ_CHECK(k == c.n_ev, "malformed batch: %zu events after the barrier",
                        c.n_ev - k);
-            if (decodes)
-                FUZZ_CHECK(!kvb_stream_has_rank(&s, rank), "65th rank %u accepted", rank);
+        } else if (!known && old_n == KVB_MAX_STREAM_RANKS) {
+            /* dropped; a barrier for that rank alone, were its pair dirty */
+            FUZZ_CHECK(!kvb_stream_has_rank(&s, rank), "65th rank %u accepted", rank);
+            if (*pair_state(&c, rank) != KVB_PAIR_NONE)
+                expect_barrier(&c, &k, &rank, 1, "65th rank");
+            FUZZ_CHECK(k == c.n_ev, "65th rank: %zu events", c.n_ev - k);
         } else {
             FUZZ_CHECK(kvb_stream_has_rank(&s, rank), "rank %u not remembered", rank);
             if (!known)
                 expect_barrier(&c, &k, &rank, 1, "start");
-            for (; k < c.n_ev; k++)
+            for (; k < c.n_ev; k++) {
                 FUZZ_CHECK(c.ev[k].rank == rank, "event for rank %u in a batch of rank %u",
                            c.ev[k].rank, rank);
+                *pair_state(&c, rank) =
+                    c.ev[k].type == KVB_REVT_CLEARED ? KVB_PAIR_CLEAN : KVB_PAIR_DIRTY;
+            }
         }
         free(payload);
         prev = seq;
