@@ -124,6 +124,22 @@ http_get() {
   [ -n "$HTTP_STATUS" ] || HTTP_STATUS=000
   tr -d '\r' <"$T/http.raw" | sed '1,/^$/d' >"$T/http.body"
 }
+# wait_route_interest MONITOR_PORT SUBJECT [SECONDS]: the nats-server whose
+# monitoring port is given has a route carrying an interest in SUBJECT (a
+# subscriber on another server of the cluster).  "Route connection created"
+# in a log is not enough: two servers that dial each other close the
+# duplicate routes, and until the surviving route has carried the
+# subscriptions, what is published on this server reaches nobody.
+wait_route_interest() {
+  local end=$((SECONDS + ${3:-10}))
+  until http_get "$1" '/routez?subs=1'; grep -qF "\"$2\"" "$T/http.body"; do
+    if [ $SECONDS -ge $end ]; then
+      echo "     routes of :$1: $(grep -E '"(num_routes|subscriptions)"' "$T/http.body" | tr -d ' \n')"
+      return 1
+    fi
+    sleep 0.05
+  done
+}
 # metric PORT SERIES [IF_ABSENT]: the series' value from /metrics (IF_ABSENT,
 # default 0, when it is not there)
 metric() {
