@@ -74,6 +74,13 @@ struct kvb_stream {
     bool has_hash;
     uint64_t last_hash; /* XXH3 of the last applied batch's payload */
     bool suspect;       /* the engine's connection dropped since the last batch */
+    /* A check (kvb_replay_check) found the engine's buffer starting after
+     * last + 1 while the cursor was at ahead_at: those batches may still be
+     * on their way (a TCP window that reopens slowly), so the caller checks
+     * again once the stream is quiet; the same answer with the cursor still
+     * at ahead_at is the loss. */
+    bool check_again;
+    uint64_t ahead_at;
     struct kvb_ratelimit rl; /* gap / restart / duplicate warnings */
 };
 
@@ -152,7 +159,9 @@ void kvb_replay_destroy(struct kvb_replay **r);
  * events emitted (0 when the batch is held), or a negative errno. */
 int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
                     const uint8_t *data, size_t len, uint64_t now_ms);
-/* One replay reply (frames checked): a batch, or seq KVB_REPLAY_END. */
+/* One replay reply (frames checked): a batch, or the end marker (seq
+ * KVB_REPLAY_END with an empty payload; a batch at that seq, after 2^64 - 1
+ * others, is a batch). */
 int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
                      uint64_t now_ms);
 /* Time passes: a replay whose deadline ran out is asked again (a cut reply)
@@ -165,6 +174,21 @@ long kvb_replay_next_deadline(const struct kvb_replay *r, uint64_t now_ms);
  * them.  The replay's deadlines move by as much: replay.timeout_ms bounds
  * the time spent waiting for the engine. */
 void kvb_replay_postpone(struct kvb_replay *r, uint64_t ms);
+/* Reading was held back (NATS backpressure) long enough for the engine's PUB
+ * to drop batches of stream st (the source saw its SUB queue full), and the
+ * stream has been quiet since: no later seq will reveal such a gap while the
+ * engine is idle (or dead).  Ask the replay socket for everything after the
+ * last applied seq: what comes is applied; a reply that starts later than
+ * asked, or no answer within replay.timeout_ms, is a barrier; the engine's
+ * END alone means nothing was missed.  A live batch meanwhile turns the check
+ * into an ordinary gap replay up to it, and live copies of the batches it
+ * applied (still on their way) are dropped (same seq, same bytes).  A reply
+ * that starts later is believed the second time in a row only (see
+ * kvb_stream.check_again).  Without a replay endpoint: the barrier at once.  Nothing when the stream has nothing applied yet or its
+ * connection dropped since (its next batch proves itself).  Returns the
+ * router events emitted, -EBUSY while a replay runs (ask again later), or a
+ * negative errno. */
+int kvb_replay_check(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms);
 /* A replay is in flight (its replies are wanted). */
 bool kvb_replay_active(const struct kvb_replay *r);
 /* Live batches held back while the replay runs. */

@@ -101,9 +101,14 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
  * or -1.  now_ms: CLOCK_MONOTONIC. */
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms);
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms);
-/* The loop held back (read nothing) for MS milliseconds: a replay in flight
- * gets that much more time (kvb_replay_postpone). */
-void kvb_source_postpone(struct kvb_source *s, uint64_t ms);
+/* The loop held back (read nothing) for MS milliseconds and reads again from
+ * now_ms: a replay in flight gets that much more time (kvb_replay_postpone),
+ * and the SUB's queue is watched as it drains.  When it held at least
+ * min(rcvhwm / 2, 1024) batches, it may have been full, and the engine's PUB
+ * drops what a full queue cannot take: once the source has been quiet for
+ * a second, every stream is checked (kvb_replay_check), since an idle or dead
+ * engine sends no later seq that would reveal the gap. */
+void kvb_source_resume(struct kvb_source *s, uint64_t ms, uint64_t now_ms);
 
 /* A reload changed the worker keys (not the topics map, which reopens the
  * source): every stream's router events are for W from the next batch on

@@ -717,7 +717,7 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
     } else if (!hold && d->hold_since) {
         /* replies were not read meanwhile: not the engine's time */
         for (size_t i = 0; i < d->n_src; i++)
-            kvb_source_postpone(d->src[i], now - d->hold_since);
+            kvb_source_resume(d->src[i], now - d->hold_since, now);
         d->hold_since = 0;
     }
     long timeout = hold ? PAUSED_POLL_MS : (long)d->heartbeat_ms;

@@ -137,6 +137,9 @@ enum rp_mode {
     RP_PROVE, /* after a reconnect: is seq `last` still the same batch? */
     RP_START, /* a new stream (kvbridge's start, or a restarted engine) whose first
                * seq seen is until > 0: its batches from 0 (what the engine holds) */
+    RP_CHECK, /* after a pause, a quiet stream: everything after last, if any
+               * (until is not known: from + 2^63 - 1, the farthest seq ahead in
+               * serial arithmetic) */
 };
 
 struct kvb_replay {
@@ -149,6 +152,7 @@ struct kvb_replay {
     bool active;
     enum rp_mode mode;
     struct kvb_stream *st;   /* the stream being recovered */
+    uint64_t from;           /* first seq asked for */
     uint64_t want;           /* next seq we need */
     uint64_t until;          /* seq of the first held live batch */
     uint64_t deadline_ms;    /* of the current request (stall or timeout) */
@@ -161,6 +165,13 @@ struct kvb_replay {
     bool lost;               /* part of it was lost (barrier, or not decoded) */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
+    /* What the last check applied to copy_st, seq copy_from .. copy_end - 1
+     * (XXH3s of the first n_copy): its live copies still on their way are
+     * dropped, not taken for a restart. */
+    struct kvb_stream *copy_st;
+    uint64_t copy_from, copy_end;
+    uint64_t *copy_hash;
+    size_t n_copy, cap_copy;
 };
 
 int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
@@ -202,6 +213,7 @@ void kvb_replay_destroy(struct kvb_replay **pr)
     struct kvb_replay *r = *pr;
     free_held(r->held, r->n_held);
     free(r->held);
+    free(r->copy_hash);
     free(r->name);
     free(r->endpoint);
     free(r);
@@ -257,6 +269,37 @@ static int hold(struct kvb_replay *r, uint64_t seq, const void *data, size_t len
     return rc;
 }
 
+/* ---- live copies of what a check applied -------------------------------- */
+
+static void copies_add(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len)
+{
+    if (seq != r->copy_end) { /* the reply started later than asked */
+        r->copy_from = r->copy_end = seq;
+        r->n_copy = 0;
+    }
+    r->copy_end = seq + 1;
+    if (r->n_copy != seq - r->copy_from)
+        return; /* past what is hashed: taken on trust */
+    if (r->n_copy == r->cap_copy) {
+        size_t cap = r->cap_copy ? r->cap_copy * 2 : 256;
+        uint64_t *v = cap <= r->cfg.max_held_msgs ? realloc(r->copy_hash, cap * sizeof(*v)) : NULL;
+        if (!v)
+            return;
+        r->copy_hash = v;
+        r->cap_copy = cap;
+    }
+    r->copy_hash[r->n_copy++] = XXH3_64bits(data, len);
+}
+
+/* A live batch of st that the last check already applied. */
+static bool is_copy(const struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len)
+{
+    uint64_t i = seq - r->copy_from;
+    if (i >= r->copy_end - r->copy_from)
+        return false;
+    return i >= r->n_copy || (data && XXH3_64bits(data, len) == r->copy_hash[i]);
+}
+
 static void cancel(struct kvb_replay *r)
 {
     if (r->ops.cancel)
@@ -282,7 +325,9 @@ static int send_request(struct kvb_replay *r, uint64_t now_ms)
 
 static const char *const mode_what[] = {
     [RP_GAP] = "requesting seq", [RP_PROVE] = "engine reconnected: asking for seq",
-    [RP_START] = "stream starts at a later seq: asking the engine for seq"};
+    [RP_START] = "stream starts at a later seq: asking the engine for seq",
+    [RP_CHECK] = ("reading was paused and the stream is quiet: asking for what the "
+                  "engine may have dropped, seq")};
 
 /* A replay of stream st in mode, from seq `from` until the live batch at
  * `until` (which the caller then holds). */
@@ -291,6 +336,14 @@ static int start_replay(struct kvb_replay *r, struct kvb_stream *st, enum rp_mod
 {
     r->st = st;
     r->mode = mode;
+    r->from = from;
+    if (mode == RP_CHECK) {
+        r->copy_st = st;
+        r->copy_from = r->copy_end = from;
+        r->n_copy = 0;
+    } else if (r->copy_st == st) {
+        r->copy_st = NULL;
+    }
     r->want = from;
     r->until = until;
     r->fresh = mode == RP_START; /* a restart or the start barrier covers it */
@@ -302,9 +355,13 @@ static int start_replay(struct kvb_replay *r, struct kvb_stream *st, enum rp_mod
         return rc;
     r->active = true;
     kvb_inc(&r->m->replays_requested_total[0]);
-    kvb_info("replay", "%s: %s %llu..%llu from %s", st->name, mode_what[mode],
-             (unsigned long long)from,
-             (unsigned long long)(mode == RP_PROVE ? from : until - 1), r->endpoint);
+    if (mode == RP_CHECK)
+        kvb_info("replay", "%s: %s %llu on from %s", st->name, mode_what[mode],
+                 (unsigned long long)from, r->endpoint);
+    else
+        kvb_info("replay", "%s: %s %llu..%llu from %s", st->name, mode_what[mode],
+                 (unsigned long long)from,
+                 (unsigned long long)(mode == RP_PROVE ? from : until - 1), r->endpoint);
     return 0;
 }
 
@@ -352,7 +409,7 @@ static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const
     if (st->suspect && st->has_last) {
         /* the connection dropped since the last batch: a new incarnation
          * unless the engine still holds our last batch, the same bytes */
-        if (can && st->has_hash && seq > st->last &&
+        if (can && st->has_hash && kvb_seq_classify(st, seq) != KVB_SEQ_BACK &&
             start_replay(r, st, RP_PROVE, st->last, seq, now_ms) == 0) {
             st->suspect = false; /* the proof is under way */
             if ((rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
@@ -362,7 +419,7 @@ static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const
             r->active = false; /* cannot hold: no proof */
             cancel(r);
         }
-        if (seq > st->last) {
+        if (kvb_seq_classify(st, seq) != KVB_SEQ_BACK) { /* (serial: 0 follows 2^64-1) */
             if ((rc = restart(r, st, seq, r->endpoint[0] ? "cannot be proven to continue the stream"
                                                          : "continuity cannot be proven without a "
                                                            "replay endpoint")) < 0)
@@ -443,7 +500,24 @@ static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms
     bool missing = r->want != r->until;
     cancel(r); /* late replies of this request must not reach the next one */
     r->active = false;
-    if (r->mode == RP_GAP && !missing && !r->lost) {
+    if (r->mode == RP_CHECK) {
+        st->check_again = false;
+        if (missing) {
+            kvb_inc(&r->m->replays_failed_total[0]);
+            kvb_warn("replay", "%s: seq %llu on could not be checked (%s): publishing barrier",
+                     st->name, (unsigned long long)r->want, why);
+        } else if (r->lost) {
+            kvb_inc(&r->m->replays_failed_total[0]); /* its barrier is out */
+        } else if (r->want != r->from) {
+            kvb_inc(&r->m->replays_filled_total[0]);
+            kvb_info("replay", "%s: seq %llu..%llu, dropped while reading was paused, "
+                     "recovered", st->name, (unsigned long long)r->from,
+                     (unsigned long long)(r->want - 1));
+        } else {
+            kvb_info("replay", "%s: the engine dropped nothing while reading was paused",
+                     st->name);
+        }
+    } else if (r->mode == RP_GAP && !missing && !r->lost) {
         kvb_inc(&r->m->replays_filled_total[0]);
         kvb_info("replay", "%s: gap filled up to seq %llu", st->name,
                  (unsigned long long)(r->until - 1));
@@ -588,6 +662,20 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
         }
         /* the first reply starts later than asked: the engine's buffer no
          * longer holds the beginning of the (rest of the) range */
+        if (r->mode == RP_CHECK && !(st->check_again && st->ahead_at == st->last)) {
+            /* or they are still on their way: believed the second time */
+            st->check_again = true;
+            st->ahead_at = st->last;
+            kvb_info("replay", "%s: the engine's buffer starts at %llu, not %llu: the rest may "
+                     "still be on its way; asking again once the stream is quiet", st->name,
+                     (unsigned long long)seq, (unsigned long long)r->want);
+            cancel(r);
+            r->active = false;
+            r->st = NULL;
+            r->copy_st = NULL;
+            return 0;
+        }
+        st->check_again = false;
         r->lost = true;
         if (!r->fresh) {
             kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier",
@@ -609,6 +697,8 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
         return n + rc;
     }
     uint64_t decoded = st->batches;
+    if (r->mode == RP_CHECK && r->copy_st == st)
+        copies_add(r, seq, data, len);
     if ((rc = apply_one(r, st, seq, data, len, false)) < 0)
         return rc;
     /* the pipeline counts a batch it decoded; one it could not is a lost
@@ -625,9 +715,22 @@ int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, si
 {
     if (!r->active)
         return 0; /* a late reply to a request given up */
-    if (seq == KVB_REPLAY_END) {
+    if (seq == KVB_REPLAY_END && len == 0) { /* (a batch is never empty) */
         if (r->mode == RP_PROVE)
             return proof_failed(r, r->until, "the engine no longer holds our last seq", now_ms);
+        if (r->mode == RP_CHECK) {
+            /* the engine has nothing after want, unless its ROUTER cut the
+             * tail of this reply: asked again until an END comes alone */
+            if (r->got_reply && r->rounds < REPLAY_MAX_ROUNDS && now_ms < r->end_ms) {
+                r->rounds++;
+                cancel(r);
+                if (send_request(r, now_ms) == 0)
+                    return 0;
+                return finish_replay(r, "request failed", now_ms);
+            }
+            r->until = r->want;
+            return finish_replay(r, "complete", now_ms);
+        }
         if (cut_ask_again(r, now_ms))
             return 0;
         return finish_replay(r, "engine's replay buffer no longer holds it", now_ms);
@@ -687,6 +790,38 @@ int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
 {
     int rc, n = 0;
     bool big = oversize(r, len), held;
+    if (r->copy_st == st) {
+        if (is_copy(r, seq, big ? NULL : data, len)) {
+            kvb_debug("replay", "%s: seq %llu live, as the check gave it: dropped", st->name,
+                      (unsigned long long)seq);
+            return 0;
+        }
+        r->copy_st = NULL; /* the live stream is past what the check gave */
+    }
+    if (r->active && r->st == st && r->mode == RP_CHECK) {
+        if (seq - r->want > (uint64_t)INT64_MAX) {
+            /* before what the check asked for: the engine restarted (the
+             * rules below say so); nothing of the check is missing */
+            r->until = r->want;
+            if ((n = finish_replay_(r, "the engine restarted meanwhile", now_ms, false)) < 0)
+                return n;
+        } else {
+            /* the first live batch since: an ordinary gap replay up to it */
+            r->mode = RP_GAP;
+            r->until = seq;
+            if (seq == r->want) {
+                if (r->want == r->from) { /* nothing was missed */
+                    cancel(r);
+                    r->active = false;
+                    r->st = NULL;
+                    kvb_info("replay", "%s: the engine dropped nothing while reading was "
+                             "paused", st->name);
+                } else if ((n = finish_replay(r, "complete", now_ms)) < 0) {
+                    return n;
+                }
+            }
+        }
+    }
     if (r->active && r->st == st) {
         uint64_t prev = r->n_held ? r->held[r->n_held - 1].seq : r->until - 1;
         if (seq != prev + 1 && seq <= prev) {
@@ -711,6 +846,25 @@ int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
     return rc < 0 ? rc : n + rc;
 }
 
+int kvb_replay_check(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms)
+{
+    if (!st->has_last || st->suspect) {
+        st->check_again = false;
+        return 0;
+    }
+    if (r->active)
+        return -EBUSY;
+    uint64_t from = st->last + 1;
+    if (r->endpoint[0] && start_replay(r, st, RP_CHECK, from, from + (uint64_t)INT64_MAX, now_ms) == 0)
+        return 0;
+    if (r->endpoint[0])
+        kvb_inc(&r->m->replays_failed_total[0]);
+    kvb_warn("replay", "%s: the engine may have dropped batches after seq %llu while reading "
+             "was paused, and %s: publishing barrier", st->name, (unsigned long long)st->last,
+             r->endpoint[0] ? "the replay request failed" : "there is no replay endpoint to ask");
+    return barrier(&r->ops, st, KVB_BAR_GAP);
+}
+
 void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms)
 {
     if (r->active && r->st == st) {
@@ -720,6 +874,8 @@ void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t
         if (rc < 0)
             kvb_err("replay", "%s: %s", st->name, strerror(-rc));
     }
+    if (r->copy_st == st)
+        r->copy_st = NULL;
     if (st->has_last)
         st->suspect = true;
 }

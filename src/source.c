@@ -29,6 +29,9 @@
  * buffer in one turn, far past its backpressure mark (issue 18). */
 #define READ_EVENT_BUDGET 16384
 #define REPLAY_RCVHWM 1000        /* replies queued in the DEALER (then TCP backpressure) */
+/* After a hold: quiet this long (no live message) before the streams are
+ * checked for batches the engine dropped meanwhile (kvb_source_resume). */
+#define CHECK_QUIET_MS 1000
 
 struct stream {
     struct kvb_stream_slot *slot; /* metrics; NULL when all slots are taken */
@@ -36,6 +39,7 @@ struct stream {
     size_t topic_len;             /* the topic may hold NUL bytes */
     int peer_fd;                  /* bind mode: the connection it came on (ZMQ_SRCFD), or -1 */
     uint64_t used_ms;             /* its last live batch (CLOCK_MONOTONIC) */
+    bool check_due;               /* kvb_replay_check() once the source is quiet */
     char name[MAX_TOPIC + 320];
     struct kvb_worker_cfg w;      /* its worker: st.worker points here */
     struct kvb_stream st;
@@ -71,6 +75,10 @@ struct kvb_source {
     bool drop_due;
     int drop_fd;
     uint64_t replay_busy_ns;   /* time applying replies not yet credited (< 1 ms) */
+    /* After a hold (kvb_source_resume): messages read until the SUB's queue
+     * first ran empty; and when the last live message came. */
+    bool draining;
+    uint64_t drained, live_ms;
     char drop_addr[256];
 };
 
@@ -638,7 +646,37 @@ size_t kvb_source_held(const struct kvb_source *s) { return kvb_replay_held(s->r
 
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 {
-    return kvb_replay_next_deadline(s->rp, now_ms);
+    long t = kvb_replay_next_deadline(s->rp, now_ms);
+    if (s->draining)
+        return 0; /* kvb_source_tick() sees whether the queue ran empty */
+    if (t >= 0)
+        return t; /* the checks wait for the replay */
+    for (size_t i = 0; i < s->n_streams; i++)
+        if (s->streams[i]->check_due || s->streams[i]->st.check_again)
+            return s->live_ms + CHECK_QUIET_MS > now_ms
+                       ? (long)(s->live_ms + CHECK_QUIET_MS - now_ms) : 0;
+    return -1;
+}
+
+/* The SUB's queue ran empty after a hold: if it held enough to have been
+ * full (libzmq counts a queue full up to half its high-water mark early, at
+ * most 1024 messages early), the engine may have dropped batches. */
+static void drained(struct kvb_source *s)
+{
+    uint64_t hwm = s->p.rcvhwm, full = hwm / 2 < 1024 ? hwm / 2 : 1024;
+    s->draining = false;
+    if (!hwm || s->drained < (full ? full : 1))
+        return;
+    bool armed = false;
+    for (size_t i = 0; i < s->n_streams; i++) {
+        struct stream *st = s->streams[i];
+        armed |= st->check_due;
+        st->check_due |= st->st.has_last;
+    }
+    if (!armed) /* (once per check, not per pause of a flapping outage) */
+        kvb_info("source", "%s: %llu batches were queued when reading resumed: the engine "
+                 "may have dropped some, checking once the streams are quiet", s->name,
+                 (unsigned long long)s->drained);
 }
 
 /* ---- live messages ------------------------------------------------------ */
@@ -684,9 +722,14 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
         int n = recv_multipart(s->sub, f, 3);
         if (n < 0)
             return n == -EINTR ? got : n;
-        if (n == 0)
+        if (n == 0) {
+            if (s->draining)
+                drained(s);
             break;
+        }
         got++;
+        s->drained += s->draining;
+        s->live_ms = kvb_mono_ms();
         if (n != 3) {
             kvb_inc(&s->m->malformed_messages_total[KVB_MAL_FRAMES]);
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
@@ -777,7 +820,37 @@ int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
     return rc;
 }
 
-void kvb_source_postpone(struct kvb_source *s, uint64_t ms) { kvb_replay_postpone(s->rp, ms); }
+void kvb_source_resume(struct kvb_source *s, uint64_t ms, uint64_t now_ms)
+{
+    kvb_replay_postpone(s->rp, ms);
+    if (!s->draining) { /* (still draining after an earlier hold: it goes on) */
+        s->draining = true;
+        s->drained = 0;
+    }
+    s->live_ms = now_ms; /* quiet counts from here */
+}
+
+static bool has_input(void *sock);
+
+/* The first check of a quiet source that is due, unless a replay runs. */
+static void check_quiet(struct kvb_source *s, uint64_t now_ms)
+{
+    if (s->draining && !has_input(s->sub))
+        drained(s);
+    if (now_ms < s->live_ms + CHECK_QUIET_MS || kvb_replay_active(s->rp))
+        return;
+    for (size_t i = 0; i < s->n_streams; i++) {
+        struct stream *st = s->streams[i];
+        if (!st->check_due && !st->st.check_again)
+            continue;
+        st->check_due = false;
+        int rc = kvb_replay_check(s->rp, &st->st, now_ms);
+        if (rc < 0)
+            kvb_err("replay", "%s: %s", st->name, strerror(-rc));
+        if (kvb_replay_active(s->rp))
+            return; /* one at a time: the next one once it is over */
+    }
+}
 
 void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
 {
@@ -785,6 +858,7 @@ void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_
     int rc = kvb_replay_tick(s->rp, now_ms);
     if (rc < 0)
         kvb_err("replay", "%s: %s", s->name, strerror(-rc));
+    check_quiet(s, now_ms);
     sync_slots(s);
 }
 

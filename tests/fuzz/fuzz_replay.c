@@ -22,15 +22,21 @@
  *      +1 per router event, and each event's JSON is exactly its kvb_rev
  *      (fuzz_common.h);
  *   I6 the module's answers add up: a call returns the router events it
- *      emitted; the stream's cursor is the seq of the last batch applied.
+ *      emitted; the stream's cursor is the seq of the last batch applied;
+ *   I7 a check after a pause leaves no loss silent: once the engines are
+ *      quiet, a kvb_replay_check answered by the engine ends with the last
+ *      batch each one published applied, or a barrier after the last batch
+ *      applied (unless its connection dropped: its next batch proves it; or
+ *      it restarted inside the process since: nothing can tell; or its
+ *      seq wrapped past 2^64 since: the engine's replay compares numerically).
  *
  * Input: byte 0 flags (bit 0: stream 0's engine starts at a clock-like seq,
  * bit 1: it starts 4 below 2^64 and wraps), then one op per byte:
  *   bits 0-2 op, bit 3 stream, bits 4-7 arg
  *   0 publish, delivered live          1 publish, lost live (kept for replay)
  *   2 the ROUTER sends arg+1 replies   3 the ROUTER drops its next reply (HWM)
- *   4 time passes: arg*100 ms, tick    5 arg&2: a network blip (the connection
- *                                        drops, kvb_replay_peer_reset); else the
+ *   4 time passes: arg*100 ms, tick;   5 arg&2: a network blip (the connection
+ *     arg odd: then kvb_replay_check      drops, kvb_replay_peer_reset); else the
  *                                        engine restarts (seq from its start,
  *                                        buffer empty), as a new process (the
  *                                        connection drops) or, arg&1, inside
@@ -214,6 +220,9 @@ static int op_request(void *ctx, uint64_t from)
         if (F->b[e->buf[i]].seq >= from)
             F->reply[F->n_reply++] = (int)e->buf[i];
     F->reply[F->n_reply++] = -1;
+    if (getenv("KVB_FUZZ_LOG"))
+        fprintf(stderr, "request: stream %d from %llu: %d replies of %d buffered\n", k,
+                (unsigned long long)from, F->n_reply - 1, e->n_buf);
     F->reply_pos = 0;
     F->reply_stream = k;
     F->pending = true;
@@ -311,9 +320,9 @@ static void serve(int n, uint64_t now)
             F->drop_next = false;
             continue;
         }
-        if (id < 0) {
-            call_done(kvb_replay_reply(F->r, KVB_REPLAY_END, NULL, 0, now), "reply end");
+        if (id < 0) { /* (the END may make the module ask again at once) */
             F->pending = false;
+            call_done(kvb_replay_reply(F->r, KVB_REPLAY_END, NULL, 0, now), "reply end");
             break;
         }
         const uint8_t *d;
@@ -325,6 +334,23 @@ static void serve(int n, uint64_t now)
     }
     if (F->reply_pos >= F->n_reply)
         F->pending = false; /* the ROUTER has sent (or dropped) all of it */
+}
+
+/* The engines answer every request, then time runs out. */
+static void drain(uint64_t *now)
+{
+    for (int round = 0; round < 10000 && kvb_replay_active(F->r); round++) {
+        if (getenv("KVB_FUZZ_LOG") && round < 5)
+            fprintf(stderr, "drain: pending %d pos %d/%d\n", F->pending, F->reply_pos,
+                    F->n_reply);
+        if (F->pending)
+            serve(BUF_STEPS + 1, *now);
+        else {
+            *now += 60000;
+            call_done(kvb_replay_tick(F->r, *now), "final tick");
+        }
+    }
+    FUZZ_CHECK(!kvb_replay_active(F->r), "replay still active after the drain");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -376,10 +402,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 1: publish(k, false, 0, now); break;
         case 2: serve(arg + 1, now); break;
         case 3: F->drop_next = true; break;
-        case 4:
+        case 4: {
             now += (uint64_t)arg * 100;
             call_done(kvb_replay_tick(F->r, now), "tick");
+            /* arg odd: the daemon read nothing for a while and the stream
+             * is quiet since: it asks what the engine may have dropped */
+            int n = arg & 1 ? kvb_replay_check(F->r, &F->st[k], now) : 0;
+            if (n != -EBUSY)
+                call_done(n, "check");
             break;
+        }
         case 5: {
             /* arg bit 1: a network blip (the connection drops, the engine
              * goes on); else a restart, with the connection dropping (a new
@@ -407,18 +439,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* drain: the engines answer everything, then time runs out */
     F->drop_next = F->fail_next = false;
-    for (int round = 0; round < 10000 && kvb_replay_active(F->r); round++) {
-        if (getenv("KVB_FUZZ_LOG") && round < 5)
-            fprintf(stderr, "drain: pending %d pos %d/%d\n", F->pending, F->reply_pos,
-                    F->n_reply);
-        if (F->pending)
-            serve(BUF_STEPS + 1, now);
-        else {
-            now += 60000;
-            call_done(kvb_replay_tick(F->r, now), "final tick");
-        }
-    }
-    FUZZ_CHECK(!kvb_replay_active(F->r), "replay still active after the drain");
+    drain(&now);
     for (int i = 0; i < F->nb; i++)
         FUZZ_CHECK(!F->b[i].delivered || F->b[i].applied >= 1,
                    "I4: batch %d (stream %d inc %u seq %llu) delivered live but never applied", i,
@@ -426,6 +447,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int k = 0; k < NSTREAMS; k++)
         if (F->last_applied[k] >= 0)
             FUZZ_CHECK(F->st[k].last == F->b[F->last_applied[k]].seq, "I6: stream %d cursor", k);
+    /* I7: the engines have gone quiet; a check leaves no loss silent */
+    for (int k = 0; k < NSTREAMS; k++) {
+        if (F->last_applied[k] < 0 || F->st[k].suspect)
+            continue; /* nothing to check, or its next batch proves itself */
+        /* a reply that starts later is believed the second time in a row */
+        for (int round = 0; round < 2; round++) {
+            call_done(kvb_replay_check(F->r, &F->st[k], now), "final check");
+            drain(&now);
+            if (!F->st[k].check_again)
+                break;
+        }
+        FUZZ_CHECK(!F->st[k].check_again, "I7: stream %d: a third check wanted", k);
+        int last = -1;
+        for (int i = 0; i < F->nb; i++)
+            if (F->b[i].stream == k)
+                last = i;
+        if (F->eng[k].inc != F->b[F->last_applied[k]].inc)
+            continue; /* restarted inside the process since, and quiet: unseen */
+        if (last >= 0 && F->b[last].seq < F->b[F->last_applied[k]].seq)
+            continue; /* wrapped past 2^64 since: the engine replays seq >= asked,
+                       * numerically, and has nothing to say */
+        FUZZ_CHECK(last < 0 || F->b[last].applied >= 1 ||
+                       F->seg[k] != F->b[F->last_applied[k]].seg,
+                   "I7: stream %d: seq %llu published, not applied, and no barrier after seq %llu",
+                   k, (unsigned long long)F->b[last].seq,
+                   (unsigned long long)F->b[F->last_applied[k]].seq);
+    }
 
     kvb_replay_destroy(&F->r);
     kvb_pipeline_destroy(&F->p);

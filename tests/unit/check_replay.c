@@ -659,6 +659,221 @@ START_TEST(trickle_bounded_by_timeout)
 }
 END_TEST
 
+/* ---- the check after a pause (kvb_replay_check) ------------------------- */
+
+START_TEST(check_nothing_missed)
+{
+    live(&st, 0, 0);
+    live(&st, 1, 0);
+    ck_assert_int_eq(kvb_replay_check(r, &st, 10), 0);
+    TRACE("A0 A1 R2 ");
+    ck_assert(kvb_replay_active(r));
+    ck_assert_int_eq(end(11), 0); /* the END alone: the engine has nothing after 1 */
+    TRACE("A0 A1 R2 C ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_get(&m.replays_requested_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+    live(&st, 2, 20);
+    TRACE("A0 A1 R2 C A2 ");
+}
+END_TEST
+
+/* What the engine dropped while reading was paused comes back; an END after
+ * batches is asked again (the ROUTER may have cut the tail) until it comes
+ * alone. */
+START_TEST(check_recovers_dropped)
+{
+    live(&st, 0, 0);
+    live(&st, 1, 0);
+    kvb_replay_check(r, &st, 10);
+    reply(1, 11); /* before what was asked: ignored */
+    reply(2, 11);
+    reply(3, 11);
+    end(11);
+    TRACE("A0 A1 R2 A2 A3 C R4 ");
+    ck_assert(kvb_replay_active(r));
+    end(12);
+    TRACE("A0 A1 R2 A2 A3 C R4 C ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(st.last, 3);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+}
+END_TEST
+
+/* A reply that starts later than asked: the batches before it may still be
+ * on their way; believed when a second check, with no live batch between,
+ * says the same. */
+START_TEST(check_buffer_moved_on_is_a_barrier)
+{
+    live(&st, 0, 0);
+    live(&st, 1, 0);
+    kvb_replay_check(r, &st, 10);
+    reply(5, 11); /* 2..4 no longer held, or on their way */
+    TRACE("A0 A1 R2 C ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert(st.check_again);
+    kvb_replay_check(r, &st, 20);
+    reply(5, 21);
+    end(21);
+    end(22);
+    TRACE("A0 A1 R2 C R2 Bg A5 C R6 C ");
+    ck_assert(!st.check_again);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 0);
+}
+END_TEST
+
+/* ... and when they were on their way, they come live: no barrier. */
+START_TEST(check_ahead_then_live_no_barrier)
+{
+    live(&st, 0, 0);
+    kvb_replay_check(r, &st, 10);
+    reply(4, 11);
+    TRACE("A0 R1 C ");
+    live(&st, 1, 12);
+    live(&st, 2, 12); /* progress: a later check starts afresh */
+    kvb_replay_check(r, &st, 20);
+    reply(4, 21); /* 3 still on its way */
+    TRACE("A0 R1 C A1 A2 R3 C ");
+    ck_assert(st.check_again);
+    live(&st, 3, 22);
+    live(&st, 4, 22);
+    kvb_replay_check(r, &st, 30);
+    end(31);
+    TRACE("A0 R1 C A1 A2 R3 C A3 A4 R5 C ");
+    ck_assert(!st.check_again);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+}
+END_TEST
+
+/* Live copies of what the check applied, still on their way, are dropped;
+ * a batch at such a seq with other bytes is a restart. */
+START_TEST(check_live_copies_dropped)
+{
+    live(&st, 0, 0);
+    kvb_replay_check(r, &st, 10);
+    reply(1, 11);
+    reply(2, 11);
+    end(11);
+    end(12);
+    TRACE("A0 R1 A1 A2 C R3 C ");
+    ck_assert_int_eq(live(&st, 1, 13), 0);
+    ck_assert_int_eq(live(&st, 2, 13), 0);
+    live(&st, 3, 13);
+    TRACE("A0 R1 A1 A2 C R3 C A3 ");
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 0);
+
+    kvb_replay_check(r, &st, 20);
+    reply(4, 21);
+    end(21);
+    end(22);
+    static const uint8_t other_bytes[4] = {9, 9, 9, 9};
+    kvb_replay_live(r, &st, 4, other_bytes, sizeof(other_bytes), 23);
+    TRACE("A0 R1 A1 A2 C R3 C A3 R4 A4 C R5 C Br R0 "); /* a new stream from 0 */
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 1);
+}
+END_TEST
+
+/* An engine that does not answer (dead, or its replay socket gone): what it
+ * may have dropped is unknown, so the barrier. */
+START_TEST(check_unanswered_is_a_barrier)
+{
+    live(&st, 0, 0);
+    kvb_replay_check(r, &st, 10);
+    ck_assert_int_eq(kvb_replay_next_deadline(r, 10), 1000);
+    kvb_replay_tick(r, 1009);
+    TRACE("A0 R1 ");
+    kvb_replay_tick(r, 1010);
+    TRACE("A0 R1 C Bg ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+}
+END_TEST
+
+/* A live batch during the check: the next one says nothing was missed; a
+ * later one turns the check into a gap replay up to it; live copies of what
+ * the check applied are dropped. */
+START_TEST(check_live_meanwhile)
+{
+    live(&st, 0, 0);
+    kvb_replay_check(r, &st, 10);
+    live(&st, 1, 11);
+    TRACE("A0 R1 C A1 ");
+    ck_assert(!kvb_replay_active(r));
+
+    kvb_replay_check(r, &st, 20);
+    reply(2, 21);
+    ck_assert_int_eq(live(&st, 2, 21), 0); /* the check gave it already */
+    ck_assert_int_eq(live(&st, 5, 21), 0); /* held: 3, 4 asked for */
+    ck_assert_uint_eq(kvb_replay_held(r), 1);
+    reply(3, 22);
+    reply(4, 22);
+    TRACE("A0 R1 C A1 R2 A2 A3 A4 C A5 ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 1);
+
+    kvb_replay_check(r, &st, 30);
+    reply(6, 31);
+    live(&st, 7, 31); /* next after what the check gave: complete */
+    TRACE("A0 R1 C A1 R2 A2 A3 A4 C A5 R6 A6 C A7 ");
+    ck_assert_uint_eq(kvb_get(&m.replays_filled_total[0]), 2);
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+}
+END_TEST
+
+/* The engine restarted during the check: its restart barrier, once. */
+START_TEST(check_restart_meanwhile)
+{
+    live(&st, 0, 0);
+    live(&st, 1, 0);
+    live(&st, 2, 0);
+    kvb_replay_check(r, &st, 10);
+    live(&st, 0, 11);
+    TRACE("A0 A1 A2 R3 C Br A0 ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+}
+END_TEST
+
+/* Nothing to check on a stream with nothing applied, or whose connection
+ * dropped (its next batch proves itself); another replay: later. */
+START_TEST(check_not_now)
+{
+    ck_assert_int_eq(kvb_replay_check(r, &st, 0), 0);
+    live(&st, 0, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    ck_assert_int_eq(kvb_replay_check(r, &st, 2), 0);
+    live(&other, 0, 3);
+    live(&other, 5, 3);
+    ck_assert(kvb_replay_active(r));
+    ck_assert_int_eq(kvb_replay_check(r, &other, 4), -EBUSY);
+    TRACE("A0 A0 R1 ");
+}
+END_TEST
+
+START_TEST(check_request_fails_barrier)
+{
+    live(&st, 0, 0);
+    request_rc = -EIO;
+    ck_assert_int_eq(kvb_replay_check(r, &st, 10), 1);
+    TRACE("A0 Bg ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 1);
+}
+END_TEST
+
+/* Without a replay endpoint nothing can be asked: the barrier at once. */
+START_TEST(check_without_replay_is_a_barrier)
+{
+    live(&st, 0, 0);
+    ck_assert_int_eq(kvb_replay_check(r, &st, 10), 1);
+    TRACE("A0 Bg ");
+    ck_assert_uint_eq(kvb_get(&m.replays_failed_total[0]), 0);
+}
+END_TEST
+
 Suite *replay_suite(void);
 Suite *replay_suite(void)
 {
@@ -670,6 +885,7 @@ Suite *replay_suite(void)
     tcase_add_test(tc, gap_without_replay_is_a_barrier);
     tcase_add_test(tc, back_is_a_restart);
     tcase_add_test(tc, wrap_is_next);
+    tcase_add_test(tc, check_without_replay_is_a_barrier);
     suite_add_tcase(s, tc);
     tc = tcase_create("replay");
     tcase_add_checked_fixture(tc, setup, teardown);
@@ -706,6 +922,19 @@ Suite *replay_suite(void)
     tcase_add_test(tc, restart_during_replay);
     tcase_add_test(tc, wrap_during_replay);
     tcase_add_test(tc, trickle_bounded_by_timeout);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("check_after_pause");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, check_nothing_missed);
+    tcase_add_test(tc, check_recovers_dropped);
+    tcase_add_test(tc, check_buffer_moved_on_is_a_barrier);
+    tcase_add_test(tc, check_ahead_then_live_no_barrier);
+    tcase_add_test(tc, check_live_copies_dropped);
+    tcase_add_test(tc, check_unanswered_is_a_barrier);
+    tcase_add_test(tc, check_live_meanwhile);
+    tcase_add_test(tc, check_restart_meanwhile);
+    tcase_add_test(tc, check_not_now);
+    tcase_add_test(tc, check_request_fails_barrier);
     suite_add_tcase(s, tc);
     return s;
 }
