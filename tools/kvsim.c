@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -356,6 +357,7 @@ struct opts {
     long blip_ms;
     uint64_t mark_after;
     const char *mark_file;
+    const char *hold_file;
 };
 
 struct slot {
@@ -1861,6 +1863,19 @@ static void lifecycle_mark(struct sim *s, uint64_t tick)
         fclose(f);
 }
 
+/* --hold-file: after the mark, publish nothing (an idle engine; replay is
+ * served) until the file exists.  True when it held. */
+static bool lifecycle_hold(struct sim *s, uint64_t tick)
+{
+    if (!s->o.hold_file || tick != s->o.mark_after)
+        return false;
+    if (s->rec)
+        fflush(s->rec);
+    while (!stop_flag && access(s->o.hold_file, F_OK) != 0)
+        wait_until(s, now_ns() + 50 * 1000000LL);
+    return true;
+}
+
 /* ------------------------------------------------------------- HTTP face */
 
 /* SIGUSR1: stop answering (the listener closes: connections are refused);
@@ -2092,6 +2107,8 @@ static void usage(FILE *f)
 "                         after --blip-ms (default 300): a dropped connection,\n"
 "                         no restart (same seq, same replay buffer)\n"
 "  --mark-after N --mark-file F  create F once N batches per rank are published\n"
+"  --hold-file F          with --mark-after: then publish nothing (replay is served)\n"
+"                         until F exists, like an engine gone idle\n"
 "\n"
 "HTTP face (like the engine's /metrics and /health):\n"
 "  --http HOST:PORT       serve GET /metrics (Prometheus text, vLLM's names) and\n"
@@ -2115,7 +2132,7 @@ enum {
     OPT_BATCHES, OPT_RATE, OPT_SEED, OPT_SEQSTART, OPT_DROPLIVE, OPT_DROPFOREVER,
     OPT_MALFORMED, OPT_BADFRAMES, OPT_RESTART, OPT_RECORD, OPT_CURVE_SECRET,
     OPT_CURVE_SERVER, OPT_CURVE_KEYGEN, OPT_RESTART_CLOSE, OPT_RESTART_DROP, OPT_BLIP_AT,
-    OPT_BLIP_MS, OPT_MARK_AFTER, OPT_MARK_FILE, OPT_HTTP, OPT_EKIND, OPT_TOTAL_BLOCKS,
+    OPT_BLIP_MS, OPT_MARK_AFTER, OPT_MARK_FILE, OPT_HOLD_FILE, OPT_HTTP, OPT_EKIND, OPT_TOTAL_BLOCKS,
     OPT_ORACLE_SELFTEST,
 };
 
@@ -2230,6 +2247,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         { "blip-ms", required_argument, NULL, OPT_BLIP_MS },
         { "mark-after", required_argument, NULL, OPT_MARK_AFTER },
         { "mark-file", required_argument, NULL, OPT_MARK_FILE },
+        { "hold-file", required_argument, NULL, OPT_HOLD_FILE },
         { "record", required_argument, NULL, OPT_RECORD },
         { "curve-secret-file", required_argument, NULL, OPT_CURVE_SECRET },
         { "curve-server-key", required_argument, NULL, OPT_CURVE_SERVER },
@@ -2393,6 +2411,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->mark_after = v;
             break;
         case OPT_MARK_FILE: o->mark_file = optarg; break;
+        case OPT_HOLD_FILE: o->hold_file = optarg; break;
         case OPT_RECORD: o->record = optarg; break;
         case OPT_CURVE_SECRET: o->curve_secret_file = optarg; break;
         case OPT_CURVE_SERVER:
@@ -2434,6 +2453,10 @@ bad:
     }
     if (o->curve_server_key && !o->curve_secret_file) {
         fprintf(stderr, "kvsim: --curve-server-key needs --curve-secret-file\n");
+        return -EINVAL;
+    }
+    if (o->hold_file && !o->mark_after) {
+        fprintf(stderr, "kvsim: --hold-file needs --mark-after\n");
         return -EINVAL;
     }
     if (o->curve_secret_file)
@@ -2685,6 +2708,8 @@ int main(int argc, char **argv)
             publish_one(&sim, &sim.ranks[i]);
         tick++;
         lifecycle_mark(&sim, tick);
+        if (lifecycle_hold(&sim, tick))
+            next = now_ns(); /* the rate starts afresh */
     }
     t1 = now_ns();
     for (unsigned i = 0; i < sim.o.dp; i++)
