@@ -158,6 +158,39 @@ js_build() {
   gcc -O1 -o "$T/js_check" "$ROOT/tests/integration/js_check.c" $(pkg-config --cflags --libs libnats) \
     2>"$T/gcc.log" && ok "js_check built" || { bad_log "js_check did not build" "$T/gcc.log"; return 1; }
 }
+# ---- a three-node JetStream cluster -----------------------------------------
+# js_cluster NAME: nats-servers n1..n3 with JetStream (stores in $T/jsI),
+# clustered as NAME; their client, cluster and monitoring ports in JS_PP, JS_CP
+# and JS_MP, their PIDs in JS_PID (indexes 1..3).  Returns once all listen.
+js_cluster() {
+  local i
+  declare -g -a JS_CP JS_PP JS_MP JS_PID
+  JS_CLUSTER=$1
+  for i in 1 2 3; do JS_CP[i]=$(daemon_port); JS_PP[i]=$(daemon_port); JS_MP[i]=$(daemon_port); done
+  JS_ROUTES="nats://127.0.0.1:${JS_CP[1]},nats://127.0.0.1:${JS_CP[2]},nats://127.0.0.1:${JS_CP[3]}"
+  for i in 1 2 3; do node_start "$i"; done
+  for i in 1 2 3; do wait_port "${JS_PP[$i]}" 10 || { bad "node n$i did not start"; return 1; }; done
+}
+# node_start I [TAG]: (re)start node nI on its store; its log is nI[TAG].log
+node_start() {
+  start "n$1${2:-}" nats-server -a 127.0.0.1 -p "${JS_PP[$1]}" -m "${JS_MP[$1]}" -n "n$1" -js \
+    -sd "$T/js$1" --cluster_name "$JS_CLUSTER" -cluster "nats://127.0.0.1:${JS_CP[$1]}" \
+    -routes "$JS_ROUTES"
+  # shellcheck disable=SC2034  # read by the tests that use the cluster
+  JS_PID[$1]=$LAST_PID
+}
+# leader_of NAME: the stream leader in js_check's output $T/NAME.out
+leader_of() { sed -n 's/^cluster: leader=\([^ ]*\).*/\1/p' "$T/$1.out"; }
+# kvbridge_node: the node (1..3) kvbridge is connected to, by the servers'
+# /connz; nothing when none says so
+kvbridge_node() {
+  local i
+  for i in 1 2 3; do
+    http_get "${JS_MP[$i]}" '/connz?limit=1000'
+    tr -d ' \n' <"$T/http.body" | grep -q '"name":"kvbridge"' && { echo "$i"; return 0; }
+  done
+}
+
 # published MPORT: router events kvbridge handed to the sink so far
 published() {
   http_get "$1" /metrics
@@ -209,6 +242,7 @@ js_stat() {
 # (ip_local_port_range), so that no outgoing connection (nor a TCP
 # self-connect of a ZMQ socket retrying a port nobody listens on yet) can take
 # the port between the choice and the bind
+# shellcheck disable=SC2120  # the tests pass N; lib.sh itself takes one port
 daemon_port() {
   local n=${1:-1} lo p i busy
   lo=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)

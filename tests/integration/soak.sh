@@ -34,20 +34,10 @@ echo "soak: $S s at $RATE batches/s, $SEG engine segments"
 js_build || { finish; exit 1; }
 
 # ---- the NATS cluster -------------------------------------------------------
-declare -a CP PP MP NPID
-for i in 1 2 3; do CP[i]=$(daemon_port); PP[i]=$(daemon_port); MP[i]=$(daemon_port); done
-routes="nats://127.0.0.1:${CP[1]},nats://127.0.0.1:${CP[2]},nats://127.0.0.1:${CP[3]}"
-node_start() { # node_start I [TAG]
-  start "n$1${2:-}" nats-server -a 127.0.0.1 -p "${PP[$1]}" -m "${MP[$1]}" -n "n$1" -js -sd "$T/js$1" \
-    --cluster_name kvbsoak -cluster "nats://127.0.0.1:${CP[$1]}" -routes "$routes"
-  NPID[$1]=$LAST_PID
-}
-for i in 1 2 3; do node_start "$i"; done
-for i in 1 2 3; do wait_port "${PP[$i]}" 10 || { bad "node n$i did not start"; finish; exit 1; }; done
-leader_of() { sed -n 's/^cluster: leader=\([^ ]*\).*/\1/p' "$T/$1.out"; }
+js_cluster kvbsoak || { finish; exit 1; }
 # stream_leader I: the stream's leader as node I sees it ("none" if it has none)
 stream_leader() {
-  timeout 15 "$T/js_check" --server "nats://127.0.0.1:${PP[$1]}" --stream "$STREAM" --info 1 \
+  timeout 15 "$T/js_check" --server "nats://127.0.0.1:${JS_PP[$1]}" --stream "$STREAM" --info 1 \
     >"$T/lead.out" 2>/dev/null || true
   local l; l=$(leader_of lead); echo "${l:-none}"
 }
@@ -70,7 +60,7 @@ sources:
   - endpoint: tcp://127.0.0.1:$p
     replay_endpoint: tcp://127.0.0.1:$((p + 1))
 nats:
-  servers: [nats://127.0.0.1:${PP[1]}, nats://127.0.0.1:${PP[2]}, nats://127.0.0.1:${PP[3]}]
+  servers: [nats://127.0.0.1:${JS_PP[1]}, nats://127.0.0.1:${JS_PP[2]}, nats://127.0.0.1:${JS_PP[3]}]
   connect_timeout_ms: 30000
   reconnect_wait_ms: 100
   reconnect_wait_max_ms: 500
@@ -126,17 +116,17 @@ do_fault() {
       until [ "$(count_log "$T/kvb.log" "reloaded ")" -gt "$before" ] || [ $SECONDS -ge $end ]; do sleep 0.1; done
       hups=$((hups + 1)) ;;
     nats_restart) # n1: SIGTERM, back on its store once it is gone
-      signal_pid "${NPID[1]}" TERM 15
+      signal_pid "${JS_PID[1]}" TERM 15
       node_start 1 "-again$nats_restarts"
-      wait_port "${PP[1]}" 15 || bad "n1 did not come back"
+      wait_port "${JS_PP[1]}" 15 || bad "n1 did not come back"
       nats_restarts=$((nats_restarts + 1)) ;;
     node_kill) # n2: SIGKILL; back once the others elected a stream leader (30 s at most)
-      signal_pid "${NPID[2]}" KILL 5
+      signal_pid "${JS_PID[2]}" KILL 5
       if wait_stream_leader 30 1 3; then
         [ -n "$node_restart_leader" ] || node_restart_leader=elected
       else node_restart_leader="none in 30 s"; fi
       node_start 2 "-again$node_kills"
-      wait_port "${PP[2]}" 15 || bad "n2 did not come back"
+      wait_port "${JS_PP[2]}" 15 || bad "n2 did not come back"
       node_kills=$((node_kills + 1)) ;;
   esac
   echo "     t=$((SECONDS - load_t0)) s: $1 done"
@@ -185,8 +175,8 @@ signal_pid "$kpid" TERM 20
 kvb_rc=$RC
 
 # ---- the stream, then the index from it ---------------------------------------
-up=1; for i in 1 3; do kill -0 "${NPID[$i]}" 2>/dev/null && up=$i && break; done
-"$T/js_check" --server "nats://127.0.0.1:${PP[$up]}" --stream "$STREAM" --dump "$T/stream.jsonl" \
+up=1; for i in 1 3; do kill -0 "${JS_PID[$i]}" 2>/dev/null && up=$i && break; done
+"$T/js_check" --server "nats://127.0.0.1:${JS_PP[$up]}" --stream "$STREAM" --dump "$T/stream.jsonl" \
   >"$T/js.out" 2>"$T/js.err" || bad_log "js_check failed" "$T/js.err"
 ip=$(daemon_port)
 start "nats-index" nats-server -a 127.0.0.1 -p "$ip"
@@ -251,6 +241,6 @@ row "state.dir save failures" "$save_fail" "0" "$( { [ "$save_fail" = 0 ]; } && 
 row "warnings/errors logged, unexplained" "$nwarn, $nunexp" "-, 0" "$( { [ "$nunexp" = 0 ]; } && echo 1 || echo 0)"
 row "kvbridge exit code (SIGTERM)" "$kvb_rc" "0" "$( { [ "$kvb_rc" = 0 ]; } && echo 1 || echo 0)"
 if [ "$nunexp" -gt 0 ]; then echo "  unexplained:"; head -n 10 "$T/unexplained" | sed 's/^/    /'; fi
-for i in 1 2 3; do signal_pid "${NPID[$i]}" TERM 10; done
+for i in 1 2 3; do signal_pid "${JS_PID[$i]}" TERM 10; done
 echo "soak: $PASS ok, $FAIL failed"
 [ "$FAIL" = 0 ]

@@ -25,22 +25,13 @@
 source "$(dirname "$0")/lib.sh"
 
 js_build || { finish; exit 1; }
-leader_of() { sed -n 's/^cluster: leader=\([^ ]*\).*/\1/p' "$T/$1.out"; }
 LEADER_S=${LEADER_S:-30}
 
-declare -a CP PP MP NPID
-for i in 1 2 3; do CP[i]=$(daemon_port); PP[i]=$(daemon_port); MP[i]=$(daemon_port); done
-routes="nats://127.0.0.1:${CP[1]},nats://127.0.0.1:${CP[2]},nats://127.0.0.1:${CP[3]}"
-for i in 1 2 3; do
-  start "n$i" nats-server -a 127.0.0.1 -p "${PP[$i]}" -m "${MP[$i]}" -n "n$i" -js -sd "$T/js$i" \
-    --cluster_name kvbjs -cluster "nats://127.0.0.1:${CP[$i]}" -routes "$routes"
-  NPID[i]=$LAST_PID
-done
-for i in 1 2 3; do wait_port "${PP[$i]}" 10 || { bad "node n$i did not start"; finish; exit 1; }; done
+js_cluster kvbjs || { finish; exit 1; }
 # JetStream's meta group has a leader once the three nodes found each other
 end=$((SECONDS + 20)); meta=""
 while [ $SECONDS -lt $end ]; do
-  http_get "${MP[1]}" /jsz
+  http_get "${JS_MP[1]}" /jsz
   meta=$(tr -d ' \n' <"$T/http.body" | sed -n 's/.*"meta_cluster":{[^}]*"leader":"\([^"]*\)".*/\1/p')
   [ -n "$meta" ] && break
   sleep 0.2
@@ -55,7 +46,7 @@ sources:
   - endpoint: tcp://127.0.0.1:$p
     replay_endpoint: tcp://127.0.0.1:$((p + 1))
 nats:
-  servers: [nats://127.0.0.1:${PP[1]}, nats://127.0.0.1:${PP[2]}, nats://127.0.0.1:${PP[3]}]
+  servers: [nats://127.0.0.1:${JS_PP[1]}, nats://127.0.0.1:${JS_PP[2]}, nats://127.0.0.1:${JS_PP[3]}]
   connect_timeout_ms: 20000
   reconnect_wait_ms: 100
   reconnect_wait_max_ms: 300
@@ -70,15 +61,11 @@ start_kvbridge kvb "$T/k.yaml" || { bad "kvbridge did not start"; finish; exit 1
 kpid=$KVB_PID
 expect_eq "stream created with 3 replicas" "$(count_log "$T/kvb.log" "created stream $STREAM.*3 replica")" 1
 # the node kvbridge is connected to
-node=""
-for i in 1 2 3; do
-  http_get "${MP[$i]}" '/connz?limit=1000'
-  tr -d ' \n' <"$T/http.body" | grep -q '"name":"kvbridge"' && node=$i
-done
+node=$(kvbridge_node)
 [ -n "$node" ] && ok "kvbridge is connected to n$node" || { bad "kvbridge's node not found in /connz"; node=1; }
 other=$(( node % 3 + 1 ))
 # the hard case: that node also leads the stream (step-downs until it does)
-"$T/js_check" --server "nats://127.0.0.1:${PP[$other]}" --stream "$STREAM" --info 1 \
+"$T/js_check" --server "nats://127.0.0.1:${JS_PP[$other]}" --stream "$STREAM" --info 1 \
   --leader "n$node" >"$T/lead.out" 2>&1
 expect_eq "n$node leads the stream" "$(leader_of lead)" "n$node"
 
@@ -88,10 +75,10 @@ expect_eq "n$node leads the stream" "$(leader_of lead)" "n$node"
 spid=$!; PIDS+=("$spid")
 # about 2 s of the load before the kill (3000 router events/s)
 wait_published "$mp" 6000 60 || bad "kvbridge did not publish 6000 router events: $(js_diag "$mp")"
-"$T/js_check" --server "nats://127.0.0.1:${PP[$other]}" --stream "$STREAM" --info 1 >"$T/before.out" 2>&1
+"$T/js_check" --server "nats://127.0.0.1:${JS_PP[$other]}" --stream "$STREAM" --info 1 >"$T/before.out" 2>&1
 leader=$(leader_of before)
 echo "     before the kill: $(grep '^cluster:' "$T/before.out")"
-signal_pid "${NPID[$node]}" KILL 5
+signal_pid "${JS_PID[$node]}" KILL 5
 expect_eq "n$node (kvbridge's node) killed" "$RC" 137
 wait_log "$T/kvb.log" "reconnected to NATS" 20 && ok "kvbridge reconnected to another node" \
   || bad_log "kvbridge did not reconnect" "$T/kvb.log"
@@ -103,7 +90,7 @@ wait_leader() {
   LEADER=none
   while :; do
     for i in "${survivors[@]}"; do
-      timeout 15 "$T/js_check" --server "nats://127.0.0.1:${PP[$i]}" --stream "$STREAM" --info 1 \
+      timeout 15 "$T/js_check" --server "nats://127.0.0.1:${JS_PP[$i]}" --stream "$STREAM" --info 1 \
         >"$T/lead-n$i.out" 2>"$T/lead-n$i.err" || true
       LEADER=$(leader_of "lead-n$i"); LEADER=${LEADER:-none}
       [ "$LEADER" != none ] && return 0
@@ -125,9 +112,7 @@ if wait_leader "$LEADER_S"; then
   ok "the stream elected $LEADER without n$node ($((SECONDS - t0)) s)"
 else
   echo "     NOTE: no stream leader in $LEADER_S s without n$node (nats-server $(nats-server --version | awk '{ print $2 }')): restarting n$node on its store"
-  start "n$node-again" nats-server -a 127.0.0.1 -p "${PP[$node]}" -m "${MP[$node]}" -n "n$node" -js \
-    -sd "$T/js$node" --cluster_name kvbjs -cluster "nats://127.0.0.1:${CP[$node]}" -routes "$routes"
-  NPID[node]=$LAST_PID; restarted=1
+  node_start "$node" -again; restarted=1
   survivors+=("$node")
   wait_leader 60 && ok "the stream elected $LEADER once n$node was back" \
     || bad "no stream leader even with n$node back"
@@ -163,7 +148,7 @@ expect_eq "nothing unacknowledged at the end" "$(metric "$mp" kvbridge_jetstream
 signal_pid "$kpid" TERM 15
 expect_eq "kvbridge exit code" "$RC" 0
 
-"$T/js_check" --server "nats://127.0.0.1:${PP[${survivors[0]}]}" --stream "$STREAM" \
+"$T/js_check" --server "nats://127.0.0.1:${JS_PP[${survivors[0]}]}" --stream "$STREAM" \
   --wait-msgs "$(( $(field events "$want") + 1 ))" --wait-ms 20000 >"$T/after.out" 2>"$T/after.err" \
   || bad_log "js_check failed" "$T/after.err"
 echo "     engine: $want"
@@ -189,5 +174,5 @@ echo "     what kept it whole: core NATS reconnect (kvbridge moved from n$node t
      "publishes sent again, $dups of them already stored and dropped by Nats-Msg-Id) + replicas: $how;" \
      "out of order: $(js_stat after reorders)"
 [ "$restarted" = 1 ] && echo "     (n$node had to be restarted for the stream to elect a leader)"
-for i in 1 2 3; do { [ "$i" != "$node" ] || [ "$restarted" = 1 ]; } && signal_pid "${NPID[$i]}" TERM 10; done
+for i in 1 2 3; do { [ "$i" != "$node" ] || [ "$restarted" = 1 ]; } && signal_pid "${JS_PID[$i]}" TERM 10; done
 finish

@@ -13,19 +13,9 @@
 source "$(dirname "$0")/lib.sh"
 
 js_build || { finish; exit 1; }
-leader_of() { sed -n 's/^cluster: leader=\([^ ]*\).*/\1/p' "$T/$1.out"; }
 NOLEADER_S=${NOLEADER_S:-10}
 
-declare -a CP PP MP NPID
-for i in 1 2 3; do CP[i]=$(daemon_port); PP[i]=$(daemon_port); MP[i]=$(daemon_port); done
-routes="nats://127.0.0.1:${CP[1]},nats://127.0.0.1:${CP[2]},nats://127.0.0.1:${CP[3]}"
-node_start() { # node_start I [TAG]
-  start "n$1${2:-}" nats-server -a 127.0.0.1 -p "${PP[$1]}" -m "${MP[$1]}" -n "n$1" -js -sd "$T/js$1" \
-    --cluster_name kvbnl -cluster "nats://127.0.0.1:${CP[$1]}" -routes "$routes"
-  NPID[$1]=$LAST_PID
-}
-for i in 1 2 3; do node_start "$i"; done
-for i in 1 2 3; do wait_port "${PP[$i]}" 10 || { bad "node n$i did not start"; finish; exit 1; }; done
+js_cluster kvbnl || { finish; exit 1; }
 
 p=$(daemon_port 2); mp=$(daemon_port)
 cat >"$T/k.yaml" <<YAML
@@ -35,7 +25,7 @@ sources:
   - endpoint: tcp://127.0.0.1:$p
     replay_endpoint: tcp://127.0.0.1:$((p + 1))
 nats:
-  servers: [nats://127.0.0.1:${PP[1]}, nats://127.0.0.1:${PP[2]}, nats://127.0.0.1:${PP[3]}]
+  servers: [nats://127.0.0.1:${JS_PP[1]}, nats://127.0.0.1:${JS_PP[2]}, nats://127.0.0.1:${JS_PP[3]}]
   connect_timeout_ms: 30000
   jetstream:
     enabled: true
@@ -46,11 +36,7 @@ metrics:
 YAML
 start_kvbridge kvb "$T/k.yaml" || { bad "kvbridge did not start"; finish; exit 1; }
 kpid=$KVB_PID
-node=""
-for i in 1 2 3; do
-  http_get "${MP[$i]}" '/connz?limit=1000'
-  tr -d ' \n' <"$T/http.body" | grep -q '"name":"kvbridge"' && node=$i
-done
+node=$(kvbridge_node)
 [ -n "$node" ] && ok "kvbridge is connected to n$node" || { bad "kvbridge's node not found"; finish; exit 1; }
 
 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
@@ -64,7 +50,7 @@ expect_eq "not stalled under normal load" "$(metric "$mp" kvbridge_jetstream_sta
 killed=()
 for i in 1 2 3; do
   [ "$i" = "$node" ] && continue
-  signal_pid "${NPID[$i]}" KILL 5; killed+=("$i")
+  signal_pid "${JS_PID[$i]}" KILL 5; killed+=("$i")
 done
 end=$((SECONDS + 60))
 until [ "$(metric "$mp" kvbridge_jetstream_stalled)" = 1 ] || [ $SECONDS -ge $end ]; do sleep 0.2; done
@@ -72,7 +58,7 @@ expect_eq "the stall is reported (kvbridge_jetstream_stalled)" "$(metric "$mp" k
 expect_eq "... and logged" "$(count_log "$T/kvb.log" 'JetStream stores none of our publishes')" 1
 # it lasts NOLEADER_S seconds (measured on kvbridge's side: the stall's start)
 t_stall=$SECONDS
-timeout 15 "$T/js_check" --server "nats://127.0.0.1:${PP[$node]}" --stream "$STREAM" --info 1 \
+timeout 15 "$T/js_check" --server "nats://127.0.0.1:${JS_PP[$node]}" --stream "$STREAM" --info 1 \
   >"$T/noleader.out" 2>&1 || true
 echo "     without quorum: $(grep '^cluster:' "$T/noleader.out")$(grep 'js_check:' "$T/noleader.out")"
 while [ $((SECONDS - t_stall)) -lt "$NOLEADER_S" ]; do
@@ -87,10 +73,10 @@ fails_before=$((fails_before + $(metric "$mp" 'kvbridge_jetstream_ack_failures_t
 
 # one node back on its store: quorum, a leader; nothing is done to kvbridge
 node_start "${killed[0]}" -again
-wait_port "${PP[${killed[0]}]}" 15 || bad "n${killed[0]} did not come back"
+wait_port "${JS_PP[${killed[0]}]}" 15 || bad "n${killed[0]} did not come back"
 end=$((SECONDS + 90)); leader=none
 while [ $SECONDS -lt $end ]; do
-  timeout 15 "$T/js_check" --server "nats://127.0.0.1:${PP[$node]}" --stream "$STREAM" --info 1 \
+  timeout 15 "$T/js_check" --server "nats://127.0.0.1:${JS_PP[$node]}" --stream "$STREAM" --info 1 \
     >"$T/lead.out" 2>/dev/null || true
   leader=$(leader_of lead); leader=${leader:-none}
   [ "$leader" != none ] && break
@@ -115,7 +101,7 @@ expect_eq "no NATS-side barrier" "$(count_log "$T/kvb.log" "lost on the NATS sid
 signal_pid "$spid" TERM 10
 signal_pid "$kpid" TERM 15
 expect_eq "kvbridge exit code" "$RC" 0
-"$T/js_check" --server "nats://127.0.0.1:${PP[$node]}" --stream "$STREAM" \
+"$T/js_check" --server "nats://127.0.0.1:${JS_PP[$node]}" --stream "$STREAM" \
   --wait-msgs "$(( $(field events "$want") + 1 ))" --wait-ms 20000 >"$T/after.out" 2>"$T/after.err" \
   || bad_log "js_check failed" "$T/after.err"
 echo "     engine: $want"
@@ -125,5 +111,5 @@ expect_eq "messages in the stream = engine events + start barrier" "$(js_stat af
 expect_eq "no event_id missing (0 lost)" "$(js_stat after holes)" 0
 expect_eq "no Nats-Msg-Id stored twice" "$(js_stat after dup_ids)" 0
 expect_eq "no event_id stored twice" "$(js_stat after dup_events)" 0
-for i in 1 2 3; do kill -0 "${NPID[$i]}" 2>/dev/null && signal_pid "${NPID[$i]}" TERM 10; done
+for i in 1 2 3; do kill -0 "${JS_PID[$i]}" 2>/dev/null && signal_pid "${JS_PID[$i]}" TERM 10; done
 finish
