@@ -728,8 +728,9 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             break;
         }
         got++;
+        uint64_t now = kvb_mono_ms();
         s->drained += s->draining;
-        s->live_ms = kvb_mono_ms();
+        s->live_ms = now;
         if (n != 3) {
             kvb_inc(&s->m->malformed_messages_total[KVB_MAL_FRAMES]);
             kvb_log_rl(&s->rl_frames, KVB_LOG_WARN, "source",
@@ -763,7 +764,6 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             close_frames(f, n, 3);
             continue;
         }
-        uint64_t now = kvb_mono_ms();
         struct stream *st = find_stream(s, zmq_msg_data(&f[0]), zmq_msg_size(&f[0]), now);
         int rc = 0;
         if (!st) {
