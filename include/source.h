@@ -117,6 +117,9 @@ void kvb_source_set_worker(struct kvb_source *s, const struct kvb_worker_cfg *w)
 
 /* Live batches held back behind this source's replay (0 when none runs). */
 size_t kvb_source_held(const struct kvb_source *s);
+/* True while the source reads back its SUB's queue after a hold or runs a
+ * replay: the batches it queued are not all freed yet. */
+bool kvb_source_busy(const struct kvb_source *s);
 
 /* "cleared" for every dp_rank of every stream of this source. */
 int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause);

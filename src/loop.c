@@ -2,6 +2,7 @@
 #include "loop.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <poll.h>
 #include <signal.h>
@@ -37,6 +38,7 @@
 #define PAUSED_POLL_MS 20  /* re-check the NATS buffer this often while paused */
 #define STATE_SAVE_MS 1000 /* state.dir: save at most this often (and at shutdown) */
 #define READY_GRACE_MS 1000 /* held back or paused longer than this: not ready */
+#define TRIM_CALM_MS 2000   /* a backlog gone this long: give its memory back */
 
 /* Where a running source comes from: its sources[] entry (in the config
  * that built it) and its offset in that entry's dp_size expansion.  A reload
@@ -68,6 +70,8 @@ struct kvb_daemon {
     uint64_t paused_since;   /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
     uint64_t held_since;     /* live batches held back behind replays since, 0: none */
     uint64_t hold_since;     /* monotonic ms: holding back (paused or discovery) since */
+    bool trim_due;           /* a backlog was queued: trim once it is gone */
+    uint64_t calm_since;     /* ... and nothing has been queued up since (0: not yet) */
     bool barrier_due;        /* router events were lost on the NATS side */
     uint64_t losses_seen;    /* kvb_sink_losses() already answered with a barrier */
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
@@ -646,6 +650,51 @@ static void nats_loss_barrier(struct kvb_daemon *d)
     kvb_output_flush(d->out);
 }
 
+static long rss_kib(void)
+{
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%*s %ld", &pages) != 1)
+            pages = 0;
+        fclose(f);
+    }
+    return pages * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* The memory a backlog took (the SUB's queue read back after a pause, nats.c's
+ * buffer, live batches held behind a replay) is freed once it is gone, but
+ * glibc keeps the freed pages for later: RSS would stay at the backlog's
+ * high-water mark.  Once nothing has been queued up for TRIM_CALM_MS, give
+ * them back (malloc_trim), so that RSS after an outage returns to where it
+ * was before. */
+static void trim_after_backlog(struct kvb_daemon *d, bool backlog, uint64_t now)
+{
+    if (backlog) {
+        d->trim_due = true;
+        d->calm_since = 0;
+        return;
+    }
+    if (!d->trim_due)
+        return;
+    if (!d->calm_since)
+        d->calm_since = now;
+    if (now - d->calm_since < TRIM_CALM_MS)
+        return;
+    d->trim_due = false;
+    d->calm_since = 0;
+#ifdef __GLIBC__
+    long before = rss_kib();
+    malloc_trim(0);
+    long after = rss_kib();
+    if (before - after >= 8192)
+        kvb_info("main", "backlog gone: %ld KiB of memory returned to the system (RSS %ld KiB)",
+                 before - after, after);
+    else
+        kvb_debug("main", "backlog gone: RSS %ld -> %ld KiB", before, after);
+#endif
+}
+
 static void update_gauges(struct kvb_daemon *d)
 {
     uint64_t pending = kvb_sink_pending_bytes(d->sink);
@@ -675,8 +724,12 @@ static void update_gauges(struct kvb_daemon *d)
      * holds the live stream up to replay.timeout_ms): /readyz says which. */
     uint64_t now = kvb_mono_ms();
     size_t n_held = 0;
-    for (size_t i = 0; i < d->n_src; i++)
+    bool busy = paused || held || (limit > 0 && pending >= limit / 4);
+    for (size_t i = 0; i < d->n_src; i++) {
         n_held += kvb_source_held(d->src[i]);
+        busy |= kvb_source_busy(d->src[i]);
+    }
+    trim_after_backlog(d, busy, now);
     d->held_since = !n_held ? 0 : d->held_since ? d->held_since : now;
     d->paused_since = !paused ? 0 : d->paused_since ? d->paused_since : now;
     uint64_t held_ms = d->held_since ? now - d->held_since + 1 : 0;

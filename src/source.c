@@ -644,6 +644,11 @@ static int read_replay(struct kvb_source *s, int budget)
 
 size_t kvb_source_held(const struct kvb_source *s) { return kvb_replay_held(s->rp); }
 
+bool kvb_source_busy(const struct kvb_source *s)
+{
+    return s->draining || kvb_replay_active(s->rp);
+}
+
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 {
     long t = kvb_replay_next_deadline(s->rp, now_ms);
