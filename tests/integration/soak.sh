@@ -17,9 +17,10 @@
 #     order to a kvtail --check --index --expect-record (the last engine's
 #     record: earlier ones ended in restart barriers): wrong=0 missing=0;
 #   - kvbridge's RSS and open fds flat: the faults come in two cycles, one per
-#     half; the median over the quiet end of the first half (60 s, or 40% of
-#     the half when shorter) and over the end of the run within 5% (a fault
-#     raises memory to a high-water mark once: a leak grows again);
+#     half; the medians over the quiet end of each cycle (from 5 s after its
+#     last fault, at least 10 s, at most 60 s or 40% of the half) within 5%
+#     (kvbridge gives a backlog's memory back 2 s after it is gone: a leak
+#     stays and grows again);
 #   - every warning and error kvbridge logged is explained by an injected
 #     fault (the patterns below), none left over.
 # One summary table; exit 0 only when every row is ok.  Processes are
@@ -81,8 +82,9 @@ start_kvbridge kvb "$T/k.yaml" || { bad "kvbridge did not start"; finish; exit 1
 kpid=$KVB_PID
 
 # ---- samples: RSS (kB) and open fds of kvbridge, every 2 s ----------------------
+samp_t0=$SECONDS
 (
-  t0=$SECONDS
+  t0=$samp_t0
   while kill -0 "$kpid" 2>/dev/null; do
     rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$kpid/status" 2>/dev/null)
     fds=$(find "/proc/$kpid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
@@ -105,7 +107,9 @@ for c in 0 1; do
 done
 faults_done=0; hups=0; nats_restarts=0; node_kills=0; node_restart_leader=""
 hup_value=10
+declare -a FAULT_T0=() FAULT_T1=() # when each fault began and ended (samples' clock)
 do_fault() {
+  FAULT_T0+=($((SECONDS - samp_t0)))
   case $1 in
     hup)
       hup_value=$(( hup_value == 10 ? 9 : 10 ))
@@ -129,10 +133,20 @@ do_fault() {
       wait_port "${JS_PP[2]}" 15 || bad "n2 did not come back"
       node_kills=$((node_kills + 1)) ;;
   esac
+  FAULT_T1+=($((SECONDS - samp_t0)))
   echo "     t=$((SECONDS - load_t0)) s: $1 done"
 }
 
 # ---- the engine segments, with the faults in between ------------------------------
+# fault_due [ON_TIME]: the next fault's time has come (ON_TIME 0: it is late
+# anyway); the second cycle begins only after MIN_QUIET s of quiet (RSS below)
+MIN_QUIET=10
+fault_due() {
+  local at; read -r at _ <<<"${FAULTS[$faults_done]}"
+  [ "${1:-1}" = 0 ] || [ $((SECONDS - load_t0)) -ge "$at" ] || return 1
+  [ "$faults_done" != $(( ${#FAULTS[@]} / 2 )) ] ||
+    [ $((SECONDS - samp_t0)) -ge $((FAULT_T1[faults_done - 1] + 5 + MIN_QUIET)) ]
+}
 load_t0=$SECONDS
 for k in $(seq 1 "$SEG"); do
   n=$((seg_s * RATE))
@@ -142,9 +156,9 @@ for k in $(seq 1 "$SEG"); do
     --drop-live "$drops" --record "$T/rec.$k" 2>"$T/sim.$k.log" &
   spid=$!; PIDS+=("$spid")
   while kill -0 "$spid" 2>/dev/null; do
-    if [ "$faults_done" -lt "${#FAULTS[@]}" ]; then
-      read -r at what <<<"${FAULTS[$faults_done]}"
-      if [ $((SECONDS - load_t0)) -ge "$at" ]; then do_fault "$what"; faults_done=$((faults_done + 1)); continue; fi
+    if [ "$faults_done" -lt "${#FAULTS[@]}" ] && fault_due; then
+      read -r _ what <<<"${FAULTS[$faults_done]}"
+      do_fault "$what"; faults_done=$((faults_done + 1)); continue
     fi
     sleep 0.2
   done
@@ -153,9 +167,12 @@ for k in $(seq 1 "$SEG"); do
   echo "     t=$((SECONDS - load_t0)) s: engine segment $k done ($n batches)"
 done
 while [ "$faults_done" -lt "${#FAULTS[@]}" ]; do # a slow run: the faults left
-  read -r at what <<<"${FAULTS[$faults_done]}"; do_fault "$what"; faults_done=$((faults_done + 1))
+  fault_due 0 || { sleep 0.2; continue; }
+  read -r _ what <<<"${FAULTS[$faults_done]}"; do_fault "$what"; faults_done=$((faults_done + 1))
 done
 load_s=$((SECONDS - load_t0))
+# the second cycle's quiet end, as long as the first one's at least
+while [ $((SECONDS - samp_t0)) -lt $((FAULT_T1[${#FAULTS[@]} - 1] + 5 + MIN_QUIET)) ]; do sleep 0.5; done
 
 # ---- settle, stop ------------------------------------------------------------
 want_total=0
@@ -171,6 +188,7 @@ restarts=$(metric "$mp" kvbridge_engine_restarts_total)
 bar_gap=$(metric "$mp" 'kvbridge_barriers_total{cause="gap"}')
 bar_nats=$(metric "$mp" 'kvbridge_barriers_total{cause="nats_lost"}')
 save_fail=$(metric "$mp" kvbridge_state_save_failures_total)
+stop_t=$SECONDS
 signal_pid "$kpid" TERM 20
 kvb_rc=$RC
 
@@ -188,14 +206,22 @@ ipid=$TAIL_PID
   || bad_log "republishing the stream failed" "$T/republish.log"
 wait_pid "$ipid" 120
 
-# ---- RSS and fds: the quiet end of the first cycle vs the end of the run ---------
+# ---- RSS and fds: the quiet end of each cycle ----------------------------------
+# Each window starts 5 s after its cycle's last fault ended (the backlog read
+# back, its memory given back: kvbridge trims 2 s after a backlog) and ends
+# where the next cycle's first fault begins, or where kvbridge was stopped;
+# its last WIN seconds count (sample times: seconds from samp_t0).
 win=$(( half * 4 / 10 < 60 ? half * 4 / 10 : 60 ))
-last_t=$(awk 'END { print $1 }' "$T/samples")
+nf=$(( ${#FAULTS[@]} / 2 ))
+a1=$(( FAULT_T1[nf - 1] + 5 )); e1=${FAULT_T0[nf]}
+a2=$(( FAULT_T1[2 * nf - 1] + 5 )); e2=$((stop_t - samp_t0))
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print 0 }'; }
-rss1=$(awk -v a="$((half - win))" -v b="$half" '$1 >= a && $1 < b { print $2 }' "$T/samples" | median)
-rss2=$(awk -v a="$((last_t - win))" '$1 > a { print $2 }' "$T/samples" | median)
-fd1=$(awk -v a="$((half - win))" -v b="$half" '$1 >= a && $1 < b { print $3 }' "$T/samples" | median)
-fd2=$(awk -v a="$((last_t - win))" '$1 > a { print $3 }' "$T/samples" | median)
+window() { # window FROM TO COLUMN: the median of COLUMN over the last WIN seconds of FROM..TO
+  local a=$(( $2 - win > $1 ? $2 - win : $1 ))
+  awk -v a="$a" -v b="$2" -v c="$3" '$1 >= a && $1 <= b { print $c }' "$T/samples" | median
+}
+rss1=$(window "$a1" "$e1" 2); rss2=$(window "$a2" "$e2" 2)
+fd1=$(window "$a1" "$e1" 3); fd2=$(window "$a2" "$e2" 3)
 pct() { awk -v x="$1" -v y="$2" 'BEGIN { if (x <= 0) print 999; else { d = (y - x) * 100 / x; printf "%.1f", d < 0 ? -d : d } }'; }
 flat() { awk -v d="$1" 'BEGIN { exit !(d <= 5) }'; }
 
@@ -235,8 +261,8 @@ row "index: ids skipped (then late), dups, bad hash" "${hole_ids:-0} ($(tail_sta
   "late = skipped, 0, 0" \
   "$( { [ "${hole_ids:-0}" = "$(tail_stat index reorders)" ] && [ "$(tail_stat index dups)" = 0 ] && [ "$(tail_stat index badtok)" = 0 ]; } && echo 1 || echo 0)"
 row "stream: stored out of order (resends)" "$(js_stat js reorders)" "-" 1
-d=$(pct "$rss1" "$rss2"); row "RSS kB, first vs last window (median)" "$rss1 -> $rss2 ($d%)" "within 5%" "$( { flat "$d"; } && echo 1 || echo 0)"
-d=$(pct "$fd1" "$fd2"); row "open fds, first vs last window (median)" "$fd1 -> $fd2 ($d%)" "within 5%" "$( { flat "$d"; } && echo 1 || echo 0)"
+d=$(pct "$rss1" "$rss2"); row "RSS kB, quiet end of cycle 1 vs 2 (median)" "$rss1 -> $rss2 ($d%)" "within 5%" "$( { flat "$d"; } && echo 1 || echo 0)"
+d=$(pct "$fd1" "$fd2"); row "open fds, quiet end of cycle 1 vs 2 (median)" "$fd1 -> $fd2 ($d%)" "within 5%" "$( { flat "$d"; } && echo 1 || echo 0)"
 row "state.dir save failures" "$save_fail" "0" "$( { [ "$save_fail" = 0 ]; } && echo 1 || echo 0)"
 row "warnings/errors logged, unexplained" "$nwarn, $nunexp" "-, 0" "$( { [ "$nunexp" = 0 ]; } && echo 1 || echo 0)"
 row "kvbridge exit code (SIGTERM)" "$kvb_rc" "0" "$( { [ "$kvb_rc" = 0 ]; } && echo 1 || echo 0)"
