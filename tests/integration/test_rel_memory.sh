@@ -16,7 +16,7 @@
 # kvbridge's peak memory is VmHWM from /proc/PID/status, read before it stops
 # (checked against the bound for the normal build only, not under ASan or
 # valgrind, whose own memory counts there).  Once the backlog is gone,
-# kvbridge gives its memory back: RSS at most half the peak.
+# kvbridge gives its memory back: RSS at most 3/4 of the peak.
 source "$(dirname "$0")/lib.sh"
 
 RCVHWM=10000 RBUF=16777216 REPLAY=10000 BATCHES=150000 RATE=10000 STOP_BATCHES=120000
@@ -85,7 +85,9 @@ if [ "$BIN" = "$ROOT/build" ]; then
     || bad_log "kvbridge did not give the backlog's memory back" "$T/kvb.log"
   RSS=$(awk '/^VmRSS:/ { print $2 }' "/proc/$KPID/status" 2>/dev/null || echo 0)
   echo "     after the backlog: RSS $RSS kB (peak $HWM kB)"
-  expect_le "kvbridge RSS after the backlog (kB) at most half its peak" "$RSS" "$((HWM / 2))"
+  # (measured: without the trim 74652 kB of a 77840 kB peak; with it about
+  # 30 MB of 78-86 MB)
+  expect_le "kvbridge RSS after the backlog (kB) at most 3/4 of its peak" "$RSS" "$((HWM * 3 / 4))"
 else
   # ASan's shadow memory or valgrind's own (make check-asan,
   # check-valgrind-integration) are not kvbridge's: the bound is for the
