@@ -180,14 +180,15 @@ void kvb_replay_postpone(struct kvb_replay *r, uint64_t ms);
  * engine is idle (or dead).  Ask the replay socket for everything after the
  * last applied seq: what comes is applied; a reply that starts later than
  * asked, or no answer within replay.timeout_ms, is a barrier; the engine's
- * END alone means nothing was missed.  A live batch meanwhile turns the check
- * into an ordinary gap replay up to it, and live copies of the batches it
- * applied (still on their way) are dropped (same seq, same bytes).  A reply
- * that starts later is believed the second time in a row only (see
- * kvb_stream.check_again).  Without a replay endpoint: the barrier at once.  Nothing when the stream has nothing applied yet or its
- * connection dropped since (its next batch proves itself).  Returns the
- * router events emitted, -EBUSY while a replay runs (ask again later), or a
- * negative errno. */
+ * END alone means nothing was missed.  A live batch meanwhile ends the check
+ * (the next seq) or turns it into an ordinary gap replay up to it (a later
+ * one), and live copies of the batches it applied (still on their way) are
+ * dropped (same seq, same bytes).  A reply that starts later is believed the
+ * second time in a row only (see kvb_stream.check_again).  Without a replay
+ * endpoint: the barrier at once.  Nothing when the stream has nothing applied
+ * yet or its connection dropped since (its next batch proves itself).
+ * Returns the router events emitted, -EBUSY while a replay runs (ask again
+ * later), or a negative errno. */
 int kvb_replay_check(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms);
 /* A replay is in flight (its replies are wanted). */
 bool kvb_replay_active(const struct kvb_replay *r);

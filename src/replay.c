@@ -799,27 +799,18 @@ int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
         r->copy_st = NULL; /* the live stream is past what the check gave */
     }
     if (r->active && r->st == st && r->mode == RP_CHECK) {
-        if (seq - r->want > (uint64_t)INT64_MAX) {
-            /* before what the check asked for: the engine restarted (the
-             * rules below say so); nothing of the check is missing */
+        if (seq == r->want || seq - r->want > (uint64_t)INT64_MAX) {
+            /* the next batch after what the check applied: complete; or one
+             * before it: the engine restarted (the rules below say so).
+             * Nothing of the check is missing (no batch is held during it). */
             r->until = r->want;
-            if ((n = finish_replay_(r, "the engine restarted meanwhile", now_ms, false)) < 0)
+            if ((n = finish_replay_(r, seq == r->want ? "complete" : "the engine restarted "
+                                    "meanwhile", now_ms, false)) < 0)
                 return n;
         } else {
-            /* the first live batch since: an ordinary gap replay up to it */
+            /* a later live batch: an ordinary gap replay up to it */
             r->mode = RP_GAP;
             r->until = seq;
-            if (seq == r->want) {
-                if (r->want == r->from) { /* nothing was missed */
-                    cancel(r);
-                    r->active = false;
-                    r->st = NULL;
-                    kvb_info("replay", "%s: the engine dropped nothing while reading was "
-                             "paused", st->name);
-                } else if ((n = finish_replay(r, "complete", now_ms)) < 0) {
-                    return n;
-                }
-            }
         }
     }
     if (r->active && r->st == st) {
