@@ -138,14 +138,17 @@ do_fault() {
 }
 
 # ---- the engine segments, with the faults in between ------------------------------
+# The quiet end of a cycle, where RSS and fds are measured (below), starts
+# QUIET_AFTER_S after its last fault ended and lasts at least MIN_QUIET s.
+QUIET_AFTER_S=5 MIN_QUIET=10
+quiet_from() { echo $(( FAULT_T1[$1] + QUIET_AFTER_S )); } # quiet_from FAULT_INDEX (samples' clock)
 # fault_due [ON_TIME]: the next fault's time has come (ON_TIME 0: it is late
-# anyway); the second cycle begins only after MIN_QUIET s of quiet (RSS below)
-MIN_QUIET=10
+# anyway); the second cycle begins only after the first one's quiet end
 fault_due() {
   local at; read -r at _ <<<"${FAULTS[$faults_done]}"
   [ "${1:-1}" = 0 ] || [ $((SECONDS - load_t0)) -ge "$at" ] || return 1
   [ "$faults_done" != $(( ${#FAULTS[@]} / 2 )) ] ||
-    [ $((SECONDS - samp_t0)) -ge $((FAULT_T1[faults_done - 1] + 5 + MIN_QUIET)) ]
+    [ $((SECONDS - samp_t0)) -ge $(( $(quiet_from $((faults_done - 1))) + MIN_QUIET )) ]
 }
 load_t0=$SECONDS
 for k in $(seq 1 "$SEG"); do
@@ -172,7 +175,7 @@ while [ "$faults_done" -lt "${#FAULTS[@]}" ]; do # a slow run: the faults left
 done
 load_s=$((SECONDS - load_t0))
 # the second cycle's quiet end, as long as the first one's at least
-while [ $((SECONDS - samp_t0)) -lt $((FAULT_T1[${#FAULTS[@]} - 1] + 5 + MIN_QUIET)) ]; do sleep 0.5; done
+while [ $((SECONDS - samp_t0)) -lt $(( $(quiet_from $((${#FAULTS[@]} - 1))) + MIN_QUIET )) ]; do sleep 0.5; done
 
 # ---- settle, stop ------------------------------------------------------------
 want_total=0
@@ -207,14 +210,15 @@ ipid=$TAIL_PID
 wait_pid "$ipid" 120
 
 # ---- RSS and fds: the quiet end of each cycle ----------------------------------
-# Each window starts 5 s after its cycle's last fault ended (the backlog read
-# back, its memory given back: kvbridge trims 2 s after a backlog) and ends
-# where the next cycle's first fault begins, or where kvbridge was stopped;
-# its last WIN seconds count (sample times: seconds from samp_t0).
+# Each window starts QUIET_AFTER_S after its cycle's last fault ended (the
+# backlog read back, its memory given back: kvbridge trims 2 s after a
+# backlog) and ends where the next cycle's first fault begins, or where
+# kvbridge was stopped; its last WIN seconds count (sample times: seconds
+# from samp_t0).
 win=$(( half * 4 / 10 < 60 ? half * 4 / 10 : 60 ))
 nf=$(( ${#FAULTS[@]} / 2 ))
-a1=$(( FAULT_T1[nf - 1] + 5 )); e1=${FAULT_T0[nf]}
-a2=$(( FAULT_T1[2 * nf - 1] + 5 )); e2=$((stop_t - samp_t0))
+a1=$(quiet_from $((nf - 1))); e1=${FAULT_T0[nf]}
+a2=$(quiet_from $((2 * nf - 1))); e2=$((stop_t - samp_t0))
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print 0 }'; }
 window() { # window FROM TO COLUMN: the median of COLUMN over the last WIN seconds of FROM..TO
   local a=$(( $2 - win > $1 ? $2 - win : $1 ))
