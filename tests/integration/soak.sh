@@ -17,10 +17,11 @@
 #     order to a kvtail --check --index --expect-record (the last engine's
 #     record: earlier ones ended in restart barriers): wrong=0 missing=0;
 #   - kvbridge's RSS and open fds flat: the faults come in two cycles, one per
-#     half; the medians over the quiet end of each cycle (from 5 s after its
-#     last fault, at least 10 s, at most 60 s or 40% of the half) within 5%
-#     (kvbridge gives a backlog's memory back 2 s after it is gone: a leak
-#     stays and grows again);
+#     half; the lowest sample over the quiet end of each cycle (from 5 s
+#     after its last fault, at least 10 s, at most 60 s or 40% of the half)
+#     within 5% (kvbridge gives a backlog's memory back 2 s after it is gone,
+#     so RSS is a sawtooth whose floor is what is still in use: a leak raises
+#     the floor);
 #   - every warning and error kvbridge logged is explained by an injected
 #     fault (the patterns below), none left over.
 # One summary table; exit 0 only when every row is ok.  Processes are
@@ -219,10 +220,10 @@ win=$(( half * 4 / 10 < 60 ? half * 4 / 10 : 60 ))
 nf=$(( ${#FAULTS[@]} / 2 ))
 a1=$(quiet_from $((nf - 1))); e1=${FAULT_T0[nf]}
 a2=$(quiet_from $((2 * nf - 1))); e2=$((stop_t - samp_t0))
-median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print 0 }'; }
-window() { # window FROM TO COLUMN: the median of COLUMN over the last WIN seconds of FROM..TO
+lowest() { sort -n | awk 'NR == 1 { v = $1 } END { print NR ? v : 0 }'; }
+window() { # window FROM TO COLUMN: the lowest COLUMN over the last WIN seconds of FROM..TO
   local a=$(( $2 - win > $1 ? $2 - win : $1 ))
-  awk -v a="$a" -v b="$2" -v c="$3" '$1 >= a && $1 <= b { print $c }' "$T/samples" | median
+  awk -v a="$a" -v b="$2" -v c="$3" '$1 >= a && $1 <= b { print $c }' "$T/samples" | lowest
 }
 rss1=$(window "$a1" "$e1" 2); rss2=$(window "$a2" "$e2" 2)
 fd1=$(window "$a1" "$e1" 3); fd2=$(window "$a2" "$e2" 3)
@@ -265,8 +266,8 @@ row "index: ids skipped (then late), dups, bad hash" "${hole_ids:-0} ($(tail_sta
   "late = skipped, 0, 0" \
   "$( { [ "${hole_ids:-0}" = "$(tail_stat index reorders)" ] && [ "$(tail_stat index dups)" = 0 ] && [ "$(tail_stat index badtok)" = 0 ]; } && echo 1 || echo 0)"
 row "stream: stored out of order (resends)" "$(js_stat js reorders)" "-" 1
-d=$(pct "$rss1" "$rss2"); row "RSS kB, quiet end of cycle 1 vs 2 (median)" "$rss1 -> $rss2 ($d%)" "within 5%" "$( { flat "$d"; } && echo 1 || echo 0)"
-d=$(pct "$fd1" "$fd2"); row "open fds, quiet end of cycle 1 vs 2 (median)" "$fd1 -> $fd2 ($d%)" "within 5%" "$( { flat "$d"; } && echo 1 || echo 0)"
+d=$(pct "$rss1" "$rss2"); row "RSS kB, quiet end of cycle 1 vs 2 (lowest)" "$rss1 -> $rss2 ($d%)" "within 5%" "$( { flat "$d"; } && echo 1 || echo 0)"
+d=$(pct "$fd1" "$fd2"); row "open fds, quiet end of cycle 1 vs 2 (lowest)" "$fd1 -> $fd2 ($d%)" "within 5%" "$( { flat "$d"; } && echo 1 || echo 0)"
 row "state.dir save failures" "$save_fail" "0" "$( { [ "$save_fail" = 0 ]; } && echo 1 || echo 0)"
 row "warnings/errors logged, unexplained" "$nwarn, $nunexp" "-, 0" "$( { [ "$nunexp" = 0 ]; } && echo 1 || echo 0)"
 row "kvbridge exit code (SIGTERM)" "$kvb_rc" "0" "$( { [ "$kvb_rc" = 0 ]; } && echo 1 || echo 0)"
