@@ -6,7 +6,11 @@ PKGS     := libzmq msgpack libnats yaml-0.1 libxxhash libmicrohttpd libsystemd l
 OPT      ?= -O2 -g
 # Third-party headers come in through -isystem (pkg-config), so -Werror only
 # applies to our own code.
+# include/: the headers that cross src/ folders.  A folder's private headers
+# sit beside its files (found by #include "x.h" from there); the tests, fuzz
+# targets, benches and kvbridge-inspect reach one as "folder/x.h" (-Isrc).
 CPPFLAGS += -Iinclude -D_GNU_SOURCE
+PRIV_CPPFLAGS := -Isrc
 CFLAGS   += -std=c11 $(OPT) -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
             -Wmissing-prototypes -MMD -MP \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -15,7 +19,7 @@ CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
 
 B        ?= build
-LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c))
+LIB_SRC  := $(sort $(wildcard src/*/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
 TOOLS    := $(B)/kvbridge-inspect $(patsubst tools/%.c,$(B)/%,$(filter-out tools/inspect.c,$(wildcard tools/*.c)))
 # The tests' oracle: kvsim and kvtail use nothing from src/ (no -Iinclude, no
@@ -46,7 +50,11 @@ $(B)/obj/%.o: %.c
 
 $(B)/obj/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(CHECK_CFLAGS) -c -o $@ $<
+	$(CC) $(CPPFLAGS) $(PRIV_CPPFLAGS) $(CFLAGS) $(CHECK_CFLAGS) -c -o $@ $<
+
+$(B)/obj/tools/inspect.o: tools/inspect.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(PRIV_CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
 $(B)/libkvb.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -48,7 +48,7 @@ struct kvb_curve_cfg {
 /* The engine's HTTP face (sources[].engine), for load and liveness (scrape.h,
  * engine.h).  Off when both URLs are "". */
 struct kvb_engine_cfg {
-    int kind;                    /* enum kvb_engine_kind (engine_load.h): vllm, sglang */
+    int kind;                    /* enum kvb_engine_kind (engine/load.h): vllm, sglang */
     char *metrics_url;           /* http(s) URL of its Prometheus /metrics; "" = none */
     char *health_url;            /* e.g. vLLM's /health; "" = none */
     uint32_t scrape_interval_ms; /* a round every ...; also the request timeout */

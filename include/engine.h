@@ -8,7 +8,7 @@
  * dp_size - 1, in the order build_sources() opens them).  Without any URL an
  * entry has no engine: no load, and no liveness judgement is ever made.
  *
- * Load: each /metrics page gives per-rank values (engine_load.h); metrics
+ * Load: each /metrics page gives per-rank values (engine/load.h); metrics
  * rank k is dp_rank sources[].dp_rank + k, exported with the source name of
  * the k-th expanded endpoint.  For each rank with kv_used_blocks (usage x
  * total blocks) an ActiveLoad is published when the value changed since the

@@ -3,7 +3,7 @@
  *   GET /metrics  Prometheus text format (metrics.h)
  *   GET /healthz  200 while the loop turns (heartbeat younger than 3 intervals), else 503
  *   GET /readyz   200 while NATS is connected and every source is set up, else 503
- *   /v1/dump, /v1/events, /v1/match: the query API (query.h, http_query.c)
+ *   /v1/dump, /v1/events, /v1/match: the query API (query.h, query_http.c)
  *
  * The HTTP thread reads atomics in struct kvb_metrics; for /v1/ it hands the
  * request to the loop through kvb_query_run() (query.h) and never touches the

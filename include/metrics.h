@@ -206,7 +206,7 @@
     X(gauge, source_last_seq, last_seq, "Last engine seq applied, by stream")
 
 /* Per engine rank (sources[].engine), labels source and dp_rank: the
- * engine's load as its /metrics page says (engine_load.h). */
+ * engine's load as its /metrics page says (engine/load.h). */
 #define KVB_ENGINE_METRICS(X)                                                  \
     X(gauge, engine_up, up,                                                    \
       "1 while the engine's metrics or health URL answers, by source and dp_rank") \

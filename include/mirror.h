@@ -1,119 +1,96 @@
-/* mirror: what the engine holds, as the published router events say it
- * (docs/design.md, "Residency mirror").
+/* residency: what the engine holds, kept by the daemon's loop and handed to
+ * any consumer that asks (README "Query API").
  *
- * Per (worker_id, dp_rank, tier) a set of resident blocks: block_hash ->
- * (parent, tokens_hash), and for prefix walks the child of a block by
- * tokens_hash.  It is fed the router events the daemon publishes, after the
- * same filters and barriers, and applies them the way an indexer does:
- *   - stored: a store whose parent is not resident in that space is dropped
- *     whole (counted as an orphan); otherwise every block is added (a block
- *     stored again is overwritten);
- *   - removed: each hash leaves the space (an unknown one is ignored);
- *   - cleared: every tier of that (worker_id, dp_rank) is emptied.
- * So the mirror equals, by construction, what a correct consumer holds.
+ * Owns the residency mirror (mirror.h: per (worker_id, dp_rank, tier) the
+ * resident blocks, per pair a ring of the recent router events) and the
+ * query hub (query.h) that the HTTP server and the NATS request subject
+ * (query.subject) hand their requests to.
  *
- * It also keeps, per (worker_id, dp_rank), the last `recent_events` router
- * events in a ring, so a consumer with a short gap can ask for the events
- * after an event_id instead of a dump.
+ * The loop feeds it every router event it publishes, after the same filters
+ * and barriers (kvb_mirror_apply()), so the mirror equals, by
+ * construction, what a correct consumer holds.  Memory is bounded by
+ * limits.max_resident_blocks: a store past it returns -ENOSPC, counted in
+ * mirror_overflows_total and logged as an error; the caller must then
+ * publish a "cleared" barrier for that pair (cause mirror_full), which empties
+ * the pair here too: never a silent divergence.
  *
- * Memory: at most max_blocks resident blocks over all spaces.  A store that
- * would pass it is refused with -ENOSPC (its blocks are not added; the event
- * still goes to the ring): the caller must then publish a barrier for that
- * pair (and apply it here), never let the two diverge.
- * Per block: a 32-byte entry in a dense array (grown by doubling) and a
- * 4-byte slot in each of two open-addressing tables (grown by doubling at
- * 3/4 full): 48 bytes per block at 1M blocks (check_mirror measures it),
- * up to about 85 right after both arrays grew.  The ring of recent events
- * adds recent_events x 552 bytes per (worker_id, dp_rank).
- *
- * Pure: no I/O, no clock, no locks; the loop thread is its only user, except
- * for a snapshot, which is a private copy (see kvb_mirror_snapshot()).
- *
- * Ownership: kvb_mirror_create() returns a mirror freed by
- * kvb_mirror_destroy(&m) (accepts NULL).  A snapshot is owned by its caller
- * and freed by kvb_mirror_snap_free(&s), from any thread.
+ * Threads: everything here is the loop thread's, except what query.h says of
+ * the hub.  Ownership: kvb_mirror_create() returns an object freed by
+ * kvb_mirror_destroy(&r) (accepts NULL), after kvb_mirror_close() and
+ * after the HTTP server that serves from it has stopped.  The metrics must
+ * outlive it.
  */
 #ifndef KVB_MIRROR_H
 #define KVB_MIRROR_H
 
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdint.h>
 
 #include "convert.h"
 #include "metrics.h"
 
-#define KVB_MIRROR_DEFAULT_MAX_BLOCKS 1048576u
-#define KVB_MIRROR_DEFAULT_RECENT 4096u
-
-struct kvb_mirror_cfg {
-    uint64_t max_blocks;    /* resident blocks over all spaces */
-    uint32_t recent_events; /* ring size per (worker_id, dp_rank); 0 = none */
-};
-
+struct kvb_config;
+struct kvb_query;
 struct kvb_mirror;
 
-int kvb_mirror_create(const struct kvb_mirror_cfg *cfg, struct kvb_mirror **out);
-void kvb_mirror_destroy(struct kvb_mirror **m);
+/* limits.max_resident_blocks 0 turns the mirror off: queries answer 503. */
+int kvb_mirror_create(const struct kvb_config *c, struct kvb_metrics *m, int wake_fd,
+                         struct kvb_mirror **out);
+void kvb_mirror_destroy(struct kvb_mirror **r);
 
-/* Apply one published router event.  0, or -ENOSPC (a store past
- * max_blocks: none of its blocks was added, the caller publishes a barrier
- * for the pair and applies it), or -ENOMEM (the same, for lack of memory).
- * Even then the event counts as the pair's last and goes to the ring (it was
- * published: a consumer asking for events after an older id gets it). */
-int kvb_mirror_apply(struct kvb_mirror *m, const struct kvb_rev *rev);
+/* SIGHUP: worker_id, block_size and lora_salt for match (the mirror's
+ * limits need a restart). */
+void kvb_mirror_reconfigure(struct kvb_mirror *r, const struct kvb_config *c);
 
-/* After a load (the blocks applied as stored events): the pair's last
- * event_id is `last`, its ring empty (events_since() before it: -ESTALE). */
-int kvb_mirror_set_last(struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
-                        uint64_t last);
+/* One router event, as published.  0, or -ENOSPC when a barrier is due for
+ * (rev->worker_id, rev->dp_rank) (the mirror is full or out of memory). */
+int kvb_mirror_apply(struct kvb_mirror *r, const struct kvb_rev *rev);
 
-/* Gauges: resident blocks in one tier (over every pair), the bytes the
- * mirror holds, stores dropped for an unknown parent. */
-uint64_t kvb_mirror_blocks(const struct kvb_mirror *m, int tier);
-uint64_t kvb_mirror_bytes(const struct kvb_mirror *m);
-uint64_t kvb_mirror_orphans(const struct kvb_mirror *m);
+/* Answer the queued queries (after the loop's wake fd fired). */
+void kvb_mirror_serve(struct kvb_mirror *r);
 
-/* The last event_id applied for a pair: false when the pair is unknown. */
-bool kvb_mirror_last_event_id(const struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
-                              uint64_t *out);
+/* Gauges: mirror_resident_blocks{tier}, mirror_bytes, mirror_orphans_total. */
+void kvb_mirror_gauges(struct kvb_mirror *r);
+/* The result of the last asynchronous save (kvb_mirror_save() without
+ * wait) once it is known: *done set, and 0 or a negative errno. */
+int kvb_mirror_save_result(struct kvb_mirror *r, bool *done);
 
-/* The pairs the mirror knows, for listing: up to cap into out; returns how
- * many there are. */
-struct kvb_mirror_pair {
-    uint64_t worker_id;
-    uint32_t dp_rank;
-};
-size_t kvb_mirror_pairs(const struct kvb_mirror *m, struct kvb_mirror_pair *out, size_t cap);
+/* The hub the HTTP server serves /v1/ from (kvb_http_set_query()). */
+struct kvb_query *kvb_mirror_query(struct kvb_mirror *r);
 
-/* Prefix match: the number of leading blocks of a request, given as its
- * blocks' tokens_hash values, that are resident in each tier (the walk a
- * router does: block i must be the child of block i-1 by tokens_hash). */
-void kvb_mirror_match(const struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
-                      const uint64_t *tokens_hashes, size_t n, uint32_t matched[KVB_TIER__COUNT]);
+/* Answer the NATS requests on query.subject through the sink's connection
+ * (kvb_sink_serve()); detach before destroying that sink (it serves the
+ * queued queries while a request callback ends, so none waits on the loop
+ * in vain).  0 or a negative errno (the subscription is retried on the
+ * sink's next connection). */
+struct kvb_sink;
+int kvb_mirror_attach(struct kvb_mirror *r, struct kvb_sink *sink);
+void kvb_mirror_detach(struct kvb_mirror *r, struct kvb_sink *sink);
 
-/* Events after an event_id, from the ring, oldest first: fn is called for
- * each (the kvb_rev is valid during the call).  0, -ENOENT (unknown pair),
- * or -ESTALE when `since` + 1 is older than the ring holds. */
-int kvb_mirror_events_since(struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
-                            uint64_t since,
-                            int (*fn)(void *ctx, const struct kvb_rev *rev), void *ctx);
+/* Persistence (state.dir; src/mirror/persist.h): with the mirror on, the
+ * cursors are saved together with it, by a thread of the saver: the loop
+ * hands kvb_mirror_save() the cursors it has just taken (after the NATS
+ * flush), which takes the mirror's snapshots (memcpy) and returns.
+ * persists: the mirror saves the cursors (else the caller saves them).
+ * save_busy: a save is in progress or too recent (skip this turn).
+ * save: 0 (started, or done with wait: *st is taken), -EBUSY, -ENOTSUP
+ * (not persisting), or the write's error with wait. */
+struct kvb_state;
+bool kvb_mirror_persists(const struct kvb_mirror *r);
+bool kvb_mirror_save_busy(struct kvb_mirror *r);
+int kvb_mirror_save(struct kvb_mirror *r, const char *dir, struct kvb_state **st,
+                       bool wait);
 
-/* A dump's consistent copy of one pair: every resident block of every tier
- * as of last_event_id.  Taking it copies the pair's entries (one memcpy of
- * 32 bytes per block) on the loop thread; ordering them for the dump happens
- * in kvb_mirror_snap_next(), on the caller's thread. */
-struct kvb_mirror_snap;
-int kvb_mirror_snapshot(const struct kvb_mirror *m, uint64_t worker_id, uint32_t dp_rank,
-                        struct kvb_mirror_snap **out);
-void kvb_mirror_snap_free(struct kvb_mirror_snap **s);
-uint64_t kvb_mirror_snap_event_id(const struct kvb_mirror_snap *s);
-bool kvb_mirror_snap_has_events(const struct kvb_mirror_snap *s); /* any event applied */
-uint64_t kvb_mirror_snap_blocks(const struct kvb_mirror_snap *s);
-/* The next stored router event of the dump (a chain of up to max_blocks
- * blocks, parents before children; a block whose parent is not resident
- * comes as a root, parent_hash null), with event_id = the snapshot's
- * last_event_id.  1 and *out (valid until the next call), or 0 at the end. */
-int kvb_mirror_snap_next(struct kvb_mirror_snap *s, uint32_t max_blocks, struct kvb_rev *out);
+/* At start, after the cursors were loaded and the sink made: load the saved
+ * mirror for the pairs it holds consistently with the cursors; call barrier
+ * for every other pair of the cursors (the caller publishes a "cleared" for
+ * it, which empties the pair here and in every consumer).  Returns how many
+ * pairs need a barrier, or a negative errno. */
+int kvb_mirror_load(struct kvb_mirror *r, const char *dir, const struct kvb_state *cursors,
+                       void (*barrier)(void *ctx, uint64_t worker_id, uint32_t dp_rank),
+                       void *ctx);
+
+/* Shutdown: queued and later queries get 503 (nothing waits on the loop). */
+void kvb_mirror_close(struct kvb_mirror *r);
 
 #endif

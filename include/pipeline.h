@@ -7,7 +7,7 @@
  * Every router event is handed to the emit callback in order; the bytes are
  * valid only during the call.  They are the event's dynamo-json form when
  * format is KVB_FORMAT_DYNAMO_JSON, else NULL and 0: the caller encodes
- * (src/output.c).  Ownership: the pipeline owns its decoder,
+ * (src/publish/publish.c).  Ownership: the pipeline owns its decoder,
  * converter and encoder; kvb_pipeline_destroy(&p) frees them (accepts NULL).
  * The metrics struct is the caller's and must outlive the pipeline.
  */
@@ -88,7 +88,7 @@ struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p);
 int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause);
 
 /* "cleared" for one (worker_id, dp_rank), counted under cause (the
- * residency mirror's barrier: residency.h).  May be called from inside the
+ * residency mirror's barrier: mirror.h).  May be called from inside the
  * emit callback: the event being emitted is published by then.  1 or a
  * negative errno. */
 int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank,

@@ -2,8 +2,8 @@
  * (nats.jetstream.enabled) with acknowledgements.  What the sink does during
  * NATS outages, refusals and in JetStream mode is described for operators in
  * docs/kvbridge.8 (DESCRIPTION: "NATS outages", "JetStream"); this header is
- * the contract.  The implementation: src/sink_nats.c (core), sink_io.c,
- * sink_js.c, sink_opts.c (src/sink_priv.h).
+ * the contract.  The implementation: src/sink/sink.c (core), io.c,
+ * jetstream.c, options.c (src/sink/sink_priv.h).
  *
  * Threads: the loop thread owns the sink and is the only caller of its
  * functions (kvb_sink_connected() excepted: any thread).  The sink runs

@@ -25,7 +25,7 @@ bench-tools: $(BENCH_TOOLS)
 
 $(B)/obj/tests/bench/%.o: tests/bench/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+	$(CC) $(CPPFLAGS) $(PRIV_CPPFLAGS) $(CFLAGS) -c -o $@ $<
 
 $(BENCH_OUT)/bench-pub: $(B)/obj/tests/bench/pub.o $(B)/obj/tests/bench/benchgen.o $(B)/libkvb.a
 	@mkdir -p $(dir $@)

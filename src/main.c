@@ -15,7 +15,7 @@
 
 #include "config.h"
 #include "log.h"
-#include "loop.h"
+#include "daemon.h"
 #include "state.h"
 #include "version.h"
 

@@ -47,7 +47,7 @@ struct sink {
 };
 
 /* The pipeline's emit: dynamo-json sums the encoded lengths, dynamo-msgpack
- * hands the event to the batcher (as src/output.c does). */
+ * hands the event to the batcher (as src/publish/publish.c does). */
 static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
 {
     struct sink *k = ctx;

@@ -24,8 +24,8 @@
 #include <unistd.h>
 
 #include "clock.h"
-#include "engine_load.h"
-#include "scrape.h"
+#include "engine/load.h"
+#include "engine/scrape.h"
 
 static char *page;
 static size_t page_len;

@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_load.h"
+#include "engine/load.h"
 #include "fuzz_common.h"
-#include "promtext.h"
+#include "engine/promtext.h"
 
 struct walk {
     const char *lo, *hi; /* the copy being parsed */

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine_load.h"
+#include "engine/load.h"
 
 static struct kvb_engine_load *load_file(enum kvb_engine_kind kind, const char *path)
 {

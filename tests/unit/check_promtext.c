@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "promtext.h"
+#include "engine/promtext.h"
 
 /* Every sample of a page, as "name{l=v,...} value" lines (values with %.17g,
  * label values as unescaped bytes). */

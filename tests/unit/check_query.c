@@ -10,8 +10,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "mirror.h"
-#include "query.h"
+#include "mirror/index.h"
+#include "mirror/query.h"
 
 #define W 7u
 
@@ -84,7 +84,7 @@ END_TEST
 
 struct loop {
     struct kvb_query *q;
-    struct kvb_mirror *m;
+    struct kvb_index *m;
     int wake;
     atomic_bool stop, paused;
     pthread_mutex_t mu; /* held while serving: the mirror is the loop's */
@@ -113,8 +113,8 @@ static void loop_start(struct loop *l, uint32_t wait_ms)
 {
     memset(l, 0, sizeof(*l));
     pthread_mutex_init(&l->mu, NULL);
-    struct kvb_mirror_cfg mc = {1000, 8};
-    ck_assert_int_eq(kvb_mirror_create(&mc, &l->m), 0);
+    struct kvb_index_cfg mc = {1000, 8};
+    ck_assert_int_eq(kvb_index_create(&mc, &l->m), 0);
     l->wake = eventfd(0, EFD_NONBLOCK);
     ck_assert_int_ge(l->wake, 0);
     struct kvb_query_cfg qc = {.worker_id = W, .block_size = 4, .lora_salt = true,
@@ -129,7 +129,7 @@ static void loop_stop(struct loop *l)
     pthread_join(l->th, NULL);
     kvb_query_close(l->q);
     kvb_query_destroy(&l->q);
-    kvb_mirror_destroy(&l->m);
+    kvb_index_destroy(&l->m);
     close(l->wake);
     pthread_mutex_destroy(&l->mu);
 }
@@ -140,7 +140,7 @@ static uint64_t next_id;
 static void apply(struct loop *l, const struct kvb_rev *r)
 {
     pthread_mutex_lock(&l->mu);
-    ck_assert_int_eq(kvb_mirror_apply(l->m, r), 0);
+    ck_assert_int_eq(kvb_index_apply(l->m, r), 0);
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -337,7 +337,7 @@ START_TEST(closed_and_slow_loop)
     loop_stop(&l);
     loop_start(&l, 5000);
     pthread_mutex_lock(&l.mu);
-    kvb_mirror_destroy(&l.m);
+    kvb_index_destroy(&l.m);
     pthread_mutex_unlock(&l.mu);
     ck_assert_int_eq(kvb_query_run(l.q, &r, &a), 0);
     ck_assert_int_eq(kvb_query_answer_status(a), 503);

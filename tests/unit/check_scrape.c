@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "clock.h"
-#include "scrape.h"
+#include "engine/scrape.h"
 
 /* ---- a tiny engine ---------------------------------------------------------- */
 

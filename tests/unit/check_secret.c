@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "secret.h"
+#include "config/secret.h"
 #include "testutil.h"
 
 /* unhex() of testutil.h, for exactly n bytes. */

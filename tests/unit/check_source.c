@@ -1,5 +1,5 @@
 /* source: the SUB, its connection monitor and the order between them,
- * through real ZMQ sockets on loopback (src/source.c).
+ * through real ZMQ sockets on loopback (src/ingest/source.c).
  *
  *   drop_after_queued  the engine sends batches and goes away before
  *                      kvbridge read them: the drop (monitor) must apply
@@ -108,7 +108,7 @@ static void publish(struct net *n, uint64_t seq)
 }
 
 /* One turn of the daemon's loop for this source: poll, then the monitor
- * before the SUB (src/loop.c, turn()). */
+ * before the SUB (src/daemon/loop.c, turn()). */
 static void turn(struct net *n, int ms)
 {
     zmq_pollitem_t it[2] = {{kvb_source_sub(n->src), 0, ZMQ_POLLIN, 0},

@@ -1,0 +1,219 @@
+/* config_priv: what the config module's files share (src/config/config.c: the table,
+ * conversion, the walk, load and reload; src/config/check.c: the checks;
+ * src/config/write.c: the example and the effective values; src/config/yaml.c:
+ * the YAML file as a node tree).  Not for other modules.
+ *
+ * Ownership: kvb_cfg_parse() allocates the tree; kvb_cfg_node_free() frees it
+ * (zeroing every scalar: they may be secrets) and accepts NULL.  Functions
+ * returning char * return a malloc'd string the caller frees.
+ */
+#ifndef KVB_CONFIG_PRIV_H
+#define KVB_CONFIG_PRIV_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_NODES 65536 /* YAML nodes in one file */
+#define MAX_NESTING 32  /* YAML nesting levels */
+
+/* One load: where errors go and what was read. */
+struct ctx {
+    const char *path;
+    FILE *err;
+    unsigned nerr;
+    bool oom;
+    size_t nnodes;
+    const char *buf; /* the file, for reader-error positions */
+    size_t len;
+    const char *creds_dir; /* $CREDENTIALS_DIRECTORY, NULL when unset or "" */
+};
+
+/* Report an error: "FILE:LINE:COL: message", or "FILE: message" for line 0
+ * (the whole file).  At most MAX_ERRORS are printed; every one is counted
+ * in c->nerr. */
+void kvb_cfg_verr(struct ctx *c, size_t line, size_t col, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+/* Report "out of memory" once and set c->oom. */
+void kvb_cfg_oom(struct ctx *c);
+/* Read the file c->path (at most 1 MiB, a regular file) into *out (malloc'd;
+ * zero it before freeing) and *outlen.  0, or negative errno (reported). */
+int kvb_cfg_read_file(struct ctx *c, char **out, size_t *outlen);
+
+static inline void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static inline void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvb_cfg_verr(c, line, col, fmt, ap);
+    va_end(ap);
+}
+
+static inline void oom(struct ctx *c) { kvb_cfg_oom(c); }
+
+/* ---- the YAML file as a node tree (yaml.c) ------------------------ */
+
+enum nkind { N_SCALAR, N_SEQ, N_MAP, N_BAD /* an alias: already reported */ };
+
+struct node {
+    enum nkind kind;
+    bool plain;          /* scalar written without quotes */
+    size_t line, col;    /* 1-based */
+    char *s;             /* scalar, NUL-terminated (may hold NULs: see len) */
+    size_t len;
+    struct node **kid;   /* seq: items; map: key, value, key, value, ... */
+    size_t n, cap;
+};
+
+/* Parse c->buf (c->len bytes) into *root, bounded by MAX_NODES nodes and
+ * MAX_NESTING levels, aliases refused (reported; N_BAD nodes).  0 (*root is
+ * NULL for a stream without a document; check c->nerr for non-fatal
+ * errors), or -1 after a fatal error was reported. */
+int kvb_cfg_parse(struct ctx *c, struct node **root);
+void kvb_cfg_node_free(struct node *n);
+/* "a list", "a mapping" or "a single value", for messages. */
+const char *kvb_cfg_kind_name(const struct node *n);
+/* A plain scalar YAML reads as null: "", ~, null, Null, NULL. */
+bool kvb_cfg_is_null(const struct node *n);
+
+/* ---- the table (src/config/config.c) ------------------------------------------ */
+
+enum otype {
+    T_U64,       /* uint64_t, decimal */
+    T_U32,       /* uint32_t, decimal */
+    T_BOOL,      /* bool: true | false */
+    T_STR,       /* char *, "" allowed */
+    T_ENUM,      /* int: index into values[] */
+    T_STRLIST,   /* char ** + size_t count at noff */
+    T_TIERS,     /* uint32_t bitmask of 1u << enum kvb_tier */
+    T_BLOCKSIZE, /* uint32_t, integer in min..max or "auto" -> 0 */
+    T_SOURCES,   /* struct kvb_source_cfg * + size_t count at noff */
+    T_TOPICS,    /* struct kvb_topic_cfg * + size_t count at noff: a mapping of
+                  * exact topics (keys) to worker ids (u64 values) */
+};
+
+#define F_REQUIRED 1u /* no default: absent is an error; def is the example's value */
+#define F_RELOAD 2u   /* SIGHUP may change it */
+#define F_SECRET 4u   /* T_STR never shown, zeroed when freed */
+#define F_PATH 8u     /* T_STR file name: resolved (see resolve_path()) and checked
+                       * readable at load; with .fills, read into that key */
+#define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
+#define F_EMPTY 32u   /* T_STRLIST: an empty list is allowed (and the default "" is one) */
+#define F_WORKER 64u  /* sources[]: the worker's identity, not how the source is opened
+                       * (kvb_config_worker_equal(), not kvb_config_source_equal()) */
+#define F_INHERIT 128u /* sources[]: absent (or ~) takes the value of the top-level key
+                        * of the same name, after the whole file was read */
+
+struct opt;
+
+/* Extra validation of a converted value; reports and returns -1 when bad. */
+typedef int check_fn(struct ctx *c, const struct opt *o, const char *dpath,
+                     const void *field, const struct node *v);
+
+struct opt {
+    const char *key;   /* dotted path; "sources[].x" for keys of each source */
+    enum otype type;
+    size_t off;        /* into struct kvb_config, or struct kvb_source_cfg */
+    size_t noff;       /* T_STRLIST, T_SOURCES: the size_t element count */
+    const char *def;   /* default as text; lists: comma-separated */
+    uint64_t min, max; /* integers, block_size */
+    const char *const *values; /* T_ENUM: allowed strings, NULL-terminated */
+    unsigned flags;
+    check_fn *check;
+    const char *fills; /* F_PATH: the F_SECRET key its file's content goes to */
+    const char *alt;   /* F_REQUIRED: absent is fine when this key is set (not "") */
+    const char *help;
+};
+
+/* One mark per table row: where the key's value was, if it was present. */
+struct mark {
+    size_t line, col;
+    bool set;
+    bool bad; /* present but rejected: skip cross-checks that use it */
+};
+
+#define SRC_PREFIX "sources[]"
+
+static inline bool in_sources(const struct opt *o)
+{
+    return strncmp(o->key, SRC_PREFIX ".", sizeof SRC_PREFIX) == 0;
+}
+
+#define ENGINE_PREFIX SRC_PREFIX ".engine."
+static inline bool is_engine_key(const struct opt *o)
+{
+    return strncmp(o->key, ENGINE_PREFIX, sizeof ENGINE_PREFIX - 1) == 0;
+}
+
+#define MAX_TOPICS 64     /* sources[].topics entries (source.c: 64 streams a source) */
+#define MAX_TOPIC_LEN 255 /* bytes of one topic (source.c: MAX_TOPIC - 1) */
+
+/* opts[] of src/config/config.c and its row count. */
+extern const struct opt *const kvb_cfg_opts;
+extern const size_t kvb_cfg_nopts;
+/* The index of the row for KEY, which must exist. */
+size_t kvb_cfg_opt_index(const char *key);
+
+/* ---- helpers (src/config/config.c) --------------------------------------------- */
+
+/* malloc'd printf; NULL when out of memory (reported when C is not NULL). */
+char *kvb_cfg_asprintf(struct ctx *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Free a string of the config, zeroed first (it may be a secret). */
+void kvb_cfg_str_free(char *s);
+/* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
+int kvb_cfg_parse_u64(const char *s, size_t len, uint64_t *out);
+/* "a, b or c" into a malloc'd string; NULL when out of memory (reported when
+ * C is not NULL). */
+char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *last_sep);
+
+/* ---- checks (src/config/check.c) ---------------------------------------- */
+
+#define MAX_SHOWN_PATH 240 /* bytes of a file name quoted in a message */
+
+/* A user value made safe for a one-line message (see check.c), cut
+ * after MAX bytes, or MAX_SHOWN for kvb_cfg_shown(); NULL when out of memory
+ * (SHOWN() gives a placeholder). */
+char *kvb_cfg_shown_max(const char *s, size_t len, size_t max);
+char *kvb_cfg_shown(const char *s, size_t len);
+#define SHOWN(s) ((s) ? (s) : "?")
+
+/* Values (src/config/value.c): one scalar into its field (0, or -1 after
+ * reporting at line:col); one item of a list; the table's defaults for the
+ * top level or one source (0, or -1 out of memory). */
+int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s,
+                 size_t len, size_t line, size_t col, void *field);
+int kvb_cfg_conv_item(struct ctx *c, const struct opt *o, const char *dpath, size_t i,
+                      const char *s, size_t len, size_t line, size_t col, char **str,
+                      uint32_t *mask);
+void kvb_cfg_free_strlist(char **list, size_t n);
+int kvb_cfg_apply_defaults(struct ctx *c, void *base, bool sources_scope);
+
+/* Checks of one value, named by the table's .check. */
+check_fn kvb_cfg_check_endpoint, kvb_cfg_check_opt_endpoint, kvb_cfg_check_subject,
+    kvb_cfg_check_word, kvb_cfg_check_format, kvb_cfg_check_listen, kvb_cfg_check_host,
+    kvb_cfg_check_js_template, kvb_cfg_check_server_url, kvb_cfg_check_query_subject,
+    kvb_cfg_check_http_url, kvb_cfg_check_etcd_url;
+
+/* Checks across keys, once the tree was walked; they report and set the
+ * marks (M, one per table row) of keys found bad.  kvb_cfg_resolve_files():
+ * every F_PATH key set made absolute, its file read into the key it .fills or
+ * checked readable.  kvb_cfg_check_config(): the whole config.
+ * kvb_cfg_check_source() and kvb_cfg_check_curve(): source I (its CURVE key
+ * files read into s->curve). */
+struct kvb_config;
+struct kvb_source_cfg;
+void kvb_cfg_resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m);
+void kvb_cfg_check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m);
+void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
+                          const struct mark *m);
+void kvb_cfg_check_curve(struct ctx *c, struct kvb_source_cfg *s, size_t i, struct mark *m);
+/* sources[I].engine: dead_after_ms at least scrape_interval_ms. */
+void kvb_cfg_check_engine(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
+                          const struct mark *m);
+
+#endif

@@ -1,0 +1,262 @@
+/* config_value: one scalar of the file to its typed field (integers with
+ * their ranges, booleans, enums, tier lists, "auto" block sizes, lists of
+ * strings) and the defaults of the table, for src/config/config.c's walk.
+ */
+#include "config.h"
+#include "config_priv.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Converting values                                                         */
+
+/* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
+int kvb_cfg_parse_u64(const char *s, size_t len, uint64_t *out)
+{
+    size_t i = 0;
+    bool neg = false;
+    if (len && s[0] == '-') {
+        neg = true;
+        i = 1;
+    }
+    if (i == len)
+        return -1;
+    if (s[i] == '0' && len - i > 1)
+        return -1; /* no leading zeros: YAML 1.1 reads them as octal */
+    uint64_t v = 0;
+    bool big = false;
+    for (; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        unsigned d = (unsigned)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            big = true;
+        else
+            v = v * 10 + d;
+    }
+    if (neg)
+        return v == 0 && !big ? -1 : -2;
+    if (big)
+        return -3;
+    *out = v;
+    return 0;
+}
+
+static bool str_eq(const char *a, size_t alen, const char *b)
+{
+    return alen == strlen(b) && memcmp(a, b, alen) == 0;
+}
+
+static int enum_index(const char *const *values, const char *s, size_t len)
+{
+    for (int i = 0; values[i]; i++)
+        if (str_eq(s, len, values[i]))
+            return i;
+    return -1;
+}
+
+/* "a, b or c" into a malloc'd string. */
+char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *last_sep)
+{
+    size_t n = 0, total = 1;
+    while (values[n])
+        total += strlen(values[n++]) + strlen(last_sep) + 2;
+    char *s = malloc(total);
+    if (!s) {
+        if (c)
+            oom(c);
+        return NULL;
+    }
+    s[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            strcat(s, i + 1 == n ? last_sep : ", ");
+        strcat(s, values[i]);
+    }
+    return s;
+}
+
+/* Convert one scalar for a scalar-typed option into *field.  The field is
+ * written only on success.  line 0 = a default (errors name no position). */
+int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s,
+                 size_t len, size_t line, size_t col, void *field)
+{
+    int rc = -1;
+    char *v = kvb_cfg_shown(s, len);
+    char *list = NULL;
+    uint64_t u = 0;
+
+    switch (o->type) {
+    case T_BLOCKSIZE:
+        if (str_eq(s, len, "auto")) {
+            *(uint32_t *)field = 0;
+            rc = 0;
+            break;
+        }
+        /* fall through */
+    case T_U64:
+    case T_U32: {
+        int pr = kvb_cfg_parse_u64(s, len, &u);
+        const char *what = pr == -2 ? "is negative"
+                           : pr == -3 ? "is too large"
+                           : pr < 0   ? "is not a decimal integer"
+                           : (u < o->min || u > o->max) ? "is out of range"
+                                                        : NULL;
+        if (what) {
+            const char *q = pr == 0 ? "" : "'"; /* a number, or the text as written */
+            err_at(c, line, col, "%s: %s%s%s %s (expected %" PRIu64 "..%" PRIu64 "%s)",
+                   dpath, q, SHOWN(v), q, what, o->min, o->max,
+                   o->type == T_BLOCKSIZE ? " or \"auto\"" : "");
+            break;
+        }
+        if (o->type == T_U64)
+            *(uint64_t *)field = u;
+        else
+            *(uint32_t *)field = (uint32_t)u;
+        rc = 0;
+        break;
+    }
+    case T_BOOL:
+        if (str_eq(s, len, "true") || str_eq(s, len, "True") || str_eq(s, len, "TRUE")) {
+            *(bool *)field = true;
+            rc = 0;
+        } else if (str_eq(s, len, "false") || str_eq(s, len, "False") ||
+                   str_eq(s, len, "FALSE")) {
+            *(bool *)field = false;
+            rc = 0;
+        } else {
+            err_at(c, line, col, "%s: '%s' is not a boolean (expected true or false)",
+                   dpath, SHOWN(v));
+        }
+        break;
+    case T_ENUM: {
+        int i = enum_index(o->values, s, len);
+        if (i < 0) {
+            list = kvb_cfg_join_values(c, o->values, " or ");
+            err_at(c, line, col, "%s: '%s' is not one of %s", dpath, SHOWN(v),
+                   list ? list : "the allowed values");
+            break;
+        }
+        *(int *)field = i;
+        rc = 0;
+        break;
+    }
+    case T_STR: {
+        if (memchr(s, '\0', len)) {
+            err_at(c, line, col, "%s: the string contains a NUL character", dpath);
+            break;
+        }
+        char *d = strndup(s, len);
+        if (!d) {
+            oom(c);
+            break;
+        }
+        kvb_cfg_str_free(*(char **)field);
+        *(char **)field = d;
+        rc = 0;
+        break;
+    }
+    default:
+        break;
+    }
+    free(list);
+    free(v);
+    return rc;
+}
+
+/* One element of a list option (nats.servers[i], forward_tiers[i]). */
+int kvb_cfg_conv_item(struct ctx *c, const struct opt *o, const char *dpath, size_t i,
+                      const char *s, size_t len, size_t line, size_t col, char **str,
+                      uint32_t *mask)
+{
+    int rc = -1;
+    char *ipath = kvb_cfg_asprintf(c, "%s[%zu]", dpath, i);
+    char *v = kvb_cfg_shown(s, len);
+    char *list = NULL;
+    if (!ipath)
+        goto out;
+    if (o->type == T_TIERS) {
+        int t = enum_index(o->values, s, len);
+        if (t < 0) {
+            list = kvb_cfg_join_values(c, o->values, " or ");
+            err_at(c, line, col, "%s: '%s' is not a storage tier (expected %s)", ipath,
+                   SHOWN(v), list ? list : "a tier");
+        } else if (*mask & (1u << t)) {
+            err_at(c, line, col, "%s: tier '%s' is listed twice", ipath, SHOWN(v));
+        } else {
+            *mask |= 1u << t;
+            rc = 0;
+        }
+    } else {
+        if (len == 0) {
+            err_at(c, line, col, "%s: must not be empty", ipath);
+        } else {
+            struct opt so = *o;
+            so.type = T_STR;
+            rc = kvb_cfg_conv(c, &so, ipath, s, len, line, col, str);
+        }
+    }
+out:
+    free(list);
+    free(v);
+    free(ipath);
+    return rc;
+}
+
+void kvb_cfg_free_strlist(char **list, size_t n)
+{
+    if (!list)
+        return;
+    for (size_t i = 0; i < n; i++)
+        free(list[i]);
+    free(list);
+}
+
+/* Defaults for every key in one scope (the config, or one source). */
+int kvb_cfg_apply_defaults(struct ctx *c, void *base, bool sources_scope)
+{
+    int rc = 0;
+    for (size_t i = 0; i < kvb_cfg_nopts; i++) {
+        const struct opt *o = &kvb_cfg_opts[i];
+        void *field = (char *)base + o->off;
+        if (in_sources(o) != sources_scope || (o->flags & (F_REQUIRED | F_INHERIT)) ||
+            o->type == T_TOPICS) /* inherited after the walk; an empty map (calloc) */
+            continue;
+        if (o->type == T_STRLIST || o->type == T_TIERS) {
+            /* comma-separated */
+            size_t n = *o->def ? 1 : 0; /* "" is the empty list */
+            for (const char *p = o->def; *p; p++)
+                n += *p == ',';
+            char **list = o->type == T_STRLIST ? calloc(n, sizeof *list) : NULL;
+            uint32_t mask = 0;
+            if (o->type == T_STRLIST && !list) {
+                oom(c);
+                rc = -1;
+                continue;
+            }
+            const char *p = o->def;
+            for (size_t k = 0; k < n; k++) {
+                size_t len = strcspn(p, ",");
+                if (kvb_cfg_conv_item(c, o, o->key, k, p, len, 0, 0, list ? &list[k] : NULL,
+                              &mask) < 0)
+                    rc = -1;
+                p += len + (p[len] == ',');
+            }
+            if (o->type == T_STRLIST) {
+                size_t *np = (size_t *)((char *)base + o->noff);
+                kvb_cfg_free_strlist(*(char ***)field, *np);
+                *(char ***)field = list;
+                *np = n;
+            } else {
+                *(uint32_t *)field = mask;
+            }
+        } else if (o->type != T_SOURCES) {
+            if (kvb_cfg_conv(c, o, o->key, o->def, strlen(o->def), 0, 0, field) < 0)
+                rc = -1;
+        }
+    }
+    return rc;
+}

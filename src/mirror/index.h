@@ -1,0 +1,119 @@
+/* mirror: what the engine holds, as the published router events say it
+ * (docs/design.md, "Residency mirror").
+ *
+ * Per (worker_id, dp_rank, tier) a set of resident blocks: block_hash ->
+ * (parent, tokens_hash), and for prefix walks the child of a block by
+ * tokens_hash.  It is fed the router events the daemon publishes, after the
+ * same filters and barriers, and applies them the way an indexer does:
+ *   - stored: a store whose parent is not resident in that space is dropped
+ *     whole (counted as an orphan); otherwise every block is added (a block
+ *     stored again is overwritten);
+ *   - removed: each hash leaves the space (an unknown one is ignored);
+ *   - cleared: every tier of that (worker_id, dp_rank) is emptied.
+ * So the mirror equals, by construction, what a correct consumer holds.
+ *
+ * It also keeps, per (worker_id, dp_rank), the last `recent_events` router
+ * events in a ring, so a consumer with a short gap can ask for the events
+ * after an event_id instead of a dump.
+ *
+ * Memory: at most max_blocks resident blocks over all spaces.  A store that
+ * would pass it is refused with -ENOSPC (its blocks are not added; the event
+ * still goes to the ring): the caller must then publish a barrier for that
+ * pair (and apply it here), never let the two diverge.
+ * Per block: a 32-byte entry in a dense array (grown by doubling) and a
+ * 4-byte slot in each of two open-addressing tables (grown by doubling at
+ * 3/4 full): 48 bytes per block at 1M blocks (check_index measures it),
+ * up to about 85 right after both arrays grew.  The ring of recent events
+ * adds recent_events x 552 bytes per (worker_id, dp_rank).
+ *
+ * Pure: no I/O, no clock, no locks; the loop thread is its only user, except
+ * for a snapshot, which is a private copy (see kvb_index_snapshot()).
+ *
+ * Ownership: kvb_index_create() returns a mirror freed by
+ * kvb_index_destroy(&m) (accepts NULL).  A snapshot is owned by its caller
+ * and freed by kvb_index_snap_free(&s), from any thread.
+ */
+#ifndef KVB_INDEX_H
+#define KVB_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "convert.h"
+#include "metrics.h"
+
+#define KVB_INDEX_DEFAULT_MAX_BLOCKS 1048576u
+#define KVB_INDEX_DEFAULT_RECENT 4096u
+
+struct kvb_index_cfg {
+    uint64_t max_blocks;    /* resident blocks over all spaces */
+    uint32_t recent_events; /* ring size per (worker_id, dp_rank); 0 = none */
+};
+
+struct kvb_index;
+
+int kvb_index_create(const struct kvb_index_cfg *cfg, struct kvb_index **out);
+void kvb_index_destroy(struct kvb_index **m);
+
+/* Apply one published router event.  0, or -ENOSPC (a store past
+ * max_blocks: none of its blocks was added, the caller publishes a barrier
+ * for the pair and applies it), or -ENOMEM (the same, for lack of memory).
+ * Even then the event counts as the pair's last and goes to the ring (it was
+ * published: a consumer asking for events after an older id gets it). */
+int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev);
+
+/* After a load (the blocks applied as stored events): the pair's last
+ * event_id is `last`, its ring empty (events_since() before it: -ESTALE). */
+int kvb_index_set_last(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                        uint64_t last);
+
+/* Gauges: resident blocks in one tier (over every pair), the bytes the
+ * mirror holds, stores dropped for an unknown parent. */
+uint64_t kvb_index_blocks(const struct kvb_index *m, int tier);
+uint64_t kvb_index_bytes(const struct kvb_index *m);
+uint64_t kvb_index_orphans(const struct kvb_index *m);
+
+/* The last event_id applied for a pair: false when the pair is unknown. */
+bool kvb_index_last_event_id(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                              uint64_t *out);
+
+/* The pairs the mirror knows, for listing: up to cap into out; returns how
+ * many there are. */
+struct kvb_index_pair {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+};
+size_t kvb_index_pairs(const struct kvb_index *m, struct kvb_index_pair *out, size_t cap);
+
+/* Prefix match: the number of leading blocks of a request, given as its
+ * blocks' tokens_hash values, that are resident in each tier (the walk a
+ * router does: block i must be the child of block i-1 by tokens_hash). */
+void kvb_index_match(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                      const uint64_t *tokens_hashes, size_t n, uint32_t matched[KVB_TIER__COUNT]);
+
+/* Events after an event_id, from the ring, oldest first: fn is called for
+ * each (the kvb_rev is valid during the call).  0, -ENOENT (unknown pair),
+ * or -ESTALE when `since` + 1 is older than the ring holds. */
+int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                            uint64_t since,
+                            int (*fn)(void *ctx, const struct kvb_rev *rev), void *ctx);
+
+/* A dump's consistent copy of one pair: every resident block of every tier
+ * as of last_event_id.  Taking it copies the pair's entries (one memcpy of
+ * 32 bytes per block) on the loop thread; ordering them for the dump happens
+ * in kvb_index_snap_next(), on the caller's thread. */
+struct kvb_index_snap;
+int kvb_index_snapshot(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                        struct kvb_index_snap **out);
+void kvb_index_snap_free(struct kvb_index_snap **s);
+uint64_t kvb_index_snap_event_id(const struct kvb_index_snap *s);
+bool kvb_index_snap_has_events(const struct kvb_index_snap *s); /* any event applied */
+uint64_t kvb_index_snap_blocks(const struct kvb_index_snap *s);
+/* The next stored router event of the dump (a chain of up to max_blocks
+ * blocks, parents before children; a block whose parent is not resident
+ * comes as a root, parent_hash null), with event_id = the snapshot's
+ * last_event_id.  1 and *out (valid until the next call), or 0 at the end. */
+int kvb_index_snap_next(struct kvb_index_snap *s, uint32_t max_blocks, struct kvb_rev *out);
+
+#endif
