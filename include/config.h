@@ -22,7 +22,8 @@
 #define KVB_EX_CONFIG 78      /* sysexits EX_CONFIG */
 #define KVB_EX_UNAVAILABLE 69 /* sysexits EX_UNAVAILABLE */
 #define KVB_EX_CANTCREAT 73   /* sysexits EX_CANTCREAT: state.dir unusable */
-#define KVB_EX_TEMPFAIL 75    /* sysexits EX_TEMPFAIL: stopped with router events
+#define KVB_EX_TEMPFAIL \
+    75 /* sysexits EX_TEMPFAIL: stopped with router events
                                * NATS did not confirm (flush timed out) */
 
 enum kvb_source_mode { KVB_MODE_CONNECT = 0, KVB_MODE_BIND = 1 };
@@ -57,20 +58,20 @@ struct kvb_engine_cfg {
 
 /* sources[].topics: batches on this exact topic carry this worker_id. */
 struct kvb_topic_cfg {
-    char *topic;            /* not empty, no NUL */
+    char *topic; /* not empty, no NUL */
     uint64_t worker_id;
 };
 
 struct kvb_source_cfg {
-    char *endpoint;         /* required, e.g. tcp://127.0.0.1:5557 */
-    char *replay_endpoint;  /* "" when none */
-    char *topic;            /* subscription prefix, "" = everything */
-    int mode;               /* enum kvb_source_mode */
-    uint32_t dp_size;       /* >= 1; N > 1 expands to ports base+0..base+N-1 */
-    uint32_t dp_rank;       /* rank when a batch carries none (first of the expansion) */
-    uint32_t rcvhwm;        /* ZMQ_RCVHWM of the SUB (messages) */
+    char *endpoint;            /* required, e.g. tcp://127.0.0.1:5557 */
+    char *replay_endpoint;     /* "" when none */
+    char *topic;               /* subscription prefix, "" = everything */
+    int mode;                  /* enum kvb_source_mode */
+    uint32_t dp_size;          /* >= 1; N > 1 expands to ports base+0..base+N-1 */
+    uint32_t dp_rank;          /* rank when a batch carries none (first of the expansion) */
+    uint32_t rcvhwm;           /* ZMQ_RCVHWM of the SUB (messages) */
     uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap */
-    uint32_t max_peers;     /* bind mode: connections taken at once */
+    uint32_t max_peers;        /* bind mode: connections taken at once */
     struct kvb_curve_cfg curve;
     struct kvb_engine_cfg engine;
     /* The worker this source's engine is (the identity its router events
@@ -79,7 +80,7 @@ struct kvb_source_cfg {
      * are not how the source is opened: kvb_config_source_equal() leaves
      * them out, and a reload hands them to the running source. */
     uint64_t worker_id;
-    uint32_t block_size;    /* 0 = "auto" */
+    uint32_t block_size; /* 0 = "auto" */
     bool lora_salt;
     uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
     /* Exact topic -> worker_id (several engines on one bind-mode SUB); a
@@ -87,36 +88,36 @@ struct kvb_source_cfg {
      * topic is this source's worker_id.  A source key: a change reopens it. */
     struct kvb_topic_cfg *topics;
     size_t n_topics;
-    uint32_t inherited;     /* at load: bit k set when the k-th row of the table
+    uint32_t inherited; /* at load: bit k set when the k-th row of the table
                              * that inherits a top-level key was absent */
 };
 
 struct kvb_config {
-    char *path;               /* the file it came from */
+    char *path; /* the file it came from */
 
-    uint64_t worker_id;       /* required: from the file, or read from worker_id_file */
-    char *worker_id_file;     /* "" = none; else resolved like the nats files and
+    uint64_t worker_id;   /* required: from the file, or read from worker_id_file */
+    char *worker_id_file; /* "" = none; else resolved like the nats files and
                                * read at load (worker_id then holds its number) */
-    uint32_t block_size;      /* 0 = "auto" */
+    uint32_t block_size;  /* 0 = "auto" */
     bool lora_salt;
-    uint32_t forward_tiers;   /* bitmask of (1u << enum kvb_tier) */
-    char *cache_namespace;    /* tokens_hash salt (docs/router-events.md section 3.1); "" = none */
+    uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
+    char *cache_namespace;  /* tokens_hash salt (docs/router-events.md section 3.1); "" = none */
 
     struct kvb_source_cfg *sources;
-    size_t n_sources;         /* >= 1 */
+    size_t n_sources; /* >= 1 */
 
     struct {
-        char **servers;       /* >= 1 */
+        char **servers; /* >= 1 */
         size_t n_servers;
         bool discovered_servers; /* also use the servers a server advertises */
-        char *subject;        /* template: {namespace} {component} {endpoint} {worker_id}
+        char *subject;           /* template: {namespace} {component} {endpoint} {worker_id}
                                * {dp_rank}; for dynamo-msgpack, when the file does not
                                * set it, the endpoint-scoped subject */
         char *namespace_;
         char *component;
-        char *endpoint;       /* {endpoint}: the worker's KV-state endpoint */
-        int format;           /* enum kvb_format */
-        bool batch;           /* dynamo-msgpack: arrays of RouterEvents per message */
+        char *endpoint;        /* {endpoint}: the worker's KV-state endpoint */
+        int format;            /* enum kvb_format */
+        bool batch;            /* dynamo-msgpack: arrays of RouterEvents per message */
         bool residency_domain; /* dynamo-msgpack: write residency_domain "worker" */
         /* Authentication: at most one method (user+password, token, nkey,
          * credentials).  Paths are resolved at load (a relative name is looked
@@ -124,15 +125,15 @@ struct kvb_config {
          * file) and were readable then.  Secrets (password, token, nkey_seed)
          * hold the value itself, from the file or from its *_file; they are
          * never printed, and kvb_config_free() zeroes them. */
-        char *credentials;    /* .creds file (user JWT + seed); "" = none */
-        char *user;           /* "" = none; with password */
-        char *password;       /* secret; "" = none */
-        char *password_file;  /* the file password was read from; "" = none */
-        char *token;          /* secret; "" = none */
-        char *token_file;     /* "" = none */
-        char *nkey_seed;      /* secret: a user NKey seed "SU..."; "" = none */
-        char *nkey_seed_file; /* "" = none */
-        char *nkey_public;    /* derived from nkey_seed ("U..."); "" = none.
+        char *credentials;               /* .creds file (user JWT + seed); "" = none */
+        char *user;                      /* "" = none; with password */
+        char *password;                  /* secret; "" = none */
+        char *password_file;             /* the file password was read from; "" = none */
+        char *token;                     /* secret; "" = none */
+        char *token_file;                /* "" = none */
+        char *nkey_seed;                 /* secret: a user NKey seed "SU..."; "" = none */
+        char *nkey_seed_file;            /* "" = none */
+        char *nkey_public;               /* derived from nkey_seed ("U..."); "" = none.
                                * Not a key of the file. */
         uint32_t connect_timeout_ms;     /* 0 = wait for NATS forever at start */
         uint64_t reconnect_buffer_bytes; /* nats.c reconnect buffer */
@@ -140,21 +141,21 @@ struct kvb_config {
         uint32_t reconnect_wait_max_ms;  /* backoff ceiling */
         uint32_t flush_timeout_ms;       /* drain at shutdown */
         struct {
-            bool enabled;     /* also true when a server URL is tls:// */
-            char *ca;         /* CA file (PEM); "" = the system trust store */
-            char *cert;       /* client certificate chain (PEM); "" = none */
-            char *key;        /* its private key (PEM); set iff cert is */
-            bool verify;      /* verify the server's certificate */
+            bool enabled;      /* also true when a server URL is tls:// */
+            char *ca;          /* CA file (PEM); "" = the system trust store */
+            char *cert;        /* client certificate chain (PEM); "" = none */
+            char *key;         /* its private key (PEM); set iff cert is */
+            bool verify;       /* verify the server's certificate */
             char *server_name; /* host name the certificate must match; "" = none */
         } tls;
         struct {
             bool enabled;
-            char *stream;     /* "" = namespace-{namespace}-component-{component}-kv-events */
-            char *subject;    /* "" = "<stream>.queue" (Dynamo's durable mode) */
-            bool create;      /* create the stream when it is missing */
-            int retention;    /* enum kvb_js_retention */
-            uint32_t max_age_s;          /* 0 = unlimited */
-            uint32_t replicas;           /* 1..5 */
+            char *stream;       /* "" = namespace-{namespace}-component-{component}-kv-events */
+            char *subject;      /* "" = "<stream>.queue" (Dynamo's durable mode) */
+            bool create;        /* create the stream when it is missing */
+            int retention;      /* enum kvb_js_retention */
+            uint32_t max_age_s; /* 0 = unlimited */
+            uint32_t replicas;  /* 1..5 */
             uint32_t duplicate_window_s; /* the stream's duplicate window */
             uint32_t max_pending;        /* unacknowledged publishes in flight */
             uint32_t ack_timeout_ms;     /* per publish; then it is sent again */
@@ -169,28 +170,28 @@ struct kvb_config {
     } nats;
 
     struct {
-        uint32_t timeout_ms;    /* whole replay request, then barrier */
+        uint32_t timeout_ms; /* whole replay request, then barrier */
     } replay;
 
     struct {
         struct {
-            char **endpoints;   /* etcd v3 JSON gateway URLs; none = discovery off */
+            char **endpoints; /* etcd v3 JSON gateway URLs; none = discovery off */
             size_t n_endpoints;
             uint32_t lease_ttl_s;
         } etcd;
     } discovery;
 
     struct {
-        char *listen;         /* "" disables; default 127.0.0.1:9464 */
+        char *listen; /* "" disables; default 127.0.0.1:9464 */
     } metrics;
 
     struct {
-        int level;            /* enum kvb_log_level */
+        int level;                 /* enum kvb_log_level */
         uint32_t stats_interval_s; /* a stats line per source every ...; 0 = off */
     } log;
 
     struct {
-        char *dir;            /* "" = no persistence */
+        char *dir; /* "" = no persistence */
     } state;
 
     struct {
@@ -257,7 +258,7 @@ bool kvb_config_worker_equal(const struct kvb_source_cfg *a, const struct kvb_so
  * message on err when a key that needs a restart changed (with JetStream on,
  * also when the resolved stream or subject changed through nats.namespace,
  * nats.component or worker_id). */
-int kvb_config_check_reload(const struct kvb_config *old_cfg,
-                            const struct kvb_config *new_cfg, FILE *err);
+int kvb_config_check_reload(const struct kvb_config *old_cfg, const struct kvb_config *new_cfg,
+                            FILE *err);
 
 #endif

@@ -26,7 +26,7 @@
 
 struct kvb_convert_cfg {
     uint64_t worker_id;
-    uint32_t block_size;    /* 0 = auto: trust each event's block_size */
+    uint32_t block_size; /* 0 = auto: trust each event's block_size */
     bool lora_salt;
     uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
     /* Cache namespace salt for events that carry none of their own (NULL or ""
@@ -40,7 +40,7 @@ struct kvb_convert_cfg {
  * configuration gives the defaults. */
 struct kvb_worker_cfg {
     uint64_t worker_id;
-    uint32_t block_size;    /* 0 = auto */
+    uint32_t block_size; /* 0 = auto */
     bool lora_salt;
     uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
 };
@@ -52,12 +52,12 @@ struct kvb_block {
 
 /* One router event. */
 struct kvb_rev {
-    uint8_t type;        /* enum kvb_revt_label: STORED, REMOVED, CLEARED */
-    uint8_t tier;        /* enum kvb_tier */
+    uint8_t type; /* enum kvb_revt_label: STORED, REMOVED, CLEARED */
+    uint8_t tier; /* enum kvb_tier */
     uint32_t dp_rank;
     uint64_t worker_id;
     uint64_t event_id;
-    uint64_t epoch;      /* of the event_id counter (struct kvb_id_counter) */
+    uint64_t epoch; /* of the event_id counter (struct kvb_id_counter) */
     bool has_parent;
     uint64_t parent;
     const struct kvb_block *blocks; /* STORED */
@@ -67,7 +67,7 @@ struct kvb_rev {
      * mm_hashes[mm_off[i] .. mm_off[i+1]), in extra_keys order.  n_mm == 0
      * (no block has any): both NULL. */
     const uint64_t *mm_hashes;
-    const uint32_t *mm_off;         /* n + 1 entries */
+    const uint32_t *mm_off; /* n + 1 entries */
     uint32_t n_mm;
 };
 

@@ -78,9 +78,9 @@ struct kvb_opt_int {
 };
 
 struct kvb_event {
-    uint8_t type;           /* enum kvb_event_type */
-    const char *error;      /* KVB_EV_MALFORMED: static description */
-    struct kvb_str tag;     /* type tag as sent (UNKNOWN/MALFORMED may have it) */
+    uint8_t type;       /* enum kvb_event_type */
+    const char *error;  /* KVB_EV_MALFORMED: static description */
+    struct kvb_str tag; /* type tag as sent (UNKNOWN/MALFORMED may have it) */
 
     /* BlockStored and BlockRemoved */
     const struct kvb_hash *hashes;
@@ -89,30 +89,30 @@ struct kvb_event {
     struct kvb_opt_int group_idx;
 
     /* BlockStored only */
-    struct kvb_hash parent;      /* kind KVB_HASH_NIL when nil/absent */
-    const uint32_t *tokens;      /* token ids */
-    uint32_t n_tokens;           /* number of entries in tokens */
-    bool token_pairs;            /* speculative-decoding (EAGLE) [a,b] pairs, flattened
+    struct kvb_hash parent; /* kind KVB_HASH_NIL when nil/absent */
+    const uint32_t *tokens; /* token ids */
+    uint32_t n_tokens;      /* number of entries in tokens */
+    bool token_pairs;       /* speculative-decoding (EAGLE) [a,b] pairs, flattened
                                     as Dynamo does: each pair's first id, then the last
                                     pair's second (n_tokens = n_pairs + 1) */
-    uint32_t n_pairs;            /* token_pairs: number of pairs */
+    uint32_t n_pairs;       /* token_pairs: number of pairs */
     struct kvb_opt_int block_size;
     struct kvb_opt_int lora_id;
     struct kvb_str lora_name;
-    struct kvb_str cache_salt;   /* map key "cache_salt", or SGLang's metadata map at
+    struct kvb_str cache_salt; /* map key "cache_salt", or SGLang's metadata map at
                                     index 7 */
     /* extra_keys (vLLM): per block, its string-bearing items.  Block i's are
      * xkeys[xkey_off[i] .. xkey_off[i+1]); n_xkey_blocks is 0 when extra_keys
      * is nil, absent, or holds no string item at all. */
     const struct kvb_extra_key *xkeys;
-    const uint32_t *xkey_off;    /* n_xkey_blocks + 1 entries */
+    const uint32_t *xkey_off; /* n_xkey_blocks + 1 entries */
     uint32_t n_xkey_blocks;
-    struct kvb_str spec_kind;    /* kv_cache_spec_kind */
+    struct kvb_str spec_kind; /* kv_cache_spec_kind */
     struct kvb_opt_int sliding_window;
 };
 
 struct kvb_batch {
-    double ts;                 /* engine timestamp, seconds */
+    double ts; /* engine timestamp, seconds */
     struct kvb_opt_int dp_rank;
     struct kvb_event *events;
     uint32_t n_events;
@@ -120,12 +120,15 @@ struct kvb_batch {
 
 /* Limits on untrusted input (hardening: config-driven; defaults below). */
 struct kvb_decode_limits {
-    uint32_t max_events;   /* per batch */
-    uint32_t max_hashes;   /* per event */
-    uint32_t max_tokens;   /* per event */
-    uint32_t max_depth;    /* msgpack nesting */
+    uint32_t max_events; /* per batch */
+    uint32_t max_hashes; /* per event */
+    uint32_t max_tokens; /* per event */
+    uint32_t max_depth;  /* msgpack nesting */
 };
-#define KVB_DECODE_LIMITS_DEFAULT {65536, 65536, 1048576, 16}
+#define KVB_DECODE_LIMITS_DEFAULT \
+    {                             \
+        65536, 65536, 1048576, 16 \
+    }
 
 struct kvb_decoder;
 

@@ -66,7 +66,7 @@ bool kvb_discovery_all_registered(struct kvb_discovery *d);
 int kvb_discovery_key(const char *ns, const char *comp, const char *ep, uint64_t publisher_id,
                       char *out, size_t cap);
 /* The record's JSON (malloc'd; the caller frees), or NULL when out of memory. */
-char *kvb_discovery_value(const char *ns, const char *comp, const char *ep,
-                          uint64_t publisher_id, uint64_t worker_id, uint32_t dp_rank);
+char *kvb_discovery_value(const char *ns, const char *comp, const char *ep, uint64_t publisher_id,
+                          uint64_t worker_id, uint32_t dp_rank);
 
 #endif

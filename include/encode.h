@@ -22,8 +22,7 @@ int kvb_encoder_create(int format, struct kvb_encoder **out);
 void kvb_encoder_destroy(struct kvb_encoder **e);
 
 /* Encode one router event.  0 and (*data, *len), or -ENOMEM. */
-int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data,
-               size_t *len);
+int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data, size_t *len);
 
 /* Write v in decimal at p (room for 20 bytes); returns the byte count. */
 size_t kvb_u64_to_dec(char *p, uint64_t v);

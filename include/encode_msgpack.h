@@ -90,11 +90,11 @@ struct kvb_mp_msg {
     uint64_t worker_id;
     uint32_t dp_rank;
     uint64_t publisher_id;
-    uint64_t sequence;        /* 0 for the pair's first message, +1 per message */
+    uint64_t sequence; /* 0 for the pair's first message, +1 per message */
     uint32_t n_events;
     uint32_t n_blocks;
     uint64_t first_event_id, last_event_id;
-    const char *data;         /* the envelope; valid during the callback only */
+    const char *data; /* the envelope; valid during the callback only */
     size_t len;
 };
 
@@ -131,7 +131,7 @@ int kvb_mp_batcher_publisher(struct kvb_mp_batcher *b, uint64_t worker_id, uint3
                              uint64_t *publisher_id);
 /* Fix a pair's publisher_id (masked to 53 bits) before its first message.
  * 0, -EEXIST (the pair already has messages), -ENOSPC. */
-int kvb_mp_batcher_set_publisher(struct kvb_mp_batcher *b, uint64_t worker_id,
-                                 uint32_t dp_rank, uint64_t publisher_id);
+int kvb_mp_batcher_set_publisher(struct kvb_mp_batcher *b, uint64_t worker_id, uint32_t dp_rank,
+                                 uint64_t publisher_id);
 
 #endif

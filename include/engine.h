@@ -50,8 +50,7 @@
 #define KVB_LOAD_REPUBLISH_MS 10000u
 
 /* Publish one message on SUBJECT (core NATS); 0 or a negative errno. */
-typedef int (*kvb_engine_publish_fn)(void *ctx, const char *subject, const void *data,
-                                     size_t len);
+typedef int (*kvb_engine_publish_fn)(void *ctx, const char *subject, const void *data, size_t len);
 
 struct kvb_engines;
 

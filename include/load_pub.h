@@ -26,7 +26,8 @@
 
 #include "encode_msgpack.h"
 
-#define KVB_LOAD_SUBJECT "namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv_metrics"
+#define KVB_LOAD_SUBJECT \
+    "namespace.{namespace}.component.{component}.endpoint.{endpoint}.kv_metrics"
 
 /* The subject into OUT (CAP bytes).  Its length, or kvb_subject_expand_vals()'s
  * errors. */

@@ -29,7 +29,10 @@ struct kvb_ratelimit {
     uint32_t printed;
     uint64_t suppressed;
 };
-#define KVB_RATELIMIT_INIT(ms, n) {(ms), (n), 0, 0, 0}
+#define KVB_RATELIMIT_INIT(ms, n) \
+    {                             \
+        (ms), (n), 0, 0, 0        \
+    }
 
 void kvb_log_rl(struct kvb_ratelimit *rl, int level, const char *stage, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -40,10 +43,10 @@ void kvb_log_lines(int level, const char *stage, const char *text);
 #define kvb_err(stage, ...) kvb_log(KVB_LOG_ERROR, stage, __VA_ARGS__)
 #define kvb_warn(stage, ...) kvb_log(KVB_LOG_WARN, stage, __VA_ARGS__)
 #define kvb_info(stage, ...) kvb_log(KVB_LOG_INFO, stage, __VA_ARGS__)
-#define kvb_debug(stage, ...)                                                  \
-    do {                                                                       \
-        if (kvb_log_get_level() >= KVB_LOG_DEBUG)                              \
-            kvb_log(KVB_LOG_DEBUG, stage, __VA_ARGS__);                        \
+#define kvb_debug(stage, ...)                           \
+    do {                                                \
+        if (kvb_log_get_level() >= KVB_LOG_DEBUG)       \
+            kvb_log(KVB_LOG_DEBUG, stage, __VA_ARGS__); \
     } while (0)
 
 #endif

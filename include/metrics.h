@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 /* Label value lists.  X(enum_suffix, "label value") */
+/* clang-format off */
 #define KVB_EVENT_TYPES(X)                                                     \
     X(STORED, "stored") X(REMOVED, "removed") X(CLEARED, "cleared")            \
     X(UNKNOWN, "unknown") X(MALFORMED, "malformed")
@@ -273,6 +274,7 @@ struct kvb_engine_slot {
 
 #define KVB_METRIC_FIELD(kind, name, label, list, help)                        \
     _Atomic uint64_t name[KVB_COUNT_OF(list)];
+/* clang-format on */
 #define KVB_HIST_FIELD(name, buckets, help) struct kvb_histogram name;
 struct kvb_metrics {
     KVB_METRICS(KVB_METRIC_FIELD)
@@ -286,7 +288,7 @@ struct kvb_metrics {
      * NATS, without a break (ms, 0: not now) */
     _Atomic uint64_t live_held_ms;
     _Atomic uint64_t paused_ms;
-    _Atomic uint64_t state_save_errno;  /* the last failed save's errno (/readyz) */
+    _Atomic uint64_t state_save_errno; /* the last failed save's errno (/readyz) */
 };
 
 /* Single-writer increment: relaxed load + store, no lock prefix.
@@ -321,11 +323,11 @@ static inline void kvb_set(_Atomic uint64_t *c, uint64_t v)
 /* Record one observation (single writer; _shared: atomic adds, any thread). */
 void kvb_histogram_observe(struct kvb_histogram *h, const uint64_t *bounds, int n_bounds,
                            uint64_t ns);
-void kvb_histogram_observe_shared(struct kvb_histogram *h, const uint64_t *bounds,
-                                  int n_bounds, uint64_t ns);
+void kvb_histogram_observe_shared(struct kvb_histogram *h, const uint64_t *bounds, int n_bounds,
+                                  uint64_t ns);
 #define KVB_OBSERVE(m, name, ns) kvb_metrics_observe_##name((m), (ns))
-#define KVB_HIST_DECL(name, buckets, help)                                     \
-    void kvb_metrics_observe_##name(struct kvb_metrics *m, uint64_t ns);       \
+#define KVB_HIST_DECL(name, buckets, help)                               \
+    void kvb_metrics_observe_##name(struct kvb_metrics *m, uint64_t ns); \
     void kvb_metrics_observe_shared_##name(struct kvb_metrics *m, uint64_t ns);
 KVB_HISTOGRAMS(KVB_HIST_DECL)
 
@@ -341,8 +343,7 @@ struct kvb_engine_slot *kvb_metrics_engine_slot(struct kvb_metrics *m, const cha
 
 /* Prometheus text exposition (format 0.0.4) of everything into a malloc'ed
  * buffer (*out, *len; the caller frees).  Safe from any thread. */
-int kvb_metrics_render(const struct kvb_metrics *m, const char *version, char **out,
-                       size_t *len);
+int kvb_metrics_render(const struct kvb_metrics *m, const char *version, char **out, size_t *len);
 
 /* Label value strings, for exposition and names in logs. */
 const char *kvb_tier_name(int tier);

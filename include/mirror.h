@@ -35,7 +35,7 @@ struct kvb_mirror;
 
 /* limits.max_resident_blocks 0 turns the mirror off: queries answer 503. */
 int kvb_mirror_create(const struct kvb_config *c, struct kvb_metrics *m, int wake_fd,
-                         struct kvb_mirror **out);
+                      struct kvb_mirror **out);
 void kvb_mirror_destroy(struct kvb_mirror **r);
 
 /* SIGHUP: worker_id, block_size and lora_salt for match (the mirror's
@@ -78,8 +78,7 @@ void kvb_mirror_detach(struct kvb_mirror *r, struct kvb_sink *sink);
 struct kvb_state;
 bool kvb_mirror_persists(const struct kvb_mirror *r);
 bool kvb_mirror_save_busy(struct kvb_mirror *r);
-int kvb_mirror_save(struct kvb_mirror *r, const char *dir, struct kvb_state **st,
-                       bool wait);
+int kvb_mirror_save(struct kvb_mirror *r, const char *dir, struct kvb_state **st, bool wait);
 
 /* At start, after the cursors were loaded and the sink made: load the saved
  * mirror for the pairs it holds consistently with the cursors; call barrier
@@ -87,8 +86,7 @@ int kvb_mirror_save(struct kvb_mirror *r, const char *dir, struct kvb_state **st
  * it, which empties the pair here and in every consumer).  Returns how many
  * pairs need a barrier, or a negative errno. */
 int kvb_mirror_load(struct kvb_mirror *r, const char *dir, const struct kvb_state *cursors,
-                       void (*barrier)(void *ctx, uint64_t worker_id, uint32_t dp_rank),
-                       void *ctx);
+                    void (*barrier)(void *ctx, uint64_t worker_id, uint32_t dp_rank), void *ctx);
 
 /* Shutdown: queued and later queries get 503 (nothing waits on the loop). */
 void kvb_mirror_close(struct kvb_mirror *r);

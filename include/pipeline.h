@@ -22,8 +22,7 @@
 #include "metrics.h"
 #include "replay.h"
 
-typedef int (*kvb_emit_fn)(void *ctx, const struct kvb_rev *rev, const char *data,
-                           size_t len);
+typedef int (*kvb_emit_fn)(void *ctx, const struct kvb_rev *rev, const char *data, size_t len);
 /* nats.format raw: a batch that decoded, handed over unchanged (instead of
  * its router events) with its stream, seq and dp_rank. */
 typedef int (*kvb_raw_fn)(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
@@ -42,8 +41,8 @@ struct kvb_config;
  * that the daemon and kvbridge-inspect share. */
 struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c);
 
-int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
-                        kvb_emit_fn emit, void *emit_ctx, struct kvb_pipeline **out);
+int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m, kvb_emit_fn emit,
+                        void *emit_ctx, struct kvb_pipeline **out);
 void kvb_pipeline_destroy(struct kvb_pipeline **p);
 
 /* Format raw: hand each batch to fn instead of converting it (barriers are
@@ -91,14 +90,13 @@ int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause
  * residency mirror's barrier: mirror.h).  May be called from inside the
  * emit callback: the event being emitted is published by then.  1 or a
  * negative errno. */
-int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank,
-                         int cause);
+int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause);
 
 /* What the last kvb_pipeline_apply() saw, for metrics. */
 struct kvb_batch_info {
-    uint64_t serial;   /* +1 per apply */
+    uint64_t serial; /* +1 per apply */
     bool decoded;
-    double ts;         /* engine timestamp, seconds */
+    double ts; /* engine timestamp, seconds */
     uint32_t n_events;
 };
 const struct kvb_batch_info *kvb_pipeline_last_batch(const struct kvb_pipeline *p);

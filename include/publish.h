@@ -40,8 +40,8 @@ struct kvb_publish;
 
 /* 0, -ENOMEM, -ENAMETOOLONG / -EINVAL (subject template).  publisher_seed:
  * the seed of the event-plane publisher ids (random at every start). */
-int kvb_publish_create(const struct kvb_config *cfg, struct kvb_metrics *m,
-                      uint64_t publisher_seed, struct kvb_publish **out);
+int kvb_publish_create(const struct kvb_config *cfg, struct kvb_metrics *m, uint64_t publisher_seed,
+                       struct kvb_publish **out);
 void kvb_publish_destroy(struct kvb_publish **o);
 
 /* A new configuration (SIGHUP): subjects are resolved again (flush first).
@@ -54,18 +54,17 @@ int kvb_publish_set_discovery(struct kvb_publish *o, struct kvb_discovery *d);
 /* One router event; json/len: its dynamo-json bytes (dynamo-json only).
  * 0; a publish that failed is logged, counted by the sink and reported by
  * kvb_publish_take_loss(). */
-int kvb_publish_event(struct kvb_publish *o, const struct kvb_rev *r, const char *json,
-                     size_t len);
+int kvb_publish_event(struct kvb_publish *o, const struct kvb_rev *r, const char *json, size_t len);
 
 /* One engine batch, raw format. */
 struct kvb_raw_batch {
-    const char *source;  /* the stream's name (its endpoint) */
-    const char *topic;   /* the engine's ZMQ topic frame, "" when none */
+    const char *source; /* the stream's name (its endpoint) */
+    const char *topic;  /* the engine's ZMQ topic frame, "" when none */
     uint64_t seq;
     uint32_t dp_rank;
     const void *payload;
     size_t len;
-    uint64_t worker_id;  /* the stream's worker ({worker_id} of the subject) */
+    uint64_t worker_id; /* the stream's worker ({worker_id} of the subject) */
 };
 int kvb_publish_raw(struct kvb_publish *o, const struct kvb_raw_batch *b);
 

@@ -56,20 +56,20 @@ struct kvb_worker_cfg; /* convert.h */
 /* One engine stream: one (source endpoint, topic) pair.  Plain data, the
  * caller owns it (nothing to free). */
 struct kvb_stream {
-    const char *name;   /* for logs; not owned */
+    const char *name; /* for logs; not owned */
     /* The worker its router events are for (set by its owner; not owned):
      * NULL = the pipeline's configured worker. */
     const struct kvb_worker_cfg *worker;
     const char *source, *topic; /* raw format headers (KV-Source, KV-Topic); not
                                  * owned, NULL when the owner set none */
-    uint32_t cfg_rank;  /* the source's configured dp_rank */
+    uint32_t cfg_rank;          /* the source's configured dp_rank */
     bool has_last;
-    uint64_t last;      /* last seq applied */
-    uint32_t n_ranks;   /* dp_ranks seen (and started) on this stream */
+    uint64_t last;    /* last seq applied */
+    uint32_t n_ranks; /* dp_ranks seen (and started) on this stream */
     uint32_t ranks[KVB_MAX_STREAM_RANKS];
-    uint64_t batches;   /* batches applied (live or replayed) */
-    uint64_t events;    /* engine events in them */
-    uint64_t gaps;      /* sequence gaps seen */
+    uint64_t batches; /* batches applied (live or replayed) */
+    uint64_t events;  /* engine events in them */
+    uint64_t gaps;    /* sequence gaps seen */
     /* the module's: */
     bool has_hash;
     uint64_t last_hash; /* XXH3 of the last applied batch's payload */
@@ -141,12 +141,12 @@ int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t 
 /* ---- a source's streams, with replay ------------------------------------ */
 
 struct kvb_replay_cfg {
-    const char *name;            /* the source, for logs (copied) */
-    const char *endpoint;        /* replay endpoint, or "" / NULL: no replay (copied) */
-    uint32_t timeout_ms;         /* replay.timeout_ms */
-    uint64_t max_payload_bytes;  /* limits.max_payload_bytes; 0: no limit */
-    size_t max_held_msgs;        /* 0: 100000 */
-    size_t max_held_bytes;       /* 0: 256 MiB */
+    const char *name;           /* the source, for logs (copied) */
+    const char *endpoint;       /* replay endpoint, or "" / NULL: no replay (copied) */
+    uint32_t timeout_ms;        /* replay.timeout_ms */
+    uint64_t max_payload_bytes; /* limits.max_payload_bytes; 0: no limit */
+    size_t max_held_msgs;       /* 0: 100000 */
+    size_t max_held_bytes;      /* 0: 256 MiB */
 };
 
 struct kvb_replay;
@@ -157,8 +157,8 @@ void kvb_replay_destroy(struct kvb_replay **r);
 
 /* A live batch of stream st (frames already checked).  Returns the router
  * events emitted (0 when the batch is held), or a negative errno. */
-int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
-                    const uint8_t *data, size_t len, uint64_t now_ms);
+int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
+                    size_t len, uint64_t now_ms);
 /* One replay reply (frames checked): a batch, or the end marker (seq
  * KVB_REPLAY_END with an empty payload; a batch at that seq, after 2^64 - 1
  * others, is a batch). */

@@ -62,20 +62,19 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
  * us); or another negative errno (-EMSGSIZE, -EINVAL, -ENOMEM, -EIO, ...).
  * Every error is counted in nats_publish_errors_total and the message is not
  * sent.  Same as kvb_sink_publish_id() without an id. */
-int kvb_sink_publish(struct kvb_sink *s, const char *subject, const void *data,
-                     size_t len);
+int kvb_sink_publish(struct kvb_sink *s, const char *subject, const void *data, size_t len);
 
 /* Publish one message; in JetStream mode with the header Nats-Msg-Id = msg_id
  * (NULL or "": none), in core mode msg_id is ignored.  Returns as
  * kvb_sink_publish(). */
-int kvb_sink_publish_id(struct kvb_sink *s, const char *subject, const void *data,
-                        size_t len, const char *msg_id);
+int kvb_sink_publish_id(struct kvb_sink *s, const char *subject, const void *data, size_t len,
+                        const char *msg_id);
 
 /* Publish one message with NATS headers (core mode only: -ENOTSUP in
  * JetStream mode): hdrs holds n_hdrs (name, value) pairs, hdrs[2i] the name
  * and hdrs[2i+1] the value.  Returns as kvb_sink_publish(). */
-int kvb_sink_publish_hdrs(struct kvb_sink *s, const char *subject, const void *data,
-                          size_t len, const char *const *hdrs, size_t n_hdrs);
+int kvb_sink_publish_hdrs(struct kvb_sink *s, const char *subject, const void *data, size_t len,
+                          const char *const *hdrs, size_t n_hdrs);
 
 /* True once connected (and not currently reconnecting). Any thread. */
 bool kvb_sink_connected(const struct kvb_sink *s);
@@ -128,8 +127,7 @@ void kvb_sink_service(struct kvb_sink *s);
  * connection the sink opens.  0, or a negative errno when the subscription
  * failed now (it is tried again on the next connection).  Owner thread. */
 typedef void (*kvb_sink_request_fn)(void *closure, void *nats_conn, void *nats_msg);
-int kvb_sink_serve(struct kvb_sink *s, const char *subject, kvb_sink_request_fn fn,
-                   void *closure);
+int kvb_sink_serve(struct kvb_sink *s, const char *subject, kvb_sink_request_fn fn, void *closure);
 /* Stop serving: no new call of fn starts after it returns; one running may
  * still end (kvb_sink_serving() says when none is left).  destroy does it
  * too, and waits up to a few seconds for the callbacks.  Owner thread. */

@@ -34,11 +34,11 @@ struct kvb_source_params {
     const char *endpoint;        /* expanded (port + r) */
     const char *replay_endpoint; /* expanded, or "" */
     const char *topic;
-    int mode;                    /* enum kvb_source_mode */
-    uint32_t dp_rank;            /* configured rank of this endpoint */
+    int mode;         /* enum kvb_source_mode */
+    uint32_t dp_rank; /* configured rank of this endpoint */
     uint32_t rcvhwm;
-    uint32_t reconnect_max_ms;   /* connect mode: reconnect interval cap (0: 250) */
-    uint32_t max_peers;          /* bind mode: connections taken at once (0: 16) */
+    uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap (0: 250) */
+    uint32_t max_peers;        /* bind mode: connections taken at once (0: 16) */
     uint32_t replay_timeout_ms;
     uint64_t max_payload_bytes;
     /* Streams persisted by a previous run (state.dir): a stream found here
@@ -129,6 +129,5 @@ void kvb_source_foreach_stream(const struct kvb_source *s,
                                void (*fn)(void *ctx, const char *source, const char *topic,
                                           const struct kvb_stream *st),
                                void *ctx);
-
 
 #endif

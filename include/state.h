@@ -51,7 +51,7 @@ struct kvb_state *kvb_state_new(void);
 int kvb_state_add_counter(struct kvb_state *s, const struct kvb_id_counter *c);
 int kvb_state_add_stream(struct kvb_state *s, const char *source, const char *topic,
                          const struct kvb_stream *st);
-const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s,
-                                                     const char *source, const char *topic);
+const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s, const char *source,
+                                                     const char *topic);
 
 #endif

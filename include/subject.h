@@ -28,8 +28,8 @@ enum kvb_subject_ph {
     KVB_PH_DP_RANK = 1u << 3,
     KVB_PH_ENDPOINT = 1u << 4,
 };
-#define KVB_PH_ALL (KVB_PH_NAMESPACE | KVB_PH_COMPONENT | KVB_PH_WORKER_ID | KVB_PH_DP_RANK | \
-                    KVB_PH_ENDPOINT)
+#define KVB_PH_ALL \
+    (KVB_PH_NAMESPACE | KVB_PH_COMPONENT | KVB_PH_WORKER_ID | KVB_PH_DP_RANK | KVB_PH_ENDPOINT)
 
 /* nats.subject for dynamo-msgpack when the file does not set it: the newest
  * routers' endpoint-scoped subject (docs/dynamo-event-plane.md section 2). */
@@ -59,13 +59,13 @@ int kvb_subject_check(const char *tmpl, unsigned allowed, size_t *bad_off, size_
  * included).  FLAGS: KVB_SUBJECT_PCT or 0.  Returns the length written, or
  * -ENAMETOOLONG (does not fit; also for CAP 0), -EINVAL (NULL tmpl, ns,
  * component or vals, out NULL with cap > 0, an unknown placeholder). */
-int kvb_subject_expand_vals(const char *tmpl, const struct kvb_subject_vals *v,
-                            unsigned flags, char *out, size_t cap);
+int kvb_subject_expand_vals(const char *tmpl, const struct kvb_subject_vals *v, unsigned flags,
+                            char *out, size_t cap);
 
 /* kvb_subject_expand_vals() without endpoint (empty) nor encoding: the
  * subject nats.subject gives today. */
-int kvb_subject_expand(const char *tmpl, const char *ns, const char *component,
-                       uint64_t worker_id, uint32_t dp_rank, char *out, size_t cap);
+int kvb_subject_expand(const char *tmpl, const char *ns, const char *component, uint64_t worker_id,
+                       uint32_t dp_rank, char *out, size_t cap);
 
 /* Percent-encode one segment (LEN bytes of SEG, any bytes): A-Z a-z 0-9 '-'
  * '_' pass, every other byte becomes %XX (upper-case hex).  Writes the result
@@ -79,7 +79,7 @@ int kvb_subject_pct_encode(const char *seg, size_t len, char *out, size_t cap);
 
 /* The JetStream Nats-Msg-Id {worker_id}.{dp_rank}.{epoch}.{event_id} into BUF
  * (at least KVB_MSG_ID_MAX bytes).  Returns BUF. */
-const char *kvb_subject_msg_id(char *buf, uint64_t worker_id, uint64_t dp_rank,
-                               uint64_t epoch, uint64_t event_id);
+const char *kvb_subject_msg_id(char *buf, uint64_t worker_id, uint64_t dp_rank, uint64_t epoch,
+                               uint64_t event_id);
 
 #endif

@@ -14,11 +14,10 @@
 #include <nats/nats.h>
 
 #include "config.h"
-#include "log.h"
 #include "daemon.h"
+#include "log.h"
 #include "state.h"
 #include "version.h"
-
 
 static void usage(FILE *f)
 {
@@ -43,12 +42,9 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"config", required_argument, NULL, 'c'},
-        {"check", no_argument, NULL, 'k'},
-        {"verbose", no_argument, NULL, 'v'},
-        {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"config", required_argument, NULL, 'c'}, {"check", no_argument, NULL, 'k'},
+        {"verbose", no_argument, NULL, 'v'},      {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     const char *path = NULL;
     int check = 0, verbose = 0, c;

@@ -158,8 +158,8 @@ static void put_opt_int(const char *key, const struct kvb_opt_int *v)
 
 static void print_decoded(uint64_t seq, const struct kvb_batch *b)
 {
-    static const char *types[] = {"BlockStored", "BlockRemoved", "AllBlocksCleared",
-                                  "unknown", "malformed"};
+    static const char *types[] = {"BlockStored", "BlockRemoved", "AllBlocksCleared", "unknown",
+                                  "malformed"};
     printf("{\"seq\":%" PRIu64 ",\"ts\":%.17g", seq, b->ts);
     put_opt_int("dp_rank", &b->dp_rank);
     fputs(",\"events\":[", stdout);
@@ -208,8 +208,8 @@ static void print_decoded(uint64_t seq, const struct kvb_batch *b)
 
 /* ---- one batch through the chosen path ---------------------------------- */
 
-static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream *s,
-                uint64_t seq, const char *path)
+static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream *s, uint64_t seq,
+                const char *path)
 {
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -378,7 +378,9 @@ int main(int argc, char **argv)
     };
     struct opts o = {
         .decoded = false,
-        .pcfg = {.convert = {.worker_id = 0, .block_size = 0, .lora_salt = true,
+        .pcfg = {.convert = {.worker_id = 0,
+                             .block_size = 0,
+                             .lora_salt = true,
                              .forward_tiers = 1u << KVB_TIER_DEVICE},
                  .limits = KVB_DECODE_LIMITS_DEFAULT,
                  .format = KVB_FORMAT_DYNAMO_JSON},

@@ -46,22 +46,22 @@
 #define TOOL_NAME "kvsim"
 #include "tools_common.h"
 
-#define TOKENS_SEED   1337ULL
-#define MAX_TOKEN     150000u
-#define NLORA         2
-#define NPREFIX       16
-#define MAX_PREFIX    12   /* blocks in a shared prefix */
-#define MAX_SUFFIX    6    /* blocks unique to a request */
-#define MAX_CHAIN     (MAX_PREFIX + MAX_SUFFIX)
-#define NACTIVE       8    /* running requests that decode */
-#define CPU_CAP       512  /* CPU-tier blocks (realistic) */
-#define G1_CAP        256  /* group-1 blocks (realistic) */
-#define DECODE_KEEP   64   /* decode: remove the block stored this many batches ago */
-#define CHAIN_KEEP    512  /* multimodal, eagle: remove the block stored this many blocks ago */
+#define TOKENS_SEED 1337ULL
+#define MAX_TOKEN 150000u
+#define NLORA 2
+#define NPREFIX 16
+#define MAX_PREFIX 12 /* blocks in a shared prefix */
+#define MAX_SUFFIX 6  /* blocks unique to a request */
+#define MAX_CHAIN (MAX_PREFIX + MAX_SUFFIX)
+#define NACTIVE 8      /* running requests that decode */
+#define CPU_CAP 512    /* CPU-tier blocks (realistic) */
+#define G1_CAP 256     /* group-1 blocks (realistic) */
+#define DECODE_KEEP 64 /* decode: remove the block stored this many batches ago */
+#define CHAIN_KEEP 512 /* multimodal, eagle: remove the block stored this many blocks ago */
 #define PREFILL_BLOCKS 32
-#define FLUSH_MS      2000 /* at exit, time given to queued messages (ZMQ_LINGER) */
+#define FLUSH_MS 2000 /* at exit, time given to queued messages (ZMQ_LINGER) */
 
-static const char *const lora_names[NLORA + 1] = { NULL, "adapter-a", "adapter-b" };
+static const char *const lora_names[NLORA + 1] = {NULL, "adapter-a", "adapter-b"};
 
 /* ------------------------------------------------------------------ utils */
 
@@ -185,10 +185,7 @@ static size_t map_find(const struct u64map *m, uint64_t k)
     return i;
 }
 
-static uint32_t map_get(const struct u64map *m, uint64_t k)
-{
-    return m->vals[map_find(m, k)];
-}
+static uint32_t map_get(const struct u64map *m, uint64_t k) { return m->vals[map_find(m, k)]; }
 
 static void map_put(struct u64map *m, uint64_t k, uint32_t v);
 
@@ -253,11 +250,11 @@ enum medium { MED_GPU, MED_NIL, MED_CPU };
 
 struct ev {
     enum ev_type type;
-    size_t h_off, nh;   /* hashes in batch.h */
-    size_t t_off;       /* stored: nh * block_size tokens in batch.tok */
+    size_t h_off, nh; /* hashes in batch.h */
+    size_t t_off;     /* stored: nh * block_size tokens in batch.tok */
     bool has_parent;
     uint64_t parent;
-    int lora;           /* 0 = none, else index in lora_names */
+    int lora; /* 0 = none, else index in lora_names */
     enum medium medium;
     int group;
     /* --workload multimodal: extra_keys regenerated from mm_seed
@@ -279,10 +276,7 @@ struct batch {
     size_t ntok, tok_cap;
 };
 
-static void batch_reset(struct batch *b)
-{
-    b->nev = b->nh = b->ntok = 0;
-}
+static void batch_reset(struct batch *b) { b->nev = b->nh = b->ntok = 0; }
 
 /* Appends a zeroed event; returns its index (pointers move on growth). */
 static size_t batch_ev(struct batch *b, enum ev_type type)
@@ -334,9 +328,9 @@ enum engine_kind { EK_VLLM, EK_SGLANG };
 
 struct opts {
     const char *endpoint, *replay, *topic, *record;
-    const char *http;           /* --http HOST:PORT; NULL = no HTTP face */
+    const char *http; /* --http HOST:PORT; NULL = no HTTP face */
     enum engine_kind ekind;
-    uint64_t total_blocks;      /* --total-blocks; 0 = --cache-blocks */
+    uint64_t total_blocks; /* --total-blocks; 0 = --cache-blocks */
     const char *curve_secret_file, *curve_server_key;
     char curve_secret[41], curve_public[41]; /* Z85, from curve_secret_file */
     bool connect, lossless, layout_new, restart;
@@ -350,7 +344,7 @@ struct opts {
     size_t replay_buf, cache_blocks;
     struct seqlist drop_live, drop_forever, malformed, bad_frames;
     /* engine lifecycle (lifecycle_* below) */
-    long restart_close_ms;     /* >= 0: --restart-at closes and rebinds like a new process */
+    long restart_close_ms;      /* >= 0: --restart-at closes and rebinds like a new process */
     uint64_t restart_drop_live; /* new incarnation's first batches not sent live */
     bool blip;
     uint64_t blip_at;
@@ -388,7 +382,7 @@ struct gen {
     /* realistic: device cache with leaf-LRU eviction */
     struct slot *slots;
     size_t cap;
-    int32_t leaf_head, leaf_tail;   /* leaves (evictable), least recently used first */
+    int32_t leaf_head, leaf_tail; /* leaves (evictable), least recently used first */
     int32_t *freel;
     size_t nfree;
     struct u64map dev;
@@ -399,7 +393,7 @@ struct gen {
     size_t ring_n, ring_head;
     uint64_t last;
     bool has_last;
-    int cur_lora;       /* multimodal: the current request's LoRA */
+    int cur_lora; /* multimodal: the current request's LoRA */
 };
 
 struct rbent {
@@ -414,22 +408,22 @@ struct rank {
     char ep[512], rep[512];
     uint64_t seq;
     bool restarted, blipped;
-    uint64_t drop_left;        /* lifecycle: batches still not sent live */
+    uint64_t drop_left; /* lifecycle: batches still not sent live */
     struct rbent *ring;
     size_t ring_head, ring_n;
     struct gen g;
     uint64_t enc_rng;
     struct batch b;
     /* stats */
-    uint64_t batches, events, bytes, drop_live, drop_forever, malformed, bad_frames,
-        replay_reqs, replay_batches, replay_ignored;
+    uint64_t batches, events, bytes, drop_live, drop_forever, malformed, bad_frames, replay_reqs,
+        replay_batches, replay_ignored;
     /* the simulated device cache, for the HTTP face (read by its thread) */
     _Atomic uint64_t dev_used, running;
 };
 
 struct sim {
     struct opts o;
-    struct MHD_Daemon *mhd;     /* --http; NULL while not answering */
+    struct MHD_Daemon *mhd; /* --http; NULL while not answering */
     void *zctx;
     struct rank *ranks;
     zmq_pollitem_t *items;
@@ -439,9 +433,9 @@ struct sim {
     msgpack_packer pk;
     size_t topic_len;
     uint64_t lora_tokens_seed[NLORA + 1];
-    uint32_t *chain_tok;        /* MAX_CHAIN * bs */
-    unsigned char *lebuf;       /* 4 * bs */
-    unsigned char *orbuf;       /* the oracle's: 4 * (bs + 1) + 8 * MM_MAX_ITEMS */
+    uint32_t *chain_tok;  /* MAX_CHAIN * bs */
+    unsigned char *lebuf; /* 4 * bs */
+    unsigned char *orbuf; /* the oracle's: 4 * (bs + 1) + 8 * MM_MAX_ITEMS */
 };
 
 static void track_usage(const struct sim *s, struct rank *r);
@@ -473,8 +467,8 @@ static int rank_endpoint(const char *base, unsigned r, char *out, size_t outlen)
 static uint64_t block_hash(uint64_t parent, bool has_parent, const uint32_t *tok, unsigned bs,
                            int lora)
 {
-    uint64_t seed = (has_parent ? parent : 0x6b7673696d000001ULL) ^
-                    ((uint64_t)lora * 0x9e3779b97f4a7c15ULL);
+    uint64_t seed =
+        (has_parent ? parent : 0x6b7673696d000001ULL) ^ ((uint64_t)lora * 0x9e3779b97f4a7c15ULL);
     return XXH3_64bits_withSeed(tok, (size_t)bs * sizeof *tok, seed);
 }
 
@@ -613,7 +607,7 @@ static void gen_prefill(struct sim *s, struct rank *r)
  * blocks (docs/router-events.md section 3.3). */
 
 #define MM_MAX_ITEMS 8
-static const char *const cache_namespaces[2] = { "tenant-a", "tenant-b" };
+static const char *const cache_namespaces[2] = {"tenant-a", "tenant-b"};
 #define SALT_PREFIX "dynamo-cache-salt:"
 
 enum mm_kind { MMI_LORA, MMI_HEX, MMI_HEX_OFF, MMI_OPAQUE_OFF, MMI_SALT, MMI_BIN, MMI_NOTE };
@@ -648,8 +642,9 @@ static int mm_block_items(const struct ev *e, size_t i, struct mm_item *it)
         uint64_t id = mix64(e->mm_seed ^ 0x696d67ULL);
         it[n].kind = (mix64(e->mm_seed) >> 1) & 1 ? MMI_HEX_OFF : MMI_OPAQUE_OFF;
         if (it[n].kind == MMI_HEX_OFF)
-            snprintf(it[n].str, sizeof it[n].str, "%016" PRIx64 "%016" PRIx64 "%016" PRIx64
-                     "%016" PRIx64, id, mix64(id + 1), mix64(id + 2), mix64(id + 3));
+            snprintf(it[n].str, sizeof it[n].str,
+                     "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64, id, mix64(id + 1),
+                     mix64(id + 2), mix64(id + 3));
         else
             snprintf(it[n].str, sizeof it[n].str, "opaque-image-%" PRIu64, id % 100000);
         it[n].off = 5 - (int64_t)i * 16;
@@ -658,12 +653,8 @@ static int mm_block_items(const struct ev *e, size_t i, struct mm_item *it)
     for (uint32_t k = rnd_below(&rng, 3); k > 0; k--) {
         uint64_t id = rnd(&rng);
         switch (rnd_below(&rng, 3)) {
-        case 0: /* vLLM <= 0.18: a bare sha256 hex digest */
-            it[n].kind = MMI_HEX;
-            break;
-        case 1: /* vLLM >= 0.19: [identifier, offset] */
-            it[n].kind = MMI_HEX_OFF;
-            break;
+        case 0: /* vLLM <= 0.18: a bare sha256 hex digest */ it[n].kind = MMI_HEX; break;
+        case 1: /* vLLM >= 0.19: [identifier, offset] */ it[n].kind = MMI_HEX_OFF; break;
         default: /* an identifier that is not a hex digest: hashed */
             it[n].kind = MMI_OPAQUE_OFF;
             break;
@@ -671,8 +662,9 @@ static int mm_block_items(const struct ev *e, size_t i, struct mm_item *it)
         if (it[n].kind == MMI_OPAQUE_OFF)
             snprintf(it[n].str, sizeof it[n].str, "opaque-image-%" PRIu64, id % 100000);
         else
-            snprintf(it[n].str, sizeof it[n].str, "%016" PRIx64 "%016" PRIx64 "%016" PRIx64
-                     "%016" PRIx64, id, mix64(id + 1), mix64(id + 2), mix64(id + 3));
+            snprintf(it[n].str, sizeof it[n].str,
+                     "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64, id, mix64(id + 1),
+                     mix64(id + 2), mix64(id + 3));
         it[n].off = (int64_t)rnd_below(&rng, 16);
         n++;
     }
@@ -684,8 +676,7 @@ static int mm_block_items(const struct ev *e, size_t i, struct mm_item *it)
     switch (rnd_below(&rng, 6)) {
     case 0: /* a prompt-embedding digest */
         it[n].kind = MMI_BIN;
-        snprintf(it[n].str, sizeof it[n].str, "%016" PRIx64 "%016" PRIx64, rnd(&rng),
-                 rnd(&rng));
+        snprintf(it[n].str, sizeof it[n].str, "%016" PRIx64 "%016" PRIx64, rnd(&rng), rnd(&rng));
         n++;
         break;
     case 1: /* a bare string that is neither a digest nor tagged: nothing */
@@ -861,7 +852,7 @@ static void mirror_store(struct rank *r, struct fifoset *f, size_t src_ev, enum 
 
     for (size_t i = 0; i < src.nh; i++)
         if (map_get(&f->map, b->h[src.h_off + i]) != MAP_NONE)
-            return;             /* partly there already: skip, keep it simple */
+            return; /* partly there already: skip, keep it simple */
     if (src.nh > f->cap)
         return;
     if (f->n + src.nh > f->cap) {
@@ -878,7 +869,7 @@ static void mirror_store(struct rank *r, struct fifoset *f, size_t src_ev, enum 
         }
     }
     ei = batch_ev(b, EV_STORED);
-    b->ev[ei] = src;            /* shares hashes and tokens with the device store */
+    b->ev[ei] = src; /* shares hashes and tokens with the device store */
     b->ev[ei].medium = med;
     b->ev[ei].group = group;
     for (size_t i = 0; i < src.nh; i++) {
@@ -915,7 +906,7 @@ static void store_chain(struct sim *s, struct rank *r, const uint64_t *hash, siz
     if (nnew > g->nfree)
         dev_evict(r, nnew - g->nfree);
     if (nnew > g->nfree)
-        return;                 /* cache too small for this request: skip it */
+        return; /* cache too small for this request: skip it */
     if (k > 0)
         parent_slot = (int32_t)map_get(&g->dev, hash[k - 1]);
 
@@ -987,7 +978,7 @@ static void act_request(struct sim *s, struct rank *r)
         k++;
     }
     if (k == n)
-        return;                 /* fully cached */
+        return; /* fully cached */
     store_chain(s, r, hash, k, n, lora, (int)rnd_below(&g->rng, NACTIVE));
 }
 
@@ -1004,7 +995,7 @@ static void act_decode(struct sim *s, struct rank *r)
         return;
     si = map_get(&g->dev, a->last);
     if (si == MAP_NONE) {
-        a->live = false;        /* its blocks were evicted: the request is gone */
+        a->live = false; /* its blocks were evicted: the request is gone */
         return;
     }
     touch(g, (int32_t)si);
@@ -1023,8 +1014,8 @@ static void gen_realistic(struct sim *s, struct rank *r)
     unsigned nact;
 
     if (x < 500)
-        return;                 /* empty heartbeat batch */
-    if (x < 505) {              /* reset_prefix_cache() */
+        return;    /* empty heartbeat batch */
+    if (x < 505) { /* reset_prefix_cache() */
         batch_ev(&r->b, EV_CLEARED);
         gen_clear(g);
     }
@@ -1055,9 +1046,7 @@ static void pack_hash(const struct sim *s, msgpack_packer *pk, uint64_t h)
     unsigned char raw[32];
 
     switch (s->o.hash) {
-    case HASH_UINT:
-        msgpack_pack_uint64(pk, h);
-        break;
+    case HASH_UINT: msgpack_pack_uint64(pk, h); break;
     case HASH_INT: {
         int64_t v;
         memcpy(&v, &h, sizeof v);
@@ -1226,14 +1215,14 @@ static void pack_event_positional(struct sim *s, const struct batch *b, const st
 }
 
 /* vLLM >= 0.24: maps with a "type" key; unknown keys; order varies; map16 */
-static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
-                           const struct ev *e)
+static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b, const struct ev *e)
 {
     msgpack_packer *pk = &s->pk;
     uint64_t bits = rnd(&r->enc_rng);
     bool type_last = bits & 1, big = (bits >> 1) & 1;
-    const char *tname = e->type == EV_STORED ? "BlockStored"
-                        : e->type == EV_REMOVED ? "BlockRemoved" : "AllBlocksCleared";
+    const char *tname = e->type == EV_STORED    ? "BlockStored"
+                        : e->type == EV_REMOVED ? "BlockRemoved"
+                                                : "AllBlocksCleared";
 
     if (e->type == EV_CLEARED) {
         msgpack_pack_map(pk, 1);
@@ -1266,7 +1255,7 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
     {
         bool with_extra = big || e->lora || e->mm, with_window = big || e->group;
         size_t n = 1 + 7 + (with_extra ? 1 : 0) + 2 + (with_window ? 1 : 0) + (big ? 4 : 1);
-        msgpack_pack_map(pk, n);   /* 16 entries when big: map16 header */
+        msgpack_pack_map(pk, n); /* 16 entries when big: map16 header */
         if (!type_last) {
             pack_cstr(pk, "type");
             pack_cstr(pk, tname);
@@ -1335,10 +1324,7 @@ static void encode_batch(struct sim *s, struct rank *r)
 
 /* The record format: tools/README.md. */
 
-static const char *tier_name(enum medium m)
-{
-    return m == MED_CPU ? "host_pinned" : "device";
-}
+static const char *tier_name(enum medium m) { return m == MED_CPU ? "host_pinned" : "device"; }
 
 static uint64_t tokens_hash(struct sim *s, const uint32_t *tok, int lora)
 {
@@ -1369,7 +1355,7 @@ static uint64_t mm_item_hash(const struct mm_item *it, const char *lora, bool *h
         return 0; /* bin: nothing */
     if (!pair && (!hex64 || (lora && !strcmp(it->str, lora))))
         return 0; /* bare: the LoRA name, a salt, anything but a digest */
-    if (hex64) { /* bare or [identifier, int]: the first 16 hex digits */
+    if (hex64) {  /* bare or [identifier, int]: the first 16 hex digits */
         memcpy(first, it->str, 16);
         first[16] = '\0';
         *has = true;
@@ -1389,9 +1375,8 @@ static int cmp_u64(const void *a, const void *b)
 
 /* The rule on explicit inputs: ntok tokens, the LoRA name (or NULL), block
  * 0's extra_keys items (n0 < 0: nil; the namespace), the block's own items. */
-static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok,
-                            const char *lora, const struct mm_item *first, int n0,
-                            const struct mm_item *it, int n)
+static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok, const char *lora,
+                            const struct mm_item *first, int n0, const struct mm_item *it, int n)
 {
     uint64_t seed = TOKENS_SEED, mm[MM_MAX_ITEMS];
     size_t nmm = 0, len = 0;
@@ -1445,28 +1430,27 @@ static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const s
  * with python3-xxhash), through oracle_hash(). */
 static int oracle_selftest(void)
 {
-    static const uint32_t qwen[17] = { 151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30,
-                                       151645, 198, 151644, 77091, 198, 151667, 1000 };
+    static const uint32_t qwen[17] = {151644, 872,    198, 9064,   374,   279, 6722,   315, 5616,
+                                      30,     151645, 198, 151644, 77091, 198, 151667, 1000};
     /* sha256("image-1"), sha256("image-2") */
     static const char img1[] = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
     static const char img2[] = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";
-    struct mm_item a[3] = { 0 }, salt = { .kind = MMI_SALT };
+    struct mm_item a[3] = {0}, salt = {.kind = MMI_SALT};
     unsigned char buf[4 * 17 + 8 * MM_MAX_ITEMS];
     uint32_t eag[33];
     int bad = 0;
 
     snprintf(salt.str, sizeof salt.str, SALT_PREFIX "tenant-a");
-#define EXPECT(what, got, want)                                                                \
-    do {                                                                                       \
-        uint64_t g_ = (got);                                                                   \
-        if (g_ != (want)) {                                                                    \
-            fprintf(stderr, "kvsim: oracle %s: %" PRIu64 ", want %" PRIu64 "\n", what, g_,      \
-                    (uint64_t)(want));                                                         \
-            bad++;                                                                             \
-        }                                                                                      \
+#define EXPECT(what, got, want)                                                            \
+    do {                                                                                   \
+        uint64_t g_ = (got);                                                               \
+        if (g_ != (want)) {                                                                \
+            fprintf(stderr, "kvsim: oracle %s: %" PRIu64 ", want %" PRIu64 "\n", what, g_, \
+                    (uint64_t)(want));                                                     \
+            bad++;                                                                         \
+        }                                                                                  \
     } while (0)
-    EXPECT("no salt", oracle_hash(buf, qwen, 16, NULL, NULL, 0, NULL, 0),
-           7652252100776996844ULL);
+    EXPECT("no salt", oracle_hash(buf, qwen, 16, NULL, NULL, 0, NULL, 0), 7652252100776996844ULL);
     EXPECT("lora", oracle_hash(buf, qwen, 16, "adapter-a", NULL, 0, NULL, 0),
            18179192224704087310ULL);
     EXPECT("namespace", oracle_hash(buf, qwen, 16, NULL, &salt, 1, NULL, 0),
@@ -1485,7 +1469,7 @@ static int oracle_selftest(void)
     a[2].kind = MMI_HEX_OFF;
     snprintf(a[2].str, sizeof a[2].str, "%s", img2);
     a[2].off = -4;
-    struct mm_item two[2] = { a[2], a[0] };
+    struct mm_item two[2] = {a[2], a[0]};
     EXPECT("img2 + img1", oracle_hash(buf, qwen, 16, NULL, NULL, 0, two, 2),
            11552180366119068694ULL);
     EXPECT("eagle 16 pairs", oracle_hash(buf, qwen, 17, NULL, NULL, 0, NULL, 0),
@@ -1540,9 +1524,7 @@ static void rec_event(struct sim *s, const struct batch *b, const struct ev *e)
         rec_hash_list(f, b, e);
         fprintf(f, ",\"tier\":\"%s\",\"group\":%d}", tier_name(e->medium), e->group);
         break;
-    case EV_CLEARED:
-        fputs("{\"type\":\"cleared\"}", f);
-        break;
+    case EV_CLEARED: fputs("{\"type\":\"cleared\"}", f); break;
     }
 }
 
@@ -1636,7 +1618,7 @@ static void serve_replay(struct sim *s, struct rank *r)
         zmq_msg_close(&m);
 
         if (nframes != 3 || f1len != 0 || f2len != 8) {
-            r->replay_ignored++;  /* the engine ignores malformed requests */
+            r->replay_ignored++; /* the engine ignores malformed requests */
             continue;
         }
         r->replay_reqs++;
@@ -1683,11 +1665,11 @@ static void wait_until(struct sim *s, int64_t deadline)
             } else {
                 if (ms > 100)
                     ms = 100; /* look at http_cmd now and then */
-                struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+                struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
                 nanosleep(&ts, NULL);
             }
         } else {
-            struct timespec ts = { 0, (long)left };
+            struct timespec ts = {0, (long)left};
             serve_all(s, 0);
             nanosleep(&ts, NULL);
         }
@@ -1722,8 +1704,11 @@ static void publish_one(struct sim *s, struct rank *r)
     bool drop = !forever && (seqlist_has(&o->drop_live, seq) || lifecycle_drop_live(r));
     bool garbage = !forever && !drop && seqlist_has(&o->malformed, seq);
     bool badf = !forever && !drop && !garbage && seqlist_has(&o->bad_frames, seq);
-    const char *fault = forever ? "drop-forever" : drop ? "drop-live"
-                        : garbage ? "malformed" : badf ? "bad-frames" : NULL;
+    const char *fault = forever   ? "drop-forever"
+                        : drop    ? "drop-live"
+                        : garbage ? "malformed"
+                        : badf    ? "bad-frames"
+                                  : NULL;
     const void *data;
     size_t len;
     unsigned char junk[16];
@@ -1768,7 +1753,7 @@ static void publish_one(struct sim *s, struct rank *r)
         }
     }
     if (r->router && !forever)
-        ring_push(s, r, seq, data, len);   /* the engine buffers what it sent */
+        ring_push(s, r, seq, data, len); /* the engine buffers what it sent */
     if (s->rec)
         rec_batch(s, r, seq, !forever && !drop && !garbage && !badf,
                   r->router && !forever && !garbage, fault);
@@ -1784,8 +1769,9 @@ static void publish_one(struct sim *s, struct rank *r)
         if (o->restart_close_ms >= 0)
             lifecycle_process_restart(s, r);
         if (s->rec)
-            fprintf(s->rec, "{\"restart\":true,\"rank\":%u,\"after_seq\":%" PRIu64
-                            ",\"next_seq\":%" PRIu64 ",\"events\":[{\"type\":\"cleared\"}]}\n",
+            fprintf(s->rec,
+                    "{\"restart\":true,\"rank\":%u,\"after_seq\":%" PRIu64 ",\"next_seq\":%" PRIu64
+                    ",\"events\":[{\"type\":\"cleared\"}]}\n",
                     r->idx, seq, o->seq_start);
     }
     if (o->blip && !r->blipped && seq == o->blip_at)
@@ -1810,7 +1796,7 @@ static void close_now(void **sock)
 /* Sleeps ms (nothing is served: the engine is down). */
 static void pause_ms(long ms)
 {
-    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (ms > 0 && nanosleep(&ts, &ts) != 0 && !stop_flag)
         ;
 }
@@ -1882,10 +1868,7 @@ static bool lifecycle_hold(struct sim *s, uint64_t tick)
  * SIGUSR2: answer again.  Acted on by the main thread (http_poll_cmd). */
 static volatile sig_atomic_t http_cmd;
 
-static void on_usr(int sig)
-{
-    http_cmd = sig == SIGUSR1 ? 1 : 2;
-}
+static void on_usr(int sig) { http_cmd = sig == SIGUSR1 ? 1 : 2; }
 
 /* Device blocks held after this batch: stores add, removes take away,
  * "cleared" empties; group-1 and CPU-tier events are not the device cache
@@ -1936,11 +1919,15 @@ static char *render_metrics(const struct sim *s, size_t *len)
                 (double)atomic_load(&s->ranks[i].dev_used) / (double)total);
     for (unsigned i = 0; i < s->o.dp; i++) {
         if (v)
-            fprintf(f, "vllm:cache_config_info{block_size=\"%u\",engine=\"%u\","
-                       "num_gpu_blocks=\"%" PRIu64 "\"} 1.0\n", s->o.bs, i, total);
+            fprintf(f,
+                    "vllm:cache_config_info{block_size=\"%u\",engine=\"%u\","
+                    "num_gpu_blocks=\"%" PRIu64 "\"} 1.0\n",
+                    s->o.bs, i, total);
         else
-            fprintf(f, "sglang:max_total_num_tokens{dp_rank=\"%u\",model_name=\"kvsim\"} "
-                       "%" PRIu64 ".0\n", i, total * s->o.bs);
+            fprintf(f,
+                    "sglang:max_total_num_tokens{dp_rank=\"%u\",model_name=\"kvsim\"} "
+                    "%" PRIu64 ".0\n",
+                    i, total * s->o.bs);
     }
     if (fclose(f) != 0) {
         free(text);
@@ -1950,8 +1937,8 @@ static char *render_metrics(const struct sim *s, size_t *len)
 }
 
 static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const char *url,
-                                   const char *method, const char *version,
-                                   const char *upload, size_t *upload_size, void **req_cls)
+                                   const char *method, const char *version, const char *upload,
+                                   size_t *upload_size, void **req_cls)
 {
     (void)version;
     (void)upload;
@@ -1971,10 +1958,9 @@ static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const ch
         body = render_metrics(s, &len);
     else if (strcmp(url, "/health") != 0)
         status = MHD_HTTP_NOT_FOUND;
-    struct MHD_Response *r = body ? MHD_create_response_from_buffer(len, body,
-                                                                    MHD_RESPMEM_MUST_FREE)
-                                  : MHD_create_response_from_buffer(0, (void *)"",
-                                                                    MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *r =
+        body ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE)
+             : MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!r) {
         free(body);
         return MHD_NO;
@@ -2007,8 +1993,8 @@ static int http_start(struct sim *s)
     sa.sin_port = htons((uint16_t)port);
     s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL,
                               http_answer, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                              MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
-                              MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+                              MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_CONNECTION_TIMEOUT,
+                              10u, MHD_OPTION_END);
     if (!s->mhd) {
         fprintf(stderr, "kvsim: --http %s: cannot listen\n", s->o.http);
         return -EADDRINUSE;
@@ -2042,97 +2028,129 @@ static void http_poll_cmd(struct sim *s)
 
 static void usage(FILE *f)
 {
-    fputs(
-"usage: kvsim [options]\n"
-"Engine simulator: publishes KV-cache event batches like vLLM/SGLang on ZeroMQ.\n"
-"\n"
-"Transport:\n"
-"  --endpoint EP          live PUB endpoint (default tcp://127.0.0.1:5557); binds\n"
-"  --connect              connect the PUB to EP instead of binding (kvbridge bind mode)\n"
-"  --replay EP            also bind a replay ROUTER at EP (default: none)\n"
-"  --replay-buffer N      batches kept for replay per rank (default 10000)\n"
-"  --replay-layout L      old: [\"\",seq,payload] / end [\"\",FF*8,\"\"] (default)\n"
-"                         new: [\"\",topic,seq,payload] / end [\"\",\"\",FF*8,\"\"]\n"
-"  --topic STR            topic frame (default \"\")\n"
-"  --dp-size N            data-parallel ranks; rank r uses port+r for live and replay\n"
-"                         endpoints, its own seq counter and data_parallel_rank r\n"
-"  --lossless             ZMQ_SNDHWM 0 (unlimited) instead of the default HWM\n"
-"  --wait-subscribers MS  sleep before the first batch (default 500)\n"
-"  --linger MS            keep serving replay this long after the last batch\n"
-"                         (default 1000); then queued messages get up to 2 s to\n"
-"                         flush (none after SIGINT/SIGTERM)\n"
-"  --curve-secret-file F  ZMQ CURVE with the secret key (40 Z85 characters, first\n"
-"                         line that is not a # comment) in F: the PUB and the replay\n"
-"                         ROUTER are CURVE servers, or with --curve-server-key the\n"
-"                         PUB is a CURVE client (the ROUTER stays plain)\n"
-"  --curve-server-key K   the CURVE server's public key (Z85), for a CURVE client\n"
-"  --oracle-selftest      check the multimodal/EAGLE tokens_hash oracle against the\n"
-"                         known answers of docs/router-events.md section 3.4, then exit\n"
-"  --curve-keygen         print a new CURVE key pair (public, then secret, Z85, one\n"
-"                         per line) and exit\n"
-"\n"
-"Content:\n"
-"  --encoding E           positional (vLLM<=0.23/SGLang arrays, 12-element BlockStored;\n"
-"                         default) | map (vLLM>=0.24 maps, extra keys, map16)\n"
-"  --hash H               uint (u64, default) | int (signed, often negative) |\n"
-"                         bin (32-byte digest, last 8 bytes big-endian = hash)\n"
-"  --block-size N         tokens per block (default 16)\n"
-"  --workload W           realistic (default): shared prefixes, parent chains, LRU\n"
-"                         evictions, rare AllBlocksCleared, LoRA, CPU tier, group 1,\n"
-"                         heartbeats | decode: 1-block store + 1-hash remove per batch\n"
-"                         | prefill: one 32-block store per batch\n"
-"                         | multimodal: vLLM with images: 1-3 block stores whose\n"
-"                         extra_keys carry mm identifiers (every shape), LoRA\n"
-"                         names, cache salts, digests; a remove 512 blocks later\n"
-"                         | eagle: SGLang with EAGLE: token_ids as bigram pairs\n"
-"  --cache-blocks N       realistic: device cache capacity in blocks (default 4096)\n"
-"  --batches N            batches per rank (default 0 = until SIGINT/SIGTERM)\n"
-"  --rate R               batches/s per rank (default 0 = as fast as possible)\n"
-"  --seed S               random seed (default 1)\n"
-"  --seq-start N          first seq (default 0)\n"
-"\n"
-"Faults (LIST = comma-separated seqs or ranges a-b; apply in every incarnation):\n"
-"  --drop-live LIST       not published live, kept for replay (fillable gap)\n"
-"  --drop-forever LIST    neither published nor kept (unfillable gap)\n"
-"  --malformed-at LIST    payload replaced by garbage (0xc1...), buffered as sent\n"
-"  --bad-frames-at LIST   sent as 2 frames [topic][payload]; replay has the real batch\n"
-"  --restart-at SEQ       after publishing SEQ, restart once from --seq-start\n"
-"                         (empty caches, empty replay buffer)\n"
-"  --restart-close MS     with --restart-at: restart like a new engine process:\n"
-"                         close the sockets, bind again after MS (default: the\n"
-"                         same sockets go on)\n"
-"  --restart-drop-live N  after such a restart, the first N batches are not sent\n"
-"                         live (kept for replay), as with no subscriber yet\n"
-"  --blip-at SEQ          after publishing SEQ, close the PUB and bind it again\n"
-"                         after --blip-ms (default 300): a dropped connection,\n"
-"                         no restart (same seq, same replay buffer)\n"
-"  --mark-after N --mark-file F  create F once N batches per rank are published\n"
-"  --hold-file F          with --mark-after: then publish nothing (replay is served)\n"
-"                         until F exists, like an engine gone idle\n"
-"\n"
-"HTTP face (like the engine's /metrics and /health):\n"
-"  --http HOST:PORT       serve GET /metrics (Prometheus text, vLLM's names) and\n"
-"                         /health (200) on a numeric IPv4 HOST; KV usage per rank =\n"
-"                         device blocks held / total blocks; SIGUSR1 stops\n"
-"                         answering (connections refused), SIGUSR2 answers again\n"
-"  --engine-kind K        vllm (default) | sglang: SGLang's names and dp_rank label\n"
-"  --total-blocks N       KV blocks of the simulated cache (default --cache-blocks)\n"
-"\n"
-"Output:\n"
-"  --record FILE          JSON line per batch: {\"seq\",\"rank\",\"live\",\"replay\",\n"
-"                         [\"fault\"],\"events\":[normalized router-side events]}\n"
-"                         and {\"restart\":true,\"rank\",...,\"events\":[cleared]}\n"
-"  -h, --help             this text\n"
-"At exit a per-rank summary goes to stderr.\n", f);
+    fputs("usage: kvsim [options]\n"
+          "Engine simulator: publishes KV-cache event batches like vLLM/SGLang on ZeroMQ.\n"
+          "\n"
+          "Transport:\n"
+          "  --endpoint EP          live PUB endpoint (default tcp://127.0.0.1:5557); binds\n"
+          "  --connect              connect the PUB to EP instead of binding (kvbridge bind mode)\n"
+          "  --replay EP            also bind a replay ROUTER at EP (default: none)\n"
+          "  --replay-buffer N      batches kept for replay per rank (default 10000)\n"
+          "  --replay-layout L      old: [\"\",seq,payload] / end [\"\",FF*8,\"\"] (default)\n"
+          "                         new: [\"\",topic,seq,payload] / end [\"\",\"\",FF*8,\"\"]\n"
+          "  --topic STR            topic frame (default \"\")\n"
+          "  --dp-size N            data-parallel ranks; rank r uses port+r for live and replay\n"
+          "                         endpoints, its own seq counter and data_parallel_rank r\n"
+          "  --lossless             ZMQ_SNDHWM 0 (unlimited) instead of the default HWM\n"
+          "  --wait-subscribers MS  sleep before the first batch (default 500)\n"
+          "  --linger MS            keep serving replay this long after the last batch\n"
+          "                         (default 1000); then queued messages get up to 2 s to\n"
+          "                         flush (none after SIGINT/SIGTERM)\n"
+          "  --curve-secret-file F  ZMQ CURVE with the secret key (40 Z85 characters, first\n"
+          "                         line that is not a # comment) in F: the PUB and the replay\n"
+          "                         ROUTER are CURVE servers, or with --curve-server-key the\n"
+          "                         PUB is a CURVE client (the ROUTER stays plain)\n"
+          "  --curve-server-key K   the CURVE server's public key (Z85), for a CURVE client\n"
+          "  --oracle-selftest      check the multimodal/EAGLE tokens_hash oracle against the\n"
+          "                         known answers of docs/router-events.md section 3.4, then exit\n"
+          "  --curve-keygen         print a new CURVE key pair (public, then secret, Z85, one\n"
+          "                         per line) and exit\n"
+          "\n"
+          "Content:\n"
+          "  --encoding E           positional (vLLM<=0.23/SGLang arrays, 12-element BlockStored;\n"
+          "                         default) | map (vLLM>=0.24 maps, extra keys, map16)\n"
+          "  --hash H               uint (u64, default) | int (signed, often negative) |\n"
+          "                         bin (32-byte digest, last 8 bytes big-endian = hash)\n"
+          "  --block-size N         tokens per block (default 16)\n"
+          "  --workload W           realistic (default): shared prefixes, parent chains, LRU\n"
+          "                         evictions, rare AllBlocksCleared, LoRA, CPU tier, group 1,\n"
+          "                         heartbeats | decode: 1-block store + 1-hash remove per batch\n"
+          "                         | prefill: one 32-block store per batch\n"
+          "                         | multimodal: vLLM with images: 1-3 block stores whose\n"
+          "                         extra_keys carry mm identifiers (every shape), LoRA\n"
+          "                         names, cache salts, digests; a remove 512 blocks later\n"
+          "                         | eagle: SGLang with EAGLE: token_ids as bigram pairs\n"
+          "  --cache-blocks N       realistic: device cache capacity in blocks (default 4096)\n"
+          "  --batches N            batches per rank (default 0 = until SIGINT/SIGTERM)\n"
+          "  --rate R               batches/s per rank (default 0 = as fast as possible)\n"
+          "  --seed S               random seed (default 1)\n"
+          "  --seq-start N          first seq (default 0)\n"
+          "\n"
+          "Faults (LIST = comma-separated seqs or ranges a-b; apply in every incarnation):\n"
+          "  --drop-live LIST       not published live, kept for replay (fillable gap)\n"
+          "  --drop-forever LIST    neither published nor kept (unfillable gap)\n"
+          "  --malformed-at LIST    payload replaced by garbage (0xc1...), buffered as sent\n"
+          "  --bad-frames-at LIST   sent as 2 frames [topic][payload]; replay has the real batch\n"
+          "  --restart-at SEQ       after publishing SEQ, restart once from --seq-start\n"
+          "                         (empty caches, empty replay buffer)\n"
+          "  --restart-close MS     with --restart-at: restart like a new engine process:\n"
+          "                         close the sockets, bind again after MS (default: the\n"
+          "                         same sockets go on)\n"
+          "  --restart-drop-live N  after such a restart, the first N batches are not sent\n"
+          "                         live (kept for replay), as with no subscriber yet\n"
+          "  --blip-at SEQ          after publishing SEQ, close the PUB and bind it again\n"
+          "                         after --blip-ms (default 300): a dropped connection,\n"
+          "                         no restart (same seq, same replay buffer)\n"
+          "  --mark-after N --mark-file F  create F once N batches per rank are published\n"
+          "  --hold-file F          with --mark-after: then publish nothing (replay is served)\n"
+          "                         until F exists, like an engine gone idle\n"
+          "\n"
+          "HTTP face (like the engine's /metrics and /health):\n"
+          "  --http HOST:PORT       serve GET /metrics (Prometheus text, vLLM's names) and\n"
+          "                         /health (200) on a numeric IPv4 HOST; KV usage per rank =\n"
+          "                         device blocks held / total blocks; SIGUSR1 stops\n"
+          "                         answering (connections refused), SIGUSR2 answers again\n"
+          "  --engine-kind K        vllm (default) | sglang: SGLang's names and dp_rank label\n"
+          "  --total-blocks N       KV blocks of the simulated cache (default --cache-blocks)\n"
+          "\n"
+          "Output:\n"
+          "  --record FILE          JSON line per batch: {\"seq\",\"rank\",\"live\",\"replay\",\n"
+          "                         [\"fault\"],\"events\":[normalized router-side events]}\n"
+          "                         and {\"restart\":true,\"rank\",...,\"events\":[cleared]}\n"
+          "  -h, --help             this text\n"
+          "At exit a per-rank summary goes to stderr.\n",
+          f);
 }
 
 enum {
-    OPT_ENDPOINT = 256, OPT_CONNECT, OPT_REPLAY, OPT_REPLAY_BUF, OPT_LAYOUT, OPT_TOPIC, OPT_DP,
-    OPT_LOSSLESS, OPT_WAIT, OPT_LINGER, OPT_ENC, OPT_HASH, OPT_BS, OPT_WL, OPT_CACHE,
-    OPT_BATCHES, OPT_RATE, OPT_SEED, OPT_SEQSTART, OPT_DROPLIVE, OPT_DROPFOREVER,
-    OPT_MALFORMED, OPT_BADFRAMES, OPT_RESTART, OPT_RECORD, OPT_CURVE_SECRET,
-    OPT_CURVE_SERVER, OPT_CURVE_KEYGEN, OPT_RESTART_CLOSE, OPT_RESTART_DROP, OPT_BLIP_AT,
-    OPT_BLIP_MS, OPT_MARK_AFTER, OPT_MARK_FILE, OPT_HOLD_FILE, OPT_HTTP, OPT_EKIND, OPT_TOTAL_BLOCKS,
+    OPT_ENDPOINT = 256,
+    OPT_CONNECT,
+    OPT_REPLAY,
+    OPT_REPLAY_BUF,
+    OPT_LAYOUT,
+    OPT_TOPIC,
+    OPT_DP,
+    OPT_LOSSLESS,
+    OPT_WAIT,
+    OPT_LINGER,
+    OPT_ENC,
+    OPT_HASH,
+    OPT_BS,
+    OPT_WL,
+    OPT_CACHE,
+    OPT_BATCHES,
+    OPT_RATE,
+    OPT_SEED,
+    OPT_SEQSTART,
+    OPT_DROPLIVE,
+    OPT_DROPFOREVER,
+    OPT_MALFORMED,
+    OPT_BADFRAMES,
+    OPT_RESTART,
+    OPT_RECORD,
+    OPT_CURVE_SECRET,
+    OPT_CURVE_SERVER,
+    OPT_CURVE_KEYGEN,
+    OPT_RESTART_CLOSE,
+    OPT_RESTART_DROP,
+    OPT_BLIP_AT,
+    OPT_BLIP_MS,
+    OPT_MARK_AFTER,
+    OPT_MARK_FILE,
+    OPT_HOLD_FILE,
+    OPT_HTTP,
+    OPT_EKIND,
+    OPT_TOTAL_BLOCKS,
     OPT_ORACLE_SELFTEST,
 };
 
@@ -2206,8 +2224,8 @@ static int parse_num_opt(const char *name, const char *arg, uint64_t min, uint64
 {
     uint64_t v;
     if (parse_u64(arg, &v) || v < min || v > max) {
-        fprintf(stderr, "kvsim: --%s: bad value '%s' (%" PRIu64 "..%" PRIu64 ")\n", name, arg,
-                min, max);
+        fprintf(stderr, "kvsim: --%s: bad value '%s' (%" PRIu64 "..%" PRIu64 ")\n", name, arg, min,
+                max);
         return -EINVAL;
     }
     *out = v;
@@ -2217,47 +2235,47 @@ static int parse_num_opt(const char *name, const char *arg, uint64_t min, uint64
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     static const struct option lo[] = {
-        { "endpoint", required_argument, NULL, OPT_ENDPOINT },
-        { "connect", no_argument, NULL, OPT_CONNECT },
-        { "replay", required_argument, NULL, OPT_REPLAY },
-        { "replay-buffer", required_argument, NULL, OPT_REPLAY_BUF },
-        { "replay-layout", required_argument, NULL, OPT_LAYOUT },
-        { "topic", required_argument, NULL, OPT_TOPIC },
-        { "dp-size", required_argument, NULL, OPT_DP },
-        { "lossless", no_argument, NULL, OPT_LOSSLESS },
-        { "wait-subscribers", required_argument, NULL, OPT_WAIT },
-        { "linger", required_argument, NULL, OPT_LINGER },
-        { "encoding", required_argument, NULL, OPT_ENC },
-        { "hash", required_argument, NULL, OPT_HASH },
-        { "block-size", required_argument, NULL, OPT_BS },
-        { "workload", required_argument, NULL, OPT_WL },
-        { "cache-blocks", required_argument, NULL, OPT_CACHE },
-        { "batches", required_argument, NULL, OPT_BATCHES },
-        { "rate", required_argument, NULL, OPT_RATE },
-        { "seed", required_argument, NULL, OPT_SEED },
-        { "seq-start", required_argument, NULL, OPT_SEQSTART },
-        { "drop-live", required_argument, NULL, OPT_DROPLIVE },
-        { "drop-forever", required_argument, NULL, OPT_DROPFOREVER },
-        { "malformed-at", required_argument, NULL, OPT_MALFORMED },
-        { "bad-frames-at", required_argument, NULL, OPT_BADFRAMES },
-        { "restart-at", required_argument, NULL, OPT_RESTART },
-        { "restart-close", required_argument, NULL, OPT_RESTART_CLOSE },
-        { "restart-drop-live", required_argument, NULL, OPT_RESTART_DROP },
-        { "blip-at", required_argument, NULL, OPT_BLIP_AT },
-        { "blip-ms", required_argument, NULL, OPT_BLIP_MS },
-        { "mark-after", required_argument, NULL, OPT_MARK_AFTER },
-        { "mark-file", required_argument, NULL, OPT_MARK_FILE },
-        { "hold-file", required_argument, NULL, OPT_HOLD_FILE },
-        { "record", required_argument, NULL, OPT_RECORD },
-        { "curve-secret-file", required_argument, NULL, OPT_CURVE_SECRET },
-        { "curve-server-key", required_argument, NULL, OPT_CURVE_SERVER },
-        { "curve-keygen", no_argument, NULL, OPT_CURVE_KEYGEN },
-        { "oracle-selftest", no_argument, NULL, OPT_ORACLE_SELFTEST },
-        { "http", required_argument, NULL, OPT_HTTP },
-        { "engine-kind", required_argument, NULL, OPT_EKIND },
-        { "total-blocks", required_argument, NULL, OPT_TOTAL_BLOCKS },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
+        {"endpoint", required_argument, NULL, OPT_ENDPOINT},
+        {"connect", no_argument, NULL, OPT_CONNECT},
+        {"replay", required_argument, NULL, OPT_REPLAY},
+        {"replay-buffer", required_argument, NULL, OPT_REPLAY_BUF},
+        {"replay-layout", required_argument, NULL, OPT_LAYOUT},
+        {"topic", required_argument, NULL, OPT_TOPIC},
+        {"dp-size", required_argument, NULL, OPT_DP},
+        {"lossless", no_argument, NULL, OPT_LOSSLESS},
+        {"wait-subscribers", required_argument, NULL, OPT_WAIT},
+        {"linger", required_argument, NULL, OPT_LINGER},
+        {"encoding", required_argument, NULL, OPT_ENC},
+        {"hash", required_argument, NULL, OPT_HASH},
+        {"block-size", required_argument, NULL, OPT_BS},
+        {"workload", required_argument, NULL, OPT_WL},
+        {"cache-blocks", required_argument, NULL, OPT_CACHE},
+        {"batches", required_argument, NULL, OPT_BATCHES},
+        {"rate", required_argument, NULL, OPT_RATE},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"seq-start", required_argument, NULL, OPT_SEQSTART},
+        {"drop-live", required_argument, NULL, OPT_DROPLIVE},
+        {"drop-forever", required_argument, NULL, OPT_DROPFOREVER},
+        {"malformed-at", required_argument, NULL, OPT_MALFORMED},
+        {"bad-frames-at", required_argument, NULL, OPT_BADFRAMES},
+        {"restart-at", required_argument, NULL, OPT_RESTART},
+        {"restart-close", required_argument, NULL, OPT_RESTART_CLOSE},
+        {"restart-drop-live", required_argument, NULL, OPT_RESTART_DROP},
+        {"blip-at", required_argument, NULL, OPT_BLIP_AT},
+        {"blip-ms", required_argument, NULL, OPT_BLIP_MS},
+        {"mark-after", required_argument, NULL, OPT_MARK_AFTER},
+        {"mark-file", required_argument, NULL, OPT_MARK_FILE},
+        {"hold-file", required_argument, NULL, OPT_HOLD_FILE},
+        {"record", required_argument, NULL, OPT_RECORD},
+        {"curve-secret-file", required_argument, NULL, OPT_CURVE_SECRET},
+        {"curve-server-key", required_argument, NULL, OPT_CURVE_SERVER},
+        {"curve-keygen", no_argument, NULL, OPT_CURVE_KEYGEN},
+        {"oracle-selftest", no_argument, NULL, OPT_ORACLE_SELFTEST},
+        {"http", required_argument, NULL, OPT_HTTP},
+        {"engine-kind", required_argument, NULL, OPT_EKIND},
+        {"total-blocks", required_argument, NULL, OPT_TOTAL_BLOCKS},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     uint64_t v;
@@ -2435,15 +2453,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 return -EINVAL;
             o->total_blocks = v;
             break;
-        case 'h':
-            usage(stdout);
-            exit(0);
-        default:
-            usage(stderr);
-            return -EINVAL;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -EINVAL;
         }
         continue;
-bad:
+    bad:
         fprintf(stderr, "kvsim: bad value for option: '%s'\n", optarg);
         return -EINVAL;
     }
@@ -2521,8 +2535,8 @@ static int open_rank_sockets(struct sim *s, struct rank *r, bool pub, bool route
 {
     const struct opts *o = &s->o;
     int linger = FLUSH_MS, zero = 0;
-    void **socks[2] = { pub ? &r->pub : NULL, router ? &r->router : NULL };
-    const int types[2] = { ZMQ_PUB, ZMQ_ROUTER };
+    void **socks[2] = {pub ? &r->pub : NULL, router ? &r->router : NULL};
+    const int types[2] = {ZMQ_PUB, ZMQ_ROUTER};
     for (int k = 0; k < 2; k++) {
         if (!socks[k])
             continue;
@@ -2609,8 +2623,8 @@ static void summary(const struct sim *s, double elapsed)
                 " bad_frames=%" PRIu64 " replay_requests=%" PRIu64 " replayed=%" PRIu64
                 " replay_ignored=%" PRIu64 " next_seq=%" PRIu64 "\n",
                 r->idx, r->ep, r->batches, r->events, r->bytes, r->drop_live, r->drop_forever,
-                r->malformed, r->bad_frames, r->replay_reqs, r->replay_batches,
-                r->replay_ignored, r->seq);
+                r->malformed, r->bad_frames, r->replay_reqs, r->replay_batches, r->replay_ignored,
+                r->seq);
         tb += r->batches;
         te += r->events;
         tbytes += r->bytes;
@@ -2695,7 +2709,7 @@ int main(int argc, char **argv)
             int64_t interval = (int64_t)(1e9 / sim.o.rate);
             int64_t now = now_ns();
             if (now - next > 1000000000LL)
-                next = now;     /* far behind (stall): do not burst to catch up */
+                next = now; /* far behind (stall): do not burst to catch up */
             wait_until(&sim, next);
             next += interval > 0 ? interval : 1;
             if (stop_flag)

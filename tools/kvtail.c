@@ -51,12 +51,12 @@
 #include <msgpack.h>
 #include <nats/nats.h>
 
-#define TOOL_NAME     "kvtail"
+#define TOOL_NAME "kvtail"
 #define TOOL_EXIT_OOM 2
 #include "tools_common.h"
 
-#define MAX_HOLES       64      /* remembered per stream, to tell reorders from dups */
-#define MAX_REPORTS     50      /* per kind of problem, then only counted */
+#define MAX_HOLES 64   /* remembered per stream, to tell reorders from dups */
+#define MAX_REPORTS 50 /* per kind of problem, then only counted */
 
 /* ------------------------------------------------------------------ utils */
 
@@ -78,8 +78,8 @@ static void vec_push(struct vec *v, uint64_t x)
 
 struct hset {
     uint64_t *keys;
-    uint64_t *aux;      /* tokens_hash */
-    uint32_t *cnt;      /* 0 = empty slot */
+    uint64_t *aux; /* tokens_hash */
+    uint32_t *cnt; /* 0 = empty slot */
     size_t mask, n;
 };
 
@@ -184,7 +184,7 @@ static void hset_clear(struct hset *h)
 /* --------------------------------------------------- index spaces, streams */
 
 enum tier { T_DEVICE, T_HOST, T_DISK, T_EXTERNAL, NTIER };
-static const char *const tier_names[NTIER] = { "device", "host_pinned", "disk", "external" };
+static const char *const tier_names[NTIER] = {"device", "host_pinned", "disk", "external"};
 
 struct space {
     uint64_t worker, rank;
@@ -238,7 +238,7 @@ struct stream {
     uint64_t worker, rank, next;
     struct hole holes[MAX_HOLES];
     size_t nholes;
-    bool synced;        /* --recover: the index holds this pair up to next - 1 */
+    bool synced; /* --recover: the index holds this pair up to next - 1 */
 };
 
 /* ------------------------------------------------------------- the state */
@@ -277,16 +277,16 @@ struct opts {
     uint64_t count;
     long timeout_ms;
     bool quiet, check, index, allow_offset;
-    const char *query;          /* kvbridge's query subject */
+    const char *query; /* kvbridge's query subject */
     bool recover;
     struct pair_arg pairs[MAX_PAIRS]; /* --pair: dumps asked at start */
     size_t npairs;
-    bool dump, match;           /* one-shot queries (on pairs[0]) */
+    bool dump, match; /* one-shot queries (on pairs[0]) */
     const char *tokens, *lora;
     uint64_t block_size;
-    uint64_t cut_after;         /* --cut-after N:MS: test hook */
+    uint64_t cut_after; /* --cut-after N:MS: test hook */
     long cut_ms;
-    bool has_worker;            /* --worker W: only that worker's events count */
+    bool has_worker; /* --worker W: only that worker's events count */
     uint64_t worker;
 };
 
@@ -295,14 +295,14 @@ struct stats {
         orphans, unknown_removes, wrong, missing, badtok, indexed, blocks, envelopes, seqerr;
     /* --recover */
     uint64_t dumps, dump_blocks, events_asked, events_got, gone, skipped, query_errors;
-    uint64_t other_workers;     /* --worker: events of other workers, ignored */
+    uint64_t other_workers; /* --worker: events of other workers, ignored */
 };
 
 struct tail {
     struct opts o;
     struct stats st;
     struct rev ev;
-    natsConnection *nc;         /* --recover: for the queries */
+    natsConnection *nc; /* --recover: for the queries */
     struct stream *streams;
     size_t nstreams;
     struct spaces index, truth;
@@ -312,7 +312,7 @@ struct tail {
     size_t npubs;
     struct rawstate *raws;
     size_t nraws;
-    char *line;             /* an event printed as dynamo-json */
+    char *line; /* an event printed as dynamo-json */
     size_t line_cap;
 };
 
@@ -501,7 +501,7 @@ static bool fill_hole(struct stream *s, uint64_t id)
             h->hi = id - 1;
             s->nholes++;
         } else {
-            h->hi = id - 1;     /* no room: forget the upper part */
+            h->hi = id - 1; /* no room: forget the upper part */
         }
         return true;
     }
@@ -527,22 +527,25 @@ static void check_ids(struct tail *t, const struct rev *ev)
     } else if (ev->id == 0 && ev->kind == K_CLEARED) {
         /* a bridge restarted without its persisted counter: a new epoch */
         t->st.resets++;
-        fprintf(stderr, "kvtail: RESET worker_id=%" PRIu64 " dp_rank=%" PRIu64
-                        " event_id back to 0 with \"cleared\" (was at %" PRIu64 ")\n",
+        fprintf(stderr,
+                "kvtail: RESET worker_id=%" PRIu64 " dp_rank=%" PRIu64
+                " event_id back to 0 with \"cleared\" (was at %" PRIu64 ")\n",
                 s->worker, s->rank, s->next);
         s->next = 1;
         s->nholes = 0;
     } else if (fill_hole(s, ev->id)) {
         t->st.reorders++;
         if (t->reports_dup++ < MAX_REPORTS)
-            fprintf(stderr, "kvtail: REORDERED worker_id=%" PRIu64 " dp_rank=%" PRIu64
-                            " event_id %" PRIu64 " arrived after %" PRIu64 "\n",
+            fprintf(stderr,
+                    "kvtail: REORDERED worker_id=%" PRIu64 " dp_rank=%" PRIu64 " event_id %" PRIu64
+                    " arrived after %" PRIu64 "\n",
                     s->worker, s->rank, ev->id, s->next - 1);
     } else {
         t->st.dups++;
         if (t->reports_dup++ < MAX_REPORTS)
-            fprintf(stderr, "kvtail: DUPLICATE worker_id=%" PRIu64 " dp_rank=%" PRIu64
-                            " event_id %" PRIu64 " (expected %" PRIu64 ")\n",
+            fprintf(stderr,
+                    "kvtail: DUPLICATE worker_id=%" PRIu64 " dp_rank=%" PRIu64 " event_id %" PRIu64
+                    " (expected %" PRIu64 ")\n",
                     s->worker, s->rank, ev->id, s->next);
     }
 }
@@ -557,7 +560,7 @@ static void apply_index(struct tail *t, const struct rev *ev)
     case K_STORED:
         sp = space_get(&t->index, ev->worker, ev->rank, ev->tier, true);
         if (ev->has_parent && !hset_has(&sp->set, ev->parent, NULL)) {
-            t->st.orphans++;    /* unknown parent: the whole store is dropped */
+            t->st.orphans++; /* unknown parent: the whole store is dropped */
             return;
         }
         for (size_t i = 0; i < ev->h.n; i++)
@@ -570,7 +573,7 @@ static void apply_index(struct tail *t, const struct rev *ev)
                 t->st.unknown_removes++;
         break;
     case K_CLEARED:
-        spaces_clear(&t->index, ev->worker, ev->rank);  /* every tier */
+        spaces_clear(&t->index, ev->worker, ev->rank); /* every tier */
         break;
     }
 }
@@ -646,7 +649,7 @@ static int ask(natsConnection *nc, const char *subject, const char *req, line_fn
 /* {"last_event_id":N}: true and *id. */
 static bool last_line(const char *line, size_t len, uint64_t *id)
 {
-    struct cur c = { line, line + len };
+    struct cur c = {line, line + len};
     return lit(&c, "{\"last_event_id\":") && num(&c, id) && lit(&c, "}") && c.p == c.e;
 }
 
@@ -654,8 +657,8 @@ static bool last_line(const char *line, size_t len, uint64_t *id)
  * the last_event_id line, errors. */
 struct answer {
     struct tail *t;
-    struct rev ev;      /* its own: t->ev may hold the live event being handled */
-    uint64_t from;      /* events below it are already in the index */
+    struct rev ev; /* its own: t->ev may hold the live event being handled */
+    uint64_t from; /* events below it are already in the index */
     bool has_last;
     uint64_t last, events, blocks;
     bool bad;
@@ -665,7 +668,7 @@ struct answer {
 static void answer_line(void *ctx, const char *line, size_t len)
 {
     struct answer *a = ctx;
-    struct cur c = { line, line + len };
+    struct cur c = {line, line + len};
     struct rev *ev = &a->ev;
     if (len == 0)
         return;
@@ -704,7 +707,7 @@ static void pair_request(char *buf, size_t cap, const char *op, uint64_t worker,
 static bool recover_dump(struct tail *t, struct stream *s)
 {
     char req[256];
-    struct answer a = { .t = t };
+    struct answer a = {.t = t};
     int st;
     spaces_clear(&t->index, s->worker, s->rank);
     pair_request(req, sizeof req, "dump", s->worker, s->rank, NULL);
@@ -721,8 +724,9 @@ static bool recover_dump(struct tail *t, struct stream *s)
     t->st.dump_blocks += a.blocks;
     s->next = a.last + 1;
     s->synced = true;
-    fprintf(stderr, "kvtail: dump worker_id=%" PRIu64 " dp_rank=%" PRIu64 ": %" PRIu64
-                    " blocks in %" PRIu64 " events, last_event_id %" PRIu64 "\n",
+    fprintf(stderr,
+            "kvtail: dump worker_id=%" PRIu64 " dp_rank=%" PRIu64 ": %" PRIu64 " blocks in %" PRIu64
+            " events, last_event_id %" PRIu64 "\n",
             s->worker, s->rank, a.blocks, a.events, a.last);
     return true;
 }
@@ -731,7 +735,7 @@ static bool recover_dump(struct tail *t, struct stream *s)
 static bool recover_events(struct tail *t, struct stream *s)
 {
     char req[256], extra[64];
-    struct answer a = { .t = t, .from = s->next };
+    struct answer a = {.t = t, .from = s->next};
     int st;
     snprintf(extra, sizeof extra, ",\"since\":%" PRIu64, s->next - 1);
     pair_request(req, sizeof req, "events", s->worker, s->rank, extra);
@@ -741,8 +745,9 @@ static bool recover_events(struct tail *t, struct stream *s)
     free(a.ev.th.v);
     if (st == 200 && a.has_last && !a.bad) {
         t->st.events_got += a.events;
-        fprintf(stderr, "kvtail: events worker_id=%" PRIu64 " dp_rank=%" PRIu64 " since %" PRIu64
-                        ": %" PRIu64 " events, last_event_id %" PRIu64 "\n",
+        fprintf(stderr,
+                "kvtail: events worker_id=%" PRIu64 " dp_rank=%" PRIu64 " since %" PRIu64
+                ": %" PRIu64 " events, last_event_id %" PRIu64 "\n",
                 s->worker, s->rank, s->next - 1, a.events, a.last);
         if (a.last + 1 > s->next)
             s->next = a.last + 1;
@@ -767,11 +772,11 @@ static void recover_live(struct tail *t, const struct rev *ev)
     bool fresh;
     struct stream *s = stream_get(t, ev->worker, ev->rank, &fresh);
     if (!s->synced && !recover_dump(t, s)) {
-        s->next = ev->id;       /* no dump: from here on, as a live consumer */
+        s->next = ev->id; /* no dump: from here on, as a live consumer */
         s->synced = true;
     }
     if (ev->id < s->next) {
-        if (ev->id == 0 && ev->kind == K_CLEARED) {  /* a new epoch of the counter */
+        if (ev->id == 0 && ev->kind == K_CLEARED) { /* a new epoch of the counter */
             t->st.resets++;
             apply_index(t, ev);
             s->next = 1;
@@ -786,7 +791,7 @@ static void recover_live(struct tail *t, const struct rev *ev)
         t->st.skipped++;
         return;
     }
-    if (ev->id > s->next)       /* nothing could fill it */
+    if (ev->id > s->next) /* nothing could fill it */
         add_hole(t, s, s->next, ev->id - 1);
     apply_index(t, ev);
     s->next = ev->id + 1;
@@ -827,7 +832,7 @@ static void apply_rev(struct tail *t)
 
 static void handle_message(struct tail *t, const char *data, size_t len)
 {
-    struct cur c = { data, data + len };
+    struct cur c = {data, data + len};
     const char *why;
 
     t->st.messages++;
@@ -1028,13 +1033,14 @@ static struct pubstate *pub_get(struct tail *t, uint64_t publisher, bool *fresh)
     return &t->pubs[t->npubs++];
 }
 
-static void seq_problem(struct tail *t, const char *what, uint64_t pub, uint64_t got,
-                        uint64_t want)
+static void seq_problem(struct tail *t, const char *what, uint64_t pub, uint64_t got, uint64_t want)
 {
     t->st.seqerr++;
     if (t->reports_seq++ < MAX_REPORTS)
-        fprintf(stderr, "kvtail: SEQUENCE publisher_id=%" PRIx64 " %s: got %" PRIu64
-                        ", expected %" PRIu64 "\n", pub, what, got, want);
+        fprintf(stderr,
+                "kvtail: SEQUENCE publisher_id=%" PRIx64 " %s: got %" PRIu64 ", expected %" PRIu64
+                "\n",
+                pub, what, got, want);
 }
 
 /* One envelope (section 3): header checks, then its RouterEvents. */
@@ -1081,7 +1087,8 @@ static void handle_envelope(struct tail *t, const char *data, size_t len)
     size_t poff = 0;
     msgpack_unpacked_init(&pu);
     if (msgpack_unpack_next(&pu, payload->via.bin.ptr, payload->via.bin.size, &poff) !=
-            MSGPACK_UNPACK_SUCCESS || poff != payload->via.bin.size) {
+            MSGPACK_UNPACK_SUCCESS ||
+        poff != payload->via.bin.size) {
         bad_mp(t, "payload: not one msgpack object", pub);
     } else {
         const msgpack_object *evs = &pu.data;
@@ -1089,7 +1096,8 @@ static void handle_envelope(struct tail *t, const char *data, size_t len)
         if (evs->type == MSGPACK_OBJECT_ARRAY && n == 0)
             bad_mp(t, "payload: an empty array", pub);
         for (uint32_t i = 0; i < n; i++) {
-            const msgpack_object *one = evs->type == MSGPACK_OBJECT_ARRAY ? &evs->via.array.ptr[i] : evs;
+            const msgpack_object *one =
+                evs->type == MSGPACK_OBJECT_ARRAY ? &evs->via.array.ptr[i] : evs;
             const char *why = mp_rev(t, one);
             if (why) {
                 bad_mp(t, why, pub);
@@ -1135,7 +1143,8 @@ static void handle_raw(struct tail *t, natsMsg *msg)
     snprintf(key, sizeof key, "%s\n%s", src, topic);
     if (!t->o.quiet)
         printf("{\"seq\":%" PRIu64 ",\"source\":\"%s\",\"topic\":\"%s\",\"dp_rank\":%s,"
-               "\"bytes\":%d}\n", seq, src, topic, rank, natsMsg_GetDataLength(msg));
+               "\"bytes\":%d}\n",
+               seq, src, topic, rank, natsMsg_GetDataLength(msg));
     for (size_t i = 0; i < t->nraws; i++) {
         if (strcmp(t->raws[i].key, key))
             continue;
@@ -1275,7 +1284,7 @@ static bool rec_event(struct cur *c, struct recline *rl)
     char key[64], val[64];
 
     memset(&e, 0, sizeof e);
-    e.kind = (enum kind)-1;
+    e.kind = (enum kind) - 1;
     e.h_off = rl->h.n;
     e.th_off = rl->th.n;
     if (!jlit(c, "{"))
@@ -1287,8 +1296,10 @@ static bool rec_event(struct cur *c, struct recline *rl)
             if (!strcmp(key, "type")) {
                 if (!jstr(c, val, sizeof val))
                     return false;
-                e.kind = !strcmp(val, "stored") ? K_STORED : !strcmp(val, "removed") ? K_REMOVED
-                         : !strcmp(val, "cleared") ? K_CLEARED : (enum kind)-1;
+                e.kind = !strcmp(val, "stored")    ? K_STORED
+                         : !strcmp(val, "removed") ? K_REMOVED
+                         : !strcmp(val, "cleared") ? K_CLEARED
+                                                   : (enum kind) - 1;
             } else if (!strcmp(key, "hashes")) {
                 if (!jnum_array(c, &rl->h))
                     return false;
@@ -1329,7 +1340,7 @@ static bool rec_event(struct cur *c, struct recline *rl)
 /* One record line: the engine's own view, so every event applies (live or not). */
 static bool rec_line(struct tail *t, struct recline *rl, const char *line, size_t len)
 {
-    struct cur c = { line, line + len };
+    struct cur c = {line, line + len};
     char key[64];
     uint64_t rank = 0;
     bool have_rank = false;
@@ -1378,7 +1389,7 @@ static bool rec_line(struct tail *t, struct recline *rl, const char *line, size_
             continue;
         }
         if (e->group != 0)
-            continue;           /* the router never sees secondary groups */
+            continue; /* the router never sees secondary groups */
         sp = space_get(&t->truth, 0, rank, e->tier, true);
         for (size_t k = 0; k < e->nh; k++) {
             if (e->kind == K_STORED)
@@ -1436,16 +1447,17 @@ static void compare_with_record(struct tail *t)
             if (!tr || !hset_has(&tr->set, h, &th)) {
                 t->st.wrong++;
                 if (t->reports_wrong++ < MAX_REPORTS)
-                    fprintf(stderr, "kvtail: WRONG worker_id=%" PRIu64 " dp_rank=%" PRIu64
-                                    " tier=%s block_hash %" PRIu64
-                                    " is indexed but not stored on the engine\n",
+                    fprintf(stderr,
+                            "kvtail: WRONG worker_id=%" PRIu64 " dp_rank=%" PRIu64
+                            " tier=%s block_hash %" PRIu64
+                            " is indexed but not stored on the engine\n",
                             sp->worker, sp->rank, tier_names[sp->tier], h);
             } else if (th != sp->set.aux[k]) {
                 t->st.badtok++;
                 if (t->reports_wrong++ < MAX_REPORTS)
-                    fprintf(stderr, "kvtail: WRONG tokens_hash worker_id=%" PRIu64
-                                    " dp_rank=%" PRIu64 " block_hash %" PRIu64 ": got %" PRIu64
-                                    ", engine %" PRIu64 "\n",
+                    fprintf(stderr,
+                            "kvtail: WRONG tokens_hash worker_id=%" PRIu64 " dp_rank=%" PRIu64
+                            " block_hash %" PRIu64 ": got %" PRIu64 ", engine %" PRIu64 "\n",
                             sp->worker, sp->rank, h, sp->set.aux[k], th);
             }
         }
@@ -1453,7 +1465,7 @@ static void compare_with_record(struct tail *t)
     for (size_t i = 0; i < t->truth.n; i++) {
         const struct space *tr = &t->truth.s[i];
         if (tr->tier != T_DEVICE && !t->tier_seen[tr->tier])
-            continue;           /* a tier the bridge does not forward */
+            continue; /* a tier the bridge does not forward */
         for (size_t k = 0; k <= tr->set.mask; k++) {
             bool found = false;
             if (!tr->set.cnt[k])
@@ -1567,7 +1579,7 @@ struct summary {
 static void summary_line(void *ctx, const char *line, size_t len)
 {
     struct summary *m = ctx;
-    struct cur c = { line, line + len };
+    struct cur c = {line, line + len};
     struct rev ev;
     if (len == 0)
         return;
@@ -1641,8 +1653,8 @@ static int do_query_once(const struct opts *o)
         printf("\n");
         rc = 0;
     } else {
-        fprintf(stderr, "kvtail: dump: %s\n", m.bad ? "a line is not a router event" :
-                                                      "no last_event_id line");
+        fprintf(stderr, "kvtail: dump: %s\n",
+                m.bad ? "a line is not a router event" : "no last_event_id line");
     }
     free(req);
     natsConnection_Destroy(nc);
@@ -1671,75 +1683,93 @@ static int write_ready(const char *path)
 
 static void usage(FILE *f)
 {
-    fputs(
-"usage: kvtail [options]\n"
-"Subscribes to kvbridge's router events on NATS, prints and checks them.\n"
-"\n"
-"  --server URL          NATS server (default nats://127.0.0.1:4222)\n"
-"  --subject SUBJ        subject, wildcards allowed\n"
-"                        (default namespace.dynamo.component.backend.kv_events)\n"
-"  --count N             exit after N messages\n"
-"  --timeout MS          exit when idle MS after the last message, or after MS\n"
-"                        if none arrives (default 0 = never)\n"
-"  --quiet               do not print messages\n"
-"  --check               event_id must be contiguous per (worker_id, dp_rank) from 0;\n"
-"                        reports holes, duplicates, reorderings; malformed messages\n"
-"                        fail too (the parser takes exactly the dynamo-json shape)\n"
-"  --allow-start-offset  with --check: the first event_id of a pair may be anything\n"
-"  --index               apply events to an index per (worker_id, dp_rank, tier) like\n"
-"                        Dynamo's indexer: a store with an unknown parent is dropped\n"
-"                        whole (orphans=), unknown removes are ignored (counted),\n"
-"                        \"cleared\" empties every tier of the pair\n"
-"  --expect-record FILE  kvsim --record file (implies --index): at exit, an indexed\n"
-"                        block that the engine no longer holds, or a wrong tokens_hash,\n"
-"                        is WRONG (fails); engine blocks absent from the index are\n"
-"                        counted as missing (fine after barriers)\n"
-"  --ready-file PATH     written once subscribed (start publishers after it exists)\n"
-"  --publish FILE        publish each non-empty line of FILE ('-' = stdin) to\n"
-"                        --subject, then exit (--format dynamo-msgpack: each line\n"
-"                        is a message in hex, as kvbridge-inspect writes them)\n"
-"  --format F            dynamo-json (default), dynamo-msgpack (event-plane\n"
-"                        envelopes: sequence contiguous per publisher_id from 0,\n"
-"                        one (worker_id, dp_rank) per publisher and message; each\n"
-"                        RouterEvent printed and checked as its dynamo-json line,\n"
-"                        messages= counts router events, envelopes= NATS messages;\n"
-"                        default subject namespace.dynamo.component.backend.\n"
-"                        endpoint.generate.kv-events) or raw (engine batches with\n"
-"                        KV-* headers: KV-Seq contiguous per source and topic)\n"
-"                        --subject, then exit\n"
-"  --query SUBJ          kvbridge's query subject (query.subject, e.g.\n"
-"                        kvbridge.query.7), for the options below\n"
-"  --recover             with --index: start late and recover from the query API:\n"
-"                        a pair's first event brings a dump (the index of the pair\n"
-"                        is replaced by it, live events up to its last_event_id are\n"
-"                        skipped); an event_id hole asks for the events since (a\n"
-"                        dump when they are gone: 410); at exit the events after\n"
-"                        the last one received are asked once more\n"
-"  --pair W:R            with --recover: ask this pair's dump at start (repeatable)\n"
-"  --cut-after N:MS      test hook: after N messages, unsubscribe for MS ms\n"
-"  --dump W:R            print a summary of the pair's dump, then exit:\n"
-"                        kvtail: dump ... last_event_id=N blocks=N device=N ...\n"
-"  --match W:R           print {\"matched_blocks\":{...}} for --tokens, then exit\n"
-"  --tokens LIST         comma-separated token ids (--match)\n"
-"  --lora NAME           LoRA adapter name (--match)\n"
-"  --block-size N        when kvbridge's block_size is auto (--match)\n"
-"  --worker W            only router events of worker_id W are counted, checked and\n"
-"                        indexed (one engine's, when a bridge serves several: the\n"
-"                        record of --expect-record is that engine's); the others\n"
-"                        are ignored (other_workers= in the summary)\n"
-"  -h, --help            this text\n"
-"\n"
-"Prints each message on its own line on stdout (unless --quiet); at exit a summary\n"
-"on stderr and a last stdout line:\n"
-"  kvtail: messages=N stored=N removed=N cleared=N holes=N dups=N wrong=N missing=N ...\n"
-"Exit: 0 checks pass, 1 a check failed (or --count not reached), 2 usage/connection.\n",
-        f);
+    fputs("usage: kvtail [options]\n"
+          "Subscribes to kvbridge's router events on NATS, prints and checks them.\n"
+          "\n"
+          "  --server URL          NATS server (default nats://127.0.0.1:4222)\n"
+          "  --subject SUBJ        subject, wildcards allowed\n"
+          "                        (default namespace.dynamo.component.backend.kv_events)\n"
+          "  --count N             exit after N messages\n"
+          "  --timeout MS          exit when idle MS after the last message, or after MS\n"
+          "                        if none arrives (default 0 = never)\n"
+          "  --quiet               do not print messages\n"
+          "  --check               event_id must be contiguous per (worker_id, dp_rank) from 0;\n"
+          "                        reports holes, duplicates, reorderings; malformed messages\n"
+          "                        fail too (the parser takes exactly the dynamo-json shape)\n"
+          "  --allow-start-offset  with --check: the first event_id of a pair may be anything\n"
+          "  --index               apply events to an index per (worker_id, dp_rank, tier) like\n"
+          "                        Dynamo's indexer: a store with an unknown parent is dropped\n"
+          "                        whole (orphans=), unknown removes are ignored (counted),\n"
+          "                        \"cleared\" empties every tier of the pair\n"
+          "  --expect-record FILE  kvsim --record file (implies --index): at exit, an indexed\n"
+          "                        block that the engine no longer holds, or a wrong tokens_hash,\n"
+          "                        is WRONG (fails); engine blocks absent from the index are\n"
+          "                        counted as missing (fine after barriers)\n"
+          "  --ready-file PATH     written once subscribed (start publishers after it exists)\n"
+          "  --publish FILE        publish each non-empty line of FILE ('-' = stdin) to\n"
+          "                        --subject, then exit (--format dynamo-msgpack: each line\n"
+          "                        is a message in hex, as kvbridge-inspect writes them)\n"
+          "  --format F            dynamo-json (default), dynamo-msgpack (event-plane\n"
+          "                        envelopes: sequence contiguous per publisher_id from 0,\n"
+          "                        one (worker_id, dp_rank) per publisher and message; each\n"
+          "                        RouterEvent printed and checked as its dynamo-json line,\n"
+          "                        messages= counts router events, envelopes= NATS messages;\n"
+          "                        default subject namespace.dynamo.component.backend.\n"
+          "                        endpoint.generate.kv-events) or raw (engine batches with\n"
+          "                        KV-* headers: KV-Seq contiguous per source and topic)\n"
+          "                        --subject, then exit\n"
+          "  --query SUBJ          kvbridge's query subject (query.subject, e.g.\n"
+          "                        kvbridge.query.7), for the options below\n"
+          "  --recover             with --index: start late and recover from the query API:\n"
+          "                        a pair's first event brings a dump (the index of the pair\n"
+          "                        is replaced by it, live events up to its last_event_id are\n"
+          "                        skipped); an event_id hole asks for the events since (a\n"
+          "                        dump when they are gone: 410); at exit the events after\n"
+          "                        the last one received are asked once more\n"
+          "  --pair W:R            with --recover: ask this pair's dump at start (repeatable)\n"
+          "  --cut-after N:MS      test hook: after N messages, unsubscribe for MS ms\n"
+          "  --dump W:R            print a summary of the pair's dump, then exit:\n"
+          "                        kvtail: dump ... last_event_id=N blocks=N device=N ...\n"
+          "  --match W:R           print {\"matched_blocks\":{...}} for --tokens, then exit\n"
+          "  --tokens LIST         comma-separated token ids (--match)\n"
+          "  --lora NAME           LoRA adapter name (--match)\n"
+          "  --block-size N        when kvbridge's block_size is auto (--match)\n"
+          "  --worker W            only router events of worker_id W are counted, checked and\n"
+          "                        indexed (one engine's, when a bridge serves several: the\n"
+          "                        record of --expect-record is that engine's); the others\n"
+          "                        are ignored (other_workers= in the summary)\n"
+          "  -h, --help            this text\n"
+          "\n"
+          "Prints each message on its own line on stdout (unless --quiet); at exit a summary\n"
+          "on stderr and a last stdout line:\n"
+          "  kvtail: messages=N stored=N removed=N cleared=N holes=N dups=N wrong=N missing=N ...\n"
+          "Exit: 0 checks pass, 1 a check failed (or --count not reached), 2 usage/connection.\n",
+          f);
 }
 
 enum {
-    OPT_SERVER = 256, OPT_SUBJECT, OPT_COUNT, OPT_TIMEOUT, OPT_QUIET, OPT_CHECK, OPT_OFFSET,
-    OPT_INDEX, OPT_EXPECT, OPT_READY, OPT_PUBLISH, OPT_FORMAT, OPT_QUERY, OPT_RECOVER, OPT_PAIR,
-    OPT_CUT, OPT_DUMP, OPT_MATCH, OPT_TOKENS, OPT_LORA, OPT_BS, OPT_WORKER,
+    OPT_SERVER = 256,
+    OPT_SUBJECT,
+    OPT_COUNT,
+    OPT_TIMEOUT,
+    OPT_QUIET,
+    OPT_CHECK,
+    OPT_OFFSET,
+    OPT_INDEX,
+    OPT_EXPECT,
+    OPT_READY,
+    OPT_PUBLISH,
+    OPT_FORMAT,
+    OPT_QUERY,
+    OPT_RECOVER,
+    OPT_PAIR,
+    OPT_CUT,
+    OPT_DUMP,
+    OPT_MATCH,
+    OPT_TOKENS,
+    OPT_LORA,
+    OPT_BS,
+    OPT_WORKER,
 };
 
 /* "W:R" -> a pair; false when malformed. */
@@ -1759,30 +1789,30 @@ static bool parse_pair(const char *s, struct pair_arg *p)
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     static const struct option lo[] = {
-        { "server", required_argument, NULL, OPT_SERVER },
-        { "subject", required_argument, NULL, OPT_SUBJECT },
-        { "count", required_argument, NULL, OPT_COUNT },
-        { "timeout", required_argument, NULL, OPT_TIMEOUT },
-        { "quiet", no_argument, NULL, OPT_QUIET },
-        { "check", no_argument, NULL, OPT_CHECK },
-        { "allow-start-offset", no_argument, NULL, OPT_OFFSET },
-        { "index", no_argument, NULL, OPT_INDEX },
-        { "expect-record", required_argument, NULL, OPT_EXPECT },
-        { "ready-file", required_argument, NULL, OPT_READY },
-        { "publish", required_argument, NULL, OPT_PUBLISH },
-        { "format", required_argument, NULL, OPT_FORMAT },
-        { "query", required_argument, NULL, OPT_QUERY },
-        { "recover", no_argument, NULL, OPT_RECOVER },
-        { "pair", required_argument, NULL, OPT_PAIR },
-        { "cut-after", required_argument, NULL, OPT_CUT },
-        { "dump", required_argument, NULL, OPT_DUMP },
-        { "match", required_argument, NULL, OPT_MATCH },
-        { "tokens", required_argument, NULL, OPT_TOKENS },
-        { "lora", required_argument, NULL, OPT_LORA },
-        { "block-size", required_argument, NULL, OPT_BS },
-        { "worker", required_argument, NULL, OPT_WORKER },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
+        {"server", required_argument, NULL, OPT_SERVER},
+        {"subject", required_argument, NULL, OPT_SUBJECT},
+        {"count", required_argument, NULL, OPT_COUNT},
+        {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {"check", no_argument, NULL, OPT_CHECK},
+        {"allow-start-offset", no_argument, NULL, OPT_OFFSET},
+        {"index", no_argument, NULL, OPT_INDEX},
+        {"expect-record", required_argument, NULL, OPT_EXPECT},
+        {"ready-file", required_argument, NULL, OPT_READY},
+        {"publish", required_argument, NULL, OPT_PUBLISH},
+        {"format", required_argument, NULL, OPT_FORMAT},
+        {"query", required_argument, NULL, OPT_QUERY},
+        {"recover", no_argument, NULL, OPT_RECOVER},
+        {"pair", required_argument, NULL, OPT_PAIR},
+        {"cut-after", required_argument, NULL, OPT_CUT},
+        {"dump", required_argument, NULL, OPT_DUMP},
+        {"match", required_argument, NULL, OPT_MATCH},
+        {"tokens", required_argument, NULL, OPT_TOKENS},
+        {"lora", required_argument, NULL, OPT_LORA},
+        {"block-size", required_argument, NULL, OPT_BS},
+        {"worker", required_argument, NULL, OPT_WORKER},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     bool subject_set = false;
@@ -1791,7 +1821,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         uint64_t v;
         switch (c) {
         case OPT_SERVER: o->server = optarg; break;
-        case OPT_SUBJECT: o->subject = optarg; subject_set = true; break;
+        case OPT_SUBJECT:
+            o->subject = optarg;
+            subject_set = true;
+            break;
         case OPT_COUNT:
         case OPT_TIMEOUT:
             if (parse_u64(optarg, &v) || (c == OPT_TIMEOUT && v > 86400000ULL * 365)) {
@@ -1808,7 +1841,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case OPT_CHECK: o->check = true; break;
         case OPT_OFFSET: o->allow_offset = true; break;
         case OPT_INDEX: o->index = true; break;
-        case OPT_EXPECT: o->expect = optarg; o->index = true; break;
+        case OPT_EXPECT:
+            o->expect = optarg;
+            o->index = true;
+            break;
         case OPT_READY: o->ready = optarg; break;
         case OPT_PUBLISH: o->publish = optarg; break;
         case OPT_FORMAT:
@@ -1867,12 +1903,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
             }
             o->has_worker = true;
             break;
-        case 'h':
-            usage(stdout);
-            exit(0);
-        default:
-            usage(stderr);
-            return -EINVAL;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -EINVAL;
         }
     }
     if (optind < argc) {
@@ -1907,45 +1939,49 @@ static void report(struct tail *t, int64_t dropped)
             " blocks, removed=%" PRIu64 ", cleared=%" PRIu64 ", bad=%" PRIu64 ")\n",
             s->messages, s->stored, s->blocks, s->removed, s->cleared, s->bad);
     if (t->o.has_worker)
-        fprintf(stderr, "kvtail: worker %" PRIu64 " only: other_workers=%" PRIu64 "\n",
-                t->o.worker, s->other_workers);
+        fprintf(stderr, "kvtail: worker %" PRIu64 " only: other_workers=%" PRIu64 "\n", t->o.worker,
+                s->other_workers);
     if (t->o.check)
         fprintf(stderr,
                 "kvtail: check: pairs=%zu holes=%" PRIu64 " (%" PRIu64 " ids) dups=%" PRIu64
                 " reorders=%" PRIu64 " resets=%" PRIu64 "\n",
                 t->nstreams, s->holes, s->hole_ids, s->dups, s->reorders, s->resets);
     if (t->o.format == F_MSGPACK)
-        fprintf(stderr, "kvtail: event plane: envelopes=%" PRIu64 " publishers=%zu "
-                "sequence errors=%" PRIu64 "\n", s->envelopes, t->npubs, s->seqerr);
+        fprintf(stderr,
+                "kvtail: event plane: envelopes=%" PRIu64 " publishers=%zu "
+                "sequence errors=%" PRIu64 "\n",
+                s->envelopes, t->npubs, s->seqerr);
     if (t->o.index)
         fprintf(stderr,
-                "kvtail: index: orphan stores dropped=%" PRIu64 " unknown removes=%" PRIu64
-                "\n", s->orphans, s->unknown_removes);
+                "kvtail: index: orphan stores dropped=%" PRIu64 " unknown removes=%" PRIu64 "\n",
+                s->orphans, s->unknown_removes);
     if (t->o.expect)
         fprintf(stderr,
                 "kvtail: record: indexed=%" PRIu64 " wrong=%" PRIu64 " wrong_tokens_hash=%" PRIu64
-                " missing=%" PRIu64 "\n", s->indexed, s->wrong, s->badtok, s->missing);
+                " missing=%" PRIu64 "\n",
+                s->indexed, s->wrong, s->badtok, s->missing);
     if (t->o.recover)
         fprintf(stderr,
                 "kvtail: recover: dumps=%" PRIu64 " (%" PRIu64 " blocks) events_asked=%" PRIu64
                 " (%" PRIu64 " events) gone=%" PRIu64 " skipped=%" PRIu64 " query_errors=%" PRIu64
-                "\n", s->dumps, s->dump_blocks, s->events_asked, s->events_got, s->gone,
-                s->skipped, s->query_errors);
+                "\n",
+                s->dumps, s->dump_blocks, s->events_asked, s->events_got, s->gone, s->skipped,
+                s->query_errors);
     if (dropped > 0)
         fprintf(stderr, "kvtail: WARNING: %" PRId64 " messages dropped by the client (slow)\n",
                 dropped);
     printf("kvtail: messages=%" PRIu64 " stored=%" PRIu64 " removed=%" PRIu64 " cleared=%" PRIu64
-           " holes=%" PRIu64 " dups=%" PRIu64 " wrong=%" PRIu64 " missing=%" PRIu64
-           " bad=%" PRIu64 " reorders=%" PRIu64 " resets=%" PRIu64 " orphans=%" PRIu64
-           " unknown_removes=%" PRIu64 " badtok=%" PRIu64 " indexed=%" PRIu64
-           " envelopes=%" PRIu64 " seqerr=%" PRIu64 " publishers=%zu%s",
-           s->messages, s->stored, s->removed, s->cleared, s->holes, s->dups, s->wrong,
-           s->missing, s->bad, s->reorders, s->resets, s->orphans, s->unknown_removes, s->badtok,
-           s->indexed, s->envelopes, s->seqerr, t->npubs, t->o.recover ? "" : "\n");
+           " holes=%" PRIu64 " dups=%" PRIu64 " wrong=%" PRIu64 " missing=%" PRIu64 " bad=%" PRIu64
+           " reorders=%" PRIu64 " resets=%" PRIu64 " orphans=%" PRIu64 " unknown_removes=%" PRIu64
+           " badtok=%" PRIu64 " indexed=%" PRIu64 " envelopes=%" PRIu64 " seqerr=%" PRIu64
+           " publishers=%zu%s",
+           s->messages, s->stored, s->removed, s->cleared, s->holes, s->dups, s->wrong, s->missing,
+           s->bad, s->reorders, s->resets, s->orphans, s->unknown_removes, s->badtok, s->indexed,
+           s->envelopes, s->seqerr, t->npubs, t->o.recover ? "" : "\n");
     if (t->o.recover)
         printf(" dumps=%" PRIu64 " events_asked=%" PRIu64 " gone=%" PRIu64 " skipped=%" PRIu64
-               " query_errors=%" PRIu64 "\n", s->dumps, s->events_asked, s->gone, s->skipped,
-               s->query_errors);
+               " query_errors=%" PRIu64 "\n",
+               s->dumps, s->events_asked, s->gone, s->skipped, s->query_errors);
     fflush(stdout);
 }
 
@@ -1988,7 +2024,7 @@ int main(int argc, char **argv)
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(sub, -1, -1);
     if (s == NATS_OK)
-        s = natsConnection_FlushTimeout(nc, 5000);   /* the server has the SUB now */
+        s = natsConnection_FlushTimeout(nc, 5000); /* the server has the SUB now */
     if (s != NATS_OK) {
         fprintf(stderr, "kvtail: subscribe %s: %s\n", t.o.subject, natsStatus_GetText(s));
         goto out;
@@ -1998,7 +2034,7 @@ int main(int argc, char **argv)
         bool fresh;
         struct stream *st = stream_get(&t, t.o.pairs[i].worker, t.o.pairs[i].rank, &fresh);
         if (!st->synced)
-            recover_dump(&t, st);   /* 404 (nothing yet): the first event brings one */
+            recover_dump(&t, st); /* 404 (nothing yet): the first event brings one */
     }
     if (t.o.ready && write_ready(t.o.ready)) {
         fprintf(stderr, "kvtail: %s: %s\n", t.o.ready, strerror(errno));
@@ -2086,8 +2122,8 @@ int main(int argc, char **argv)
     if ((t.o.check || t.o.index) && dropped > 0)
         rc = 1;
     if (t.o.count && t.st.messages < t.o.count && timed_out) {
-        fprintf(stderr, "kvtail: timeout: %" PRIu64 " of %" PRIu64 " messages\n",
-                t.st.messages, t.o.count);
+        fprintf(stderr, "kvtail: timeout: %" PRIu64 " of %" PRIu64 " messages\n", t.st.messages,
+                t.o.count);
         rc = 1;
     }
     if (conn_lost)

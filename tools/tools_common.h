@@ -91,10 +91,7 @@ static inline int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static inline int64_t now_ms(void)
-{
-    return now_ns() / 1000000;
-}
+static inline int64_t now_ms(void) { return now_ns() / 1000000; }
 
 /* CLOCK_REALTIME in seconds. */
 static inline double wall_seconds(void)

@@ -57,21 +57,15 @@ char *kvb_cfg_shown_max(const char *s, size_t len, size_t max)
     return o;
 }
 
-char *kvb_cfg_shown(const char *s, size_t len)
-{
-    return kvb_cfg_shown_max(s, len, MAX_SHOWN);
-}
+char *kvb_cfg_shown(const char *s, size_t len) { return kvb_cfg_shown_max(s, len, MAX_SHOWN); }
 
 /* ------------------------------------------------------------------------ */
 /* Checks (one value) and cross-checks                                       */
 
-static bool has_prefix(const char *s, const char *p)
-{
-    return strncmp(s, p, strlen(p)) == 0;
-}
+static bool has_prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
 
-int kvb_cfg_check_endpoint(struct ctx *c, const struct opt *o, const char *dpath,
-                           const void *field, const struct node *v)
+int kvb_cfg_check_endpoint(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                           const struct node *v)
 {
     (void)o;
     const char *s = *(char *const *)field;
@@ -81,8 +75,8 @@ int kvb_cfg_check_endpoint(struct ctx *c, const struct opt *o, const char *dpath
             return 0;
     char *sv = kvb_cfg_shown(s, strlen(s));
     err_at(c, v->line, v->col,
-           "%s: '%s' is not a ZMQ endpoint (expected tcp://, ipc:// or inproc://...)",
-           dpath, SHOWN(sv));
+           "%s: '%s' is not a ZMQ endpoint (expected tcp://, ipc:// or inproc://...)", dpath,
+           SHOWN(sv));
     free(sv);
     return -1;
 }
@@ -95,8 +89,8 @@ int kvb_cfg_check_opt_endpoint(struct ctx *c, const struct opt *o, const char *d
     return kvb_cfg_check_endpoint(c, o, dpath, field, v);
 }
 
-int kvb_cfg_check_word(struct ctx *c, const struct opt *o, const char *dpath,
-                       const void *field, const struct node *v)
+int kvb_cfg_check_word(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                       const struct node *v)
 {
     (void)o;
     const char *s = *(char *const *)field;
@@ -114,8 +108,8 @@ int kvb_cfg_check_word(struct ctx *c, const struct opt *o, const char *dpath,
 /* Every '{' of s starts one of the first n placeholders of {namespace}
  * {component} {worker_id} {dp_rank} (subject.h checks); expected lists them
  * for the error. */
-static int check_placeholders(struct ctx *c, const char *dpath, const char *s,
-                              const struct node *v, size_t n, const char *expected)
+static int check_placeholders(struct ctx *c, const char *dpath, const char *s, const struct node *v,
+                              size_t n, const char *expected)
 {
     static const unsigned bits[] = {KVB_PH_NAMESPACE, KVB_PH_COMPONENT, KVB_PH_WORKER_ID,
                                     KVB_PH_DP_RANK, KVB_PH_ENDPOINT};
@@ -132,8 +126,8 @@ static int check_placeholders(struct ctx *c, const char *dpath, const char *s,
     return -1;
 }
 
-int kvb_cfg_check_subject(struct ctx *c, const struct opt *o, const char *dpath,
-                          const void *field, const struct node *v)
+int kvb_cfg_check_subject(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                          const struct node *v)
 {
     if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
         return -1;
@@ -157,16 +151,16 @@ int kvb_cfg_check_query_subject(struct ctx *c, const struct opt *o, const char *
     return check_placeholders(c, dpath, s, v, 3, "{namespace}, {component} or {worker_id}");
 }
 
-int kvb_cfg_check_format(struct ctx *c, const struct opt *o, const char *dpath,
-                         const void *field, const struct node *v)
+int kvb_cfg_check_format(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                         const struct node *v)
 {
     (void)c, (void)o, (void)dpath, (void)field, (void)v;
     return 0; /* every value; the combinations: check_publish() */
 }
 
 /* An etcd gateway URL: http:// or https:// and a host. */
-int kvb_cfg_check_etcd_url(struct ctx *c, const struct opt *o, const char *dpath,
-                           const void *field, const struct node *v)
+int kvb_cfg_check_etcd_url(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                           const struct node *v)
 {
     const char *s = *(char *const *)field;
     if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
@@ -175,8 +169,10 @@ int kvb_cfg_check_etcd_url(struct ctx *c, const struct opt *o, const char *dpath
     if (rest && *rest && *rest != '/')
         return 0;
     char *sv = kvb_cfg_shown(s, strlen(s));
-    err_at(c, v->line, v->col, "%s: '%s' is not an etcd URL (expected http://HOST:PORT or "
-           "https://HOST:PORT)", dpath, SHOWN(sv));
+    err_at(c, v->line, v->col,
+           "%s: '%s' is not an etcd URL (expected http://HOST:PORT or "
+           "https://HOST:PORT)",
+           dpath, SHOWN(sv));
     free(sv);
     return -1;
 }
@@ -225,16 +221,15 @@ static const char *bad_listen(const char *s)
     return r == 0 ? NULL : "the host must be a numeric IPv4 or IPv6 address";
 }
 
-int kvb_cfg_check_listen(struct ctx *c, const struct opt *o, const char *dpath,
-                         const void *field, const struct node *v)
+int kvb_cfg_check_listen(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                         const struct node *v)
 {
     (void)o;
     const char *s = *(char *const *)field, *why = NULL;
     if (*s == '\0')
         return 0;
     const char *colon = strrchr(s, ':');
-    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n") &&
-        !(why = bad_listen(s)))
+    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n") && !(why = bad_listen(s)))
         return 0;
     char *sv = kvb_cfg_shown(s, strlen(s));
     if (why)
@@ -268,8 +263,10 @@ int kvb_cfg_check_server_url(struct ctx *c, const struct opt *o, const char *dpa
         if (e && e + 1 < end && e[1] == ':')
             port = e + 2;
         else if (!e || e + 1 != end) {
-            err_at(c, v->line, v->col, "%s: a bracketed IPv6 host needs ']' and then "
-                   "nothing or :PORT", dpath);
+            err_at(c, v->line, v->col,
+                   "%s: a bracketed IPv6 host needs ']' and then "
+                   "nothing or :PORT",
+                   dpath);
             return -1;
         }
     } else {
@@ -285,16 +282,15 @@ int kvb_cfg_check_server_url(struct ctx *c, const struct opt *o, const char *dpa
     if (plen > 0 && i == plen && num >= 1 && num <= 65535)
         return 0;
     char *sv = kvb_cfg_shown(port, plen);
-    err_at(c, v->line, v->col, "%s: port '%s' is not a number in 1..65535", dpath,
-           SHOWN(sv));
+    err_at(c, v->line, v->col, "%s: port '%s' is not a number in 1..65535", dpath, SHOWN(sv));
     free(sv);
     return -1;
 }
 
 /* sources[].engine URLs: "" or an http:// / https:// URL that libcurl's URL
  * parser takes (the scraper uses libcurl). */
-int kvb_cfg_check_http_url(struct ctx *c, const struct opt *o, const char *dpath,
-                           const void *field, const struct node *v)
+int kvb_cfg_check_http_url(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                           const struct node *v)
 {
     (void)o;
     const char *s = *(char *const *)field;
@@ -334,8 +330,8 @@ void kvb_cfg_check_engine(struct ctx *c, const struct kvb_source_cfg *s, size_t 
            i, s->engine.dead_after_ms, i, s->engine.scrape_interval_ms);
 }
 
-int kvb_cfg_check_host(struct ctx *c, const struct opt *o, const char *dpath,
-                       const void *field, const struct node *v)
+int kvb_cfg_check_host(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                       const struct node *v)
 {
     (void)o;
     const char *s = *(char *const *)field;
@@ -374,14 +370,13 @@ static char *resolve_path(struct ctx *c, const char *name)
 }
 
 /* Open PATH and check that it is a regular file: the fd, or -1 (reported). */
-static int open_named(struct ctx *c, const struct opt *o, const char *path,
-                      const char *where, const struct mark *m)
+static int open_named(struct ctx *c, const struct opt *o, const char *path, const char *where,
+                      const struct mark *m)
 {
     char *sp = kvb_cfg_shown_max(path, strlen(path), MAX_SHOWN_PATH);
     int fd = kvb_secret_open(path);
     if (fd == -EINVAL)
-        err_at(c, m->line, m->col, "%s: '%s'%s is not a regular file", o->key, SHOWN(sp),
-               where);
+        err_at(c, m->line, m->col, "%s: '%s'%s is not a regular file", o->key, SHOWN(sp), where);
     else if (fd < 0)
         err_at(c, m->line, m->col, "%s: cannot read '%s'%s: %s", o->key, SHOWN(sp), where,
                strerror(-fd));
@@ -391,8 +386,8 @@ static int open_named(struct ctx *c, const struct opt *o, const char *path,
 
 /* Read a secret from PATH into *out (malloc'd), as kvb_secret_read_fd() with
  * FLAGS does.  0, or -1 (reported; the content is never shown). */
-static int read_secret(struct ctx *c, const struct opt *o, const char *path,
-                       const char *where, const struct mark *m, unsigned flags, char **out)
+static int read_secret(struct ctx *c, const struct opt *o, const char *path, const char *where,
+                       const struct mark *m, unsigned flags, char **out)
 {
     const char *why = NULL;
     int fd = open_named(c, o, path, where, m);
@@ -421,8 +416,8 @@ void kvb_cfg_resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m
         char **field = (char **)((char *)cfg + o->off);
         if (!(o->flags & F_PATH) || m[i].bad || !*field || !**field)
             continue;
-        const char *where = (*field)[0] != '/' && c->creds_dir
-                                ? " (in $CREDENTIALS_DIRECTORY)" : "";
+        const char *where =
+            (*field)[0] != '/' && c->creds_dir ? " (in $CREDENTIALS_DIRECTORY)" : "";
         char *path = resolve_path(c, *field);
         if (!path)
             return;
@@ -433,13 +428,15 @@ void kvb_cfg_resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m
             char **target = (char **)((char *)cfg + kvb_cfg_opts[t].off);
             char *secret = NULL;
             if (m[t].set && (m[t].bad || **target)) {
-                err_at(c, m[i].line, m[i].col, "%s: %s is set too (at %zu:%zu): use one "
-                       "of them", o->key, o->fills, m[t].line, m[t].col);
+                err_at(c, m[i].line, m[i].col,
+                       "%s: %s is set too (at %zu:%zu): use one "
+                       "of them",
+                       o->key, o->fills, m[t].line, m[t].col);
                 m[i].bad = true;
             } else if (read_secret(c, o, path, where, &m[i],
                                    /* a seed is checked; a password or token is one line */
-                                   strcmp(o->fills, "nats.nkey_seed") == 0
-                                       ? KVB_SECRET_TRIM : KVB_SECRET_ONE_LINE,
+                                   strcmp(o->fills, "nats.nkey_seed") == 0 ? KVB_SECRET_TRIM
+                                                                           : KVB_SECRET_ONE_LINE,
                                    &secret) < 0) {
                 m[i].bad = true;
             } else {
@@ -502,8 +499,7 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
     for (const struct mark *last = winner;;) {
         size_t next = NM;
         for (size_t i = 0; i < NM; i++)
-            if (first[i] && before(last, first[i]) &&
-                (next == NM || before(first[i], first[next])))
+            if (first[i] && before(last, first[i]) && (next == NM || before(first[i], first[next])))
                 next = i;
         if (next == NM)
             break;
@@ -522,8 +518,7 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
     if (!winner || wi == 1) {
         if (user && !pw) {
             const struct mark *mu = &m[kvb_cfg_opt_index("nats.user")];
-            err_at(c, mu->line, mu->col,
-                   "nats.user: needs nats.password or nats.password_file");
+            err_at(c, mu->line, mu->col, "nats.user: needs nats.password or nats.password_file");
         } else if (pw && !user) {
             const struct mark *mp = &m[kvb_cfg_opt_index(pw)];
             err_at(c, mp->line, mp->col, "%s: needs nats.user", pw);
@@ -539,10 +534,12 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
     if (seed && *seed && !ms->bad) {
         const char *why = kvb_secret_nkey_public(seed, pub);
         if (why && from_file) {
-            char *sp = kvb_cfg_shown_max(cfg->nats.nkey_seed_file,
-                                         strlen(cfg->nats.nkey_seed_file), MAX_SHOWN_PATH);
-            err_at(c, ms->line, ms->col, "nats.nkey_seed_file: '%s' does not hold an NKey "
-                   "user seed: %s", SHOWN(sp), why);
+            char *sp = kvb_cfg_shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
+                                         MAX_SHOWN_PATH);
+            err_at(c, ms->line, ms->col,
+                   "nats.nkey_seed_file: '%s' does not hold an NKey "
+                   "user seed: %s",
+                   SHOWN(sp), why);
             free(sp);
         } else if (why) {
             err_at(c, ms->line, ms->col, "nats.nkey_seed: not an NKey user seed: %s", why);
@@ -566,8 +563,10 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
             tls_url = i;
     if (tls_url != SIZE_MAX) {
         if (me->set && !me->bad && !cfg->nats.tls.enabled)
-            err_at(c, me->line, me->col, "nats.tls.enabled: false, but nats.servers[%zu] "
-                   "is a tls:// URL", tls_url);
+            err_at(c, me->line, me->col,
+                   "nats.tls.enabled: false, but nats.servers[%zu] "
+                   "is a tls:// URL",
+                   tls_url);
         cfg->nats.tls.enabled = true;
     }
     static const char *const needs_tls[] = {"nats.tls.ca", "nats.tls.cert", "nats.tls.key",
@@ -575,8 +574,10 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
     for (size_t i = 0; i < 4 && !cfg->nats.tls.enabled; i++) {
         const struct mark *mk = &m[kvb_cfg_opt_index(needs_tls[i])];
         if (present(cfg, m, needs_tls[i]))
-            err_at(c, mk->line, mk->col, "%s: TLS is not enabled (set nats.tls.enabled: "
-                   "true, or use tls:// server URLs)", needs_tls[i]);
+            err_at(c, mk->line, mk->col,
+                   "%s: TLS is not enabled (set nats.tls.enabled: "
+                   "true, or use tls:// server URLs)",
+                   needs_tls[i]);
     }
     if (!cfg->nats.tls.enabled)
         return;
@@ -589,7 +590,8 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
     }
     if (present(cfg, m, "nats.tls.server_name") && !cfg->nats.tls.verify && !mv->bad) {
         const struct mark *mk = &m[kvb_cfg_opt_index("nats.tls.server_name")];
-        err_at(c, mk->line, mk->col, "nats.tls.server_name: has no effect with "
+        err_at(c, mk->line, mk->col,
+               "nats.tls.server_name: has no effect with "
                "nats.tls.verify: false");
     }
 }
@@ -618,8 +620,10 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
                    s->mode == KVB_MODE_BIND && !m[kvb_cfg_opt_index("sources[].mode")].bad;
         if (port == 0 || (port < 0 && !expand && !any)) {
             char *sv = kvb_cfg_shown(eps[k], strlen(eps[k]));
-            err_at(c, ms[k]->line, ms[k]->col, "sources[%zu].%s: '%s' needs a port in "
-                   "1..65535 (tcp://HOST:PORT)", i, names[k], SHOWN(sv));
+            err_at(c, ms[k]->line, ms[k]->col,
+                   "sources[%zu].%s: '%s' needs a port in "
+                   "1..65535 (tcp://HOST:PORT)",
+                   i, names[k], SHOWN(sv));
             free(sv);
         }
     }
@@ -644,9 +648,8 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
     }
     if ((uint64_t)s->dp_rank + s->dp_size - 1 > UINT32_MAX && !mrank->bad)
         err_at(c, mrank->line, mrank->col,
-               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32
-               " goes past %" PRIu32,
-               i, s->dp_rank, s->dp_size, UINT32_MAX);
+               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32 " goes past %" PRIu32, i,
+               s->dp_rank, s->dp_size, UINT32_MAX);
 }
 
 /* ---- ZMQ CURVE keys (sources[].curve) ---------------------------------- */
@@ -665,11 +668,9 @@ static int read_source_file(struct ctx *c, struct kvb_source_cfg *s, size_t i, s
                             const struct mark *m, char **text)
 {
     char **field = (char **)((char *)s + kvb_cfg_opts[k].off);
-    const char *where = (*field)[0] != '/' && c->creds_dir ? " (in $CREDENTIALS_DIRECTORY)"
-                                                            : "";
+    const char *where = (*field)[0] != '/' && c->creds_dir ? " (in $CREDENTIALS_DIRECTORY)" : "";
     char *path = resolve_path(c, *field);
-    char *key =
-        kvb_cfg_asprintf(c, "sources[%zu].%s", i, kvb_cfg_opts[k].key + sizeof SRC_PREFIX);
+    char *key = kvb_cfg_asprintf(c, "sources[%zu].%s", i, kvb_cfg_opts[k].key + sizeof SRC_PREFIX);
     int rc = -1;
     if (path && key) {
         kvb_cfg_str_free(*field);
@@ -769,42 +770,51 @@ void kvb_cfg_check_curve(struct ctx *c, struct kvb_source_cfg *s, size_t i, stru
     size_t ia = kvb_cfg_opt_index("sources[].curve.allowed_clients_file");
     bool mode_ok = !m[kvb_cfg_opt_index("sources[].mode")].bad;
     bool bind = s->mode == KVB_MODE_BIND;
-    bool key = src_present(s, m, ik), srv = src_present(s, m, is),
-         allow = src_present(s, m, ia);
+    bool key = src_present(s, m, ik), srv = src_present(s, m, is), allow = src_present(s, m, ia);
 
     if (srv && bind && mode_ok) {
-        err_at(c, m[is].line, m[is].col, "sources[%zu].curve.server_public_key: only for "
-               "mode: connect (engines connect to a bind-mode source with its public key)", i);
+        err_at(c, m[is].line, m[is].col,
+               "sources[%zu].curve.server_public_key: only for "
+               "mode: connect (engines connect to a bind-mode source with its public key)",
+               i);
         m[is].bad = true;
     }
     if (allow && !bind && mode_ok) {
-        err_at(c, m[ia].line, m[ia].col, "sources[%zu].curve.allowed_clients_file: only for "
-               "mode: bind", i);
+        err_at(c, m[ia].line, m[ia].col,
+               "sources[%zu].curve.allowed_clients_file: only for "
+               "mode: bind",
+               i);
         m[ia].bad = true;
     }
     for (size_t k = 0; k < 2 && !key; k++) {
         size_t at = k ? ia : is;
         if ((k ? allow : srv) && !m[at].bad) {
-            err_at(c, m[at].line, m[at].col, "sources[%zu].%s: needs "
+            err_at(c, m[at].line, m[at].col,
+                   "sources[%zu].%s: needs "
                    "sources[%zu].curve.secret_key_file (CURVE is off without it)",
                    i, kvb_cfg_opts[at].key + sizeof SRC_PREFIX, i);
             m[at].bad = true;
         }
     }
     if (key && !m[ik].bad && s->endpoint && has_prefix(s->endpoint, "inproc://")) {
-        err_at(c, m[ik].line, m[ik].col, "sources[%zu].curve.secret_key_file: ZMQ has no "
-               "CURVE on inproc:// endpoints (use ipc:// or tcp://)", i);
+        err_at(c, m[ik].line, m[ik].col,
+               "sources[%zu].curve.secret_key_file: ZMQ has no "
+               "CURVE on inproc:// endpoints (use ipc:// or tcp://)",
+               i);
         m[ik].bad = true;
     }
     if (key && !bind && !srv && mode_ok && !m[ik].bad)
-        err_at(c, m[ik].line, m[ik].col, "sources[%zu].curve.secret_key_file: mode connect "
+        err_at(c, m[ik].line, m[ik].col,
+               "sources[%zu].curve.secret_key_file: mode connect "
                "needs sources[%zu].curve.server_public_key (the engine's public key) too",
                i, i);
     if (srv && !m[is].bad &&
         !kvb_secret_z85_key(s->curve.server_public_key, strlen(s->curve.server_public_key),
-                 s->curve.server_key)) {
-        err_at(c, m[is].line, m[is].col, "sources[%zu].curve.server_public_key: not a CURVE "
-               "public key (40 Z85 characters)", i);
+                            s->curve.server_key)) {
+        err_at(c, m[is].line, m[is].col,
+               "sources[%zu].curve.server_public_key: not a CURVE "
+               "public key (40 Z85 characters)",
+               i);
         m[is].bad = true;
     }
     if (key && !m[ik].bad)
@@ -895,8 +905,7 @@ static void check_jetstream(struct ctx *c, struct kvb_config *cfg, const struct 
 
     if (ms->bad || mj->bad || !stream || !subject)
         return;
-    name = js_expand(c, *stream ? stream
-                                : "namespace-{namespace}-component-{component}-kv-events",
+    name = js_expand(c, *stream ? stream : "namespace-{namespace}-component-{component}-kv-events",
                      cfg);
     if (name && !*subject)
         tmpl = kvb_cfg_asprintf(c, "%s.queue", name);
@@ -946,8 +955,10 @@ static void check_worker_id_file(struct ctx *c, struct kvb_config *cfg, struct m
     if (!present(cfg, m, "worker_id_file") || m[f].bad)
         return;
     if (m[w].set) {
-        err_at(c, m[f].line, m[f].col, "worker_id_file: worker_id is set too (at %zu:%zu): "
-               "use one of them", m[w].line, m[w].col);
+        err_at(c, m[f].line, m[f].col,
+               "worker_id_file: worker_id is set too (at %zu:%zu): "
+               "use one of them",
+               m[w].line, m[w].col);
         return;
     }
     /* (resolve_files() made the name absolute and found the file readable) */
@@ -957,10 +968,13 @@ static void check_worker_id_file(struct ctx *c, struct kvb_config *cfg, struct m
     int pr = kvb_cfg_parse_u64(text, strlen(text), &id);
     if (pr < 0) {
         char *sp = kvb_cfg_shown_max(path, strlen(path), MAX_SHOWN_PATH);
-        err_at(c, m[f].line, m[f].col, "worker_id_file: '%s' does not hold a worker id: "
-               "its content %s (expected an unsigned 64-bit decimal integer)", SHOWN(sp),
-               pr == -2 ? "is negative" : pr == -3 ? "is too large"
-                                                   : "is not a decimal integer");
+        err_at(c, m[f].line, m[f].col,
+               "worker_id_file: '%s' does not hold a worker id: "
+               "its content %s (expected an unsigned 64-bit decimal integer)",
+               SHOWN(sp),
+               pr == -2   ? "is negative"
+               : pr == -3 ? "is too large"
+                          : "is not a decimal integer");
         free(sp);
     } else {
         cfg->worker_id = id;
@@ -972,8 +986,7 @@ static void check_worker_id_file(struct ctx *c, struct kvb_config *cfg, struct m
  * source has a replay_endpoint; a CURVE ZAP handler takes one more.  They
  * all live in one ZMQ context, which refuses sockets beyond
  * ZMQ_MAX_SOCKETS_DFLT. */
-static void check_socket_count(struct ctx *c, const struct kvb_config *cfg,
-                               const struct mark *m)
+static void check_socket_count(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
 {
     const struct mark *ms = &m[kvb_cfg_opt_index("sources")];
     uint64_t total = 1; /* the ZAP handler */
@@ -1004,13 +1017,15 @@ static void check_publish(struct ctx *c, struct kvb_config *cfg, struct mark *m)
         return;
     if (f != KVB_FORMAT_DYNAMO_JSON && cfg->nats.jetstream.enabled && !mj->bad) {
         const struct mark *at = mf->set ? mf : mj;
-        err_at(c, at->line, at->col, "nats.format: %s cannot be published through "
+        err_at(c, at->line, at->col,
+               "nats.format: %s cannot be published through "
                "JetStream (nats.jetstream.enabled): Dynamo's JetStream consumers read "
                "dynamo-json; use dynamo-json, or core NATS",
                kvb_cfg_opts[kvb_cfg_opt_index("nats.format")].values[f]);
     }
     if (cfg->discovery.etcd.n_endpoints && f != KVB_FORMAT_DYNAMO_MSGPACK && !md->bad)
-        err_at(c, md->line, md->col, "discovery.etcd.endpoints: discovery registers "
+        err_at(c, md->line, md->col,
+               "discovery.etcd.endpoints: discovery registers "
                "event-plane publishers: it needs nats.format dynamo-msgpack");
     if (f == KVB_FORMAT_DYNAMO_MSGPACK && !ms->set && !ms->bad) {
         char *d = strdup(KVB_SUBJECT_DEFAULT_MSGPACK);
@@ -1034,8 +1049,7 @@ void kvb_cfg_check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 
     const struct mark *mw = &m[kvb_cfg_opt_index("nats.reconnect_wait_ms")];
     const struct mark *mx = &m[kvb_cfg_opt_index("nats.reconnect_wait_max_ms")];
-    if (cfg->nats.reconnect_wait_max_ms < cfg->nats.reconnect_wait_ms && !mw->bad &&
-        !mx->bad) {
+    if (cfg->nats.reconnect_wait_max_ms < cfg->nats.reconnect_wait_ms && !mw->bad && !mx->bad) {
         const struct mark *at = mx->set ? mx : mw;
         err_at(c, at->line, at->col,
                "nats.reconnect_wait_max_ms: %" PRIu32 " is less than "

@@ -38,9 +38,8 @@
 /* The table                                                                 */
 
 /* Offsets with a compile-time type check: a mismatch has no _Generic match. */
-#define TOP(f, T) _Generic(((struct kvb_config *)0)->f, T: offsetof(struct kvb_config, f))
-#define SRC(f, T)                                                              \
-    _Generic(((struct kvb_source_cfg *)0)->f, T: offsetof(struct kvb_source_cfg, f))
+#define TOP(f, T) _Generic(((struct kvb_config *)0)->f, T : offsetof(struct kvb_config, f))
+#define SRC(f, T) _Generic(((struct kvb_source_cfg *)0)->f, T : offsetof(struct kvb_source_cfg, f))
 
 static const char *const mode_values[] = {"connect", "bind", NULL};
 static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "raw", NULL};
@@ -68,6 +67,7 @@ static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 #define C F_CONN
 #define I32MAX ((uint64_t)INT32_MAX)
 
+/* clang-format off */
 static const struct opt opts[] = {
     {.key = "worker_id", .type = T_U64, .off = TOP(worker_id, uint64_t), .def = "0",
      .min = 0, .max = UINT64_MAX, .flags = F_REQUIRED | R, .alt = "worker_id_file",
@@ -502,6 +502,7 @@ static const struct opt opts[] = {
      .help = "NATS subject of the query API's request/reply ({namespace}, {component} "
              "and {worker_id} are replaced); \"\" = HTTP only."},
 };
+/* clang-format on */
 #undef R
 #undef C
 #undef I32MAX
@@ -624,8 +625,8 @@ static void required_missing(struct ctx *c, const struct node *map, const char *
     }
 }
 
-static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
-                        const struct node *v, void *base)
+static void set_sources(struct ctx *c, const struct opt *o, const char *dpath, const struct node *v,
+                        void *base)
 {
     struct mark *smarks = NULL;
     struct kvb_source_cfg **field = (struct kvb_source_cfg **)((char *)base + o->off);
@@ -641,8 +642,7 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
         return;
     }
     if (v->n > MAX_SOURCES) {
-        err_at(c, v->line, v->col, "%s: too many sources (more than %u)", dpath,
-               MAX_SOURCES);
+        err_at(c, v->line, v->col, "%s: too many sources (more than %u)", dpath, MAX_SOURCES);
         return;
     }
     struct kvb_source_cfg *srcs = calloc(v->n, sizeof *srcs);
@@ -671,9 +671,8 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath,
             kvb_cfg_check_curve(c, &srcs[i], i, smarks);
             kvb_cfg_check_engine(c, &srcs[i], i, smarks);
         } else if (item->kind != N_BAD) {
-            err_at(c, item->line, item->col,
-                   "%s: expected a mapping (endpoint: ...), found %s", ipath,
-                   kvb_cfg_is_null(item) ? "nothing" : kvb_cfg_kind_name(item));
+            err_at(c, item->line, item->col, "%s: expected a mapping (endpoint: ...), found %s",
+                   ipath, kvb_cfg_is_null(item) ? "nothing" : kvb_cfg_kind_name(item));
         }
         free(ipath);
     }
@@ -681,8 +680,8 @@ out:
     free(smarks);
 }
 
-static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
-                     const struct node *v, void *field, size_t *np, struct mark *m)
+static void set_list(struct ctx *c, const struct opt *o, const char *dpath, const struct node *v,
+                     void *field, size_t *np, struct mark *m)
 {
     char **list = NULL;
     uint32_t mask = 0;
@@ -706,11 +705,11 @@ static void set_list(struct ctx *c, const struct opt *o, const char *dpath,
         if (it->kind == N_BAD) {
             bad = true;
         } else if (it->kind != N_SCALAR || kvb_cfg_is_null(it)) {
-            err_at(c, it->line, it->col, "%s[%zu]: expected a single value, found %s",
-                   dpath, i, kvb_cfg_is_null(it) ? "nothing" : kvb_cfg_kind_name(it));
+            err_at(c, it->line, it->col, "%s[%zu]: expected a single value, found %s", dpath, i,
+                   kvb_cfg_is_null(it) ? "nothing" : kvb_cfg_kind_name(it));
             bad = true;
         } else if (kvb_cfg_conv_item(c, o, dpath, i, it->s, it->len, it->line, it->col,
-                             list ? &list[i] : NULL, &mask) < 0) {
+                                     list ? &list[i] : NULL, &mask) < 0) {
             bad = true;
         } else if (o->check && list) {
             char *ipath = kvb_cfg_asprintf(c, "%s[%zu]", dpath, i);
@@ -753,8 +752,10 @@ static void set_topics(struct ctx *c, const char *dpath, const struct node *v, v
     if (v->kind == N_SCALAR && kvb_cfg_is_null(v))
         goto done; /* no map */
     if (v->kind != N_MAP) {
-        err_at(c, v->line, v->col, "%s: expected a mapping of topics to worker ids "
-               "({\"kv@pod-a@llama\": 101}), found %s", dpath, kvb_cfg_kind_name(v));
+        err_at(c, v->line, v->col,
+               "%s: expected a mapping of topics to worker ids "
+               "({\"kv@pod-a@llama\": 101}), found %s",
+               dpath, kvb_cfg_kind_name(v));
         goto fail;
     }
     if (v->n / 2 > MAX_TOPICS) {
@@ -772,8 +773,7 @@ static void set_topics(struct ctx *c, const char *dpath, const struct node *v, v
             continue;
         }
         if (k->kind != N_SCALAR || kvb_cfg_is_null(k) || k->len == 0) {
-            err_at(c, k->line, k->col, "%s: a topic must be a non-empty single value",
-                   dpath);
+            err_at(c, k->line, k->col, "%s: a topic must be a non-empty single value", dpath);
             bad = true;
             continue;
         }
@@ -795,14 +795,15 @@ static void set_topics(struct ctx *c, const char *dpath, const struct node *v, v
                    MAX_TOPIC_LEN);
             bad = true;
         } else if (dup) {
-            err_at(c, k->line, k->col, "%s: the topic is listed twice (first at %zu:%zu)",
-                   tpath, dup->line, dup->col);
+            err_at(c, k->line, k->col, "%s: the topic is listed twice (first at %zu:%zu)", tpath,
+                   dup->line, dup->col);
             bad = true;
         } else if (val->kind != N_SCALAR || kvb_cfg_is_null(val)) {
             err_at(c, val->line, val->col, "%s: expected a worker id, found %s", tpath,
                    kvb_cfg_is_null(val) ? "nothing" : kvb_cfg_kind_name(val));
             bad = true;
-        } else if (kvb_cfg_conv(c, &id_opt, tpath, val->s, val->len, val->line, val->col, &id) < 0) {
+        } else if (kvb_cfg_conv(c, &id_opt, tpath, val->s, val->len, val->line, val->col, &id) <
+                   0) {
             bad = true;
         } else if (!(t[n].topic = strndup(k->s, k->len))) {
             oom(c);
@@ -825,8 +826,8 @@ fail:
     free_topics(t, n);
 }
 
-static void set_opt(struct ctx *c, const struct opt *o, const char *dpath,
-                    const struct node *v, void *base, struct mark *marks)
+static void set_opt(struct ctx *c, const struct opt *o, const char *dpath, const struct node *v,
+                    void *base, struct mark *marks)
 {
     struct mark *m = &marks[o - opts];
     void *field = (char *)base + o->off;
@@ -842,18 +843,11 @@ static void set_opt(struct ctx *c, const struct opt *o, const char *dpath,
         return;
     }
     switch (o->type) {
-    case T_SOURCES:
-        set_sources(c, o, dpath, v, base);
-        return;
-    case T_TOPICS:
-        set_topics(c, dpath, v, field, (size_t *)((char *)base + o->noff), m);
-        return;
+    case T_SOURCES: set_sources(c, o, dpath, v, base); return;
+    case T_TOPICS: set_topics(c, dpath, v, field, (size_t *)((char *)base + o->noff), m); return;
     case T_STRLIST:
-    case T_TIERS:
-        set_list(c, o, dpath, v, field, (size_t *)((char *)base + o->noff), m);
-        return;
-    default:
-        break;
+    case T_TIERS: set_list(c, o, dpath, v, field, (size_t *)((char *)base + o->noff), m); return;
+    default: break;
     }
     if (v->kind != N_SCALAR) {
         err_at(c, v->line, v->col, "%s: expected a single value, found %s", dpath,
@@ -883,8 +877,7 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
         if (k->kind == N_BAD)
             continue;
         if (k->kind != N_SCALAR) {
-            err_at(c, k->line, k->col, "keys must be single values, not %s",
-                   kvb_cfg_kind_name(k));
+            err_at(c, k->line, k->col, "keys must be single values, not %s", kvb_cfg_kind_name(k));
             continue;
         }
         shown_key = kvb_cfg_shown(k->s, k->len);
@@ -907,8 +900,8 @@ static void walk_map(struct ctx *c, const struct node *map, const char *tprefix,
             if (strcmp(seen[j]->s, k->s) == 0)
                 dup = seen[j];
         if (dup) {
-            err_at(c, k->line, k->col, "duplicate key '%s' (first at %zu:%zu)", dpath,
-                   dup->line, dup->col);
+            err_at(c, k->line, k->col, "duplicate key '%s' (first at %zu:%zu)", dpath, dup->line,
+                   dup->col);
             goto next;
         }
         seen[nseen++] = k;
@@ -1013,9 +1006,9 @@ static void inherit(struct kvb_config *cfg, const struct mark *marks)
         const struct opt *t = find_opt(s->key + sizeof SRC_PREFIX);
         uint32_t bit = inherit_bit(s);
         size_t ti = (size_t)(t - opts);
-        const char *alt = t->alt ? *(char *const *)((const char *)cfg +
-                                                    opts[kvb_cfg_opt_index(t->alt)].off)
-                                 : NULL;
+        const char *alt =
+            t->alt ? *(char *const *)((const char *)cfg + opts[kvb_cfg_opt_index(t->alt)].off)
+                   : NULL;
         bool alt_set = alt && *alt;
         if ((t->flags & F_REQUIRED) && !marks[ti].set && !alt_set && cfg->n_sources &&
             !(cfg->sources[0].inherited & bit)) {
@@ -1063,8 +1056,7 @@ int kvb_config_load(const char *path, struct kvb_config **out, FILE *err)
     if (kvb_cfg_parse(&c, &root) < 0)
         goto fail;
     if (!root || kvb_cfg_is_null(root)) {
-        err_at(&c, 1, 1,
-               "empty configuration (worker_id, block_size and sources are required)");
+        err_at(&c, 1, 1, "empty configuration (worker_id, block_size and sources are required)");
         goto fail;
     }
     if (root->kind != N_MAP) {

@@ -61,11 +61,11 @@ enum nkind { N_SCALAR, N_SEQ, N_MAP, N_BAD /* an alias: already reported */ };
 
 struct node {
     enum nkind kind;
-    bool plain;          /* scalar written without quotes */
-    size_t line, col;    /* 1-based */
-    char *s;             /* scalar, NUL-terminated (may hold NULs: see len) */
+    bool plain;       /* scalar written without quotes */
+    size_t line, col; /* 1-based */
+    char *s;          /* scalar, NUL-terminated (may hold NULs: see len) */
     size_t len;
-    struct node **kid;   /* seq: items; map: key, value, key, value, ... */
+    struct node **kid; /* seq: items; map: key, value, key, value, ... */
     size_t n, cap;
 };
 
@@ -99,28 +99,31 @@ enum otype {
 #define F_REQUIRED 1u /* no default: absent is an error; def is the example's value */
 #define F_RELOAD 2u   /* SIGHUP may change it */
 #define F_SECRET 4u   /* T_STR never shown, zeroed when freed */
-#define F_PATH 8u     /* T_STR file name: resolved (see resolve_path()) and checked
+#define F_PATH \
+    8u              /* T_STR file name: resolved (see resolve_path()) and checked
                        * readable at load; with .fills, read into that key */
-#define F_CONN 16u    /* the NATS connection is made from it (kvb_config_nats_equal) */
-#define F_EMPTY 32u   /* T_STRLIST: an empty list is allowed (and the default "" is one) */
-#define F_WORKER 64u  /* sources[]: the worker's identity, not how the source is opened
+#define F_CONN 16u  /* the NATS connection is made from it (kvb_config_nats_equal) */
+#define F_EMPTY 32u /* T_STRLIST: an empty list is allowed (and the default "" is one) */
+#define F_WORKER \
+    64u /* sources[]: the worker's identity, not how the source is opened
                        * (kvb_config_worker_equal(), not kvb_config_source_equal()) */
-#define F_INHERIT 128u /* sources[]: absent (or ~) takes the value of the top-level key
+#define F_INHERIT \
+    128u /* sources[]: absent (or ~) takes the value of the top-level key
                         * of the same name, after the whole file was read */
 
 struct opt;
 
 /* Extra validation of a converted value; reports and returns -1 when bad. */
-typedef int check_fn(struct ctx *c, const struct opt *o, const char *dpath,
-                     const void *field, const struct node *v);
+typedef int check_fn(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
+                     const struct node *v);
 
 struct opt {
-    const char *key;   /* dotted path; "sources[].x" for keys of each source */
+    const char *key; /* dotted path; "sources[].x" for keys of each source */
     enum otype type;
-    size_t off;        /* into struct kvb_config, or struct kvb_source_cfg */
-    size_t noff;       /* T_STRLIST, T_SOURCES: the size_t element count */
-    const char *def;   /* default as text; lists: comma-separated */
-    uint64_t min, max; /* integers, block_size */
+    size_t off;                /* into struct kvb_config, or struct kvb_source_cfg */
+    size_t noff;               /* T_STRLIST, T_SOURCES: the size_t element count */
+    const char *def;           /* default as text; lists: comma-separated */
+    uint64_t min, max;         /* integers, block_size */
     const char *const *values; /* T_ENUM: allowed strings, NULL-terminated */
     unsigned flags;
     check_fn *check;
@@ -161,8 +164,7 @@ size_t kvb_cfg_opt_index(const char *key);
 /* ---- helpers (src/config/config.c) --------------------------------------------- */
 
 /* malloc'd printf; NULL when out of memory (reported when C is not NULL). */
-char *kvb_cfg_asprintf(struct ctx *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+char *kvb_cfg_asprintf(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Free a string of the config, zeroed first (it may be a secret). */
 void kvb_cfg_str_free(char *s);
 /* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
@@ -185,8 +187,8 @@ char *kvb_cfg_shown(const char *s, size_t len);
 /* Values (src/config/value.c): one scalar into its field (0, or -1 after
  * reporting at line:col); one item of a list; the table's defaults for the
  * top level or one source (0, or -1 out of memory). */
-int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s,
-                 size_t len, size_t line, size_t col, void *field);
+int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s, size_t len,
+                 size_t line, size_t col, void *field);
 int kvb_cfg_conv_item(struct ctx *c, const struct opt *o, const char *dpath, size_t i,
                       const char *s, size_t len, size_t line, size_t col, char **str,
                       uint32_t *mask);

@@ -98,7 +98,8 @@ bool kvb_config_source_equal(const struct kvb_source_cfg *a, const struct kvb_so
     return x->enabled == y->enabled && x->n_allowed == y->n_allowed &&
            memcmp(x->secret_key, y->secret_key, sizeof x->secret_key) == 0 &&
            memcmp(x->server_key, y->server_key, sizeof x->server_key) == 0 &&
-           (!x->n_allowed || memcmp(x->allowed, y->allowed, x->n_allowed * sizeof *x->allowed) == 0);
+           (!x->n_allowed ||
+            memcmp(x->allowed, y->allowed, x->n_allowed * sizeof *x->allowed) == 0);
 }
 
 bool kvb_config_nats_equal(const struct kvb_config *a, const struct kvb_config *b)
@@ -111,8 +112,8 @@ bool kvb_config_nats_equal(const struct kvb_config *a, const struct kvb_config *
     return true;
 }
 
-int kvb_config_check_reload(const struct kvb_config *old_cfg,
-                            const struct kvb_config *new_cfg, FILE *err)
+int kvb_config_check_reload(const struct kvb_config *old_cfg, const struct kvb_config *new_cfg,
+                            FILE *err)
 {
     int rc = 0;
     if (!old_cfg || !new_cfg)
@@ -143,9 +144,11 @@ int kvb_config_check_reload(const struct kvb_config *old_cfg,
          strcmp(old_cfg->nats.component, new_cfg->nats.component) ||
          strcmp(old_cfg->nats.endpoint, new_cfg->nats.endpoint))) {
         if (err)
-            fprintf(err, "%s: nats.namespace, nats.component or nats.endpoint changed "
+            fprintf(err,
+                    "%s: nats.namespace, nats.component or nats.endpoint changed "
                     "while discovery is on (the registered records name them): it needs "
-                    "a restart to take effect\n", new_cfg->path ? new_cfg->path : "config");
+                    "a restart to take effect\n",
+                    new_cfg->path ? new_cfg->path : "config");
         rc = -EINVAL;
     }
     /* The stream and subject also follow nats.namespace, nats.component and
@@ -158,16 +161,17 @@ int kvb_config_check_reload(const struct kvb_config *old_cfg,
     };
     bool raw_same = true; /* else the key itself was reported above */
     for (int i = 0; i < 2; i++)
-        raw_same = raw_same && strcmp(names[i][3] ? names[i][3] : "",
-                                      names[i][4] ? names[i][4] : "") == 0;
-    for (int i = 0; i < 2 && raw_same && old_cfg->nats.jetstream.enabled &&
-                    new_cfg->nats.jetstream.enabled;
+        raw_same =
+            raw_same && strcmp(names[i][3] ? names[i][3] : "", names[i][4] ? names[i][4] : "") == 0;
+    for (int i = 0;
+         i < 2 && raw_same && old_cfg->nats.jetstream.enabled && new_cfg->nats.jetstream.enabled;
          i++) {
         const char *a = names[i][1] ? names[i][1] : "", *b = names[i][2] ? names[i][2] : "";
         if (strcmp(a, b) == 0)
             continue;
         if (err)
-            fprintf(err, "%s: the JetStream %s would change from '%s' to '%s' "
+            fprintf(err,
+                    "%s: the JetStream %s would change from '%s' to '%s' "
                     "(nats.namespace, nats.component or worker_id changed): it needs a "
                     "restart to take effect\n",
                     new_cfg->path ? new_cfg->path : "config", names[i][0], a, b);

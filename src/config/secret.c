@@ -82,8 +82,8 @@ int kvb_secret_read_fd(int fd, unsigned flags, char **out, const char **why)
     while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' ||
                        (trim && (buf[len - 1] == ' ' || buf[len - 1] == '\t'))))
         len--;
-    while (trim && start < len && (buf[start] == ' ' || buf[start] == '\t' ||
-                                   buf[start] == '\r' || buf[start] == '\n'))
+    while (trim && start < len &&
+           (buf[start] == ' ' || buf[start] == '\t' || buf[start] == '\r' || buf[start] == '\n'))
         start++;
     if (*why)
         goto out;

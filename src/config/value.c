@@ -81,8 +81,8 @@ char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *
 
 /* Convert one scalar for a scalar-typed option into *field.  The field is
  * written only on success.  line 0 = a default (errors name no position). */
-int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s,
-                 size_t len, size_t line, size_t col, void *field)
+int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s, size_t len,
+                 size_t line, size_t col, void *field)
 {
     int rc = -1;
     char *v = kvb_cfg_shown(s, len);
@@ -100,16 +100,15 @@ int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const ch
     case T_U64:
     case T_U32: {
         int pr = kvb_cfg_parse_u64(s, len, &u);
-        const char *what = pr == -2 ? "is negative"
-                           : pr == -3 ? "is too large"
-                           : pr < 0   ? "is not a decimal integer"
+        const char *what = pr == -2                     ? "is negative"
+                           : pr == -3                   ? "is too large"
+                           : pr < 0                     ? "is not a decimal integer"
                            : (u < o->min || u > o->max) ? "is out of range"
                                                         : NULL;
         if (what) {
             const char *q = pr == 0 ? "" : "'"; /* a number, or the text as written */
-            err_at(c, line, col, "%s: %s%s%s %s (expected %" PRIu64 "..%" PRIu64 "%s)",
-                   dpath, q, SHOWN(v), q, what, o->min, o->max,
-                   o->type == T_BLOCKSIZE ? " or \"auto\"" : "");
+            err_at(c, line, col, "%s: %s%s%s %s (expected %" PRIu64 "..%" PRIu64 "%s)", dpath, q,
+                   SHOWN(v), q, what, o->min, o->max, o->type == T_BLOCKSIZE ? " or \"auto\"" : "");
             break;
         }
         if (o->type == T_U64)
@@ -123,13 +122,12 @@ int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const ch
         if (str_eq(s, len, "true") || str_eq(s, len, "True") || str_eq(s, len, "TRUE")) {
             *(bool *)field = true;
             rc = 0;
-        } else if (str_eq(s, len, "false") || str_eq(s, len, "False") ||
-                   str_eq(s, len, "FALSE")) {
+        } else if (str_eq(s, len, "false") || str_eq(s, len, "False") || str_eq(s, len, "FALSE")) {
             *(bool *)field = false;
             rc = 0;
         } else {
-            err_at(c, line, col, "%s: '%s' is not a boolean (expected true or false)",
-                   dpath, SHOWN(v));
+            err_at(c, line, col, "%s: '%s' is not a boolean (expected true or false)", dpath,
+                   SHOWN(v));
         }
         break;
     case T_ENUM: {
@@ -159,8 +157,7 @@ int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const ch
         rc = 0;
         break;
     }
-    default:
-        break;
+    default: break;
     }
     free(list);
     free(v);
@@ -182,8 +179,8 @@ int kvb_cfg_conv_item(struct ctx *c, const struct opt *o, const char *dpath, siz
         int t = enum_index(o->values, s, len);
         if (t < 0) {
             list = kvb_cfg_join_values(c, o->values, " or ");
-            err_at(c, line, col, "%s: '%s' is not a storage tier (expected %s)", ipath,
-                   SHOWN(v), list ? list : "a tier");
+            err_at(c, line, col, "%s: '%s' is not a storage tier (expected %s)", ipath, SHOWN(v),
+                   list ? list : "a tier");
         } else if (*mask & (1u << t)) {
             err_at(c, line, col, "%s: tier '%s' is listed twice", ipath, SHOWN(v));
         } else {
@@ -241,7 +238,7 @@ int kvb_cfg_apply_defaults(struct ctx *c, void *base, bool sources_scope)
             for (size_t k = 0; k < n; k++) {
                 size_t len = strcspn(p, ",");
                 if (kvb_cfg_conv_item(c, o, o->key, k, p, len, 0, 0, list ? &list[k] : NULL,
-                              &mask) < 0)
+                                      &mask) < 0)
                     rc = -1;
                 p += len + (p[len] == ',');
             }

@@ -67,12 +67,8 @@ static void put_value(FILE *f, const struct opt *o)
         return;
     }
     switch (o->type) {
-    case T_TOPICS:
-        fputs("{}", f);
-        break;
-    case T_STR:
-        put_quoted(f, o->def, strlen(o->def));
-        break;
+    case T_TOPICS: fputs("{}", f); break;
+    case T_STR: put_quoted(f, o->def, strlen(o->def)); break;
     case T_STRLIST:
     case T_TIERS: {
         fputc('[', f);
@@ -89,11 +85,8 @@ static void put_value(FILE *f, const struct opt *o)
         fputc(']', f);
         break;
     }
-    case T_SOURCES:
-        break;
-    default:
-        fputs(o->def, f);
-        break;
+    case T_SOURCES: break;
+    default: fputs(o->def, f); break;
     }
 }
 
@@ -106,14 +99,14 @@ static char *full_help(const struct opt *o)
     if ((o->type == T_U32 || o->type == T_U64 || o->type == T_BLOCKSIZE) &&
         !(range = kvb_cfg_asprintf(NULL, " Range: %" PRIu64 "..%" PRIu64 ".", o->min, o->max)))
         goto out;
-    s = kvb_cfg_asprintf(NULL, "%s%s%s%s%s%s%s%s%s", o->help, list ? " One of: " : "",
-                  list ? list : "", list ? "." : "", range ? range : "",
-                  o->type == T_BOOL ? " true or false." : "",
-                  !(o->flags & F_REQUIRED) ? ((o->flags & F_RELOAD) ? ""
-                                              : " Changing it needs a restart.")
-                  : o->alt ? " Required unless " : " Required.",
-                  (o->flags & F_REQUIRED) && o->alt ? o->alt : "",
-                  (o->flags & F_REQUIRED) && o->alt ? " is set." : "");
+    s = kvb_cfg_asprintf(
+        NULL, "%s%s%s%s%s%s%s%s%s", o->help, list ? " One of: " : "", list ? list : "",
+        list ? "." : "", range ? range : "", o->type == T_BOOL ? " true or false." : "",
+        !(o->flags & F_REQUIRED) ? ((o->flags & F_RELOAD) ? "" : " Changing it needs a restart.")
+        : o->alt                 ? " Required unless "
+                                 : " Required.",
+        (o->flags & F_REQUIRED) && o->alt ? o->alt : "",
+        (o->flags & F_REQUIRED) && o->alt ? " is set." : "");
 out:
     free(list);
     free(range);
@@ -157,9 +150,8 @@ int kvb_config_write_example(FILE *f)
         size_t common = 0;
         while (common < plen && common < prev_plen && o->key[common] == prev[common])
             common++;
-        while (common > 0 &&
-               !((common == plen || o->key[common] == '.') &&
-                 (common == prev_plen || prev[common] == '.')))
+        while (common > 0 && !((common == plen || o->key[common] == '.') &&
+                               (common == prev_plen || prev[common] == '.')))
             common--;
         for (size_t k = common; k < plen;) {
             if (o->key[k] == '.')
@@ -172,8 +164,7 @@ int kvb_config_write_example(FILE *f)
             } else {
                 if (!after_header)
                     fputc('\n', f);
-                fprintf(f, "%*s%.*s:\n", indent_of(o->key, k ? k - 1 : 0), "", (int)n,
-                        o->key + k);
+                fprintf(f, "%*s%.*s:\n", indent_of(o->key, k ? k - 1 : 0), "", (int)n, o->key + k);
                 after_header = true;
             }
             k += n;
@@ -299,8 +290,7 @@ static void put_effective(FILE *f, const struct opt *o, const void *base)
         fputc('}', f);
         break;
     }
-    case T_SOURCES:
-        break;
+    case T_SOURCES: break;
     }
 }
 
@@ -308,8 +298,7 @@ int kvb_config_write_effective(const struct kvb_config *cfg, FILE *f)
 {
     if (!cfg || !f)
         return -EINVAL;
-    fprintf(f, "# effective configuration of %s (secrets redacted)\n",
-            cfg->path ? cfg->path : "?");
+    fprintf(f, "# effective configuration of %s (secrets redacted)\n", cfg->path ? cfg->path : "?");
     for (size_t i = 0; i < kvb_cfg_nopts; i++) {
         const struct opt *o = &kvb_cfg_opts[i];
         if (in_sources(o))

@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
-#define MAX_EXPANDED (1u << 20) /* bytes of one value after ${VAR} expansion */
+#define MAX_EXPANDED (1u << 20)   /* bytes of one value after ${VAR} expansion */
 #define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
 #define MAX_ERRORS 100            /* printed; the rest are counted */
 
@@ -92,9 +92,8 @@ static void parser_error(struct ctx *c, const yaml_parser_t *p)
         else
             err_at(c, line, col, "%s", problem);
     } else if (p->context) {
-        err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1,
-               "%s (%s at %zu:%zu)", problem, p->context, p->context_mark.line + 1,
-               p->context_mark.column + 1);
+        err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1, "%s (%s at %zu:%zu)",
+               problem, p->context, p->context_mark.line + 1, p->context_mark.column + 1);
     } else {
         err_at(c, p->problem_mark.line + 1, p->problem_mark.column + 1, "%s", problem);
     }
@@ -139,15 +138,12 @@ static bool name_start(char ch)
     return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || ch == '_';
 }
 
-static bool name_char(char ch)
-{
-    return name_start(ch) || (ch >= '0' && ch <= '9');
-}
+static bool name_char(char ch) { return name_start(ch) || (ch >= '0' && ch <= '9'); }
 
 /* The construct at s[i] (a '$'): what replaces it in *val and *vlen, and its
  * length in the scalar in *used.  0, or -1 after reporting. */
-static int env_ref(struct ctx *c, const struct node *n, size_t i, const char **val,
-                   size_t *vlen, size_t *used)
+static int env_ref(struct ctx *c, const struct node *n, size_t i, const char **val, size_t *vlen,
+                   size_t *used)
 {
     const char *s = n->s;
     size_t len = n->len, k = i + 2;
@@ -175,7 +171,8 @@ static int env_ref(struct ctx *c, const struct node *n, size_t i, const char **v
             def = s + k + 2;
     }
     if (!end) {
-        err_at(c, n->line, n->col, "'${' without a valid ${NAME} or ${NAME:-default} "
+        err_at(c, n->line, n->col,
+               "'${' without a valid ${NAME} or ${NAME:-default} "
                "(write $$ for a literal $)");
         return -1;
     }
@@ -195,8 +192,10 @@ static int env_ref(struct ctx *c, const struct node *n, size_t i, const char **v
         *val = v;
         *vlen = strlen(v);
     } else {
-        err_at(c, n->line, n->col, "environment variable %s is not set (${%s:-default} "
-               "gives a default)", name, name);
+        err_at(c, n->line, n->col,
+               "environment variable %s is not set (${%s:-default} "
+               "gives a default)",
+               name, name);
         return -1;
     }
     *used = (size_t)(end - s) + 1 - i;
@@ -227,8 +226,10 @@ static int expand_env(struct ctx *c, struct node *n)
             o += vlen;
             i += used;
             if (o > MAX_EXPANDED) {
-                err_at(c, n->line, n->col, "the value is longer than %u bytes once the "
-                       "environment variables are in", MAX_EXPANDED);
+                err_at(c, n->line, n->col,
+                       "the value is longer than %u bytes once the "
+                       "environment variables are in",
+                       MAX_EXPANDED);
                 goto bad;
             }
         }
@@ -260,8 +261,8 @@ bad:
 /* Build the node that EV starts, reading events up to its end (IS_KEY: it is
  * a mapping key, whose text is taken as it is).  EV is consumed (deleted).
  * Returns 0, or -1 after reporting a fatal error. */
-static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned depth,
-                 bool is_key, struct node **out)
+static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned depth, bool is_key,
+                 struct node **out)
 {
     int rc = -1;
     yaml_event_t sub;
@@ -298,13 +299,11 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
         break;
     case YAML_SEQUENCE_START_EVENT:
     case YAML_MAPPING_START_EVENT: {
-        yaml_event_type_t end = ev->type == YAML_SEQUENCE_START_EVENT
-                                    ? YAML_SEQUENCE_END_EVENT
-                                    : YAML_MAPPING_END_EVENT;
+        yaml_event_type_t end = ev->type == YAML_SEQUENCE_START_EVENT ? YAML_SEQUENCE_END_EVENT
+                                                                      : YAML_MAPPING_END_EVENT;
         n->kind = ev->type == YAML_SEQUENCE_START_EVENT ? N_SEQ : N_MAP;
         if (depth >= MAX_NESTING) {
-            err_at(c, n->line, n->col, "nested too deeply (more than %u levels)",
-                   MAX_NESTING);
+            err_at(c, n->line, n->col, "nested too deeply (more than %u levels)", MAX_NESTING);
             goto fail;
         }
         for (;;) {
@@ -322,9 +321,7 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
         }
         break;
     }
-    default:
-        err_at(c, n->line, n->col, "unexpected YAML event");
-        goto fail;
+    default: err_at(c, n->line, n->col, "unexpected YAML event"); goto fail;
     }
     event_free(ev);
     *out = n;

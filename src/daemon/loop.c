@@ -3,9 +3,9 @@
 
 #include <errno.h>
 #include <malloc.h>
-#include <stdio.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -23,9 +23,9 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
-#include "publish.h"
-#include "pipeline.h"
 #include "mirror.h"
+#include "pipeline.h"
+#include "publish.h"
 #include "sink.h"
 #include "source.h"
 #include "state.h"
@@ -33,10 +33,10 @@
 #include "version.h"
 #include "zap.h"
 
-#define READ_BUDGET 256    /* live messages per source per turn: fairness */
-#define HEARTBEAT_MS 1000  /* the loop turns at least this often (healthz, watchdog) */
-#define PAUSED_POLL_MS 20  /* re-check the NATS buffer this often while paused */
-#define STATE_SAVE_MS 1000 /* state.dir: save at most this often (and at shutdown) */
+#define READ_BUDGET 256     /* live messages per source per turn: fairness */
+#define HEARTBEAT_MS 1000   /* the loop turns at least this often (healthz, watchdog) */
+#define PAUSED_POLL_MS 20   /* re-check the NATS buffer this often while paused */
+#define STATE_SAVE_MS 1000  /* state.dir: save at most this often (and at shutdown) */
 #define READY_GRACE_MS 1000 /* held back or paused longer than this: not ready */
 #define TRIM_CALM_MS 2000   /* a backlog gone this long: give its memory back */
 
@@ -52,31 +52,31 @@ struct kvb_daemon {
     struct kvb_config *cfg;
     struct kvb_metrics m;
     void *zctx;
-    struct kvb_zap *zap;     /* CURVE clients of bind-mode sources (zap.h) */
+    struct kvb_zap *zap; /* CURVE clients of bind-mode sources (zap.h) */
     struct kvb_pipeline *pipe;
     struct kvb_sink *sink;
-    struct kvb_publish *out;  /* nats.format: what emit() publishes (output.h) */
+    struct kvb_publish *out;    /* nats.format: what emit() publishes (output.h) */
     struct kvb_discovery *disc; /* discovery.etcd: EventSource records; NULL when off */
-    bool held_back;          /* discovery: a pair is not registered yet: do not read */
+    bool held_back;             /* discovery: a pair is not registered yet: do not read */
     struct kvb_http *http;
-    struct kvb_mirror *res; /* the residency mirror and its queries */
+    struct kvb_mirror *res;  /* the residency mirror and its queries */
     struct kvb_engines *eng; /* sources[].engine: load and liveness (engine.h) */
     struct kvb_stats *stats; /* log.stats_interval_s (stats.h) */
     uint64_t heartbeat_ms;   /* loop wake-up period */
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
-    uint64_t emit_serial;    /* the engine batch emit() saw last (kvb_batch_info) */
-    bool paused;             /* backpressure: NATS buffer too full to read more */
-    uint64_t paused_since;   /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
-    uint64_t held_since;     /* live batches held back behind replays since, 0: none */
-    uint64_t hold_since;     /* monotonic ms: holding back (paused or discovery) since */
-    bool trim_due;           /* a backlog was queued: trim once it is gone */
-    uint64_t calm_since;     /* ... and nothing has been queued up since (0: not yet) */
-    bool barrier_due;        /* router events were lost on the NATS side */
-    uint64_t losses_seen;    /* kvb_sink_losses() already answered with a barrier */
+    uint64_t emit_serial;     /* the engine batch emit() saw last (kvb_batch_info) */
+    bool paused;              /* backpressure: NATS buffer too full to read more */
+    uint64_t paused_since;    /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
+    uint64_t held_since;      /* live batches held back behind replays since, 0: none */
+    uint64_t hold_since;      /* monotonic ms: holding back (paused or discovery) since */
+    bool trim_due;            /* a backlog was queued: trim once it is gone */
+    uint64_t calm_since;      /* ... and nothing has been queued up since (0: not yet) */
+    bool barrier_due;         /* router events were lost on the NATS side */
+    uint64_t losses_seen;     /* kvb_sink_losses() already answered with a barrier */
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
     uint64_t last_save_ms, saved_batches;
-    bool save_failing;       /* state.dir: the last save failed */
+    bool save_failing; /* state.dir: the last save failed */
     uint64_t save_fail_since, save_fails;
     struct kvb_ratelimit save_rl;
     struct kvb_source **src;
@@ -84,7 +84,7 @@ struct kvb_daemon {
     size_t n_src;
     int sigfd, wakefd;
     bool stop;
-    bool failed;             /* stopping because of an error: exit 1 */
+    bool failed; /* stopping because of an error: exit 1 */
 };
 
 static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
@@ -108,7 +108,12 @@ static int emit_raw(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_
                     const uint8_t *payload, size_t len)
 {
     struct kvb_daemon *d = ctx;
-    struct kvb_raw_batch b = {s->source ? s->source : s->name, s->topic, seq, dp_rank, payload, len,
+    struct kvb_raw_batch b = {s->source ? s->source : s->name,
+                              s->topic,
+                              seq,
+                              dp_rank,
+                              payload,
+                              len,
                               s->worker ? s->worker->worker_id : d->cfg->worker_id};
     return kvb_publish_raw(d->out, &b);
 }
@@ -125,8 +130,7 @@ static int publish_load(void *ctx, const char *subject, const void *data, size_t
 /* The worker a sources[] entry's router events are for (issue 17). */
 static struct kvb_worker_cfg worker_of(const struct kvb_source_cfg *sc)
 {
-    return (struct kvb_worker_cfg){sc->worker_id, sc->block_size, sc->lora_salt,
-                                   sc->forward_tiers};
+    return (struct kvb_worker_cfg){sc->worker_id, sc->block_size, sc->lora_salt, sc->forward_tiers};
 }
 
 /* WORKER_ID is one that configuration C publishes for. */
@@ -164,14 +168,22 @@ static int open_source(struct kvb_daemon *d, const struct kvb_config *c,
         rc = kvb_endpoint_with_offset(sc->replay_endpoint, r, &rep);
     if (rc == 0) {
         struct kvb_worker_cfg w = worker_of(sc);
-        struct kvb_source_params p = {
-            .endpoint = ep, .replay_endpoint = rep, .topic = sc->topic,
-            .mode = sc->mode, .dp_rank = sc->dp_rank + r, .rcvhwm = sc->rcvhwm,
-            .reconnect_max_ms = sc->reconnect_max_ms, .max_peers = sc->max_peers,
-            .replay_timeout_ms = c->replay.timeout_ms,
-            .max_payload_bytes = c->limits.max_payload_bytes,
-            .resume = d->resume, .curve = &sc->curve, .zap = d->zap,
-            .worker = &w, .topics = sc->topics, .n_topics = sc->n_topics};
+        struct kvb_source_params p = {.endpoint = ep,
+                                      .replay_endpoint = rep,
+                                      .topic = sc->topic,
+                                      .mode = sc->mode,
+                                      .dp_rank = sc->dp_rank + r,
+                                      .rcvhwm = sc->rcvhwm,
+                                      .reconnect_max_ms = sc->reconnect_max_ms,
+                                      .max_peers = sc->max_peers,
+                                      .replay_timeout_ms = c->replay.timeout_ms,
+                                      .max_payload_bytes = c->limits.max_payload_bytes,
+                                      .resume = d->resume,
+                                      .curve = &sc->curve,
+                                      .zap = d->zap,
+                                      .worker = &w,
+                                      .topics = sc->topics,
+                                      .n_topics = sc->n_topics};
         rc = kvb_source_create(d->zctx, &p, &d->m, out);
         char who[64];
         if (sc->n_topics)
@@ -299,8 +311,8 @@ static void save_result(struct kvb_daemon *d, int rc)
     if (rc >= 0) {
         kvb_inc(&d->m.state_saves_total[0]);
         if (d->save_failing) {
-            kvb_info("state", "saving to %s works again (after %llu failed save(s) in %.0f s)",
-                     dir, (unsigned long long)d->save_fails,
+            kvb_info("state", "saving to %s works again (after %llu failed save(s) in %.0f s)", dir,
+                     (unsigned long long)d->save_fails,
                      (double)(kvb_mono_ms() - d->save_fail_since) / 1000.0);
             d->save_failing = false;
             kvb_set(&d->m.state_save_failing[0], 0);
@@ -319,14 +331,16 @@ static void save_result(struct kvb_daemon *d, int rc)
         d->save_rl.window_start_ms = d->save_fail_since;
         d->save_rl.printed = d->save_rl.burst;
         d->save_rl.suppressed = 0;
-        kvb_err("state", "cannot save to %s: %s; the older saved state stays (a restart "
-                         "would resume from it), retrying every second, /readyz answers 503 "
-                         "until a save works",
+        kvb_err("state",
+                "cannot save to %s: %s; the older saved state stays (a restart "
+                "would resume from it), retrying every second, /readyz answers 503 "
+                "until a save works",
                 dir, strerror(-rc));
         return;
     }
-    kvb_log_rl(&d->save_rl, KVB_LOG_ERROR, "state", "still cannot save to %s: %s (%llu failed "
-                                                   "saves in %.0f s)",
+    kvb_log_rl(&d->save_rl, KVB_LOG_ERROR, "state",
+               "still cannot save to %s: %s (%llu failed "
+               "saves in %.0f s)",
                dir, strerror(-rc), (unsigned long long)d->save_fails,
                (double)(kvb_mono_ms() - d->save_fail_since) / 1000.0);
 }
@@ -339,7 +353,8 @@ static void save_state(struct kvb_daemon *d, bool force)
 {
     const char *dir = d->cfg->state.dir;
     uint64_t now = kvb_mono_ms(), batches = kvb_get(&d->m.batches_received_total[0]);
-    if (!dir[0] || (!force && (now - d->last_save_ms < STATE_SAVE_MS || batches == d->saved_batches)))
+    if (!dir[0] ||
+        (!force && (now - d->last_save_ms < STATE_SAVE_MS || batches == d->saved_batches)))
         return;
     if (!force && kvb_mirror_save_busy(d->res))
         return; /* the mirror (saved with the cursors) is being written: next turn */
@@ -351,9 +366,9 @@ static void save_state(struct kvb_daemon *d, bool force)
     }
     struct kvb_state *st = snapshot(d);
     bool async = kvb_mirror_persists(d->res) && !force;
-    int rc = !st ? -ENOMEM
+    int rc = !st                           ? -ENOMEM
              : kvb_mirror_persists(d->res) ? kvb_mirror_save(d->res, dir, &st, force)
-                                              : kvb_state_save(dir, st);
+                                           : kvb_state_save(dir, st);
     if (rc == -EBUSY) {
         kvb_state_free(&st);
         return;
@@ -529,7 +544,8 @@ static void reload(struct kvb_daemon *d)
     }
     if (!sources_equal(d->cfg, nc) &&
         (rc = rebuild_sources(d, nc, &nsrc, &nfrom, &n_nsrc, &lent, &closed)) < 0) {
-        kvb_err("main", "reload: cannot open the new sources (%s), keeping the running configuration",
+        kvb_err("main",
+                "reload: cannot open the new sources (%s), keeping the running configuration",
                 strerror(-rc));
         goto fail;
     }
@@ -816,7 +832,8 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
             kvb_source_read_monitor(s, d->pipe);
         if (items[4 + 3 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read_replay(s, d->pipe)) < 0)
             kvb_err("replay", "%s: %s", kvb_source_name(s), strerror(-rc));
-        if (items[3 + 3 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
+        if (items[3 + 3 * i].revents & ZMQ_POLLIN &&
+            (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
         else if (items[3 + 3 * i].revents & ZMQ_POLLIN && rc > 0)
             kvb_engines_note_batch(d->eng, i, kvb_mono_ms());
@@ -916,10 +933,12 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     }
     rc = kvb_sink_create(d->cfg, &d->m, d->wakefd, &d->sink);
     if (rc < 0) {
-        kvb_err("sink", "cannot reach NATS%s: %s", d->cfg->nats.jetstream.enabled &&
-                rc == -EACCES ? " (or its JetStream stream)" : "", strerror(-rc));
+        kvb_err("sink", "cannot reach NATS%s: %s",
+                d->cfg->nats.jetstream.enabled && rc == -EACCES ? " (or its JetStream stream)" : "",
+                strerror(-rc));
         exit_code = rc == -ETIMEDOUT || rc == -EACCES ? KVB_EX_UNAVAILABLE
-                    : rc == -EINVAL ? KVB_EX_CONFIG : 1;
+                    : rc == -EINVAL                   ? KVB_EX_CONFIG
+                                                      : 1;
         goto out;
     }
     kvb_sink_defer_writes(d->sink);

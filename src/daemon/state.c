@@ -74,8 +74,8 @@ int kvb_state_add_stream(struct kvb_state *s, const char *source, const char *to
     return 0;
 }
 
-const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s,
-                                                     const char *source, const char *topic)
+const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s, const char *source,
+                                                     const char *topic)
 {
     for (size_t i = 0; s && i < s->n_streams; i++)
         if (strcmp(s->streams[i].source, source) == 0 && strcmp(s->streams[i].topic, topic) == 0)

@@ -72,8 +72,8 @@ int kvb_discovery_key(const char *ns, const char *comp, const char *ep, uint64_t
     if (seg(ns, a, sizeof(a)) < 0 || seg(comp, b, sizeof(b)) < 0 || seg(ep, c, sizeof(c)) < 0)
         return -ENAMETOOLONG;
     int n = snprintf(out, cap,
-                     "v1/event_sources/namespace/%s/component/%s/endpoint/%s/topic/%s/%" PRIx64,
-                     a, b, c, KVB_MP_TOPIC_KV, publisher_id);
+                     "v1/event_sources/namespace/%s/component/%s/endpoint/%s/topic/%s/%" PRIx64, a,
+                     b, c, KVB_MP_TOPIC_KV, publisher_id);
     return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : n;
 }
 
@@ -88,8 +88,8 @@ static json_object *endpoint_obj(const char *ns, const char *comp, const char *e
     return o;
 }
 
-char *kvb_discovery_value(const char *ns, const char *comp, const char *ep,
-                          uint64_t publisher_id, uint64_t worker_id, uint32_t dp_rank)
+char *kvb_discovery_value(const char *ns, const char *comp, const char *ep, uint64_t publisher_id,
+                          uint64_t worker_id, uint32_t dp_rank)
 {
     json_object *root = json_object_new_object(), *scope = json_object_new_object(),
                 *meta = json_object_new_object(), *worker = json_object_new_object();
@@ -112,8 +112,8 @@ char *kvb_discovery_value(const char *ns, const char *comp, const char *ep,
     json_object_object_add(root, "topic", json_object_new_string(KVB_MP_TOPIC_KV));
     json_object_object_add(root, "publisher_id", json_object_new_uint64(publisher_id));
     json_object_object_add(root, "metadata", meta);
-    const char *s = json_object_to_json_string_ext(
-        root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+    const char *s = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
+                                                             JSON_C_TO_STRING_NOSLASHESCAPE);
     out = s ? strdup(s) : NULL;
 out:
     json_object_put(root);
@@ -193,8 +193,8 @@ static int post(struct kvb_discovery *d, const char *path, json_object *body, lo
         rc = -EPROTO;
     } else if (status != 200) {
         json_object *e = NULL;
-        const char *msg = json_object_object_get_ex(*out, "message", &e) ? json_object_get_string(e)
-                                                                          : r.buf;
+        const char *msg =
+            json_object_object_get_ex(*out, "message", &e) ? json_object_get_string(e) : r.buf;
         kvb_log_rl(&d->rl_err, KVB_LOG_WARN, "discovery", "etcd %s%s: HTTP %ld: %s", url0, path,
                    status, msg);
         json_object_put(*out);
@@ -293,8 +293,8 @@ static json_object *put_req(const char *k64, const char *v64, int64_t lease)
 static int put_record(struct kvb_discovery *d, const struct pair *p)
 {
     char key[KEY_MAX];
-    char *val = kvb_discovery_value(d->ns, d->comp, d->ep, p->publisher_id, p->worker_id,
-                                    p->dp_rank);
+    char *val =
+        kvb_discovery_value(d->ns, d->comp, d->ep, p->publisher_id, p->worker_id, p->dp_rank);
     char *k64 = NULL, *v64 = NULL;
     json_object *txn = NULL, *r = NULL, *cmp, *succ, *op;
     int rc = kvb_discovery_key(d->ns, d->comp, d->ep, p->publisher_id, key, sizeof(key));
@@ -334,8 +334,9 @@ static int put_record(struct kvb_discovery *d, const struct pair *p)
         if (rc < 0)
             goto out;
     }
-    kvb_info("discovery", "registered worker_id %" PRIu64 " dp_rank %u as publisher %" PRIx64
-             " (%s)", p->worker_id, p->dp_rank, p->publisher_id, key);
+    kvb_info("discovery",
+             "registered worker_id %" PRIu64 " dp_rank %u as publisher %" PRIx64 " (%s)",
+             p->worker_id, p->dp_rank, p->publisher_id, key);
     rc = 0;
 out:
     json_object_put(txn);

@@ -27,14 +27,14 @@ struct eng_rank {
 };
 
 struct eng {
-    char *name;                /* the entry's endpoint, for log lines */
-    char *endpoint;            /* the same, unexpanded (names of ranks >= dp_size) */
-    size_t first;              /* the loop's index of the entry's first source */
+    char *name;     /* the entry's endpoint, for log lines */
+    char *endpoint; /* the same, unexpanded (names of ranks >= dp_size) */
+    size_t first;   /* the loop's index of the entry's first source */
     uint32_t dp_size, base_rank, dead_after_ms;
-    uint64_t worker_id;        /* the entry's (sources[].worker_id): its load messages' */
+    uint64_t worker_id; /* the entry's (sources[].worker_id): its load messages' */
     uint64_t last_batch_ms;
-    uint64_t rounds, failed;   /* counted into the metrics so far */
-    uint64_t load_ms;          /* load_ms of the last page used */
+    uint64_t rounds, failed; /* counted into the metrics so far */
+    uint64_t load_ms;        /* load_ms of the last page used */
     struct kvb_liveness live;
     struct eng_rank *ranks;
     uint32_t n_ranks, cap_ranks;
@@ -47,7 +47,7 @@ struct kvb_engines {
     struct kvb_scrape *scrape;
     struct eng *e;
     size_t n;
-    size_t *entry_of;          /* loop source index -> engine index, or SIZE_MAX */
+    size_t *entry_of; /* loop source index -> engine index, or SIZE_MAX */
     size_t n_src;
     int format;
     char subject[SUBJECT_MAX];
@@ -100,8 +100,7 @@ static struct eng_rank *rank_of(struct kvb_engines *x, struct eng *e, uint32_t k
         e->cap_ranks = cap;
     }
     struct eng_rank *r = &e->ranks[e->n_ranks++];
-    *r = (struct eng_rank){.k = k, .dp_rank = e->base_rank + k,
-                           .publisher_id = new_publisher_id()};
+    *r = (struct eng_rank){.k = k, .dp_rank = e->base_rank + k, .publisher_id = new_publisher_id()};
     r->slot = slot_of(x, e, k, r->dp_rank);
     return r;
 }
@@ -152,9 +151,9 @@ int kvb_engines_create(const struct kvb_config *c, struct kvb_metrics *m,
     x->ctx = ctx;
     x->format = c->nats.format;
     x->rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
-    int rc = kvb_load_subject(c->nats.namespace_, c->nats.component,
-                              c->nats.endpoint ? c->nats.endpoint : "", x->subject,
-                              sizeof x->subject);
+    int rc =
+        kvb_load_subject(c->nats.namespace_, c->nats.component,
+                         c->nats.endpoint ? c->nats.endpoint : "", x->subject, sizeof x->subject);
     if (rc < 0)
         goto fail;
     rc = -ENOMEM;
@@ -184,11 +183,13 @@ int kvb_engines_create(const struct kvb_config *c, struct kvb_metrics *m,
             e->base_rank = sc->dp_rank;
             e->dead_after_ms = sc->engine.dead_after_ms;
             e->worker_id = sc->worker_id;
-            t[k] = (struct kvb_scrape_target){
-                .name = e->name, .kind = (enum kvb_engine_kind)sc->engine.kind,
-                .metrics_url = sc->engine.metrics_url, .health_url = sc->engine.health_url,
-                .interval_ms = sc->engine.scrape_interval_ms,
-                .timeout_ms = sc->engine.scrape_interval_ms, .block_tokens = sc->block_size};
+            t[k] = (struct kvb_scrape_target){.name = e->name,
+                                              .kind = (enum kvb_engine_kind)sc->engine.kind,
+                                              .metrics_url = sc->engine.metrics_url,
+                                              .health_url = sc->engine.health_url,
+                                              .interval_ms = sc->engine.scrape_interval_ms,
+                                              .timeout_ms = sc->engine.scrape_interval_ms,
+                                              .block_tokens = sc->block_size};
             for (uint32_t r = 0; r < sc->dp_size; r++) /* up gauges from the start */
                 if (!rank_of(x, e, r))
                     goto fail;
@@ -201,14 +202,14 @@ int kvb_engines_create(const struct kvb_config *c, struct kvb_metrics *m,
             goto fail;
         for (size_t i = 0; i < x->n; i++) {
             const struct kvb_scrape_target *tt = &t[i];
-            kvb_info(STAGE, "%s: watching the engine (%s%s%s%s%s, every %" PRIu32
-                            " ms, gone after %" PRIu32 " ms)",
+            kvb_info(STAGE,
+                     "%s: watching the engine (%s%s%s%s%s, every %" PRIu32
+                     " ms, gone after %" PRIu32 " ms)",
                      tt->name, kvb_engine_kind_name(tt->kind),
                      tt->metrics_url && tt->metrics_url[0] ? " " : "",
                      tt->metrics_url ? tt->metrics_url : "",
                      tt->health_url && tt->health_url[0] ? " " : "",
-                     tt->health_url ? tt->health_url : "", tt->interval_ms,
-                     x->e[i].dead_after_ms);
+                     tt->health_url ? tt->health_url : "", tt->interval_ms, x->e[i].dead_after_ms);
         }
     }
     free(t);
@@ -233,11 +234,13 @@ void kvb_engines_note_batch(struct kvb_engines *x, size_t i, uint64_t now_ms)
         x->e[x->entry_of[i]].last_batch_ms = now_ms;
 }
 
-static void publish_load(struct kvb_engines *x, struct eng *e, struct eng_rank *r,
-                         uint64_t used, uint64_t now_ms)
+static void publish_load(struct kvb_engines *x, struct eng *e, struct eng_rank *r, uint64_t used,
+                         uint64_t now_ms)
 {
-    struct kvb_active_load l = {.worker_id = e->worker_id, .dp_rank = r->dp_rank,
-                                .has_kv_used_blocks = true, .kv_used_blocks = used};
+    struct kvb_active_load l = {.worker_id = e->worker_id,
+                                .dp_rank = r->dp_rank,
+                                .has_kv_used_blocks = true,
+                                .kv_used_blocks = used};
     struct kvb_load_env env = {r->publisher_id, r->sequence, kvb_wall_ms()};
     int rc = kvb_load_encode(x->format, &l, &env, &x->tmp, &x->out);
     if (rc == 0)
@@ -272,11 +275,12 @@ static void take_load(struct kvb_engines *x, struct eng *e, const struct kvb_scr
             struct kvb_engine_slot *s = r->slot;
             kvb_set(&s->used_blocks, used);
             kvb_set(&s->total_blocks, kvb_load_has(rl, KVB_LOAD_TOTAL_BLOCKS)
-                                          ? (uint64_t)rl->v[KVB_LOAD_TOTAL_BLOCKS] : 0);
-            kvb_set(&s->running, kvb_load_has(rl, KVB_LOAD_RUNNING)
-                                     ? (uint64_t)rl->v[KVB_LOAD_RUNNING] : 0);
-            kvb_set(&s->waiting, kvb_load_has(rl, KVB_LOAD_WAITING)
-                                     ? (uint64_t)rl->v[KVB_LOAD_WAITING] : 0);
+                                          ? (uint64_t)rl->v[KVB_LOAD_TOTAL_BLOCKS]
+                                          : 0);
+            kvb_set(&s->running,
+                    kvb_load_has(rl, KVB_LOAD_RUNNING) ? (uint64_t)rl->v[KVB_LOAD_RUNNING] : 0);
+            kvb_set(&s->waiting,
+                    kvb_load_has(rl, KVB_LOAD_WAITING) ? (uint64_t)rl->v[KVB_LOAD_WAITING] : 0);
         }
         if (has_used && (!r->published || used != r->last_used ||
                          now_ms - r->last_pub_ms >= KVB_LOAD_REPUBLISH_MS))
@@ -294,17 +298,16 @@ static void set_gone(struct kvb_engines *x, struct eng *e, bool gone)
 }
 
 static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_result *res,
-                  struct kvb_source **src, size_t n_src, struct kvb_pipeline *pipe,
-                  uint64_t now_ms)
+                  struct kvb_source **src, size_t n_src, struct kvb_pipeline *pipe, uint64_t now_ms)
 {
     struct kvb_live_input in = kvb_live_input_of(res, e->last_batch_ms, now_ms, e->dead_after_ms);
     switch (kvb_liveness_judge(&e->live, &in)) {
     case KVB_LIVE_GONE: {
-        kvb_warn(STAGE, "%s: engine gone: its metrics/health URL has not answered for %" PRIu32
-                        " ms (%s) and no batch came in that time: publishing \"cleared\" for "
-                        "its dp_ranks",
-                 e->name, e->dead_after_ms,
-                 strerror(res->last_error ? -res->last_error : EIO));
+        kvb_warn(STAGE,
+                 "%s: engine gone: its metrics/health URL has not answered for %" PRIu32
+                 " ms (%s) and no batch came in that time: publishing \"cleared\" for "
+                 "its dp_ranks",
+                 e->name, e->dead_after_ms, strerror(res->last_error ? -res->last_error : EIO));
         kvb_inc(&x->m->engine_gone_total[0]);
         set_gone(x, e, true);
         for (size_t k = e->first; k < e->first + e->dp_size && k < n_src; k++) {
@@ -319,8 +322,7 @@ static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_
                  in.failing ? "a batch arrived" : "its endpoint answers");
         set_gone(x, e, false);
         break;
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -355,13 +357,14 @@ bool kvb_engines_cfg_equal(const struct kvb_config *a, const struct kvb_config *
     if (a->n_sources != b->n_sources || a->nats.format != b->nats.format ||
         strcmp(a->nats.namespace_, b->nats.namespace_) != 0 ||
         strcmp(a->nats.component, b->nats.component) != 0 ||
-        strcmp(a->nats.endpoint ? a->nats.endpoint : "", b->nats.endpoint ? b->nats.endpoint : "") != 0)
+        strcmp(a->nats.endpoint ? a->nats.endpoint : "",
+               b->nats.endpoint ? b->nats.endpoint : "") != 0)
         return false;
     for (size_t i = 0; i < a->n_sources; i++) {
         const struct kvb_source_cfg *x = &a->sources[i], *y = &b->sources[i];
-        if (x->dp_size != y->dp_size || x->dp_rank != y->dp_rank ||
-            x->worker_id != y->worker_id || x->block_size != y->block_size ||
-            strcmp(x->endpoint, y->endpoint) != 0 || !kvb_config_engine_equal(x, y))
+        if (x->dp_size != y->dp_size || x->dp_rank != y->dp_rank || x->worker_id != y->worker_id ||
+            x->block_size != y->block_size || strcmp(x->endpoint, y->endpoint) != 0 ||
+            !kvb_config_engine_equal(x, y))
             return false;
     }
     return true;

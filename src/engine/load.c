@@ -7,10 +7,10 @@
 #include <string.h>
 
 struct metric_map {
-    const char *name;           /* as exposed (counters with their _total) */
+    const char *name; /* as exposed (counters with their _total) */
     enum kvb_load_field field;
-    uint8_t prio;               /* 0 = current name; 1 = older name, used when alone */
-    const char *label;          /* NULL: the sample's value; else this label's value */
+    uint8_t prio;      /* 0 = current name; 1 = older name, used when alone */
+    const char *label; /* NULL: the sample's value; else this label's value */
 };
 
 /* vLLM (V1 engine).  Checked against:
@@ -178,8 +178,7 @@ static int on_sample(void *vctx, const struct kvb_prom_sample *s)
         if (m->label && !l)
             continue; /* an info label this version does not have */
         if ((l && !label_number(l, &v)) || isnan(v) ||
-            !rank_of(kvb_prom_label(s, c->t->dp_label), &rank) ||
-            !(r = rank_slot(c->out, rank))) {
+            !rank_of(kvb_prom_label(s, c->t->dp_label), &rank) || !(r = rank_slot(c->out, rank))) {
             c->out->ignored++;
             continue;
         }
@@ -209,8 +208,7 @@ int kvb_engine_load_parse(enum kvb_engine_kind kind, char *text, size_t len,
     return rc < 0 ? rc : 0;
 }
 
-const struct kvb_rank_load *kvb_engine_load_rank(const struct kvb_engine_load *l,
-                                                 uint32_t dp_rank)
+const struct kvb_rank_load *kvb_engine_load_rank(const struct kvb_engine_load *l, uint32_t dp_rank)
 {
     for (uint32_t i = 0; l && i < l->n_ranks; i++)
         if (l->rank[i].dp_rank == dp_rank)

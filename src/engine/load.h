@@ -50,11 +50,11 @@ struct kvb_rank_load {
 
 struct kvb_engine_load {
     enum kvb_engine_kind kind;
-    uint32_t n_ranks;               /* in order of first appearance */
+    uint32_t n_ranks; /* in order of first appearance */
     struct kvb_rank_load rank[KVB_LOAD_MAX_RANKS];
-    uint64_t matched;               /* samples that fed a field */
-    uint64_t ignored;               /* mapped samples dropped (bad rank, NaN, rank overflow) */
-    struct kvb_prom_stats prom;     /* of the page */
+    uint64_t matched;           /* samples that fed a field */
+    uint64_t ignored;           /* mapped samples dropped (bad rank, NaN, rank overflow) */
+    struct kvb_prom_stats prom; /* of the page */
 };
 
 /* "vllm" / "sglang" -> kind; returns 0 or -EINVAL. */
@@ -83,8 +83,7 @@ void kvb_engine_load_finish(struct kvb_engine_load *cur, const struct kvb_engine
                             uint32_t block_tokens);
 
 /* The rank entry for dp_rank, or NULL. */
-const struct kvb_rank_load *kvb_engine_load_rank(const struct kvb_engine_load *l,
-                                                 uint32_t dp_rank);
+const struct kvb_rank_load *kvb_engine_load_rank(const struct kvb_engine_load *l, uint32_t dp_rank);
 
 static inline bool kvb_load_has(const struct kvb_rank_load *r, enum kvb_load_field f)
 {

@@ -7,10 +7,7 @@
 #include <string.h>
 
 static bool blank(char c) { return c == ' ' || c == '\t'; }
-static bool alpha_(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
+static bool alpha_(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 static bool digit(char c) { return c >= '0' && c <= '9'; }
 
 static char *skip_blanks(char *p, const char *end)
@@ -191,8 +188,7 @@ static bool parse_sample(char *p, char *end, struct kvb_prom_label *labels,
     return p == end;
 }
 
-int kvb_prom_parse(char *text, size_t len, kvb_prom_cb cb, void *ctx,
-                   struct kvb_prom_stats *stats)
+int kvb_prom_parse(char *text, size_t len, kvb_prom_cb cb, void *ctx, struct kvb_prom_stats *stats)
 {
     struct kvb_prom_stats st = {0};
     if ((!text && len > 0) || !cb)

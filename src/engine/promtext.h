@@ -34,10 +34,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVB_PROM_MAX_LABELS 64          /* labels on one sample */
-#define KVB_PROM_MAX_NAME 1024          /* bytes of a metric or label name */
-#define KVB_PROM_MAX_LABEL_VALUE 65536  /* bytes of one label value (escaped) */
-#define KVB_PROM_MAX_NUMBER 64          /* bytes of a value or timestamp token */
+#define KVB_PROM_MAX_LABELS 64         /* labels on one sample */
+#define KVB_PROM_MAX_NAME 1024         /* bytes of a metric or label name */
+#define KVB_PROM_MAX_LABEL_VALUE 65536 /* bytes of one label value (escaped) */
+#define KVB_PROM_MAX_NUMBER 64         /* bytes of a value or timestamp token */
 
 struct kvb_prom_label {
     const char *name;
@@ -71,8 +71,7 @@ typedef int (*kvb_prom_cb)(void *ctx, const struct kvb_prom_sample *s);
  * Returns 0 when the whole text was read (malformed lines do not make it
  * fail), the callback's non-zero value when it stopped the parse, or
  * -EINVAL when text is NULL with len > 0 or cb is NULL. */
-int kvb_prom_parse(char *text, size_t len, kvb_prom_cb cb, void *ctx,
-                   struct kvb_prom_stats *stats);
+int kvb_prom_parse(char *text, size_t len, kvb_prom_cb cb, void *ctx, struct kvb_prom_stats *stats);
 
 /* The label called `name` in s, or NULL. */
 const struct kvb_prom_label *kvb_prom_label(const struct kvb_prom_sample *s, const char *name);

@@ -95,24 +95,17 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
 static int errno_of(CURLcode c, const struct body *b)
 {
     switch (c) {
-    case CURLE_OPERATION_TIMEDOUT:
-        return -ETIMEDOUT;
-    case CURLE_COULDNT_CONNECT:
-        return -ECONNREFUSED;
+    case CURLE_OPERATION_TIMEDOUT: return -ETIMEDOUT;
+    case CURLE_COULDNT_CONNECT: return -ECONNREFUSED;
     case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_RESOLVE_PROXY:
-        return -EHOSTUNREACH;
-    case CURLE_FILESIZE_EXCEEDED:
-        return -EFBIG;
-    case CURLE_WRITE_ERROR:
-        return b->over ? -EFBIG : -ENOMEM;
+    case CURLE_COULDNT_RESOLVE_PROXY: return -EHOSTUNREACH;
+    case CURLE_FILESIZE_EXCEEDED: return -EFBIG;
+    case CURLE_WRITE_ERROR: return b->over ? -EFBIG : -ENOMEM;
     case CURLE_GOT_NOTHING:
     case CURLE_RECV_ERROR:
     case CURLE_SEND_ERROR:
-    case CURLE_PARTIAL_FILE:
-        return -ECONNRESET;
-    default:
-        return -EIO;
+    case CURLE_PARTIAL_FILE: return -ECONNRESET;
+    default: return -EIO;
     }
 }
 
@@ -126,10 +119,10 @@ static int setup_req(struct target *t, struct req *r, const char *url, size_t ma
         return -ENOMEM;
     long to = (long)t->cfg.timeout_ms;
     CURLcode c = CURLE_OK;
-#define OPT(o, v)                                                              \
-    do {                                                                       \
-        if (c == CURLE_OK)                                                     \
-            c = curl_easy_setopt(r->easy, o, v);                               \
+#define OPT(o, v)                                \
+    do {                                         \
+        if (c == CURLE_OK)                       \
+            c = curl_easy_setopt(r->easy, o, v); \
     } while (0)
     OPT(CURLOPT_URL, url);
     OPT(CURLOPT_PROTOCOLS_STR, "http,https");
@@ -378,8 +371,7 @@ static int init_target(struct target *t, const struct kvb_scrape_target *c, uint
     return 0;
 }
 
-int kvb_scrape_create(const struct kvb_scrape_target *targets, size_t n,
-                      struct kvb_scrape **out)
+int kvb_scrape_create(const struct kvb_scrape_target *targets, size_t n, struct kvb_scrape **out)
 {
     if (!out || (n && !targets))
         return -EINVAL;
@@ -462,8 +454,8 @@ enum kvb_live_event kvb_liveness_judge(struct kvb_liveness *st, const struct kvb
         return KVB_LIVE_SAME;
     uint64_t answered = in->last_ok_ms ? in->last_ok_ms : in->since_ms;
     bool silent_endpoint = in->failing && age(in->now_ms, answered) >= in->dead_after_ms;
-    bool no_batch = in->last_batch_ms == 0 ||
-                    age(in->now_ms, in->last_batch_ms) >= in->dead_after_ms;
+    bool no_batch =
+        in->last_batch_ms == 0 || age(in->now_ms, in->last_batch_ms) >= in->dead_after_ms;
     if (!st->gone) {
         if (silent_endpoint && no_batch) {
             st->gone = true;
@@ -472,8 +464,8 @@ enum kvb_live_event kvb_liveness_judge(struct kvb_liveness *st, const struct kvb
         return KVB_LIVE_SAME;
     }
     /* gone: back when it answers, or a batch came after it was judged gone */
-    bool batch_since = in->last_batch_ms != 0 &&
-                       age(in->now_ms, in->last_batch_ms) < in->dead_after_ms;
+    bool batch_since =
+        in->last_batch_ms != 0 && age(in->now_ms, in->last_batch_ms) < in->dead_after_ms;
     if (!in->failing || batch_since) {
         st->gone = false;
         return KVB_LIVE_BACK;

@@ -42,7 +42,7 @@
 #define KVB_SCRAPE_MIN_INTERVAL_MS 10u
 
 struct kvb_scrape_target {
-    const char *name;        /* for log lines, e.g. the source's name */
+    const char *name; /* for log lines, e.g. the source's name */
     enum kvb_engine_kind kind;
     const char *metrics_url; /* the engine's /metrics; NULL or "" = none */
     const char *health_url;  /* e.g. vLLM's /health; NULL or "" = none */
@@ -53,21 +53,21 @@ struct kvb_scrape_target {
 };
 
 struct kvb_scrape_result {
-    bool has_url;               /* the target has a metrics or health URL */
-    uint64_t started_ms;        /* kvb_mono_ms() when scraping began */
-    uint64_t rounds;            /* rounds finished */
-    uint64_t failed_rounds;     /* rounds nothing answered */
+    bool has_url;           /* the target has a metrics or health URL */
+    uint64_t started_ms;    /* kvb_mono_ms() when scraping began */
+    uint64_t rounds;        /* rounds finished */
+    uint64_t failed_rounds; /* rounds nothing answered */
     uint32_t consecutive_failures;
-    uint64_t last_round_ms;     /* when the last round ended (0 = none yet) */
-    uint64_t last_ok_ms;        /* when the engine last answered (0 = never) */
-    uint32_t last_duration_ms;  /* of the last round */
-    int last_error;             /* of the last failed request: -ETIMEDOUT,
+    uint64_t last_round_ms;      /* when the last round ended (0 = none yet) */
+    uint64_t last_ok_ms;         /* when the engine last answered (0 = never) */
+    uint32_t last_duration_ms;   /* of the last round */
+    int last_error;              /* of the last failed request: -ETIMEDOUT,
                                    -ECONNREFUSED, -EHOSTUNREACH (name or route),
                                    -EPROTO (non-2xx status), -EFBIG (over
                                    max_bytes), -ECONNRESET, -EIO (other) */
-    long last_status;           /* HTTP status of the last metrics answer (0 = none) */
-    bool has_load;              /* `load` is from a metrics answer */
-    uint64_t load_ms;           /* when that answer came */
+    long last_status;            /* HTTP status of the last metrics answer (0 = none) */
+    bool has_load;               /* `load` is from a metrics answer */
+    uint64_t load_ms;            /* when that answer came */
     struct kvb_engine_load load; /* parsed and finished (kvb_engine_load_finish) */
 };
 
@@ -77,8 +77,7 @@ struct kvb_scrape;
  * URL libcurl rejects, bad kind), start the scrape thread and the first
  * round of each target at once.  Returns 0 or a negative errno; *out is
  * written only on success. */
-int kvb_scrape_create(const struct kvb_scrape_target *targets, size_t n,
-                      struct kvb_scrape **out);
+int kvb_scrape_create(const struct kvb_scrape_target *targets, size_t n, struct kvb_scrape **out);
 void kvb_scrape_destroy(struct kvb_scrape **s);
 
 size_t kvb_scrape_count(const struct kvb_scrape *s);
@@ -128,8 +127,9 @@ static inline struct kvb_live_input kvb_live_input_of(const struct kvb_scrape_re
                                                       uint64_t last_batch_ms, uint64_t now_ms,
                                                       uint32_t dead_after_ms)
 {
-    struct kvb_live_input in = {r->has_url, r->rounds > 0 && r->consecutive_failures > 0,
-                                r->last_ok_ms, r->started_ms, last_batch_ms, now_ms,
+    struct kvb_live_input in = {r->has_url,    r->rounds > 0 && r->consecutive_failures > 0,
+                                r->last_ok_ms, r->started_ms,
+                                last_batch_ms, now_ms,
                                 dead_after_ms};
     return in;
 }

@@ -10,10 +10,10 @@
 
 #include "log.h"
 
-#define DEFAULT_HELD_MSGS 100000      /* live batches held while a replay runs */
+#define DEFAULT_HELD_MSGS 100000 /* live batches held while a replay runs */
 #define DEFAULT_HELD_BYTES (256u << 20)
-#define REPLAY_STALL_MS 250       /* no reply for this long once replies flow: cut */
-#define REPLAY_MAX_ROUNDS 1000    /* re-requests after cut replies, per gap */
+#define REPLAY_STALL_MS 250    /* no reply for this long once replies flow: cut */
+#define REPLAY_MAX_ROUNDS 1000 /* re-requests after cut replies, per gap */
 
 /* ---- streams ------------------------------------------------------------ */
 
@@ -34,10 +34,7 @@ int kvb_seq_classify(const struct kvb_stream *s, uint64_t seq)
     return seq > s->last ? KVB_SEQ_GAP : KVB_SEQ_BACK;
 }
 
-uint64_t kvb_seq_missing(const struct kvb_stream *s, uint64_t seq)
-{
-    return seq - s->last - 1;
-}
+uint64_t kvb_seq_missing(const struct kvb_stream *s, uint64_t seq) { return seq - s->last - 1; }
 
 bool kvb_stream_has_rank(const struct kvb_stream *s, uint32_t rank)
 {
@@ -79,16 +76,17 @@ static int live_rules(struct kvb_stream *s, struct kvb_metrics *m, const struct 
     case KVB_SEQ_GAP:
         kvb_inc(&m->seq_gaps_total[0]);
         s->gaps++;
-        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source", "%s: seq gap: %llu missing before %llu, publishing barrier",
-                s->name, (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
+        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source",
+                   "%s: seq gap: %llu missing before %llu, publishing barrier", s->name,
+                   (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
         return barrier(ops, s, KVB_BAR_GAP);
     case KVB_SEQ_BACK:
         kvb_inc(&m->engine_restarts_total[0]);
-        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source", "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
-                s->name, (unsigned long long)s->last, (unsigned long long)seq);
+        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source",
+                   "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
+                   s->name, (unsigned long long)s->last, (unsigned long long)seq);
         return barrier(ops, s, KVB_BAR_RESTART);
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -128,7 +126,7 @@ struct held {
     uint64_t seq;
     size_t len;
     uint8_t *data;
-    bool reject;   /* above limits.max_payload_bytes: kept without its payload */
+    bool reject; /* above limits.max_payload_bytes: kept without its payload */
 };
 
 /* What a replay is for. */
@@ -151,18 +149,18 @@ struct kvb_replay {
 
     bool active;
     enum rp_mode mode;
-    struct kvb_stream *st;   /* the stream being recovered */
-    uint64_t from;           /* first seq asked for */
-    uint64_t want;           /* next seq we need */
-    uint64_t until;          /* seq of the first held live batch */
-    uint64_t deadline_ms;    /* of the current request (stall or timeout) */
-    uint64_t end_ms;         /* of the whole replay: replay.timeout_ms */
-    uint64_t req_want;       /* want when the last request was sent */
-    bool got_reply;          /* the current request has had a reply */
-    unsigned rounds;         /* requests sent again after a partial reply */
-    bool fresh;              /* a barrier covers everything before want: nothing
+    struct kvb_stream *st; /* the stream being recovered */
+    uint64_t from;         /* first seq asked for */
+    uint64_t want;         /* next seq we need */
+    uint64_t until;        /* seq of the first held live batch */
+    uint64_t deadline_ms;  /* of the current request (stall or timeout) */
+    uint64_t end_ms;       /* of the whole replay: replay.timeout_ms */
+    uint64_t req_want;     /* want when the last request was sent */
+    bool got_reply;        /* the current request has had a reply */
+    unsigned rounds;       /* requests sent again after a partial reply */
+    bool fresh;            /* a barrier covers everything before want: nothing
                               * applied since it (a loss now needs no other) */
-    bool lost;               /* part of it was lost (barrier, or not decoded) */
+    bool lost;             /* part of it was lost (barrier, or not decoded) */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
     /* What the last check applied to copy_st, seq copy_from .. copy_end - 1
@@ -222,10 +220,7 @@ void kvb_replay_destroy(struct kvb_replay **pr)
 
 bool kvb_replay_active(const struct kvb_replay *r) { return r->active; }
 size_t kvb_replay_held(const struct kvb_replay *r) { return r->n_held; }
-const struct kvb_stream *kvb_replay_stream(const struct kvb_replay *r)
-{
-    return r->st;
-}
+const struct kvb_stream *kvb_replay_stream(const struct kvb_replay *r) { return r->st; }
 
 /* A payload above limits.max_payload_bytes: counted, never decoded. */
 static bool oversize(struct kvb_replay *r, size_t len)
@@ -234,8 +229,8 @@ static bool oversize(struct kvb_replay *r, size_t len)
         return false;
     kvb_inc(&r->m->malformed_messages_total[KVB_MAL_OVERSIZE]);
     kvb_log_rl(&r->rl_oversize, KVB_LOG_WARN, "source",
-               "%s: payload of %zu bytes above limits.max_payload_bytes (%llu): dropped",
-               r->name, len, (unsigned long long)r->cfg.max_payload_bytes);
+               "%s: payload of %zu bytes above limits.max_payload_bytes (%llu): dropped", r->name,
+               len, (unsigned long long)r->cfg.max_payload_bytes);
     return true;
 }
 
@@ -324,7 +319,8 @@ static int send_request(struct kvb_replay *r, uint64_t now_ms)
 }
 
 static const char *const mode_what[] = {
-    [RP_GAP] = "requesting seq", [RP_PROVE] = "engine reconnected: asking for seq",
+    [RP_GAP] = "requesting seq",
+    [RP_PROVE] = "engine reconnected: asking for seq",
     [RP_START] = "stream starts at a later seq: asking the engine for seq",
     [RP_CHECK] = ("reading was paused and the stream is quiet: asking for what the "
                   "engine may have dropped, seq")};
@@ -386,8 +382,8 @@ static int restart(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, co
 }
 
 /* Apply (or reject) one batch whose seq is judged. */
-static int apply_one(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
-                     const uint8_t *data, size_t len, bool reject)
+static int apply_one(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
+                     size_t len, bool reject)
 {
     if (!reject)
         return kvb_seq_apply(st, &r->ops, seq, data, len);
@@ -420,9 +416,10 @@ static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const
             cancel(r);
         }
         if (kvb_seq_classify(st, seq) != KVB_SEQ_BACK) { /* (serial: 0 follows 2^64-1) */
-            if ((rc = restart(r, st, seq, r->endpoint[0] ? "cannot be proven to continue the stream"
-                                                         : "continuity cannot be proven without a "
-                                                           "replay endpoint")) < 0)
+            if ((rc = restart(r, st, seq,
+                              r->endpoint[0] ? "cannot be proven to continue the stream"
+                                             : "continuity cannot be proven without a "
+                                               "replay endpoint")) < 0)
                 return rc;
             n += rc;
         }
@@ -430,8 +427,7 @@ static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const
     st->suspect = false;
     switch (kvb_seq_classify(st, seq)) {
     case KVB_SEQ_BACK:
-        if (seq == st->last && !reject && st->has_hash &&
-            XXH3_64bits(data, len) == st->last_hash) {
+        if (seq == st->last && !reject && st->has_hash && XXH3_64bits(data, len) == st->last_hash) {
             kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
                        "%s: seq %llu again, the same batch: duplicate dropped", st->name,
                        (unsigned long long)seq);
@@ -481,8 +477,7 @@ static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const
             return rc;
         n += rc;
         break;
-    default:
-        break;
+    default: break;
     }
     if ((rc = apply_one(r, st, seq, data, len, reject)) < 0)
         return rc;
@@ -510,12 +505,12 @@ static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms
             kvb_inc(&r->m->replays_failed_total[0]); /* its barrier is out */
         } else if (r->want != r->from) {
             kvb_inc(&r->m->replays_filled_total[0]);
-            kvb_info("replay", "%s: seq %llu..%llu, dropped while reading was paused, "
-                     "recovered", st->name, (unsigned long long)r->from,
-                     (unsigned long long)(r->want - 1));
+            kvb_info("replay",
+                     "%s: seq %llu..%llu, dropped while reading was paused, "
+                     "recovered",
+                     st->name, (unsigned long long)r->from, (unsigned long long)(r->want - 1));
         } else {
-            kvb_info("replay", "%s: the engine dropped nothing while reading was paused",
-                     st->name);
+            kvb_info("replay", "%s: the engine dropped nothing while reading was paused", st->name);
         }
     } else if (r->mode == RP_GAP && !missing && !r->lost) {
         kvb_inc(&r->m->replays_filled_total[0]);
@@ -632,8 +627,10 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
                                 seq != r->want ? "the engine no longer holds our last seq"
                                                : "the engine's batch at our last seq differs",
                                 now_ms);
-        kvb_info("replay", "%s: engine reconnected: seq %llu is the same batch, the stream "
-                 "continues", st->name, (unsigned long long)seq);
+        kvb_info("replay",
+                 "%s: engine reconnected: seq %llu is the same batch, the stream "
+                 "continues",
+                 st->name, (unsigned long long)seq);
         r->mode = RP_GAP;
         r->want = seq + 1;
         r->got_reply = true;
@@ -666,9 +663,10 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
             /* or they are still on their way: believed the second time */
             st->check_again = true;
             st->ahead_at = st->last;
-            kvb_info("replay", "%s: the engine's buffer starts at %llu, not %llu: the rest may "
-                     "still be on its way; asking again once the stream is quiet", st->name,
-                     (unsigned long long)seq, (unsigned long long)r->want);
+            kvb_info("replay",
+                     "%s: the engine's buffer starts at %llu, not %llu: the rest may "
+                     "still be on its way; asking again once the stream is quiet",
+                     st->name, (unsigned long long)seq, (unsigned long long)r->want);
             cancel(r);
             r->active = false;
             r->st = NULL;
@@ -714,7 +712,7 @@ int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, si
                      uint64_t now_ms)
 {
     if (!r->active)
-        return 0; /* a late reply to a request given up */
+        return 0;                            /* a late reply to a request given up */
     if (seq == KVB_REPLAY_END && len == 0) { /* (a batch is never empty) */
         if (r->mode == RP_PROVE)
             return proof_failed(r, r->until, "the engine no longer holds our last seq", now_ms);
@@ -785,8 +783,8 @@ int kvb_replay_tick(struct kvb_replay *r, uint64_t now_ms)
     return finish_replay(r, "replay timed out", now_ms);
 }
 
-int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
-                    const uint8_t *data, size_t len, uint64_t now_ms)
+int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
+                    size_t len, uint64_t now_ms)
 {
     int rc, n = 0;
     bool big = oversize(r, len), held;
@@ -804,8 +802,11 @@ int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
              * before it: the engine restarted (the rules below say so).
              * Nothing of the check is missing (no batch is held during it). */
             r->until = r->want;
-            if ((n = finish_replay_(r, seq == r->want ? "complete" : "the engine restarted "
-                                    "meanwhile", now_ms, false)) < 0)
+            if ((n = finish_replay_(r,
+                                    seq == r->want ? "complete"
+                                                   : "the engine restarted "
+                                                     "meanwhile",
+                                    now_ms, false)) < 0)
                 return n;
         } else {
             /* a later live batch: an ordinary gap replay up to it */
@@ -846,12 +847,15 @@ int kvb_replay_check(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_m
     if (r->active)
         return -EBUSY;
     uint64_t from = st->last + 1;
-    if (r->endpoint[0] && start_replay(r, st, RP_CHECK, from, from + (uint64_t)INT64_MAX, now_ms) == 0)
+    if (r->endpoint[0] &&
+        start_replay(r, st, RP_CHECK, from, from + (uint64_t)INT64_MAX, now_ms) == 0)
         return 0;
     if (r->endpoint[0])
         kvb_inc(&r->m->replays_failed_total[0]);
-    kvb_warn("replay", "%s: the engine may have dropped batches after seq %llu while reading "
-             "was paused, and %s: publishing barrier", st->name, (unsigned long long)st->last,
+    kvb_warn("replay",
+             "%s: the engine may have dropped batches after seq %llu while reading "
+             "was paused, and %s: publishing barrier",
+             st->name, (unsigned long long)st->last,
              r->endpoint[0] ? "the replay request failed" : "there is no replay endpoint to ask");
     return barrier(&r->ops, st, KVB_BAR_GAP);
 }

@@ -14,21 +14,21 @@
 #include "log.h"
 #include "replay.h"
 
-#define MAX_STREAMS 64            /* distinct topics per source */
+#define MAX_STREAMS 64 /* distinct topics per source */
 /* A full stream table makes room by expiring its least recently used stream
  * idle at least this long (never the one a replay is for): a topic that
  * comes back is a new stream (start barrier, replay from 0). */
 #define STREAM_IDLE_MS 2000
 #define MAX_TOPIC 256
-#define MAX_HELD_MSGS 100000      /* live batches held while a replay runs */
-#define MIN_HELD_MSGS 10000       /* ... even with a smaller rcvhwm */
-#define READ_REPLAY_BUDGET 256    /* replay replies per turn: the loop stays responsive */
+#define MAX_HELD_MSGS 100000   /* live batches held while a replay runs */
+#define MIN_HELD_MSGS 10000    /* ... even with a smaller rcvhwm */
+#define READ_REPLAY_BUDGET 256 /* replay replies per turn: the loop stays responsive */
 /* Router events one read (live or replay) may emit before it hands the turn
  * back: the loop then checks the NATS buffer (backpressure), signals and the
  * heartbeat.  256 batches of 2000 events each once put 112 MB into nats.c's
  * buffer in one turn, far past its backpressure mark (issue 18). */
 #define READ_EVENT_BUDGET 16384
-#define REPLAY_RCVHWM 1000        /* replies queued in the DEALER (then TCP backpressure) */
+#define REPLAY_RCVHWM 1000 /* replies queued in the DEALER (then TCP backpressure) */
 /* After a hold: quiet this long (no live message) before the streams are
  * checked for batches the engine dropped meanwhile (kvb_source_resume). */
 #define CHECK_QUIET_MS 1000
@@ -36,23 +36,23 @@
 struct stream {
     struct kvb_stream_slot *slot; /* metrics; NULL when all slots are taken */
     char topic[MAX_TOPIC];
-    size_t topic_len;             /* the topic may hold NUL bytes */
-    int peer_fd;                  /* bind mode: the connection it came on (ZMQ_SRCFD), or -1 */
-    uint64_t used_ms;             /* its last live batch (CLOCK_MONOTONIC) */
-    bool check_due;               /* kvb_replay_check() once the source is quiet */
+    size_t topic_len; /* the topic may hold NUL bytes */
+    int peer_fd;      /* bind mode: the connection it came on (ZMQ_SRCFD), or -1 */
+    uint64_t used_ms; /* its last live batch (CLOCK_MONOTONIC) */
+    bool check_due;   /* kvb_replay_check() once the source is quiet */
     char name[MAX_TOPIC + 320];
-    struct kvb_worker_cfg w;      /* its worker: st.worker points here */
+    struct kvb_worker_cfg w; /* its worker: st.worker points here */
     struct kvb_stream st;
 };
 
 struct kvb_source {
     struct kvb_source_params p;
-    struct kvb_state *resume;  /* this source's saved streams, consumed by find_stream */
+    struct kvb_state *resume; /* this source's saved streams, consumed by find_stream */
     char *endpoint, *replay_endpoint, *topic;
     char name[300];
     void *zctx;
     void *sub;
-    void *mon;                 /* PAIR reading the SUB's socket monitor */
+    void *mon; /* PAIR reading the SUB's socket monitor */
     void *dealer;
     struct kvb_metrics *m;
     struct stream *streams[MAX_STREAMS];
@@ -60,11 +60,11 @@ struct kvb_source {
     struct kvb_replay *rp;     /* the sequence and replay rules (replay.h) */
     struct kvb_pipeline *pipe; /* during an entry point: the ops' pipeline */
     struct kvb_ratelimit rl_frames, rl_expire, rl_peers;
-    long peers;                /* bind mode: connections accepted and not yet gone */
+    long peers; /* bind mode: connections accepted and not yet gone */
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
     bool curve_client;
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
-    struct kvb_zap *zap;      /* with zap_domain registered, or NULL */
+    struct kvb_zap *zap; /* with zap_domain registered, or NULL */
     char zap_domain[KVB_ZAP_DOMAIN_MAX];
     struct kvb_topic_cfg *topics; /* p.topics copied (issue 17); NULL when none */
     struct kvb_worker_cfg worker; /* *p.worker copied; p.worker points here */
@@ -74,7 +74,7 @@ struct kvb_source {
      * drop is applied after them; the monitor is not read meanwhile. */
     bool drop_due;
     int drop_fd;
-    uint64_t replay_busy_ns;   /* time applying replies not yet credited (< 1 ms) */
+    uint64_t replay_busy_ns; /* time applying replies not yet credited (< 1 ms) */
     /* After a hold (kvb_source_resume): messages read until the SUB's queue
      * first ran empty; and when the last live message came. */
     bool draining;
@@ -148,10 +148,10 @@ static int zerr(void) { return -(zmq_errno() ? zmq_errno() : EIO); }
 static int curve_public(const uint8_t secret[32], uint8_t pub[32])
 {
     char zs[41], zp[41];
-    int rc = zmq_z85_encode(zs, secret, 32) && zmq_curve_public(zp, zs) == 0 &&
-                     zmq_z85_decode(pub, zp)
-                 ? 0
-                 : zerr();
+    int rc =
+        zmq_z85_encode(zs, secret, 32) && zmq_curve_public(zp, zs) == 0 && zmq_z85_decode(pub, zp)
+            ? 0
+            : zerr();
     explicit_bzero(zs, sizeof(zs));
     return rc;
 }
@@ -201,8 +201,8 @@ static int setup_curve(struct kvb_source *s, const struct kvb_source_params *p)
     if (zmq_setsockopt(s->sub, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_CURVE_PUBLICKEY, pub, 32) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_CURVE_SECRETKEY, cv->secret_key, 32) < 0 ||
-        (s->zap && zmq_setsockopt(s->sub, ZMQ_ZAP_DOMAIN, s->zap_domain,
-                                  strlen(s->zap_domain)) < 0))
+        (s->zap &&
+         zmq_setsockopt(s->sub, ZMQ_ZAP_DOMAIN, s->zap_domain, strlen(s->zap_domain)) < 0))
         return zerr();
     kvb_info("source", "%s: CURVE server, %s", s->name,
              cv->n_allowed ? "clients in curve.allowed_clients_file only"
@@ -218,8 +218,8 @@ static int open_monitor(struct kvb_source *s)
     char addr[64];
     snprintf(addr, sizeof(addr), "inproc://kvb-monitor-%p", (void *)s);
     int linger = 0;
-    if (zmq_socket_monitor(s->sub, addr, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED |
-                                             ZMQ_EVENT_DISCONNECTED) < 0 ||
+    if (zmq_socket_monitor(s->sub, addr,
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0 ||
         !(s->mon = zmq_socket(s->zctx, ZMQ_PAIR)) ||
         zmq_setsockopt(s->mon, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
         zmq_connect(s->mon, addr) < 0) {
@@ -298,14 +298,20 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
      * MIN_HELD_MSGS whatever rcvhwm is (a replay of a few seconds under a
      * fast engine), and MAX_HELD_MSGS at most: the memory bound of
      * kvbridge(8), MEMORY. */
-    size_t held = p->rcvhwm < MIN_HELD_MSGS ? MIN_HELD_MSGS
-                  : p->rcvhwm > MAX_HELD_MSGS ? MAX_HELD_MSGS : p->rcvhwm;
-    struct kvb_replay_cfg rcfg = {.name = s->name, .endpoint = s->replay_endpoint,
+    size_t held = p->rcvhwm < MIN_HELD_MSGS   ? MIN_HELD_MSGS
+                  : p->rcvhwm > MAX_HELD_MSGS ? MAX_HELD_MSGS
+                                              : p->rcvhwm;
+    struct kvb_replay_cfg rcfg = {.name = s->name,
+                                  .endpoint = s->replay_endpoint,
                                   .timeout_ms = p->replay_timeout_ms,
                                   .max_payload_bytes = p->max_payload_bytes,
                                   .max_held_msgs = held};
-    struct kvb_seq_ops ops = {.ctx = s, .apply = op_apply, .reject = op_reject,
-                              .barrier = op_barrier, .request = op_request, .cancel = op_cancel};
+    struct kvb_seq_ops ops = {.ctx = s,
+                              .apply = op_apply,
+                              .reject = op_reject,
+                              .barrier = op_barrier,
+                              .request = op_request,
+                              .cancel = op_cancel};
     if ((rc = kvb_replay_create(&rcfg, m, &ops, &s->rp)) < 0)
         goto fail;
     rc = -ENOMEM;
@@ -333,8 +339,7 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
      * most max_peers connections (on_conn_event) the unfinished frames of
      * every peer together stay under max_peers x max_payload_bytes (20 peers
      * that each left 240 MiB of a 250 MiB frame once held 4.8 GB). */
-    int64_t maxmsg = p->max_payload_bytes > INT64_MAX ? INT64_MAX
-                                                      : (int64_t)p->max_payload_bytes;
+    int64_t maxmsg = p->max_payload_bytes > INT64_MAX ? INT64_MAX : (int64_t)p->max_payload_bytes;
     if (zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
         (p->mode == KVB_MODE_BIND && maxmsg > 0 &&
          zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) < 0) ||
@@ -351,8 +356,8 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
     }
     if ((rc = open_monitor(s)) < 0)
         goto fail;
-    rc = p->mode == KVB_MODE_BIND ? zmq_bind(s->sub, s->endpoint)
-                                  : zmq_connect(s->sub, s->endpoint);
+    rc =
+        p->mode == KVB_MODE_BIND ? zmq_bind(s->sub, s->endpoint) : zmq_connect(s->sub, s->endpoint);
     if (rc < 0) {
         rc = zerr();
         kvb_err("source", "%s: cannot %s: %s", s->endpoint,
@@ -440,15 +445,14 @@ static bool expire_idle(struct kvb_source *s, uint64_t now)
     kvb_inc(&s->m->streams_expired_total[0]);
     kvb_log_rl(&s->rl_expire, KVB_LOG_WARN, "source",
                "%s: %d streams (topics): expired %s, idle for %llu ms (if it comes back: a "
-               "new stream, with its start barrier)", s->name, MAX_STREAMS, st->name,
-               (unsigned long long)(now - st->used_ms));
+               "new stream, with its start barrier)",
+               s->name, MAX_STREAMS, st->name, (unsigned long long)(now - st->used_ms));
     free(st);
     s->streams[victim] = s->streams[--s->n_streams];
     return true;
 }
 
-static struct stream *find_stream(struct kvb_source *s, const void *topic, size_t n,
-                                  uint64_t now)
+static struct stream *find_stream(struct kvb_source *s, const void *topic, size_t n, uint64_t now)
 {
     for (size_t i = 0; i < s->n_streams; i++) {
         struct stream *st = s->streams[i];
@@ -573,8 +577,7 @@ static int op_request(void *ctx, uint64_t from)
 /* ops.cancel: late replies of a request must not reach the next one. */
 static void op_cancel(void *ctx) { close_dealer(ctx); }
 
-static int op_apply(void *ctx, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
-                    size_t len)
+static int op_apply(void *ctx, struct kvb_stream *st, uint64_t seq, const uint8_t *data, size_t len)
 {
     struct kvb_source *s = ctx;
     return kvb_pipeline_batch(s->pipe, st, seq, data, len);
@@ -610,8 +613,7 @@ static int read_replay(struct kvb_source *s, int budget)
     zmq_msg_t f[4];
     int total = 0;
     long events = 0;
-    while (kvb_replay_active(s->rp) && s->dealer && total < budget &&
-           events < READ_EVENT_BUDGET) {
+    while (kvb_replay_active(s->rp) && s->dealer && total < budget && events < READ_EVENT_BUDGET) {
         int n = recv_multipart(s->dealer, f, 4);
         if (n <= 0)
             return n < 0 ? n : total;
@@ -632,8 +634,8 @@ static int read_replay(struct kvb_source *s, int budget)
             close_frames(f, n, 4);
             continue;
         }
-        int rc = kvb_replay_reply(s->rp, seq, zmq_msg_data(&f[si + 1]),
-                                  zmq_msg_size(&f[si + 1]), kvb_mono_ms());
+        int rc = kvb_replay_reply(s->rp, seq, zmq_msg_data(&f[si + 1]), zmq_msg_size(&f[si + 1]),
+                                  kvb_mono_ms());
         close_frames(f, n, 4);
         if (rc < 0)
             return rc;
@@ -644,10 +646,7 @@ static int read_replay(struct kvb_source *s, int budget)
 
 size_t kvb_source_held(const struct kvb_source *s) { return kvb_replay_held(s->rp); }
 
-bool kvb_source_busy(const struct kvb_source *s)
-{
-    return s->draining || kvb_replay_active(s->rp);
-}
+bool kvb_source_busy(const struct kvb_source *s) { return s->draining || kvb_replay_active(s->rp); }
 
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 {
@@ -659,7 +658,8 @@ long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
     for (size_t i = 0; i < s->n_streams; i++)
         if (s->streams[i]->check_due || s->streams[i]->st.check_again)
             return s->live_ms + CHECK_QUIET_MS > now_ms
-                       ? (long)(s->live_ms + CHECK_QUIET_MS - now_ms) : 0;
+                       ? (long)(s->live_ms + CHECK_QUIET_MS - now_ms)
+                       : 0;
     return -1;
 }
 
@@ -679,13 +679,13 @@ static void drained(struct kvb_source *s)
         st->check_due |= st->st.has_last;
     }
     if (!armed) /* (once per check, not per pause of a flapping outage) */
-        kvb_info("source", "%s: %llu batches were queued when reading resumed: the engine "
-                 "may have dropped some, checking once the streams are quiet", s->name,
-                 (unsigned long long)s->drained);
+        kvb_info("source",
+                 "%s: %llu batches were queued when reading resumed: the engine "
+                 "may have dropped some, checking once the streams are quiet",
+                 s->name, (unsigned long long)s->drained);
 }
 
 /* ---- live messages ------------------------------------------------------ */
-
 
 /* Per-stream series: copied from the streams (which the pipeline and the
  * replay code keep) after each entry point, live or replay. */
@@ -765,7 +765,8 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             kvb_inc(&s->m->malformed_messages_total[KVB_MAL_UNKNOWN_TOPIC]);
             kvb_log_rl(&s->rl_topics, KVB_LOG_WARN, "source",
                        "%s: batch on topic '%s', which sources[].topics does not list: "
-                       "dropped", s->name, t);
+                       "dropped",
+                       s->name, t);
             close_frames(f, n, 3);
             continue;
         }
@@ -782,8 +783,8 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             if (s->p.mode == KVB_MODE_BIND)
                 st->peer_fd = fd;
             uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
-            rc = kvb_replay_live(s->rp, &st->st, seq,
-                                 zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), now);
+            rc =
+                kvb_replay_live(s->rp, &st->st, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), now);
             observe(s, p, serial, t0);
         }
         close_frames(f, n, 3);
@@ -882,7 +883,7 @@ static void refuse_peer(struct kvb_source *s, int fd)
     if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM ||
         getsockname(fd, (struct sockaddr *)&a, &al) < 0)
         return;
-    long local = a.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&a)->sin_port)
+    long local = a.ss_family == AF_INET    ? ntohs(((struct sockaddr_in *)&a)->sin_port)
                  : a.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&a)->sin6_port)
                                            : -2; /* ipc://: the fd is libzmq's, trust it */
     if (local != port && local != -2)
@@ -983,8 +984,8 @@ int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p)
             memcpy(&ev, d, 2);
             memcpy(&val, d + 2, 4);
             char addr[256];
-            size_t al = zmq_msg_size(&f[1]) < sizeof(addr) - 1 ? zmq_msg_size(&f[1])
-                                                                 : sizeof(addr) - 1;
+            size_t al =
+                zmq_msg_size(&f[1]) < sizeof(addr) - 1 ? zmq_msg_size(&f[1]) : sizeof(addr) - 1;
             memcpy(addr, zmq_msg_data(&f[1]), al);
             addr[al] = '\0';
             on_conn_event(s, ev, val, addr);

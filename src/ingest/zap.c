@@ -11,9 +11,9 @@
 #include "log.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
-#define ZAP_FRAMES 8   /* a CURVE request has 7 */
-#define LABEL_MAX 300  /* a source's name in the log */
-#define ADDR_MAX 64    /* a client's address in the log */
+#define ZAP_FRAMES 8  /* a CURVE request has 7 */
+#define LABEL_MAX 300 /* a source's name in the log */
+#define ADDR_MAX 64   /* a client's address in the log */
 
 struct domain {
     char name[KVB_ZAP_DOMAIN_MAX];

@@ -41,11 +41,11 @@ struct pair {
     uint64_t worker;
     uint32_t rank;
     bool has_last;
-    uint64_t last;     /* last event_id applied */
+    uint64_t last;      /* last event_id applied */
     uint64_t ring_from; /* every event from this id to last is in the ring */
-    struct rec *recs;  /* ring of cfg.recent_events records */
+    struct rec *recs;   /* ring of cfg.recent_events records */
     uint32_t head, count;
-    uint64_t *words;   /* ring of n_words words */
+    uint64_t *words; /* ring of n_words words */
     uint32_t n_words, w_head, w_used;
 };
 
@@ -79,10 +79,7 @@ static uint64_t child_key(uint32_t has_parent, uint64_t parent, uint64_t tokens)
     return mix((has_parent ? parent : 0x9e3779b97f4a7c15ull) ^ mix(tokens + has_parent));
 }
 
-static uint64_t home_hash(const struct space *s, uint32_t idx)
-{
-    return mix(s->e[idx].block);
-}
+static uint64_t home_hash(const struct space *s, uint32_t idx) { return mix(s->e[idx].block); }
 
 static uint64_t home_child(const struct space *s, uint32_t idx)
 {
@@ -146,7 +143,8 @@ static int64_t find_child(const struct space *s, uint32_t has_parent, uint64_t p
     uint32_t i = (uint32_t)child_key(has_parent, parent, tokens) & s->mask;
     for (; s->by_child[i]; i = (i + 1) & s->mask) {
         const struct entry *e = &s->e[s->by_child[i] - 1];
-        if (e->tokens == tokens && e->has_parent == has_parent && (!has_parent || e->parent == parent))
+        if (e->tokens == tokens && e->has_parent == has_parent &&
+            (!has_parent || e->parent == parent))
             return s->by_child[i] - 1;
     }
     return -1;
@@ -246,7 +244,8 @@ static void put_block(struct kvb_index *m, struct space *s, uint64_t block, uint
         if (e->has_parent == has_parent && e->parent == parent && e->tokens == tokens)
             return;
         if (find_child(s, e->has_parent, e->parent, e->tokens) == at)
-            table_del(s, s->by_child, home_child, table_slot(s, s->by_child, home_child, (uint32_t)at));
+            table_del(s, s->by_child, home_child,
+                      table_slot(s, s->by_child, home_child, (uint32_t)at));
         e->has_parent = has_parent;
         e->parent = has_parent ? parent : 0;
         e->tokens = tokens;
@@ -260,7 +259,8 @@ static void put_block(struct kvb_index *m, struct space *s, uint64_t block, uint
     /* the newest block of a (parent, tokens_hash) is the one a walk finds */
     int64_t old = find_child(s, has_parent, parent, tokens);
     if (old >= 0 && old != at)
-        table_del(s, s->by_child, home_child, table_slot(s, s->by_child, home_child, (uint32_t)old));
+        table_del(s, s->by_child, home_child,
+                  table_slot(s, s->by_child, home_child, (uint32_t)old));
     if (old != at)
         table_put(s, s->by_child, home_child(s, (uint32_t)at), (uint32_t)at);
 }
@@ -295,7 +295,8 @@ static struct space *space_make(struct kvb_index *m, uint64_t worker, uint32_t r
     struct space *s = space_get(m, worker, rank, tier);
     if (s)
         return s;
-    if (grow((void **)&m->sp, &m->cap_sp, m->n_sp, sizeof(*m->sp)) < 0 || !(s = calloc(1, sizeof(*s))))
+    if (grow((void **)&m->sp, &m->cap_sp, m->n_sp, sizeof(*m->sp)) < 0 ||
+        !(s = calloc(1, sizeof(*s))))
         return NULL;
     s->worker = worker;
     s->rank = rank;
@@ -353,7 +354,9 @@ static void ring_drop_oldest(struct pair *p)
 static void ring_push(struct pair *p, const struct kvb_rev *rev)
 {
     uint32_t nrec = p->n_words / WORDS_PER_EVENT;
-    uint32_t nw = rev->type == KVB_REVT_STORED ? 2 * rev->n : rev->type == KVB_REVT_REMOVED ? rev->n : 0;
+    uint32_t nw = rev->type == KVB_REVT_STORED    ? 2 * rev->n
+                  : rev->type == KVB_REVT_REMOVED ? rev->n
+                                                  : 0;
     if (nw > p->n_words) { /* larger than the whole ring: nothing before it stays */
         p->head = p->count = p->w_used = 0;
         p->ring_from = rev->event_id + 1;
@@ -377,9 +380,9 @@ static void ring_push(struct pair *p, const struct kvb_rev *rev)
         }
     }
     struct rec *r = &p->recs[(p->head + p->count) % nrec];
-    *r = (struct rec){rev->event_id, rev->epoch, rev->parent,
-                      (p->w_head + p->w_used) % p->n_words, nw, rev->n,
-                      rev->type, rev->tier, rev->has_parent};
+    *r = (struct rec){
+        rev->event_id, rev->epoch, rev->parent,    (p->w_head + p->w_used) % p->n_words, nw, rev->n,
+        rev->type,     rev->tier,  rev->has_parent};
     p->w_used += nw;
     p->count++;
 }
@@ -468,8 +471,7 @@ int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev)
     return res;
 }
 
-int kvb_index_set_last(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                        uint64_t last)
+int kvb_index_set_last(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t last)
 {
     struct pair *p = pair_make(m, worker_id, dp_rank);
     if (!p)
@@ -490,7 +492,7 @@ uint64_t kvb_index_bytes(const struct kvb_index *m) { return m->bytes; }
 uint64_t kvb_index_orphans(const struct kvb_index *m) { return m->orphans; }
 
 bool kvb_index_last_event_id(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                              uint64_t *out)
+                             uint64_t *out)
 {
     const struct pair *p = pair_get(m, worker_id, dp_rank);
     if (!p || !p->has_last)
@@ -507,7 +509,7 @@ size_t kvb_index_pairs(const struct kvb_index *m, struct kvb_index_pair *out, si
 }
 
 void kvb_index_match(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                      const uint64_t *th, size_t n, uint32_t matched[KVB_TIER__COUNT])
+                     const uint64_t *th, size_t n, uint32_t matched[KVB_TIER__COUNT])
 {
     for (int t = 0; t < KVB_TIER__COUNT; t++) {
         const struct space *s = space_get(m, worker_id, dp_rank, t);
@@ -537,8 +539,8 @@ static int scratch_reserve(struct kvb_index *m, uint32_t n)
 }
 
 int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                            uint64_t since, int (*fn)(void *ctx, const struct kvb_rev *rev),
-                            void *ctx)
+                           uint64_t since, int (*fn)(void *ctx, const struct kvb_rev *rev),
+                           void *ctx)
 {
     const struct pair *p = pair_get(m, worker_id, dp_rank);
     if (!p || !p->has_last)
@@ -552,9 +554,15 @@ int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_
         const struct rec *r = &p->recs[(p->head + i) % nrec];
         if (r->event_id <= since)
             continue;
-        struct kvb_rev rev = {.type = r->type, .tier = r->tier, .dp_rank = dp_rank,
-                              .worker_id = worker_id, .event_id = r->event_id, .epoch = r->epoch,
-                              .has_parent = r->has_parent, .parent = r->parent, .n = r->n};
+        struct kvb_rev rev = {.type = r->type,
+                              .tier = r->tier,
+                              .dp_rank = dp_rank,
+                              .worker_id = worker_id,
+                              .event_id = r->event_id,
+                              .epoch = r->epoch,
+                              .has_parent = r->has_parent,
+                              .parent = r->parent,
+                              .n = r->n};
         if (r->type != KVB_REVT_CLEARED && scratch_reserve(m, r->n) < 0)
             return -ENOMEM;
         if (r->type == KVB_REVT_STORED) {
@@ -582,9 +590,9 @@ struct snap_tier {
     uint32_t n;
     uint32_t *by_parent; /* entry indexes of blocks with a parent, sorted by parent */
     uint32_t n_by_parent;
-    uint32_t *by_block;  /* every entry index, sorted by block hash */
+    uint32_t *by_block; /* every entry index, sorted by block hash */
     uint8_t *done;
-    uint32_t next_root;  /* scan position for roots, then for leftovers */
+    uint32_t next_root; /* scan position for roots, then for leftovers */
     bool roots_done;
 };
 
@@ -594,15 +602,15 @@ struct kvb_index_snap {
     bool has_last;
     uint64_t last;
     struct snap_tier t[KVB_TIER__COUNT];
-    int tier;            /* the tier being dumped */
-    uint32_t *stack;     /* entries whose children are still to come */
+    int tier;        /* the tier being dumped */
+    uint32_t *stack; /* entries whose children are still to come */
     uint32_t n_stack;
     struct kvb_block *out;
     uint32_t out_cap;
 };
 
 int kvb_index_snapshot(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                        struct kvb_index_snap **out)
+                       struct kvb_index_snap **out)
 {
     struct kvb_index_snap *s = calloc(1, sizeof(*s));
     if (!s)
@@ -749,7 +757,8 @@ static int64_t chain_start(struct kvb_index_snap *s, struct snap_tier *st)
     }
     for (; st->next_root < st->n; st->next_root++) {
         uint32_t i = st->next_root;
-        if (!st->done[i] && (st->roots_done || !st->e[i].has_parent || lookup(st, st->e[i].parent) < 0))
+        if (!st->done[i] &&
+            (st->roots_done || !st->e[i].has_parent || lookup(st, st->e[i].parent) < 0))
             return i;
     }
     if (!st->roots_done) {
@@ -787,10 +796,14 @@ int kvb_index_snap_next(struct kvb_index_snap *s, uint32_t max_blocks, struct kv
             continue;
         }
         const struct entry *first = &st->e[at];
-        *out = (struct kvb_rev){.type = KVB_REVT_STORED, .tier = (uint8_t)s->tier,
-                                .dp_rank = s->rank, .worker_id = s->worker, .event_id = s->last,
+        *out = (struct kvb_rev){.type = KVB_REVT_STORED,
+                                .tier = (uint8_t)s->tier,
+                                .dp_rank = s->rank,
+                                .worker_id = s->worker,
+                                .event_id = s->last,
                                 .has_parent = parent_dumped(st, first),
-                                .parent = first->parent, .blocks = s->out};
+                                .parent = first->parent,
+                                .blocks = s->out};
         uint32_t n = 0;
         while (at >= 0 && n < max_blocks) {
             st->done[at] = 1;

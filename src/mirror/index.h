@@ -65,8 +65,7 @@ int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev);
 
 /* After a load (the blocks applied as stored events): the pair's last
  * event_id is `last`, its ring empty (events_since() before it: -ESTALE). */
-int kvb_index_set_last(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                        uint64_t last);
+int kvb_index_set_last(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t last);
 
 /* Gauges: resident blocks in one tier (over every pair), the bytes the
  * mirror holds, stores dropped for an unknown parent. */
@@ -76,7 +75,7 @@ uint64_t kvb_index_orphans(const struct kvb_index *m);
 
 /* The last event_id applied for a pair: false when the pair is unknown. */
 bool kvb_index_last_event_id(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                              uint64_t *out);
+                             uint64_t *out);
 
 /* The pairs the mirror knows, for listing: up to cap into out; returns how
  * many there are. */
@@ -90,14 +89,14 @@ size_t kvb_index_pairs(const struct kvb_index *m, struct kvb_index_pair *out, si
  * blocks' tokens_hash values, that are resident in each tier (the walk a
  * router does: block i must be the child of block i-1 by tokens_hash). */
 void kvb_index_match(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                      const uint64_t *tokens_hashes, size_t n, uint32_t matched[KVB_TIER__COUNT]);
+                     const uint64_t *tokens_hashes, size_t n, uint32_t matched[KVB_TIER__COUNT]);
 
 /* Events after an event_id, from the ring, oldest first: fn is called for
  * each (the kvb_rev is valid during the call).  0, -ENOENT (unknown pair),
  * or -ESTALE when `since` + 1 is older than the ring holds. */
 int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                            uint64_t since,
-                            int (*fn)(void *ctx, const struct kvb_rev *rev), void *ctx);
+                           uint64_t since, int (*fn)(void *ctx, const struct kvb_rev *rev),
+                           void *ctx);
 
 /* A dump's consistent copy of one pair: every resident block of every tier
  * as of last_event_id.  Taking it copies the pair's entries (one memcpy of
@@ -105,7 +104,7 @@ int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_
  * in kvb_index_snap_next(), on the caller's thread. */
 struct kvb_index_snap;
 int kvb_index_snapshot(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
-                        struct kvb_index_snap **out);
+                       struct kvb_index_snap **out);
 void kvb_index_snap_free(struct kvb_index_snap **s);
 uint64_t kvb_index_snap_event_id(const struct kvb_index_snap *s);
 bool kvb_index_snap_has_events(const struct kvb_index_snap *s); /* any event applied */

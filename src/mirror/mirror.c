@@ -7,11 +7,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "config.h"
-#include "log.h"
-#include "index.h"
-#include "persist.h"
 #include "clock.h"
+#include "config.h"
+#include "index.h"
+#include "log.h"
+#include "persist.h"
 #include "query.h"
 #include "query_nats.h"
 #include "sink.h"
@@ -35,8 +35,8 @@ static void add_worker(struct kvb_query_cfg *q, uint64_t w, const struct kvb_sou
 
 static struct kvb_query_cfg query_cfg(const struct kvb_config *c)
 {
-    struct kvb_query_cfg q = {.worker_id = c->worker_id, .block_size = c->block_size,
-                              .lora_salt = c->lora_salt};
+    struct kvb_query_cfg q = {
+        .worker_id = c->worker_id, .block_size = c->block_size, .lora_salt = c->lora_salt};
     for (size_t i = 0; i < c->n_sources; i++) { /* each source's worker(s) */
         const struct kvb_source_cfg *sc = &c->sources[i];
         if (!sc->n_topics)
@@ -48,7 +48,7 @@ static struct kvb_query_cfg query_cfg(const struct kvb_config *c)
 }
 
 int kvb_mirror_create(const struct kvb_config *c, struct kvb_metrics *m, int wake_fd,
-                         struct kvb_mirror **out)
+                      struct kvb_mirror **out)
 {
     struct kvb_mirror *r = calloc(1, sizeof(*r));
     if (!r)
@@ -66,7 +66,7 @@ int kvb_mirror_create(const struct kvb_config *c, struct kvb_metrics *m, int wak
         rc = kvb_query_create(&qc, m, wake_fd, &r->query);
     if (rc == 0 && r->max_blocks) {
         struct kvb_index_cfg mc = {.max_blocks = r->max_blocks,
-                                    .recent_events = c->query.recent_events};
+                                   .recent_events = c->query.recent_events};
         rc = kvb_index_create(&mc, &r->mirror);
         if (rc == 0 && c->state.dir[0])
             rc = kvb_persist_create(&r->saver);
@@ -140,18 +140,14 @@ int kvb_mirror_save_result(struct kvb_mirror *r, bool *done)
     return r && r->saver ? kvb_persist_save_result(r->saver, done) : 0;
 }
 
-bool kvb_mirror_persists(const struct kvb_mirror *r)
-{
-    return r && r->saver;
-}
+bool kvb_mirror_persists(const struct kvb_mirror *r) { return r && r->saver; }
 
 bool kvb_mirror_save_busy(struct kvb_mirror *r)
 {
     return r && r->saver && kvb_persist_save_busy(r->saver);
 }
 
-int kvb_mirror_save(struct kvb_mirror *r, const char *dir, struct kvb_state **st,
-                       bool wait)
+int kvb_mirror_save(struct kvb_mirror *r, const char *dir, struct kvb_state **st, bool wait)
 {
     if (!kvb_mirror_persists(r))
         return -ENOTSUP;
@@ -159,8 +155,7 @@ int kvb_mirror_save(struct kvb_mirror *r, const char *dir, struct kvb_state **st
 }
 
 int kvb_mirror_load(struct kvb_mirror *r, const char *dir, const struct kvb_state *cursors,
-                       void (*barrier)(void *ctx, uint64_t worker_id, uint32_t dp_rank),
-                       void *ctx)
+                    void (*barrier)(void *ctx, uint64_t worker_id, uint32_t dp_rank), void *ctx)
 {
     if (!r || !r->mirror || !cursors)
         return 0;
@@ -173,18 +168,15 @@ int kvb_mirror_load(struct kvb_mirror *r, const char *dir, const struct kvb_stat
         free(v);
         return n;
     }
-    kvb_info("state", "%s: residency mirror: %zu pair(s) loaded (%llu blocks), %d to clear",
-             dir, loaded, (unsigned long long)kvb_index_blocks(r->mirror, -1), n);
+    kvb_info("state", "%s: residency mirror: %zu pair(s) loaded (%llu blocks), %d to clear", dir,
+             loaded, (unsigned long long)kvb_index_blocks(r->mirror, -1), n);
     for (int i = 0; i < n; i++)
         barrier(ctx, v[i].worker_id, v[i].dp_rank);
     free(v);
     return n;
 }
 
-struct kvb_query *kvb_mirror_query(struct kvb_mirror *r)
-{
-    return r ? r->query : NULL;
-}
+struct kvb_query *kvb_mirror_query(struct kvb_mirror *r) { return r ? r->query : NULL; }
 
 void kvb_mirror_close(struct kvb_mirror *r)
 {

@@ -21,7 +21,7 @@
 #define VERSION 1u
 #define WRITE_BUF (64u << 10)
 #define CHAIN_BLOCKS 4096u
-#define END_MARK 0xffu   /* in place of a tier: the pair's chains end */
+#define END_MARK 0xffu /* in place of a tier: the pair's chains end */
 
 struct pair_save {
     uint64_t worker, last, epoch;
@@ -41,10 +41,10 @@ struct kvb_persist {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     pthread_t th;
-    bool running;     /* a thread exists (joined by the next start or destroy) */
-    bool busy;        /* mu: it has not finished */
-    bool has_result;  /* mu */
-    int result;       /* mu */
+    bool running;        /* a thread exists (joined by the next start or destroy) */
+    bool busy;           /* mu: it has not finished */
+    bool has_result;     /* mu */
+    int result;          /* mu */
     uint64_t next_ok_ms; /* mu: pacing */
 };
 
@@ -215,8 +215,8 @@ static const struct kvb_id_counter *counter_of(const struct kvb_state *st, uint6
     return NULL;
 }
 
-int kvb_persist_save_start(struct kvb_persist *s, const struct kvb_index *m,
-                          const char *dir, struct kvb_state **st, bool wait)
+int kvb_persist_save_start(struct kvb_persist *s, const struct kvb_index *m, const char *dir,
+                           struct kvb_state **st, bool wait)
 {
     if (wait) {
         wait_idle(s);
@@ -368,8 +368,8 @@ static int read_all(const char *path, uint8_t **out, size_t *len)
     return 0;
 }
 
-static bool consistent(const struct kvb_state *cur, uint64_t worker, uint32_t rank,
-                       bool has_last, uint64_t last, uint64_t epoch)
+static bool consistent(const struct kvb_state *cur, uint64_t worker, uint32_t rank, bool has_last,
+                       uint64_t last, uint64_t epoch)
 {
     const struct kvb_id_counter *c = counter_of(cur, worker, rank);
     return c && has_last && c->epoch == epoch && c->next_id == last + 1;
@@ -422,9 +422,14 @@ static int load_file(struct kvb_index *m, const uint8_t *buf, size_t len,
                 cap = n;
             }
             memcpy(blocks, b, (size_t)n * sizeof(*blocks));
-            struct kvb_rev rev = {.type = KVB_REVT_STORED, .tier = h[0], .dp_rank = rank,
-                                  .worker_id = worker, .event_id = last,
-                                  .has_parent = h[1], .parent = parent, .blocks = blocks,
+            struct kvb_rev rev = {.type = KVB_REVT_STORED,
+                                  .tier = h[0],
+                                  .dp_rank = rank,
+                                  .worker_id = worker,
+                                  .event_id = last,
+                                  .has_parent = h[1],
+                                  .parent = parent,
+                                  .blocks = blocks,
                                   .n = n};
             rc = kvb_index_apply(m, &rev);
         }
@@ -442,7 +447,7 @@ static int load_file(struct kvb_index *m, const uint8_t *buf, size_t len,
 }
 
 int kvb_persist_load(struct kvb_index *m, const char *dir, const struct kvb_state *cur,
-                    struct kvb_index_pair *out, size_t cap, size_t *n_loaded)
+                     struct kvb_index_pair *out, size_t cap, size_t *n_loaded)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof(path), "%s/%s", dir, KVB_MIRROR_FILE);

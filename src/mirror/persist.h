@@ -50,8 +50,8 @@ void kvb_persist_destroy(struct kvb_persist **s);
  * now), -EBUSY (a save is in progress or too recent; nothing started), or
  * -ENOMEM.  With wait, first waits for a save in progress and ignores the
  * pacing, then waits for this one: 0 or the write's error. */
-int kvb_persist_save_start(struct kvb_persist *s, const struct kvb_index *m,
-                          const char *dir, struct kvb_state **st, bool wait);
+int kvb_persist_save_start(struct kvb_persist *s, const struct kvb_index *m, const char *dir,
+                           struct kvb_state **st, bool wait);
 /* A save in progress, or the last one too recent (-EBUSY from start). */
 bool kvb_persist_save_busy(struct kvb_persist *s);
 /* The result of the last completed save (0 or a negative errno), once. */
@@ -63,6 +63,6 @@ int kvb_persist_save_result(struct kvb_persist *s, bool *done);
  * epoch): those need a barrier.  Returns the number of such pairs (up to cap
  * written to out), or a negative errno (-ENOMEM). */
 int kvb_persist_load(struct kvb_index *m, const char *dir, const struct kvb_state *cursors,
-                    struct kvb_index_pair *out, size_t cap, size_t *n_loaded);
+                     struct kvb_index_pair *out, size_t cap, size_t *n_loaded);
 
 #endif

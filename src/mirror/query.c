@@ -65,15 +65,13 @@ static bool json_u64(struct json_object *o, uint64_t max, uint64_t *out)
         errno = 0;
         *out = json_object_get_uint64(o);
         return errno == 0 && *out <= max;
-    case json_type_string:
-        return parse_digits(json_object_get_string(o), max, out);
-    default:
-        return false;
+    case json_type_string: return parse_digits(json_object_get_string(o), max, out);
+    default: return false;
     }
 }
 
-int kvb_query_parse_param(const char *name, const char *value, struct kvb_query_req *r,
-                          char *err, size_t cap)
+int kvb_query_parse_param(const char *name, const char *value, struct kvb_query_req *r, char *err,
+                          size_t cap)
 {
     uint64_t v;
     if (strcmp(name, "worker_id") == 0) {
@@ -115,8 +113,8 @@ static int parse_tokens(struct json_object *a, struct kvb_query_req *r, char *er
     return 0;
 }
 
-int kvb_query_parse_json(const char *body, size_t len, int default_op,
-                         struct kvb_query_req *r, char *err, size_t cap)
+int kvb_query_parse_json(const char *body, size_t len, int default_op, struct kvb_query_req *r,
+                         char *err, size_t cap)
 {
     memset(r, 0, sizeof(*r));
     r->op = default_op;
@@ -143,11 +141,13 @@ int kvb_query_parse_json(const char *body, size_t len, int default_op,
         rc = fail(err, cap, "%s", "the request is a JSON object");
         goto out;
     }
-    json_object_object_foreach(o, key, v) {
+    json_object_object_foreach(o, key, v)
+    {
         uint64_t u;
         if (strcmp(key, "op") == 0) {
             int op = json_object_is_type(v, json_type_string)
-                         ? kvb_query_op_of(json_object_get_string(v)) : -1;
+                         ? kvb_query_op_of(json_object_get_string(v))
+                         : -1;
             if (op < 0 || (default_op >= 0 && op != default_op)) {
                 rc = fail(err, cap, "%s: \"dump\", \"events\" or \"match\"", "op");
                 goto out;
@@ -228,14 +228,14 @@ void kvb_query_req_free(struct kvb_query_req *r)
 
 struct kvb_query_answer {
     struct kvb_metrics *m;
-    int op;              /* enum kvb_qop_label (INVALID for refusals) */
+    int op; /* enum kvb_qop_label (INVALID for refusals) */
     int status;
     uint64_t start_ns;
     uint64_t sent;
-    bool has_last;       /* a last line {"last_event_id":N} ends the answer */
+    bool has_last; /* a last line {"last_event_id":N} ends the answer */
     uint64_t last;
     bool last_done;
-    char *text;          /* a one-line answer (match, error) */
+    char *text; /* a one-line answer (match, error) */
     bool text_done;
     /* dump */
     struct kvb_index_snap *snap;
@@ -343,8 +343,8 @@ void kvb_query_answer_free(struct kvb_query_answer **pa)
         kvb_add_shared(&a->m->queries_total[a->op], 1);
         kvb_add_shared(&a->m->query_bytes_total[a->op], a->sent);
         uint64_t now = kvb_mono_ns();
-        kvb_metrics_observe_shared_query_duration_seconds(a->m, now > a->start_ns
-                                                                    ? now - a->start_ns : 0);
+        kvb_metrics_observe_shared_query_duration_seconds(
+            a->m, now > a->start_ns ? now - a->start_ns : 0);
     }
     kvb_index_snap_free(&a->snap);
     kvb_encoder_destroy(&a->enc);
@@ -363,7 +363,7 @@ struct job {
     uint64_t worker;
     uint32_t rank;
     uint64_t since;
-    uint64_t *th;        /* match: tokens_hash per full block */
+    uint64_t *th; /* match: tokens_hash per full block */
     size_t n_th;
     struct kvb_query_answer *a;
     bool taken, done;
@@ -372,11 +372,11 @@ struct job {
 
 struct kvb_query {
     pthread_mutex_t mu;
-    pthread_cond_t cond; /* a job is done (CLOCK_MONOTONIC) */
+    pthread_cond_t cond;      /* a job is done (CLOCK_MONOTONIC) */
     struct kvb_query_cfg cfg; /* mu */
     struct kvb_metrics *m;
     int wake_fd;
-    bool closed;         /* mu */
+    bool closed;              /* mu */
     struct job *head, **tail; /* mu: queued, not yet taken by the loop */
 };
 
@@ -421,8 +421,9 @@ void kvb_query_set_config(struct kvb_query *q, const struct kvb_query_cfg *cfg)
 static int copy_event(void *ctx, const struct kvb_rev *rev)
 {
     struct kvb_query_answer *a = ctx;
-    size_t w = rev->type == KVB_REVT_STORED ? 2 * (size_t)rev->n
-               : rev->type == KVB_REVT_REMOVED ? rev->n : 0;
+    size_t w = rev->type == KVB_REVT_STORED    ? 2 * (size_t)rev->n
+               : rev->type == KVB_REVT_REMOVED ? rev->n
+                                               : 0;
     if (a->n_revs == a->cap_revs) {
         size_t nc = a->cap_revs ? a->cap_revs * 2 : 64;
         struct kvb_rev *v = realloc(a->revs, nc * sizeof(*v));
@@ -459,8 +460,8 @@ static void fix_events(struct kvb_query_answer *a)
 {
     for (size_t i = 0; i < a->n_revs; i++) {
         struct kvb_rev *r = &a->revs[i];
-        r->blocks = r->type == KVB_REVT_STORED ? (const struct kvb_block *)(a->words + a->offs[i])
-                                               : NULL;
+        r->blocks =
+            r->type == KVB_REVT_STORED ? (const struct kvb_block *)(a->words + a->offs[i]) : NULL;
         r->hashes = r->type == KVB_REVT_REMOVED ? a->words + a->offs[i] : NULL;
     }
 }
@@ -575,8 +576,7 @@ void kvb_query_destroy(struct kvb_query **pq)
     *pq = NULL;
 }
 
-int kvb_query_error(struct kvb_query *q, int status, const char *msg,
-                    struct kvb_query_answer **out)
+int kvb_query_error(struct kvb_query *q, int status, const char *msg, struct kvb_query_answer **out)
 {
     struct kvb_query_answer *a = answer_new(q ? q->m : NULL, KVB_QOP_INVALID, kvb_mono_ns());
     if (!a)
@@ -603,8 +603,9 @@ static int hash_tokens(const struct kvb_query_req *r, const struct kvb_query_cfg
         }
     uint32_t bs = r->block_size ? r->block_size : cbs;
     if (!bs)
-        return fail(err, cap, "%s", "block_size is auto in the configuration: give "
-                                        "\"block_size\" in the request");
+        return fail(err, cap, "%s",
+                    "block_size is auto in the configuration: give "
+                    "\"block_size\" in the request");
     uint64_t seed = KVB_TOKENS_HASH_SEED;
     if (salt && r->lora_name && r->lora_name[0])
         seed = kvb_lora_seed(r->lora_name, strlen(r->lora_name));
@@ -617,8 +618,7 @@ static int hash_tokens(const struct kvb_query_req *r, const struct kvb_query_cfg
     return 0;
 }
 
-int kvb_query_run(struct kvb_query *q, const struct kvb_query_req *r,
-                  struct kvb_query_answer **out)
+int kvb_query_run(struct kvb_query *q, const struct kvb_query_req *r, struct kvb_query_answer **out)
 {
     uint64_t start = kvb_mono_ns();
     char err[256];

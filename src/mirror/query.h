@@ -47,13 +47,13 @@ struct kvb_index;
 #define KVB_QUERY_MAX_REQUEST (8u << 20) /* bytes of one request body */
 
 struct kvb_query_req {
-    int op;              /* enum kvb_qop_label: DUMP, EVENTS, MATCH */
-    bool has_worker;     /* else the daemon's worker_id */
+    int op;          /* enum kvb_qop_label: DUMP, EVENTS, MATCH */
+    bool has_worker; /* else the daemon's worker_id */
     uint64_t worker_id;
-    uint32_t dp_rank;    /* default 0 */
-    bool has_since;      /* events: required */
+    uint32_t dp_rank; /* default 0 */
+    bool has_since;   /* events: required */
     uint64_t since;
-    uint32_t *tokens;    /* match: token_ids (malloc'ed) */
+    uint32_t *tokens; /* match: token_ids (malloc'ed) */
     size_t n_tokens;
     char *lora_name;     /* match: NULL or "" = none */
     uint32_t block_size; /* match: 0 = the configured one */
@@ -64,12 +64,12 @@ struct kvb_query_req {
  * absent when default_op >= 0 (POST /v1/match).  worker_id, dp_rank and
  * since are integers or strings of digits (a u64 does not fit a JS number).
  * 0, or -EINVAL with a message in err; -ENOMEM.  Parsed with json-c. */
-int kvb_query_parse_json(const char *body, size_t len, int default_op,
-                         struct kvb_query_req *out, char *err, size_t err_cap);
+int kvb_query_parse_json(const char *body, size_t len, int default_op, struct kvb_query_req *out,
+                         char *err, size_t err_cap);
 /* One HTTP query parameter (worker_id, dp_rank, since; others are ignored):
  * 0 or -EINVAL with a message. */
-int kvb_query_parse_param(const char *name, const char *value, struct kvb_query_req *r,
-                          char *err, size_t err_cap);
+int kvb_query_parse_param(const char *name, const char *value, struct kvb_query_req *r, char *err,
+                          size_t err_cap);
 /* Required fields present (since for events, token_ids for match)? */
 int kvb_query_check(const struct kvb_query_req *r, char *err, size_t err_cap);
 void kvb_query_req_free(struct kvb_query_req *r);
@@ -81,7 +81,7 @@ struct kvb_query_cfg {
     uint64_t worker_id;  /* the default pair's worker */
     uint32_t block_size; /* 0 = auto: match needs "block_size" */
     bool lora_salt;
-    uint32_t wait_ms;    /* how long a transport waits for the loop; then 503 */
+    uint32_t wait_ms; /* how long a transport waits for the loop; then 503 */
     /* Workers whose block_size / lora_salt differ from the above (several
      * engines, one kvbridge: sources[]): a match for one of them hashes
      * with its own.  The first KVB_QUERY_MAX_WORKERS only. */

@@ -92,8 +92,8 @@ static enum MHD_Result send_answer(struct MHD_Connection *c, struct kvb_query_an
         stream_free(s);
         return MHD_NO;
     }
-    MHD_add_response_header(r, "Content-Type", status == 200 ? "application/x-ndjson"
-                                                              : "application/json");
+    MHD_add_response_header(r, "Content-Type",
+                            status == 200 ? "application/x-ndjson" : "application/json");
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return rc;
@@ -183,8 +183,9 @@ enum MHD_Result kvb_http_query(struct MHD_Connection *c, struct kvb_query *q, co
         kvb_query_req_free(&r);
         return res;
     }
-    int op = strcmp(url, "/v1/dump") == 0 ? KVB_QOP_DUMP
-             : strcmp(url, "/v1/events") == 0 ? KVB_QOP_EVENTS : -1;
+    int op = strcmp(url, "/v1/dump") == 0     ? KVB_QOP_DUMP
+             : strcmp(url, "/v1/events") == 0 ? KVB_QOP_EVENTS
+                                              : -1;
     if (op < 0 && strcmp(url, MATCH_PATH) != 0)
         return send_error(c, q, 404, "unknown path: /v1/dump, /v1/events or /v1/match");
     if (op < 0 || !get)

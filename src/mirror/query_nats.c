@@ -27,8 +27,8 @@
 #include "log.h"
 #include "query.h"
 
-#define HEADER_ROOM 256          /* bytes kept for the headers in each part */
-#define FLOW_BYTES (1u << 20)    /* flush (PING/PONG) after this many bytes */
+#define HEADER_ROOM 256       /* bytes kept for the headers in each part */
+#define FLOW_BYTES (1u << 20) /* flush (PING/PONG) after this many bytes */
 #define FLUSH_TIMEOUT_MS 10000
 
 struct parts {
@@ -121,8 +121,8 @@ void kvb_query_nats_handle(void *closure, void *nats_conn, void *nats_msg)
     struct kvb_query_req r;
     struct kvb_query_answer *a = NULL;
     char err[256];
-    int rc = kvb_query_parse_json(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), -1,
-                                  &r, err, sizeof(err));
+    int rc = kvb_query_parse_json(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), -1, &r,
+                                  err, sizeof(err));
     if (rc == 0) {
         rc = kvb_query_run(q, &r, &a);
         kvb_query_req_free(&r);

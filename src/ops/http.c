@@ -53,29 +53,32 @@ static char *not_ready_why(const struct kvb_metrics *m)
             break;
         if (!kvb_get(&s->gone))
             continue;
-        fprintf(f, "not ready: engine gone: %s dp_rank %u (its metrics/health URL has not "
-                   "answered for %llu ms and no batch came)\n",
+        fprintf(f,
+                "not ready: engine gone: %s dp_rank %u (its metrics/health URL has not "
+                "answered for %llu ms and no batch came)\n",
                 s->source, s->dp_rank, (unsigned long long)kvb_get(&s->dead_after_ms));
         n++;
     }
     uint64_t held = kvb_get(&m->live_held_ms), paused = kvb_get(&m->paused_ms);
     if (held > 1000) {
         fprintf(f, "not ready: %llu live batch(es) held back behind a replay for %llu ms\n",
-                (unsigned long long)kvb_get(&m->live_held_batches[0]),
-                (unsigned long long)held);
+                (unsigned long long)kvb_get(&m->live_held_batches[0]), (unsigned long long)held);
         n++;
     }
     if (paused > 1000) {
-        fprintf(f, "not ready: NATS has not taken router events for %llu ms (%llu bytes "
-                   "pending): reading the engines is paused\n",
+        fprintf(f,
+                "not ready: NATS has not taken router events for %llu ms (%llu bytes "
+                "pending): reading the engines is paused\n",
                 (unsigned long long)paused, (unsigned long long)kvb_get(&m->nats_pending_bytes[0]));
         n++;
     }
     if (kvb_get(&m->state_save_failing[0])) {
         char buf[128];
         const char *e = strerror_r((int)kvb_get(&m->state_save_errno), buf, sizeof(buf));
-        fprintf(f, "not ready: cannot save state.dir (%s): a restart would resume from an "
-                   "older state (kvbridge_state_save_failing)\n", e);
+        fprintf(f,
+                "not ready: cannot save state.dir (%s): a restart would resume from an "
+                "older state (kvbridge_state_save_failing)\n",
+                e);
         n++;
     }
     if (fclose(f) != 0 || n == 0) {
@@ -94,8 +97,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     static char not_found[] = "not found\n", bad_method[] = "method not allowed\n";
     static char ok[] = "ok\n", stalled[] = "loop stalled\n", not_ready[] = "not ready\n";
     if (strncmp(url, "/v1/", 4) == 0)
-        return kvb_http_query(c, atomic_load(&h->query), url, method, upload, upload_size,
-                              con_cls);
+        return kvb_http_query(c, atomic_load(&h->query), url, method, upload, upload_size, con_cls);
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return reply(c, 405, "text/plain", bad_method, sizeof(bad_method) - 1,
                      MHD_RESPMEM_PERSISTENT);
@@ -197,13 +199,13 @@ int kvb_http_start(const char *listen, const struct kvb_metrics *m, const char *
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     errno = 0;
-    h->mhd = MHD_start_daemon(
-        flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)KVB_HTTP_CONN_LIMIT,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)KVB_HTTP_PER_IP_LIMIT,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVB_HTTP_IDLE_TIMEOUT_S,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVB_HTTP_CONN_MEMORY,
-        MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_END);
+    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR,
+                              (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)KVB_HTTP_CONN_LIMIT, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                              (unsigned)KVB_HTTP_PER_IP_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT,
+                              (unsigned)KVB_HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                              (size_t)KVB_HTTP_CONN_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, completed,
+                              NULL, MHD_OPTION_END);
     if (!h->mhd) {
         rc = errno ? -errno : -EADDRINUSE;
         free(h);

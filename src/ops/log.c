@@ -11,8 +11,8 @@
 
 #include "clock.h"
 
-static int log_level = KVB_LOG_INFO;  /* the one allowed global (with signal flags) */
-static bool log_journal = false;      /* derived from the environment at start */
+static int log_level = KVB_LOG_INFO; /* the one allowed global (with signal flags) */
+static bool log_journal = false;     /* derived from the environment at start */
 
 void kvb_log_set_level(int level) { log_level = level; }
 int kvb_log_get_level(void) { return log_level; }

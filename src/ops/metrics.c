@@ -36,8 +36,8 @@ void kvb_histogram_observe(struct kvb_histogram *h, const uint64_t *bounds, int 
     kvb_add(&h->sum_ns, ns);
 }
 
-void kvb_histogram_observe_shared(struct kvb_histogram *h, const uint64_t *bounds,
-                                  int n_bounds, uint64_t ns)
+void kvb_histogram_observe_shared(struct kvb_histogram *h, const uint64_t *bounds, int n_bounds,
+                                  uint64_t ns)
 {
     int i = 0;
     while (i < n_bounds && ns > bounds[i])
@@ -48,17 +48,17 @@ void kvb_histogram_observe_shared(struct kvb_histogram *h, const uint64_t *bound
 }
 
 #define KVB_BOUND(ns) (uint64_t)(ns),
-#define KVB_HIST_DEF(name, buckets, help)                                      \
-    static const uint64_t bounds_##name[] = {buckets(KVB_BOUND)};              \
-    _Static_assert(sizeof(bounds_##name) / sizeof(uint64_t) < 32, "too many buckets"); \
-    void kvb_metrics_observe_##name(struct kvb_metrics *m, uint64_t ns)        \
-    {                                                                          \
-        kvb_histogram_observe(&m->name, bounds_##name,                         \
-                              (int)(sizeof(bounds_##name) / sizeof(uint64_t)), ns); \
-    }                                                                          \
-    void kvb_metrics_observe_shared_##name(struct kvb_metrics *m, uint64_t ns) \
-    {                                                                          \
-        kvb_histogram_observe_shared(&m->name, bounds_##name,                  \
+#define KVB_HIST_DEF(name, buckets, help)                                                  \
+    static const uint64_t bounds_##name[] = {buckets(KVB_BOUND)};                          \
+    _Static_assert(sizeof(bounds_##name) / sizeof(uint64_t) < 32, "too many buckets");     \
+    void kvb_metrics_observe_##name(struct kvb_metrics *m, uint64_t ns)                    \
+    {                                                                                      \
+        kvb_histogram_observe(&m->name, bounds_##name,                                     \
+                              (int)(sizeof(bounds_##name) / sizeof(uint64_t)), ns);        \
+    }                                                                                      \
+    void kvb_metrics_observe_shared_##name(struct kvb_metrics *m, uint64_t ns)             \
+    {                                                                                      \
+        kvb_histogram_observe_shared(&m->name, bounds_##name,                              \
                                      (int)(sizeof(bounds_##name) / sizeof(uint64_t)), ns); \
     }
 KVB_HISTOGRAMS(KVB_HIST_DEF)
@@ -180,8 +180,7 @@ static void histogram(struct out *o, const char *name, const char *help,
 }
 
 static void family(struct out *o, const char *kind, const char *name, const char *label,
-                   const char *const *values, int n, const _Atomic uint64_t *v,
-                   const char *help)
+                   const char *const *values, int n, const _Atomic uint64_t *v, const char *help)
 {
     head(o, name, kind, help);
     for (int i = 0; i < n; i++) {
@@ -204,41 +203,40 @@ int kvb_metrics_render(const struct kvb_metrics *m, const char *version, char **
     put_label(&o, version);
     put(&o, "\"} 1\n");
 
-#define KVB_RENDER(kind, name, label, list, help)                              \
-    {                                                                          \
-        static const char *const vals_##name[] = {list(KVB_STR_ITEM)};         \
+#define KVB_RENDER(kind, name, label, list, help)                                        \
+    {                                                                                    \
+        static const char *const vals_##name[] = {list(KVB_STR_ITEM)};                   \
         family(&o, #kind, #name, label, vals_##name, KVB_COUNT_OF(list), m->name, help); \
     }
     KVB_METRICS(KVB_RENDER)
-#define KVB_RENDER_HIST(name, buckets, help)                                   \
-    histogram(&o, #name, help, &m->name, bounds_##name,                        \
+#define KVB_RENDER_HIST(name, buckets, help)            \
+    histogram(&o, #name, help, &m->name, bounds_##name, \
               (int)(sizeof(bounds_##name) / sizeof(uint64_t)));
     KVB_HISTOGRAMS(KVB_RENDER_HIST)
 
-#define KVB_RENDER_STREAM(kind, name, field, help)                             \
-    head(&o, #name, #kind, help);                                              \
-    for (int i = 0; i < KVB_MAX_STREAM_SLOTS; i++) {                           \
-        const struct kvb_stream_slot *s = &m->streams[i];                      \
+#define KVB_RENDER_STREAM(kind, name, field, help)                                \
+    head(&o, #name, #kind, help);                                                 \
+    for (int i = 0; i < KVB_MAX_STREAM_SLOTS; i++) {                              \
+        const struct kvb_stream_slot *s = &m->streams[i];                         \
         if (!atomic_load_explicit((_Atomic int *)&s->used, memory_order_acquire)) \
-            break;                                                             \
-        put(&o, "kvbridge_%s{source=\"", #name);                               \
-        put_label(&o, s->source);                                              \
-        put(&o, "\",topic=\"");                                                \
-        put_label(&o, s->topic);                                               \
-        put(&o, "\"} %llu\n", (unsigned long long)kvb_get(&s->field));        \
+            break;                                                                \
+        put(&o, "kvbridge_%s{source=\"", #name);                                  \
+        put_label(&o, s->source);                                                 \
+        put(&o, "\",topic=\"");                                                   \
+        put_label(&o, s->topic);                                                  \
+        put(&o, "\"} %llu\n", (unsigned long long)kvb_get(&s->field));            \
     }
     KVB_STREAM_METRICS(KVB_RENDER_STREAM)
 
-#define KVB_RENDER_ENGINE(kind, name, field, help)                             \
-    head(&o, #name, #kind, help);                                              \
-    for (int i = 0; i < KVB_MAX_ENGINE_SLOTS; i++) {                           \
-        const struct kvb_engine_slot *s = &m->engines[i];                      \
-        if (!atomic_load_explicit((_Atomic int *)&s->used, memory_order_acquire)) \
-            break;                                                             \
-        put(&o, "kvbridge_%s{source=\"", #name);                               \
-        put_label(&o, s->source);                                              \
-        put(&o, "\",dp_rank=\"%u\"} %llu\n", s->dp_rank,                       \
-            (unsigned long long)kvb_get(&s->field));                           \
+#define KVB_RENDER_ENGINE(kind, name, field, help)                                                \
+    head(&o, #name, #kind, help);                                                                 \
+    for (int i = 0; i < KVB_MAX_ENGINE_SLOTS; i++) {                                              \
+        const struct kvb_engine_slot *s = &m->engines[i];                                         \
+        if (!atomic_load_explicit((_Atomic int *)&s->used, memory_order_acquire))                 \
+            break;                                                                                \
+        put(&o, "kvbridge_%s{source=\"", #name);                                                  \
+        put_label(&o, s->source);                                                                 \
+        put(&o, "\",dp_rank=\"%u\"} %llu\n", s->dp_rank, (unsigned long long)kvb_get(&s->field)); \
     }
     KVB_ENGINE_METRICS(KVB_RENDER_ENGINE)
 

@@ -141,8 +141,8 @@ static void engine_part(FILE *f, const struct kvb_metrics *m, const char *name)
         else if (!kvb_get(&e->up))
             fputs("not answering", f);
         else
-            fprintf(f, "kv %" PRIu64 "/%" PRIu64 " blocks, %" PRIu64 " running, %" PRIu64
-                       " waiting",
+            fprintf(f,
+                    "kv %" PRIu64 "/%" PRIu64 " blocks, %" PRIu64 " running, %" PRIu64 " waiting",
                     kvb_get(&e->used_blocks), kvb_get(&e->total_blocks), kvb_get(&e->running),
                     kvb_get(&e->waiting));
     }
@@ -164,15 +164,16 @@ int kvb_stats_format(const struct kvb_metrics *prev, const struct kvb_metrics *c
     uint64_t published = sum_delta(cur->router_events_published_total,
                                    prev->router_events_published_total, KVB_REVT__COUNT);
     uint64_t barriers = sum_delta(cur->barriers_total, prev->barriers_total, KVB_BAR__COUNT);
-    uint64_t dropped = sum_delta(cur->events_dropped_total, prev->events_dropped_total,
-                                 KVB_DROP__COUNT);
-    uint64_t malformed = sum_delta(cur->malformed_messages_total, prev->malformed_messages_total,
-                                   KVB_MAL__COUNT);
+    uint64_t dropped =
+        sum_delta(cur->events_dropped_total, prev->events_dropped_total, KVB_DROP__COUNT);
+    uint64_t malformed =
+        sum_delta(cur->malformed_messages_total, prev->malformed_messages_total, KVB_MAL__COUNT);
     uint64_t loads = D(load_messages_published_total[0]);
     uint64_t pending = kvb_get(&cur->nats_pending_bytes[0]);
     if (!batches && !published && !barriers && !dropped && !malformed) {
-        fprintf(f, "idle for %" PRIu64 " s: no batches, nothing published; nats pending %" PRIu64
-                   " B, %" PRIu64 " load messages, %" PRIu64 " engine(s) gone\n",
+        fprintf(f,
+                "idle for %" PRIu64 " s: no batches, nothing published; nats pending %" PRIu64
+                " B, %" PRIu64 " load messages, %" PRIu64 " engine(s) gone\n",
                 secs, pending, loads, kvb_get(&cur->engines_gone[0]));
         return 1;
     }
@@ -202,7 +203,8 @@ int kvb_stats_format(const struct kvb_metrics *prev, const struct kvb_metrics *c
     for (int i = 0; i < KVB_MAX_ENGINE_SLOTS && slot_used(&cur->engines[i].used); i++) {
         const char *name = cur->engines[i].source;
         bool has_stream = false;
-        for (int j = 0; j < KVB_MAX_STREAM_SLOTS && slot_used(&cur->streams[j].used) && !has_stream; j++)
+        for (int j = 0; j < KVB_MAX_STREAM_SLOTS && slot_used(&cur->streams[j].used) && !has_stream;
+             j++)
             has_stream = strcmp(cur->streams[j].source, name) == 0;
         if (has_stream || seen_before(cur, i, name, true))
             continue;
@@ -211,13 +213,14 @@ int kvb_stats_format(const struct kvb_metrics *prev, const struct kvb_metrics *c
         fputc('\n', f);
         lines++;
     }
-    fprintf(f, "all: %" PRIu64 " s, %.1f batches/s, %.1f events/s, published %" PRIu64, secs,
-            per_s(batches, elapsed_ms),
-            per_s(sum_delta(cur->events_received_total, prev->events_received_total,
-                            KVB_EVT__COUNT), elapsed_ms),
-            published);
-    by_label(f, cur->router_events_published_total, prev->router_events_published_total,
-             rev_names, KVB_REVT__COUNT);
+    fprintf(
+        f, "all: %" PRIu64 " s, %.1f batches/s, %.1f events/s, published %" PRIu64, secs,
+        per_s(batches, elapsed_ms),
+        per_s(sum_delta(cur->events_received_total, prev->events_received_total, KVB_EVT__COUNT),
+              elapsed_ms),
+        published);
+    by_label(f, cur->router_events_published_total, prev->router_events_published_total, rev_names,
+             KVB_REVT__COUNT);
     /* barriers: "cleared" by cause (the word "barrier" stays out of this
      * line: log readers and tests grep for it to find the events) */
     fprintf(f, ", cleared by cause %" PRIu64, barriers);
@@ -226,8 +229,7 @@ int kvb_stats_format(const struct kvb_metrics *prev, const struct kvb_metrics *c
             D(seq_gaps_total[0]), D(replays_requested_total[0]), D(replays_filled_total[0]),
             D(replays_failed_total[0]));
     fprintf(f, ", dropped %" PRIu64, dropped);
-    by_label(f, cur->events_dropped_total, prev->events_dropped_total, drop_names,
-             KVB_DROP__COUNT);
+    by_label(f, cur->events_dropped_total, prev->events_dropped_total, drop_names, KVB_DROP__COUNT);
     fprintf(f, ", malformed %" PRIu64 ", nats pending %" PRIu64 " B, load messages %" PRIu64,
             malformed, pending, loads);
     uint64_t p99 = p99_ns(&cur->batch_processing_seconds, &prev->batch_processing_seconds);

@@ -19,8 +19,8 @@ struct kvb_converter {
     size_t n_ctr, cap_ctr;
     size_t last_hit;
 
-    bool has_ns;        /* cfg.cache_namespace given: its term of the seed */
-    uint64_t ns_term;   /* XXH3_64(cache_namespace, seed 1) */
+    bool has_ns;      /* cfg.cache_namespace given: its term of the seed */
+    uint64_t ns_term; /* XXH3_64(cache_namespace, seed 1) */
 
     struct kvb_block *blocks; /* scratch for one event, grows to the largest seen */
     uint64_t *hashes;
@@ -104,10 +104,7 @@ bool kvb_converter_has_counter(const struct kvb_converter *c, uint64_t worker, u
     return false;
 }
 
-void kvb_converter_set_epoch(struct kvb_converter *c, uint64_t epoch_ms)
-{
-    c->epoch = epoch_ms;
-}
+void kvb_converter_set_epoch(struct kvb_converter *c, uint64_t epoch_ms) { c->epoch = epoch_ms; }
 
 /* ---- event_id counters -------------------------------------------------- */
 
@@ -154,8 +151,7 @@ int kvb_convert_pair_state(const struct kvb_converter *c, uint32_t dp_rank)
     return KVB_PAIR_NONE;
 }
 
-size_t kvb_converter_counters(const struct kvb_converter *c, struct kvb_id_counter *out,
-                              size_t cap)
+size_t kvb_converter_counters(const struct kvb_converter *c, struct kvb_id_counter *out, size_t cap)
 {
     size_t n = c->n_ctr < cap ? c->n_ctr : cap;
     for (size_t i = 0; i < n; i++)
@@ -330,14 +326,21 @@ int kvb_tier_from_medium(const struct kvb_str *medium, bool *unknown)
         const char *name;
         int tier;
     } map[] = {
-        {"GPU", KVB_TIER_DEVICE},        {"DEVICE", KVB_TIER_DEVICE},
-        {"CPU", KVB_TIER_HOST_PINNED},   {"CPU_PINNED", KVB_TIER_HOST_PINNED},
+        {"GPU", KVB_TIER_DEVICE},
+        {"DEVICE", KVB_TIER_DEVICE},
+        {"CPU", KVB_TIER_HOST_PINNED},
+        {"CPU_PINNED", KVB_TIER_HOST_PINNED},
         {"CPU_TIER1", KVB_TIER_HOST_PINNED},
-        {"CPU_TIER2", KVB_TIER_DISK},    {"DISK", KVB_TIER_DISK},
-        {"NVME", KVB_TIER_DISK},         {"STORAGE", KVB_TIER_DISK},
-        {"FS", KVB_TIER_DISK},           {"OBJ", KVB_TIER_DISK},
-        {"EXTERNAL", KVB_TIER_EXTERNAL}, {"NETWORK", KVB_TIER_EXTERNAL},
-        {"REMOTE", KVB_TIER_EXTERNAL},   {"SHARED", KVB_TIER_EXTERNAL},
+        {"CPU_TIER2", KVB_TIER_DISK},
+        {"DISK", KVB_TIER_DISK},
+        {"NVME", KVB_TIER_DISK},
+        {"STORAGE", KVB_TIER_DISK},
+        {"FS", KVB_TIER_DISK},
+        {"OBJ", KVB_TIER_DISK},
+        {"EXTERNAL", KVB_TIER_EXTERNAL},
+        {"NETWORK", KVB_TIER_EXTERNAL},
+        {"REMOTE", KVB_TIER_EXTERNAL},
+        {"SHARED", KVB_TIER_EXTERNAL},
     };
     *unknown = false;
     if (!medium->ptr)
@@ -454,8 +457,7 @@ static uint64_t event_seed(const struct kvb_converter *c, const struct kvb_event
 
 /* Block i's multimodal hashes (Dynamo's extra_keys_to_block_mm_infos), in
  * extra_keys order, appended at c->mm[*n]. */
-static void block_mm(struct kvb_converter *c, const struct kvb_event *ev, uint32_t i,
-                     uint32_t *n)
+static void block_mm(struct kvb_converter *c, const struct kvb_event *ev, uint32_t i, uint32_t *n)
 {
     if (i >= ev->n_xkey_blocks)
         return;
@@ -475,8 +477,8 @@ static int cmp_u64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev,
-                          uint32_t rank, struct kvb_rev *out, int *why)
+static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
+                          struct kvb_rev *out, int *why)
 {
     int tier, r = common_filters(c, ev, &tier);
     if (r >= 0)
@@ -548,8 +550,8 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev,
     return take_id(c, rank, out);
 }
 
-static int convert_removed(struct kvb_converter *c, const struct kvb_event *ev,
-                           uint32_t rank, struct kvb_rev *out, int *why)
+static int convert_removed(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
+                           struct kvb_rev *out, int *why)
 {
     int tier, r = common_filters(c, ev, &tier);
     if (r >= 0)

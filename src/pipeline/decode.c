@@ -127,6 +127,7 @@ static uint32_t be32(const uint8_t *p)
  * int/uint/float 8..64, fixext, fixstr), or VARIABLE (containers, str/bin/
  * ext 8..32, and 0xc1, which the slow path refuses). */
 #define VARIABLE 0xff
+/* clang-format off */
 static const uint8_t fixed_size[256] = {
     [0x00 ... 0x7f] = 0,          /* positive fixint */
     [0x80 ... 0x9f] = VARIABLE,   /* fixmap, fixarray */
@@ -146,6 +147,7 @@ static const uint8_t fixed_size[256] = {
     FIXSTR(28), FIXSTR(29), FIXSTR(30), FIXSTR(31),
 #undef FIXSTR
 };
+/* clang-format on */
 
 /* Walk one msgpack object starting at p[0..len).  On success sets *used.
  * No array or map may declare more elements than max_items (the largest of
@@ -201,53 +203,65 @@ static int prescan(const uint8_t *p, size_t len, uint32_t max_depth, uint64_t ma
             items = 2u * (t & 0x0f);
         } else {
             switch (t) {
-            case 0xcc: case 0xd0: skip = 1; break;
-            case 0xcd: case 0xd1: skip = 2; break;
-            case 0xce: case 0xd2: case 0xca: skip = 4; break;
-            case 0xcf: case 0xd3: case 0xcb: skip = 8; break;
+            case 0xcc:
+            case 0xd0: skip = 1; break;
+            case 0xcd:
+            case 0xd1: skip = 2; break;
+            case 0xce:
+            case 0xd2:
+            case 0xca: skip = 4; break;
+            case 0xcf:
+            case 0xd3:
+            case 0xcb: skip = 8; break;
             case 0xd4: skip = 2; break; /* fixext: type + data */
             case 0xd5: skip = 3; break;
             case 0xd6: skip = 5; break;
             case 0xd7: skip = 9; break;
             case 0xd8: skip = 17; break;
-            case 0xc4: case 0xd9: /* bin8, str8 */
+            case 0xc4:
+            case 0xd9: /* bin8, str8 */
                 hdr = 1;
                 if (avail < hdr)
                     return KVB_DEC_TRUNCATED;
                 skip = p[off];
                 break;
-            case 0xc5: case 0xda:
+            case 0xc5:
+            case 0xda:
                 hdr = 2;
                 if (avail < hdr)
                     return KVB_DEC_TRUNCATED;
                 skip = be16(p + off);
                 break;
-            case 0xc6: case 0xdb:
+            case 0xc6:
+            case 0xdb:
                 hdr = 4;
                 if (avail < hdr)
                     return KVB_DEC_TRUNCATED;
                 skip = be32(p + off);
                 break;
-            case 0xc7: case 0xc8: case 0xc9: /* ext 8/16/32: len, type, data */
+            case 0xc7:
+            case 0xc8:
+            case 0xc9: /* ext 8/16/32: len, type, data */
                 hdr = t == 0xc7 ? 1 : t == 0xc8 ? 2 : 4;
                 if (avail < hdr)
                     return KVB_DEC_TRUNCATED;
                 skip = (hdr == 1 ? p[off] : hdr == 2 ? be16(p + off) : be32(p + off)) + 1u;
                 break;
-            case 0xdc: case 0xdd:
+            case 0xdc:
+            case 0xdd:
                 hdr = t == 0xdc ? 2 : 4;
                 if (avail < hdr)
                     return KVB_DEC_TRUNCATED;
                 items = hdr == 2 ? be16(p + off) : be32(p + off);
                 break;
-            case 0xde: case 0xdf:
+            case 0xde:
+            case 0xdf:
                 hdr = t == 0xde ? 2 : 4;
                 if (avail < hdr)
                     return KVB_DEC_TRUNCATED;
                 items = 2u * (hdr == 2 ? be16(p + off) : be32(p + off));
                 break;
-            default: /* 0xc1, never used */
-                return KVB_DEC_BAD_MSGPACK;
+            default: /* 0xc1, never used */ return KVB_DEC_BAD_MSGPACK;
             }
         }
         off += hdr;
@@ -313,8 +327,7 @@ static void get_hash(struct walk *w, const msgpack_object *o, struct kvb_hash *h
         h->bin_len = o->via.bin.size;
         h->v.bin = (const uint8_t *)o->via.bin.ptr;
         break;
-    default:
-        fail_event(w, "block hash is not an integer or bin");
+    default: fail_event(w, "block hash is not an integer or bin");
     }
 }
 
@@ -350,8 +363,7 @@ static void get_hashes(struct walk *w, const msgpack_object *o, struct kvb_event
 
 static bool is_int(const msgpack_object *o)
 {
-    return o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ||
-           o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
+    return o->type == MSGPACK_OBJECT_POSITIVE_INTEGER || o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
 }
 
 /* One token id: a non-negative integer that fits in 32 bits. */
@@ -372,8 +384,7 @@ static bool get_token(struct walk *w, const msgpack_object *o, uint32_t *t)
 /* Speculative-decoding (EAGLE) bigrams: every element an [a, b] pair.  Flattened
  * as Dynamo's normalize_token_ids() does: the first id of each pair, then the
  * second id of the last pair (n pairs -> n + 1 ids). */
-static void get_token_pairs(struct walk *w, const msgpack_object_array *a,
-                            struct kvb_event *ev)
+static void get_token_pairs(struct walk *w, const msgpack_object_array *a, struct kvb_event *ev)
 {
     uint32_t n = a->size;
     if ((uint64_t)n + 1 > w->d->lim.max_tokens) {
@@ -498,8 +509,7 @@ static bool extra_key_item(const msgpack_object *o, struct kvb_extra_key *k)
 {
     const msgpack_object *s = o;
     bool off = false;
-    if (o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 &&
-        is_int(&o->via.array.ptr[1])) {
+    if (o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 && is_int(&o->via.array.ptr[1])) {
         s = &o->via.array.ptr[0];
         off = true;
     }
@@ -557,8 +567,17 @@ static void get_extra_keys(struct walk *w, const msgpack_object *o, struct kvb_e
 /* Field table: name (map key), position in the BlockStored array, position in
  * the BlockRemoved array (0 = not a field of that type), and the setter. */
 enum field_id {
-    F_HASHES, F_PARENT, F_TOKENS, F_BLOCK_SIZE, F_LORA_ID, F_MEDIUM, F_LORA_NAME,
-    F_EXTRA_KEYS, F_GROUP_IDX, F_SPEC_KIND, F_SLIDING_WINDOW,
+    F_HASHES,
+    F_PARENT,
+    F_TOKENS,
+    F_BLOCK_SIZE,
+    F_LORA_ID,
+    F_MEDIUM,
+    F_LORA_NAME,
+    F_EXTRA_KEYS,
+    F_GROUP_IDX,
+    F_SPEC_KIND,
+    F_SLIDING_WINDOW,
 };
 
 static const struct field {
@@ -630,12 +649,12 @@ static void set_type(struct walk *w, const msgpack_object *tag, struct kvb_event
 
 static int field_pos(enum field_id f, uint8_t type)
 {
-    return type == KVB_EV_STORED ? fields[f].stored_pos
-           : type == KVB_EV_REMOVED ? fields[f].removed_pos : 0;
+    return type == KVB_EV_STORED    ? fields[f].stored_pos
+           : type == KVB_EV_REMOVED ? fields[f].removed_pos
+                                    : 0;
 }
 
-static void decode_positional(struct walk *w, const msgpack_object_array *a,
-                              struct kvb_event *ev)
+static void decode_positional(struct walk *w, const msgpack_object_array *a, struct kvb_event *ev)
 {
     if (a->size == 0) {
         fail_event(w, "empty event array");
@@ -712,8 +731,7 @@ static void decode_event(struct walk *w, const msgpack_object *o, struct kvb_eve
 
 static bool is_number(const msgpack_object *o)
 {
-    return is_int(o) || o->type == MSGPACK_OBJECT_FLOAT32 ||
-           o->type == MSGPACK_OBJECT_FLOAT64;
+    return is_int(o) || o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64;
 }
 
 static double number_value(const msgpack_object *o)

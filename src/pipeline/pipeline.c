@@ -39,8 +39,8 @@ static const struct kvb_worker_cfg *use_stream(struct kvb_pipeline *p, const str
     return w;
 }
 
-int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
-                        kvb_emit_fn emit, void *emit_ctx, struct kvb_pipeline **out)
+int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m, kvb_emit_fn emit,
+                        void *emit_ctx, struct kvb_pipeline **out)
 {
     int rc = -ENOMEM;
     struct kvb_pipeline *p = calloc(1, sizeof(*p));
@@ -58,7 +58,8 @@ int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *
     if ((rc = kvb_converter_create(&cfg->convert, m, &p->conv)) < 0)
         goto fail;
     p->def = p->cur = kvb_convert_cfg_worker(&cfg->convert);
-    if (cfg->format == KVB_FORMAT_DYNAMO_JSON && (rc = kvb_encoder_create(cfg->format, &p->enc)) < 0)
+    if (cfg->format == KVB_FORMAT_DYNAMO_JSON &&
+        (rc = kvb_encoder_create(cfg->format, &p->enc)) < 0)
         goto fail;
     *out = p;
     return 0;
@@ -83,7 +84,7 @@ int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_c
 {
     struct kvb_decoder *dec = kvb_decoder_create(&cfg->limits);
     struct kvb_encoder *enc = NULL;
-    int rc = !dec ? -ENOMEM
+    int rc = !dec                                    ? -ENOMEM
              : cfg->format == KVB_FORMAT_DYNAMO_JSON ? kvb_encoder_create(cfg->format, &enc)
                                                      : 0;
     if (rc < 0) {
@@ -130,8 +131,7 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
      * bad batches published one per batch and rank: 3.36M for 56k batches
      * under dp_rank churn, issue 18).  Not for nats_lost: what NATS lost may
      * be that last "cleared". */
-    if (cause != KVB_BAR_NATS_LOST &&
-        kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_CLEAN) {
+    if (cause != KVB_BAR_NATS_LOST && kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_CLEAN) {
         kvb_inc(&p->m->barriers_redundant_total[0]);
         return 0;
     }
@@ -144,8 +144,7 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
     return rc < 0 ? rc : 1;
 }
 
-int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank,
-                         int cause)
+int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause)
 {
     struct kvb_worker_cfg was = p->cur, w = p->cur;
     w.worker_id = worker_id; /* a "cleared" uses nothing else of the worker */
@@ -170,8 +169,7 @@ int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause
     return n;
 }
 
-static int malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                     const char *why)
+static int malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq, const char *why)
 {
     kvb_inc(&p->m->malformed_messages_total[KVB_MAL_BATCH]);
     kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
@@ -208,8 +206,8 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
             kvb_inc(&p->m->malformed_messages_total[KVB_MAL_BATCH]);
             kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
                        "%s: seq %llu: dp_rank %u is one more than the %d one stream may "
-                       "carry: dropped", s->name, (unsigned long long)seq, rank,
-                       KVB_MAX_STREAM_RANKS);
+                       "carry: dropped",
+                       s->name, (unsigned long long)seq, rank, KVB_MAX_STREAM_RANKS);
             return kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_NONE
                        ? 0
                        : cleared(p, rank, KVB_BAR_MALFORMED);
@@ -234,13 +232,13 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
                 kvb_log_rl(&p->rl_mismatch, KVB_LOG_ERROR, "convert",
                            "%s: BlockStored with block_size %lld but block_size is %u: "
                            "dropped (fix the configuration: a wrong block size ruins routing)",
-                           s->name, (long long)(b.events[i].block_size.has
-                                                    ? b.events[i].block_size.v : -1),
+                           s->name,
+                           (long long)(b.events[i].block_size.has ? b.events[i].block_size.v : -1),
                            w->block_size);
             else if (why == KVB_DROP_MALFORMED_EVENT)
                 kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
-                           "%s: seq %llu event %u skipped: %s", s->name,
-                           (unsigned long long)seq, i, b.events[i].error);
+                           "%s: seq %llu event %u skipped: %s", s->name, (unsigned long long)seq, i,
+                           b.events[i].error);
             continue;
         }
         if ((rc = emit(p, &r)) < 0)
@@ -258,8 +256,7 @@ int kvb_pipeline_malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_
 
 /* ---- the sequence rules (replay.h) with the pipeline as their hands ----- */
 
-static int op_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *data,
-                    size_t len)
+static int op_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len)
 {
     return kvb_pipeline_batch(ctx, s, seq, data, len);
 }
@@ -276,8 +273,8 @@ static int op_barrier(void *ctx, struct kvb_stream *s, int cause)
 
 struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p)
 {
-    return (struct kvb_seq_ops){.ctx = p, .apply = op_apply, .reject = op_reject,
-                                .barrier = op_barrier};
+    return (struct kvb_seq_ops){
+        .ctx = p, .apply = op_apply, .reject = op_reject, .barrier = op_barrier};
 }
 
 int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
@@ -294,8 +291,7 @@ int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq
     return kvb_seq_live(s, p->m, &ops, seq, payload, len);
 }
 
-int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                        const char *why)
+int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq, const char *why)
 {
     struct kvb_seq_ops ops = kvb_pipeline_ops(p);
     return kvb_seq_reject(s, p->m, &ops, seq, why);

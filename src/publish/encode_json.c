@@ -37,8 +37,8 @@ static const char digits2[201] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
-static const uint32_t pow10_tab[9] = {1u, 10u, 100u, 1000u, 10000u, 100000u,
-                                      1000000u, 10000000u, 100000000u};
+static const uint32_t pow10_tab[9] = {1u,      10u,      100u,      1000u,     10000u,
+                                      100000u, 1000000u, 10000000u, 100000000u};
 
 /* Digits of v (< 10^8): log10 estimated from the bit length, corrected by
  * one compare. */
@@ -101,8 +101,7 @@ size_t kvb_u64_to_dec(char *p, uint64_t v)
 #define LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) += sizeof(s) - 1)
 #define U64(p, v) ((p) += kvb_u64_to_dec((p), (v)))
 
-int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data,
-               size_t *len)
+int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data, size_t *len)
 {
     /* Worst case: the fixed text (< 200 bytes with five 20-digit numbers and
      * the longest tier) + per block {"block_hash":U64,"tokens_hash":U64},
@@ -175,9 +174,7 @@ int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data
         }
         LIT(p, "]}}");
         break;
-    default:
-        LIT(p, "\"cleared\"");
-        break;
+    default: LIT(p, "\"cleared\""); break;
     }
     LIT(p, ",\"dp_rank\":");
     U64(p, r->dp_rank);

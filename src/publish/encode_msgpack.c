@@ -10,10 +10,10 @@
 
 /* msgpack-c returns the write callback's result (-1 when the sbuffer cannot
  * grow); every packer below folds them into one. */
-#define P(call)                                                                                \
-    do {                                                                                       \
-        if ((call) != 0)                                                                       \
-            return -ENOMEM;                                                                    \
+#define P(call)             \
+    do {                    \
+        if ((call) != 0)    \
+            return -ENOMEM; \
     } while (0)
 
 static int key(msgpack_packer *pk, const char *s, size_t n)
@@ -24,10 +24,7 @@ static int key(msgpack_packer *pk, const char *s, size_t n)
 }
 #define KEY(pk, lit) P(key((pk), (lit), sizeof(lit) - 1))
 
-static int str(msgpack_packer *pk, const char *s)
-{
-    return key(pk, s, strlen(s));
-}
+static int str(msgpack_packer *pk, const char *s) { return key(pk, s, strlen(s)); }
 
 /* ---- packers ------------------------------------------------------------ */
 
@@ -83,9 +80,7 @@ static int pack_data(msgpack_packer *pk, const struct kvb_rev *r)
         for (uint32_t i = 0; i < r->n; i++)
             P(msgpack_pack_uint64(pk, r->hashes[i]));
         return 0;
-    default:
-        KEY(pk, "cleared");
-        return 0;
+    default: KEY(pk, "cleared"); return 0;
     }
 }
 
@@ -135,8 +130,8 @@ int kvb_mp_pack_envelope(msgpack_packer *pk, uint64_t publisher_id, uint64_t seq
                          uint64_t published_at_ms, const char *topic, const void *payload,
                          size_t payload_len)
 {
-    int rc = kvb_mp_pack_envelope_head(pk, publisher_id, sequence, published_at_ms, topic,
-                                       payload_len);
+    int rc =
+        kvb_mp_pack_envelope_head(pk, publisher_id, sequence, published_at_ms, topic, payload_len);
     if (rc < 0)
         return rc;
     P(msgpack_pack_bin_body(pk, payload, payload_len));
@@ -248,23 +243,23 @@ static int head_write(void *data, const char *s, size_t len)
 
 /* The pre-packed constant runs (offsets into struct runs .bytes). */
 enum run_id {
-    R_HEAD,                        /* map4|map3, "worker_id" */
-    R_MID,                         /* + tier: "storage_tier" <tier> ["residency_domain"
+    R_HEAD,                                 /* map4|map3, "worker_id" */
+    R_MID,                                  /* + tier: "storage_tier" <tier> ["residency_domain"
                                       "worker"] "event" map3 "event_id"; one per tier,
                                       the last one for a tier out of range ("device") */
     R_STORED = R_MID + KVB_TIER__COUNT + 1, /* "data" map1 "stored" map3 "parent_hash" */
-    R_STORED_B,                    /* "start_position" nil "blocks" */
-    R_BLK_A,                       /* map3 "block_hash" */
-    R_BLK_B,                       /* "tokens_hash" */
-    R_BLK_C,                       /* "mm_extra_info" */
-    R_BLK_C_NIL,                   /* "mm_extra_info" nil */
-    R_REMOVED,                     /* "data" map1 "removed" map1 "block_hashes" */
-    R_CLEARED,                     /* "data" "cleared" */
-    R_TAIL,                        /* "dp_rank" */
-    R_ENV_A,                       /* map5 "publisher_id" */
-    R_ENV_B,                       /* "sequence" */
-    R_ENV_C,                       /* "published_at" */
-    R_ENV_D,                       /* "topic" "kv-events" "payload" */
+    R_STORED_B,                             /* "start_position" nil "blocks" */
+    R_BLK_A,                                /* map3 "block_hash" */
+    R_BLK_B,                                /* "tokens_hash" */
+    R_BLK_C,                                /* "mm_extra_info" */
+    R_BLK_C_NIL,                            /* "mm_extra_info" nil */
+    R_REMOVED,                              /* "data" map1 "removed" map1 "block_hashes" */
+    R_CLEARED,                              /* "data" "cleared" */
+    R_TAIL,                                 /* "dp_rank" */
+    R_ENV_A,                                /* map5 "publisher_id" */
+    R_ENV_B,                                /* "sequence" */
+    R_ENV_C,                                /* "published_at" */
+    R_ENV_D,                                /* "topic" "kv-events" "payload" */
     R__COUNT
 };
 
@@ -492,8 +487,8 @@ int kvb_mp_batcher_publisher(struct kvb_mp_batcher *b, uint64_t worker_id, uint3
     return 0;
 }
 
-int kvb_mp_batcher_set_publisher(struct kvb_mp_batcher *b, uint64_t worker_id,
-                                 uint32_t dp_rank, uint64_t publisher_id)
+int kvb_mp_batcher_set_publisher(struct kvb_mp_batcher *b, uint64_t worker_id, uint32_t dp_rank,
+                                 uint64_t publisher_id)
 {
     ptrdiff_t i = pair(b, worker_id, dp_rank);
     if (i < 0)
@@ -511,10 +506,10 @@ int kvb_mp_batcher_set_publisher(struct kvb_mp_batcher *b, uint64_t worker_id,
  * memcpy), they may write past the bytes that count, which the next
  * pieces overwrite. */
 #define SLACK 512u
-#define COPY_FIXED(b, src, fixed, n)                                                          \
-    do {                                                                                       \
-        memcpy((b)->ev.data + (b)->ev.size, (src), (fixed));                                   \
-        (b)->ev.size += (n);                                                                   \
+#define COPY_FIXED(b, src, fixed, n)                         \
+    do {                                                     \
+        memcpy((b)->ev.data + (b)->ev.size, (src), (fixed)); \
+        (b)->ev.size += (n);                                 \
     } while (0)
 
 static inline void append_run(struct kvb_mp_batcher *b, int id)
@@ -535,8 +530,8 @@ static size_t event_bound(const struct kvb_rev *r)
 }
 
 /* Pack a pair's cached pieces (struct pair_state) with msgpack-c. */
-static int pack_cached(struct kvb_mp_batcher *b, char *dst, size_t max, uint8_t *len,
-                       int run_a, uint64_t v, int run_b)
+static int pack_cached(struct kvb_mp_batcher *b, char *dst, size_t max, uint8_t *len, int run_a,
+                       uint64_t v, int run_b)
 {
     struct head_buf h = {.n = 0};
     msgpack_packer pk;
@@ -605,9 +600,7 @@ static int pack_event(struct kvb_mp_batcher *b, struct pair_state *p, const stru
         for (uint32_t i = 0; i < r->n; i++)
             P(msgpack_pack_uint64(pk, r->hashes[i]));
         break;
-    default:
-        append_run(b, R_CLEARED);
-        break;
+    default: append_run(b, R_CLEARED); break;
     }
     if (b->ev.cap - b->ev.size < TAIL_MAX && buf_grow(&b->ev, TAIL_MAX) < 0)
         return -ENOMEM;
@@ -624,8 +617,7 @@ static int pack_head(struct kvb_mp_batcher *b, struct head_buf *h, struct pair_s
     msgpack_packer_init(&pk, h, head_write);
     h->n = 0;
     if (!p->env_len)
-        P(pack_cached(b, p->env, sizeof(p->env), &p->env_len, R_ENV_A, p->publisher_id,
-                      R_ENV_B));
+        P(pack_cached(b, p->env, sizeof(p->env), &p->env_len, R_ENV_A, p->publisher_id, R_ENV_B));
     size_t arr = 0;
     if (b->cfg.batch) /* the array header, packed apart to learn its length */
         arr = b->pend_events < 16 ? 1 : b->pend_events < 65536 ? 3 : 5;
@@ -709,11 +701,9 @@ int kvb_mp_batcher_add(struct kvb_mp_batcher *b, const struct kvb_rev *r, uint64
     }
     b->pend_last_id = r->event_id;
     b->pend_events++;
-    b->pend_blocks = (uint32_t)((uint64_t)b->pend_blocks + k > UINT32_MAX
-                                    ? UINT32_MAX
-                                    : b->pend_blocks + k);
-    if (!b->cfg.batch || b->pend_events >= b->cfg.max_events ||
-        b->pend_blocks >= b->cfg.max_blocks)
+    b->pend_blocks =
+        (uint32_t)((uint64_t)b->pend_blocks + k > UINT32_MAX ? UINT32_MAX : b->pend_blocks + k);
+    if (!b->cfg.batch || b->pend_events >= b->cfg.max_events || b->pend_blocks >= b->cfg.max_blocks)
         return emit_pending(b, now_ms);
     return 0;
 }

@@ -17,8 +17,8 @@
 #include "subject.h"
 
 #define SUBJECT_MAX 512
-#define SUBJECT_CACHE 64             /* (worker_id, dp_rank) subjects kept */
-#define HELD_MAX_BYTES (8u << 20)    /* messages held for unregistered pairs */
+#define SUBJECT_CACHE 64          /* (worker_id, dp_rank) subjects kept */
+#define HELD_MAX_BYTES (8u << 20) /* messages held for unregistered pairs */
 
 struct subj {
     uint64_t worker_id;
@@ -42,13 +42,13 @@ struct kvb_publish {
     struct kvb_mp_batcher *mp;
     int format;
     bool jetstream;
-    bool per_pair;            /* the template has {worker_id} or {dp_rank} */
+    bool per_pair; /* the template has {worker_id} or {dp_rank} */
     char subject[SUBJECT_MAX];
     struct subj cache[SUBJECT_CACHE];
     size_t n_cache, next_evict;
     char scratch[SUBJECT_MAX];
     bool lost;
-    uint64_t now_ms;          /* wall clock when the pending message began */
+    uint64_t now_ms; /* wall clock when the pending message began */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
     struct kvb_ratelimit rl_publish, rl_held;
@@ -59,8 +59,8 @@ struct kvb_publish {
 static int expand(struct kvb_publish *o, uint64_t worker, uint32_t rank, char *out)
 {
     const struct kvb_config *c = o->cfg;
-    struct kvb_subject_vals v = {c->nats.namespace_, c->nats.component, c->nats.endpoint,
-                                 worker, rank};
+    struct kvb_subject_vals v = {c->nats.namespace_, c->nats.component, c->nats.endpoint, worker,
+                                 rank};
     unsigned flags = o->format == KVB_FORMAT_DYNAMO_JSON ? 0 : KVB_SUBJECT_PCT;
     int rc = kvb_subject_expand_vals(c->nats.subject, &v, flags, out, SUBJECT_MAX);
     return rc < 0 ? rc : 0;
@@ -109,8 +109,8 @@ const char *kvb_publish_subject(struct kvb_publish *o) { return o->subject; }
 
 static void failed(struct kvb_publish *o, int rc, const char *what, uint64_t a, uint64_t b)
 {
-    kvb_log_rl(&o->rl_publish, KVB_LOG_ERROR, "sink", "publish failed: %s (%s %" PRIu64
-               "..%" PRIu64 " lost)", strerror(-rc), what, a, b);
+    kvb_log_rl(&o->rl_publish, KVB_LOG_ERROR, "sink",
+               "publish failed: %s (%s %" PRIu64 "..%" PRIu64 " lost)", strerror(-rc), what, a, b);
     o->lost = true; /* the router must not keep a view with a hole */
 }
 
@@ -119,8 +119,8 @@ static int hold(struct kvb_publish *o, const struct kvb_mp_msg *msg, const char 
     if (o->held_bytes + msg->len > HELD_MAX_BYTES) {
         kvb_log_rl(&o->rl_held, KVB_LOG_WARN, "discovery",
                    "worker_id %" PRIu64 " dp_rank %u not registered yet and %zu bytes held: "
-                   "dropping them (barriers follow)", msg->worker_id, msg->dp_rank,
-                   o->held_bytes);
+                   "dropping them (barriers follow)",
+                   msg->worker_id, msg->dp_rank, o->held_bytes);
         for (size_t i = 0; i < o->n_held; i++) {
             free(o->held[i].subject);
             free(o->held[i].data);
@@ -207,8 +207,7 @@ static int emit_mp(void *ctx, const struct kvb_mp_msg *msg)
     return 0; /* counted by the sink; the stream goes on */
 }
 
-int kvb_publish_event(struct kvb_publish *o, const struct kvb_rev *r, const char *json,
-                     size_t len)
+int kvb_publish_event(struct kvb_publish *o, const struct kvb_rev *r, const char *json, size_t len)
 {
     if (o->format == KVB_FORMAT_DYNAMO_MSGPACK) {
         if (!kvb_mp_batcher_pending(o->mp)) /* one clock read per message, not per event */
@@ -222,7 +221,7 @@ int kvb_publish_event(struct kvb_publish *o, const struct kvb_rev *r, const char
         return 0; /* raw: the engine's batches go out as they are */
     char id[KVB_MSG_ID_MAX];
     const char *subj = subject_for(o, r->worker_id, r->dp_rank);
-    int rc = !subj         ? -EINVAL
+    int rc = !subj          ? -EINVAL
              : o->jetstream ? kvb_sink_publish_id(o->sink, subj, json, len,
                                                   kvb_subject_msg_id(id, r->worker_id, r->dp_rank,
                                                                      r->epoch, r->event_id))
@@ -304,8 +303,8 @@ bool kvb_publish_registered(const struct kvb_publish *o)
 
 /* ---- life cycle --------------------------------------------------------- */
 
-int kvb_publish_create(const struct kvb_config *cfg, struct kvb_metrics *m,
-                      uint64_t publisher_seed, struct kvb_publish **out)
+int kvb_publish_create(const struct kvb_config *cfg, struct kvb_metrics *m, uint64_t publisher_seed,
+                       struct kvb_publish **out)
 {
     struct kvb_publish *o = calloc(1, sizeof(*o));
     int rc = -ENOMEM;

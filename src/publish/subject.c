@@ -48,8 +48,8 @@ int kvb_subject_check(const char *tmpl, unsigned allowed, size_t *bad_off, size_
 
 static bool pct_pass(unsigned char c)
 {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_';
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
 }
 
 /* Append N bytes of S (percent-encoded when PCT) at *len; out NULL only
@@ -139,8 +139,8 @@ static int expand(const char *tmpl, const struct kvb_subject_vals *v, bool pct, 
     return (int)len;
 }
 
-int kvb_subject_expand_vals(const char *tmpl, const struct kvb_subject_vals *v,
-                            unsigned flags, char *out, size_t cap)
+int kvb_subject_expand_vals(const char *tmpl, const struct kvb_subject_vals *v, unsigned flags,
+                            char *out, size_t cap)
 {
     if (!tmpl || !v || !v->ns || !v->component || (!out && cap))
         return -EINVAL;
@@ -152,8 +152,8 @@ int kvb_subject_expand_vals(const char *tmpl, const struct kvb_subject_vals *v,
     return expand(tmpl, v, pct, out, cap);
 }
 
-int kvb_subject_expand(const char *tmpl, const char *ns, const char *component,
-                       uint64_t worker_id, uint32_t dp_rank, char *out, size_t cap)
+int kvb_subject_expand(const char *tmpl, const char *ns, const char *component, uint64_t worker_id,
+                       uint32_t dp_rank, char *out, size_t cap)
 {
     struct kvb_subject_vals v = {ns, component, "", worker_id, dp_rank};
     return kvb_subject_expand_vals(tmpl, &v, 0, out, cap);
@@ -177,8 +177,8 @@ int kvb_subject_pct_encode(const char *seg, size_t len, char *out, size_t cap)
     return (int)n;
 }
 
-const char *kvb_subject_msg_id(char *buf, uint64_t worker_id, uint64_t dp_rank,
-                               uint64_t epoch, uint64_t event_id)
+const char *kvb_subject_msg_id(char *buf, uint64_t worker_id, uint64_t dp_rank, uint64_t epoch,
+                               uint64_t event_id)
 {
     char *p = buf;
     p += kvb_u64_to_dec(p, worker_id);

@@ -132,8 +132,8 @@ static size_t list_sockets(struct sockinfo *out, size_t max)
         int type = 0, acc = 0;
         socklen_t l = sizeof(type);
         if (*end || end == de->d_name || fd == dfd || fstat((int)fd, &st) < 0 ||
-            !S_ISSOCK(st.st_mode) ||
-            getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &l) < 0 || type != SOCK_STREAM)
+            !S_ISSOCK(st.st_mode) || getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &l) < 0 ||
+            type != SOCK_STREAM)
             continue;
         struct sockinfo *si = &out[n];
         struct sockaddr_storage ss;
@@ -146,8 +146,7 @@ static size_t list_sockets(struct sockinfo *out, size_t max)
         if (getsockname((int)fd, (struct sockaddr *)&ss, &sl) == 0)
             si->local = sock_port(&ss);
         sl = sizeof(si->peer_addr);
-        if (!si->listening &&
-            getpeername((int)fd, (struct sockaddr *)&si->peer_addr, &sl) == 0)
+        if (!si->listening && getpeername((int)fd, (struct sockaddr *)&si->peer_addr, &sl) == 0)
             si->peer = sock_port(&si->peer_addr);
         if (si->local || si->peer)
             n++;
@@ -188,8 +187,7 @@ static bool unanswered(int fd, uint32_t attempt_ms)
     memset(&ti, 0, sizeof(ti));
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &l) < 0)
         return false;
-    return ti.tcpi_last_data_sent >= attempt_ms &&
-           ti.tcpi_last_data_recv >= ti.tcpi_last_data_sent;
+    return ti.tcpi_last_data_sent >= attempt_ms && ti.tcpi_last_data_recv >= ti.tcpi_last_data_sent;
 }
 
 /* The guard's thread only: shut down SI's socket (still that socket). */

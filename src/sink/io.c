@@ -51,10 +51,10 @@
 struct evl {
     struct kvb_sink *s;
     natsConnection *nc;
-    int fd;           /* -1: not polled (detached, or gone away under us) */
-    bool want_read;   /* nats.c's read add/remove */
-    bool want_write;  /* nats.c's write add, until its remove */
-    bool io_write;    /* the I/O thread polls POLLOUT for it */
+    int fd;          /* -1: not polled (detached, or gone away under us) */
+    bool want_read;  /* nats.c's read add/remove */
+    bool want_write; /* nats.c's write add, until its remove */
+    bool io_write;   /* the I/O thread polls POLLOUT for it */
     bool detached, forgotten;
     unsigned touched; /* counts callbacks, to tell progress from a stuck socket */
     unsigned gen;     /* counts attaches and detaches: which socket fd is (a
@@ -202,8 +202,8 @@ static void *io_main(void *arg)
         for (struct evl *e = s->evls; e && n < IO_MAX_CONNS; e = e->next) {
             if (e->forgotten || e->fd < 0 || !(e->want_read || e->io_write))
                 continue;
-            fds[1 + n] = (struct pollfd){e->fd, (short)((e->want_read ? POLLIN : 0) |
-                                                        (e->io_write ? POLLOUT : 0)), 0};
+            fds[1 + n] = (struct pollfd){
+                e->fd, (short)((e->want_read ? POLLIN : 0) | (e->io_write ? POLLOUT : 0)), 0};
             touched[n] = e->touched;
             gen[n] = e->gen;
             es[n++] = e;

@@ -67,10 +67,11 @@
 #include "metrics.h"
 
 #define JS_MSG_ID_HDR "Nats-Msg-Id"
-#define JS_MSG_OVERHEAD 256   /* bytes a message costs beyond its payload (subject,
+#define JS_MSG_OVERHEAD \
+    256                    /* bytes a message costs beyond its payload (subject,
                                * Nats-Msg-Id, nats.c's bookkeeping): an estimate */
-#define JS_STALL_WAIT_MS 1    /* nats.c blocks a publish at most this long */
-#define JS_RETRY_MIN_MS 50    /* resend backoff after no responders / unavailable */
+#define JS_STALL_WAIT_MS 1 /* nats.c blocks a publish at most this long */
+#define JS_RETRY_MIN_MS 50 /* resend backoff after no responders / unavailable */
 #define JS_RETRY_MAX_MS 2000
 #define JS_SETUP_RETRY_MS 1000
 #define JS_SETUP_RETRY_MAX_MS 30000
@@ -78,10 +79,7 @@
 #define JS_ACK_GRACE_MS 20    /* destroy: after the last on_ack() returned */
 #define JS_STALL_MS 1000      /* a failure with no positive ack for this long: a stall */
 
-static struct slot *ring_at(struct ring *r, size_t i)
-{
-    return &r->v[(r->head + i) % r->cap];
-}
+static struct slot *ring_at(struct ring *r, size_t i) { return &r->v[(r->head + i) % r->cap]; }
 
 /* rb_mu held: room for one more (doubling); false when out of memory. */
 static bool ring_room(struct ring *r)
@@ -220,17 +218,15 @@ static bool js_transient(natsStatus st, jsErrCode ec)
     if (st != NATS_ERR)
         return st != NATS_NO_MEMORY && st != NATS_INVALID_ARG;
     switch ((int)ec) {
-    case 0:                          /* no code: assume the server will recover */
+    case 0: /* no code: assume the server will recover */
     case JSClusterIncompleteErr:
-    case JSClusterNoPeersErr:        /* a cluster whose peers are still coming up */
-    case JSClusterNotAvailErr:       /* "JetStream system temporarily unavailable" */
+    case JSClusterNoPeersErr:  /* a cluster whose peers are still coming up */
+    case JSClusterNotAvailErr: /* "JetStream system temporarily unavailable" */
     case JSClusterNotLeaderErr:
     case JSInsufficientResourcesErr:
     case JSRaftGeneralErr:
-    case JSStreamNameExistErr:       /* another bridge created it meanwhile */
-        return true;
-    default:
-        return false;
+    case JSStreamNameExistErr: /* another bridge created it meanwhile */ return true;
+    default: return false;
     }
 }
 
@@ -243,8 +239,9 @@ static void stall_end(struct kvb_sink *s)
     if (s->m && kvb_sink_owns_metrics(s))
         atomic_store_explicit(&s->m->jetstream_stalled[0], 0, memory_order_relaxed);
     if (atomic_load(&s->live))
-        kvb_info(STAGE, "JetStream stores our publishes again after %.1f s (%" PRIu64
-                        " unacknowledged, sent again in order)",
+        kvb_info(STAGE,
+                 "JetStream stores our publishes again after %.1f s (%" PRIu64
+                 " unacknowledged, sent again in order)",
                  (double)(kvb_mono_ms() - atomic_load(&s->js_stall_since)) / 1000.0,
                  atomic_load(&s->inflight));
 }
@@ -270,9 +267,10 @@ static void stall_note(struct kvb_sink *s, const char *why)
             js_count(s, &s->m->jetstream_stalls_total[0]);
         }
         if (atomic_load(&s->live))
-            kvb_warn(STAGE, "JetStream stores none of our publishes (%s: no stream leader, "
-                            "or JetStream unavailable): %" PRIu64 " unacknowledged, sent "
-                            "again until it answers",
+            kvb_warn(STAGE,
+                     "JetStream stores none of our publishes (%s: no stream leader, "
+                     "or JetStream unavailable): %" PRIu64 " unacknowledged, sent "
+                     "again until it answers",
                      why, atomic_load(&s->inflight));
         return;
     }
@@ -320,10 +318,10 @@ static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void
     }
     natsStatus st = pae ? pae->Err : NATS_ERR;
     jsErrCode ec = pae ? pae->ErrCode : 0;
-    int why = st == NATS_TIMEOUT                ? KVB_JSF_TIMEOUT
-              : st == NATS_NO_RESPONDERS        ? KVB_JSF_NO_RESPONDERS
-              : js_transient(st, ec)            ? KVB_JSF_UNAVAILABLE
-                                                : KVB_JSF_REFUSED;
+    int why = st == NATS_TIMEOUT         ? KVB_JSF_TIMEOUT
+              : st == NATS_NO_RESPONDERS ? KVB_JSF_NO_RESPONDERS
+              : js_transient(st, ec)     ? KVB_JSF_UNAVAILABLE
+                                         : KVB_JSF_REFUSED;
     if (m)
         js_count(s, &m->jetstream_ack_failures_total[why]);
     if (why == KVB_JSF_REFUSED) {
@@ -436,8 +434,8 @@ void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
     if (got)
         natsMsgList_Destroy(&list);
     if (n_rec > 0)
-        kvb_info(STAGE, "JetStream: %d router event(s) without an ack %s will be sent again",
-                 n_rec, why);
+        kvb_info(STAGE, "JetStream: %d router event(s) without an ack %s will be sent again", n_rec,
+                 why);
     free(k);
 }
 
@@ -474,8 +472,10 @@ static int js_check_stream(struct kvb_sink *s, const jsStreamInfo *si, char *why
     for (int i = 0; i < c->SubjectsLen && !covered; i++)
         covered = c->Subjects[i] && subject_covers(c->Subjects[i], s->js_subject);
     if (!covered) {
-        len = (size_t)snprintf(why, cap, "stream %s exists but does not take the subject %s "
-                                        "(its subjects:", s->js_stream, s->js_subject);
+        len = (size_t)snprintf(why, cap,
+                               "stream %s exists but does not take the subject %s "
+                               "(its subjects:",
+                               s->js_stream, s->js_subject);
         for (int i = 0; i < c->SubjectsLen && len < cap; i++)
             len += (size_t)snprintf(why + len, cap - len, " %s", c->Subjects[i]);
         if (len < cap)
@@ -483,9 +483,10 @@ static int js_check_stream(struct kvb_sink *s, const jsStreamInfo *si, char *why
         return -EACCES;
     }
     if (c->Duplicates < (int64_t)s->js_dup_window_s * 1000000000LL)
-        kvb_warn(STAGE, "JetStream: stream %s has a duplicate window of %" PRId64 " s, less "
-                        "than nats.jetstream.duplicate_window_s (%" PRIu32 " s): an event "
-                        "sent again after that long is stored twice",
+        kvb_warn(STAGE,
+                 "JetStream: stream %s has a duplicate window of %" PRId64 " s, less "
+                 "than nats.jetstream.duplicate_window_s (%" PRIu32 " s): an event "
+                 "sent again after that long is stored twice",
                  s->js_stream, (int64_t)(c->Duplicates / 1000000000LL), s->js_dup_window_s);
     return 0;
 }
@@ -498,8 +499,8 @@ static const char *retention_name(int r)
 /* Look the stream up on JS, create it when missing (and allowed).  0, or
  * -EACCES / -ETIMEDOUT with why set and *transient telling whether trying
  * again may help (JetStream starting, a cluster electing a leader). */
-static int js_setup_once(struct kvb_sink *s, jsCtx *js, int64_t wait_ms, char *why,
-                         size_t cap, bool *transient)
+static int js_setup_once(struct kvb_sink *s, jsCtx *js, int64_t wait_ms, char *why, size_t cap,
+                         bool *transient)
 {
     jsOptions o;
     jsStreamInfo *si = NULL;
@@ -514,8 +515,8 @@ static int js_setup_once(struct kvb_sink *s, jsCtx *js, int64_t wait_ms, char *w
     if (st == NATS_OK) {
         rc = js_check_stream(s, si, why, cap);
         if (rc == 0)
-            kvb_info(STAGE, "JetStream: publishing to %s, stored in stream %s (%" PRIu64
-                            " messages)",
+            kvb_info(STAGE,
+                     "JetStream: publishing to %s, stored in stream %s (%" PRIu64 " messages)",
                      s->js_subject, s->js_stream, si->State.Msgs);
         jsStreamInfo_Destroy(si);
         return rc;
@@ -540,11 +541,11 @@ static int js_setup_once(struct kvb_sink *s, jsCtx *js, int64_t wait_ms, char *w
         ec = 0;
         st = js_AddStream(&si, js, &c, &o, &ec);
         if (st == NATS_OK) {
-            kvb_info(STAGE, "JetStream: created stream %s (subject %s, retention %s, max age "
-                            "%" PRIu32 " s, %" PRIu32 " replica(s), duplicate window %" PRIu32
-                            " s)",
-                     s->js_stream, s->js_subject, retention_name(s->js_retention),
-                     s->js_max_age_s, s->js_replicas, s->js_dup_window_s);
+            kvb_info(STAGE,
+                     "JetStream: created stream %s (subject %s, retention %s, max age "
+                     "%" PRIu32 " s, %" PRIu32 " replica(s), duplicate window %" PRIu32 " s)",
+                     s->js_stream, s->js_subject, retention_name(s->js_retention), s->js_max_age_s,
+                     s->js_replicas, s->js_dup_window_s);
             jsStreamInfo_Destroy(si);
             return 0;
         }
@@ -552,8 +553,10 @@ static int js_setup_once(struct kvb_sink *s, jsCtx *js, int64_t wait_ms, char *w
     char txt[256];
     kvb_sink_last_error(st, txt, sizeof(txt));
     if (st == NATS_NO_RESPONDERS)
-        snprintf(why, cap, "JetStream is not available on the server (not enabled, or "
-                           "starting): %s", txt);
+        snprintf(why, cap,
+                 "JetStream is not available on the server (not enabled, or "
+                 "starting): %s",
+                 txt);
     else if (ec)
         snprintf(why, cap, "stream %s: %s (JetStream error %d)", s->js_stream, txt, (int)ec);
     else
@@ -609,8 +612,7 @@ void kvb_sink_js_work(struct kvb_sink *s)
             s->js_setup_due = true;
             s->js_setup_after = kvb_mono_ms() + d;
             kvb_log_rl(&s->rb_rl, transient ? KVB_LOG_WARN : KVB_LOG_ERROR, STAGE,
-                       "JetStream: %s (publishes wait; checking again in %" PRIu64 " ms)",
-                       why, d);
+                       "JetStream: %s (publishes wait; checking again in %" PRIu64 " ms)", why, d);
         } else {
             s->js_setup_failures = 0;
         }
@@ -684,16 +686,16 @@ int kvb_sink_js_start(struct kvb_sink *s, uint64_t deadline, uint32_t timeout_ms
             return -EACCES;
         }
         if (!deadline) {
-            kvb_warn(STAGE, "JetStream: %s; retrying in the background (nats."
-                            "connect_timeout_ms is 0), publishes wait",
+            kvb_warn(STAGE,
+                     "JetStream: %s; retrying in the background (nats."
+                     "connect_timeout_ms is 0), publishes wait",
                      why);
             s->js_setup_due = true;
             s->js_setup_after = kvb_mono_ms() + JS_SETUP_RETRY_MS;
             return 0;
         }
         if (kvb_mono_ms() + JS_START_RETRY_MS >= deadline) {
-            kvb_err(STAGE, "JetStream: %s (still after nats.connect_timeout_ms, %" PRIu32
-                           " ms)",
+            kvb_err(STAGE, "JetStream: %s (still after nats.connect_timeout_ms, %" PRIu32 " ms)",
                     why, timeout_ms);
             return rc;
         }
@@ -704,7 +706,7 @@ int kvb_sink_js_start(struct kvb_sink *s, uint64_t deadline, uint32_t timeout_ms
 /* JetStream: a message with its Nats-Msg-Id, published with an ack request;
  * nats.c owns it from then on (on_ack() gets it back). */
 int kvb_sink_js_publish(struct kvb_sink *s, const char *subject, const void *data, size_t len,
-                      const char *msg_id)
+                        const char *msg_id)
 {
     natsMsg *msg = NULL;
     natsStatus st;
@@ -822,10 +824,9 @@ int kvb_sink_js_init(struct kvb_sink *s, const struct kvb_config *cfg)
     s->js_max_age_s = cfg->nats.jetstream.max_age_s;
     s->js_replicas = cfg->nats.jetstream.replicas ? cfg->nats.jetstream.replicas : 1;
     s->js_dup_window_s = cfg->nats.jetstream.duplicate_window_s;
-    s->js_max_pending = cfg->nats.jetstream.max_pending ? cfg->nats.jetstream.max_pending
-                                                        : 4096;
-    s->js_ack_timeout_ms = cfg->nats.jetstream.ack_timeout_ms
-                               ? cfg->nats.jetstream.ack_timeout_ms : 5000;
+    s->js_max_pending = cfg->nats.jetstream.max_pending ? cfg->nats.jetstream.max_pending : 4096;
+    s->js_ack_timeout_ms =
+        cfg->nats.jetstream.ack_timeout_ms ? cfg->nats.jetstream.ack_timeout_ms : 5000;
     jsPubOptions_Init(&s->js_pubopts);
     s->js_pubopts.MaxWait = s->js_ack_timeout_ms;
     s->ack_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(REFUSAL_LOG_MS, REFUSAL_LOG_BURST);
@@ -848,15 +849,17 @@ uint64_t kvb_sink_js_window(struct kvb_sink *s, uint64_t n)
     uint64_t bytes = atomic_load(&s->inflight_bytes);
     if (s->win_full && inflight <= s->js_max_pending / 2 && bytes <= s->js_byte_cap / 2) {
         s->win_full = false;
-        kvb_info(STAGE, "JetStream: %" PRIu64 " publish(es) unacknowledged, the ack "
-                        "window has room again",
+        kvb_info(STAGE,
+                 "JetStream: %" PRIu64 " publish(es) unacknowledged, the ack "
+                 "window has room again",
                  inflight);
     } else if (!s->win_full && (inflight >= (uint64_t)s->js_max_pending / 4 * 3 ||
                                 bytes >= s->js_byte_cap / 4 * 3)) {
         s->win_full = true;
-        kvb_warn(STAGE, "JetStream: %" PRIu64 " publishes (about %" PRIu64 " bytes) "
-                        "unacknowledged, 3/4 of nats.jetstream.max_pending or of "
-                        "nats.reconnect_buffer_bytes: reported as a full buffer",
+        kvb_warn(STAGE,
+                 "JetStream: %" PRIu64 " publishes (about %" PRIu64 " bytes) "
+                 "unacknowledged, 3/4 of nats.jetstream.max_pending or of "
+                 "nats.reconnect_buffer_bytes: reported as a full buffer",
                  inflight, bytes);
     }
     if (s->win_full && n < s->full_bytes)
@@ -881,8 +884,10 @@ bool kvb_sink_js_close(struct kvb_sink *s)
         kvb_sink_sleep_ms(1);
     kvb_sink_sleep_ms(JS_ACK_GRACE_MS);
     if (atomic_load(&s->ack_cbs)) {
-        kvb_err(STAGE, "JetStream ack callback still running after %d ms; leaking "
-                       "the sink", CLOSE_WAIT_MS);
+        kvb_err(STAGE,
+                "JetStream ack callback still running after %d ms; leaking "
+                "the sink",
+                CLOSE_WAIT_MS);
         return false;
     }
     return true;

@@ -259,8 +259,9 @@ static void on_closed(natsConnection *nc, void *closure)
         if (atomic_load(&s->live)) {
             const char *txt = NULL;
             natsStatus st = natsConnection_GetLastError(nc, &txt);
-            kvb_err(STAGE, "NATS connection closed by the client library (%s); opening "
-                           "a new one, publishes are refused meanwhile",
+            kvb_err(STAGE,
+                    "NATS connection closed by the client library (%s); opening "
+                    "a new one, publishes are refused meanwhile",
                     txt && *txt ? txt : natsStatus_GetText(st));
         }
         if (!s->js_on) /* its reconnect buffer is gone (JetStream: the worker */
@@ -321,8 +322,8 @@ static bool unreachable(natsStatus st)
  * REJECTED: a server was reached and refused us, why says how; FAILED: no
  * memory, no thread.  The state is set before the connection can post a
  * callback, so that on_connected cannot be overwritten. */
-static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char *why,
-                                 size_t cap, bool stall_fails)
+static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char *why, size_t cap,
+                                 bool stall_fails)
 {
     natsConnection *nc = NULL;
     int connecting = atomic_load(&s->ever_connected) ? ST_DISCONNECTED : ST_INIT;
@@ -338,8 +339,9 @@ static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char 
      * is there but does not answer, as good as unreachable */
     bool stalled = st != NATS_OK && atomic_load(&s->stalls) != stalls;
     if (stalled && stall_fails) {
-        snprintf(why, cap, "a server took the connection but never completed the NATS "
-                           "handshake (no PONG)");
+        snprintf(why, cap,
+                 "a server took the connection but never completed the NATS "
+                 "handshake (no PONG)");
         set_state(s, ST_CLOSED);
         return ATT_STALLED;
     }
@@ -424,8 +426,7 @@ static int srv_subscribe(struct kvb_sink *s)
     return kvb_sink_errno(st);
 }
 
-int kvb_sink_serve(struct kvb_sink *s, const char *subject, kvb_sink_request_fn fn,
-                   void *closure)
+int kvb_sink_serve(struct kvb_sink *s, const char *subject, kvb_sink_request_fn fn, void *closure)
 {
     char *subj = strdup(subject);
     if (!subj)
@@ -571,8 +572,7 @@ static void *rebuild_main(void *arg)
             delay = kvb_sink_backoff_ms(s, failures + 1, &s->rb_rng);
             kvb_log_rl(&s->rb_rl, KVB_LOG_ERROR, STAGE,
                        "%s: %s (attempt %d; retrying in %" PRIu64 " ms)",
-                       r == ATT_REJECTED ? "NATS server rejected the connection"
-                                         : "NATS connect",
+                       r == ATT_REJECTED ? "NATS server rejected the connection" : "NATS connect",
                        why, failures, delay);
         }
         pthread_mutex_lock(&s->rb_mu);
@@ -779,7 +779,7 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
         deadline = kvb_mono_ms() + cfg->nats.connect_timeout_ms;
     for (;;) {
         enum attempt r = connect_once(s, &nc, why, sizeof(why), deadline != 0);
-        s->conn = nc; /* no other thread uses it yet */
+        s->conn = nc;           /* no other thread uses it yet */
         if (r == ATT_STALLED) { /* only with a deadline */
             if (kvb_mono_ms() + s->guard_limit_ms >= deadline) {
                 kvb_err(STAGE, "no NATS server answered within %" PRIu32 " ms: %s",
@@ -873,8 +873,9 @@ void kvb_sink_destroy(struct kvb_sink **ps)
         if (s->flush_timeout_ms > 0 && atomic_load(&s->inflight) > 0) {
             int rc = kvb_sink_flush(s, s->flush_timeout_ms);
             if (rc < 0)
-                kvb_warn(STAGE, "flush at shutdown: %s (%" PRIu64 " router event(s) not "
-                                "acknowledged by JetStream)",
+                kvb_warn(STAGE,
+                         "flush at shutdown: %s (%" PRIu64 " router event(s) not "
+                         "acknowledged by JetStream)",
                          strerror(-rc), atomic_load(&s->inflight));
         }
         sink_free(s);
@@ -907,8 +908,8 @@ int kvb_sink_publish(struct kvb_sink *s, const char *subject, const void *data, 
     return kvb_sink_publish_id(s, subject, data, len, NULL);
 }
 
-int kvb_sink_publish_id(struct kvb_sink *s, const char *subject, const void *data,
-                        size_t len, const char *msg_id)
+int kvb_sink_publish_id(struct kvb_sink *s, const char *subject, const void *data, size_t len,
+                        const char *msg_id)
 {
     natsStatus st;
     int rc;
@@ -955,8 +956,8 @@ fail:
     return rc;
 }
 
-int kvb_sink_publish_hdrs(struct kvb_sink *s, const char *subject, const void *data,
-                          size_t len, const char *const *hdrs, size_t n_hdrs)
+int kvb_sink_publish_hdrs(struct kvb_sink *s, const char *subject, const void *data, size_t len,
+                          const char *const *hdrs, size_t n_hdrs)
 {
     natsMsg *msg = NULL;
     natsStatus st;
@@ -1004,8 +1005,8 @@ int kvb_sink_publish_hdrs(struct kvb_sink *s, const char *subject, const void *d
     }
     if (atomic_load_explicit(&s->state, memory_order_relaxed) != ST_CONNECTED) {
         /* "HPUB <subject> <hlen> <total>\r\n<headers><data>\r\n" */
-        uint64_t n = 5 + strlen(subject) + 1 + digits(hlen) + 1 + digits(hlen + len) + 2 +
-                     hlen + len + 2;
+        uint64_t n =
+            5 + strlen(subject) + 1 + digits(hlen) + 1 + digits(hlen + len) + 2 + hlen + len + 2;
         atomic_fetch_add_explicit(&s->outage_bytes, n, memory_order_relaxed);
     }
     return 0;

@@ -58,7 +58,7 @@ struct kvb_config;
 #define REFUSAL_LOG_BURST 10
 
 enum conn_state {
-    ST_INIT = 0,     /* never connected yet (nats.c trying, publishes buffered) */
+    ST_INIT = 0, /* never connected yet (nats.c trying, publishes buffered) */
     ST_CONNECTED,
     ST_DISCONNECTED, /* lost the server, nats.c is reconnecting */
     ST_CLOSED,       /* no connection: nats.c gave up (or the server refused us);
@@ -87,72 +87,72 @@ struct kvb_sink {
      * The connection: replaced by the rebuild thread, used by the loop
      * thread; conn_mu guards the pointer and every call made through it. */
     pthread_mutex_t conn_mu;
-    natsConnection *conn;    /* NULL while closed and between connections */
-    natsOptions *opts;       /* connect_once() and the rebuild thread only */
-    struct kvb_metrics *m;   /* may be NULL */
-    int wake_fd;             /* -1: none */
+    natsConnection *conn;  /* NULL while closed and between connections */
+    natsOptions *opts;     /* connect_once() and the rebuild thread only */
+    struct kvb_metrics *m; /* may be NULL */
+    int wake_fd;           /* -1: none */
     uint32_t flush_timeout_ms;
-    uint32_t wait_ms;        /* first reconnect delay */
-    uint32_t wait_max_ms;    /* backoff ceiling */
-    uint64_t full_bytes;     /* pending_bytes while closed: the buffer size */
-    uint32_t rng;            /* xorshift32 state; nats.c's reconnect thread only */
-    char *seed;              /* NKey seed, for sign_nonce() (options.c); zeroed at free */
+    uint32_t wait_ms;     /* first reconnect delay */
+    uint32_t wait_max_ms; /* backoff ceiling */
+    uint64_t full_bytes;  /* pending_bytes while closed: the buffer size */
+    uint32_t rng;         /* xorshift32 state; nats.c's reconnect thread only */
+    char *seed;           /* NKey seed, for sign_nonce() (options.c); zeroed at free */
 
     /* The rebuild thread ("the worker"), its wake-up and its own state. */
     pthread_mutex_t rb_mu;
-    pthread_cond_t rb_cond;  /* CLOCK_MONOTONIC */
+    pthread_cond_t rb_cond; /* CLOCK_MONOTONIC */
     pthread_t rb_thread;
     bool rb_started;
-    bool rb_stop;            /* rb_mu */
-    bool rb_needed;          /* rb_mu: nats.c closed the connection */
-    uint32_t rb_rng;         /* rebuild thread only */
+    bool rb_stop;               /* rb_mu */
+    bool rb_needed;             /* rb_mu: nats.c closed the connection */
+    uint32_t rb_rng;            /* rebuild thread only */
     struct kvb_ratelimit rb_rl; /* rebuild thread only */
     struct kvb_ratelimit cb_rl; /* nats.c's callback thread only */
 
-    _Atomic int state;            /* enum conn_state */
-    atomic_bool live;             /* create succeeded, destroy not started:
+    _Atomic int state;             /* enum conn_state */
+    atomic_bool live;              /* create succeeded, destroy not started:
                                    * callbacks count, log and wake only then */
-    atomic_bool closing;          /* destroy is closing the connection */
-    atomic_bool ever_connected;   /* a later connection is a reconnection */
-    _Atomic unsigned conns;       /* connections made: each posts one ClosedCB */
-    _Atomic unsigned closed_cbs;  /* ClosedCBs that have run to their end */
+    atomic_bool closing;           /* destroy is closing the connection */
+    atomic_bool ever_connected;    /* a later connection is a reconnection */
+    _Atomic unsigned conns;        /* connections made: each posts one ClosedCB */
+    _Atomic unsigned closed_cbs;   /* ClosedCBs that have run to their end */
     _Atomic uint64_t outage_bytes; /* protocol bytes published while not connected */
-    _Atomic uint64_t losses;      /* connections nats.c gave up with data buffered,
+    _Atomic uint64_t losses;       /* connections nats.c gave up with data buffered,
                                    * or router events the stream refused */
 
     /* ---- JetStream (jetstream.c; see the top of that file) ----
      * js belongs to conn: conn_mu guards both, the worker replaces both. */
     bool js_on;
     jsCtx *js;
-    char *js_stream;         /* resolved names (config.h) */
+    char *js_stream; /* resolved names (config.h) */
     char *js_subject;
     bool js_create;
-    int js_retention;        /* enum kvb_js_retention == jsRetentionPolicy */
+    int js_retention; /* enum kvb_js_retention == jsRetentionPolicy */
     uint32_t js_max_age_s, js_replicas, js_dup_window_s;
     uint32_t js_max_pending;
     uint32_t js_ack_timeout_ms;
-    jsPubOptions js_pubopts; /* MaxWait = ack timeout; read-only after create */
-    _Atomic uint64_t inflight; /* published, not yet acknowledged nor given up */
+    jsPubOptions js_pubopts;         /* MaxWait = ack timeout; read-only after create */
+    _Atomic uint64_t inflight;       /* published, not yet acknowledged nor given up */
     _Atomic uint64_t inflight_bytes; /* their cost (msg_cost()), at most js_byte_cap */
-    uint64_t js_byte_cap;    /* reconnect_buffer_bytes (or nats.c's 8 MiB default) */
-    bool win_full;           /* loop thread: the window is (still) reported full */
-    pthread_mutex_t ack_mu;  /* with ack_cond: kvb_sink_flush waits for inflight 0 */
-    pthread_cond_t ack_cond; /* CLOCK_MONOTONIC */
-    _Atomic int ack_cbs;     /* on_ack() calls running */
-    atomic_bool ack_ok;      /* a positive ack came since the last retry backoff */
+    uint64_t js_byte_cap;            /* reconnect_buffer_bytes (or nats.c's 8 MiB default) */
+    bool win_full;                   /* loop thread: the window is (still) reported full */
+    pthread_mutex_t ack_mu;          /* with ack_cond: kvb_sink_flush waits for inflight 0 */
+    pthread_cond_t ack_cond;         /* CLOCK_MONOTONIC */
+    _Atomic int ack_cbs;             /* on_ack() calls running */
+    atomic_bool ack_ok;              /* a positive ack came since the last retry backoff */
     /* rb_mu: the queues (rings of our messages, grown on demand), when
      * they may be sent, and the stream check the worker owes. */
-    struct ring rq;          /* sent before, no positive ack: to send again */
-    struct ring fq;          /* published while ordered, never sent yet */
-    bool ordered;            /* publishes queue up in fq (mirror: ordered_hint) */
+    struct ring rq; /* sent before, no positive ack: to send again */
+    struct ring fq; /* published while ordered, never sent yet */
+    bool ordered;   /* publishes queue up in fq (mirror: ordered_hint) */
     atomic_bool ordered_hint;
-    bool recover_due;        /* reconnected: take back what js still waits for */
-    bool sending;            /* the worker holds a message it took from a queue */
-    bool probing;            /* JetStream answered "no responders"/"unavailable":
+    bool recover_due;         /* reconnected: take back what js still waits for */
+    bool sending;             /* the worker holds a message it took from a queue */
+    bool probing;             /* JetStream answered "no responders"/"unavailable":
                               * send one message at a time until one is stored */
     _Atomic(natsMsg *) probe; /* that one, while it waits for its answer */
-    uint64_t rq_not_before;  /* monotonic ms */
-    uint32_t retry_ms;       /* next retry backoff (no responders, unavailable) */
+    uint64_t rq_not_before;   /* monotonic ms */
+    uint32_t retry_ms;        /* next retry backoff (no responders, unavailable) */
     bool js_setup_due;
     uint64_t js_setup_after; /* monotonic ms */
     int js_setup_failures;
@@ -169,25 +169,25 @@ struct kvb_sink {
      * nats.c's socket reads, and the writes that the loop thread does not
      * do itself. */
     pthread_mutex_t evl_mu;
-    pthread_cond_t evl_cond;   /* io_busy went back to NULL */
-    struct evl *evls;          /* evl_mu: one per connection ever attached */
-    struct evl *io_busy;       /* evl_mu: the one the I/O thread is calling into */
-    bool io_stop;              /* evl_mu */
-    int io_wake;               /* eventfd */
+    pthread_cond_t evl_cond; /* io_busy went back to NULL */
+    struct evl *evls;        /* evl_mu: one per connection ever attached */
+    struct evl *io_busy;     /* evl_mu: the one the I/O thread is calling into */
+    bool io_stop;            /* evl_mu */
+    int io_wake;             /* eventfd */
     pthread_t io_thread;
     bool io_started;
-    pthread_t owner;           /* the thread that created the sink (the loop) */
-    atomic_bool defer;         /* kvb_sink_defer_writes() was called (owner set) */
-    bool in_publish;           /* owner only: inside a publish call */
-    atomic_bool owner_write;   /* a write is left to kvb_sink_service() */
+    pthread_t owner;         /* the thread that created the sink (the loop) */
+    atomic_bool defer;       /* kvb_sink_defer_writes() was called (owner set) */
+    bool in_publish;         /* owner only: inside a publish call */
+    atomic_bool owner_write; /* a write is left to kvb_sink_service() */
 
     /* Requests served on one subject (kvb_sink_serve()): subscribed again on
      * each new connection.  conn_mu guards all but srv_live. */
-    char *srv_subject;         /* NULL: not serving */
+    char *srv_subject; /* NULL: not serving */
     kvb_sink_request_fn srv_fn;
     void *srv_closure;
     natsSubscription *srv_sub;
-    _Atomic int srv_live;      /* subscriptions whose callbacks may still run */
+    _Atomic int srv_live; /* subscriptions whose callbacks may still run */
 
     /* ---- guard (guard.c) ----
      * guard_mu + guard_cond: guard_stop, guard_kicked.  The tables are the
@@ -197,19 +197,19 @@ struct kvb_sink {
     pthread_t guard_thread;
     bool guard_init, guard_started;
     bool guard_stop, guard_kicked;
-    uint32_t guard_limit_ms;   /* a handshake older than this is abandoned */
+    uint32_t guard_limit_ms;               /* a handshake older than this is abandoned */
     uint16_t guard_ports[GUARD_MAX_PORTS]; /* the servers' ports */
     size_t n_guard_ports;
     ino_t guard_base[GUARD_MAX_BASE]; /* sockets there before the sink: not ours */
     size_t n_guard_base;
     struct guard_cand {
         ino_t ino;
-        uint64_t since;        /* monotonic ms: first seen */
+        uint64_t since; /* monotonic ms: first seen */
         bool seen;
     } guard_cand[GUARD_MAX_CAND]; /* handshakes in progress (seen, not attached) */
     size_t n_guard_cand;
-    atomic_bool guard_hurry;   /* destroy started: cut unanswered handshakes now */
-    _Atomic uint64_t stalls;   /* attempts abandoned */
+    atomic_bool guard_hurry;         /* destroy started: cut unanswered handshakes now */
+    _Atomic uint64_t stalls;         /* attempts abandoned */
     _Atomic uint64_t stalls_counted; /* of them, added to nats_connect_stalls_total */
     struct kvb_ratelimit guard_rl;
 };

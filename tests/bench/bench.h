@@ -19,8 +19,8 @@
 #include <stdint.h>
 
 struct bench_set {
-    uint8_t *blob;      /* every payload, back to back */
-    size_t *off;        /* payload i is blob[off[i] .. off[i+1]) */
+    uint8_t *blob; /* every payload, back to back */
+    size_t *off;   /* payload i is blob[off[i] .. off[i+1]) */
     size_t n, cap, blob_len, blob_cap;
 };
 
@@ -52,14 +52,14 @@ size_t benchgen_empty(uint8_t *buf, size_t cap);
 
 struct bench_shm {
     uint64_t magic;
-    uint64_t cap;                 /* entries in recv_ns */
-    _Atomic uint64_t ready;       /* 1 once the subscription is registered */
-    _Atomic uint64_t msgs;        /* messages received */
-    _Atomic uint64_t bytes;       /* payload bytes received */
-    _Atomic uint64_t errors;      /* async errors (slow consumer, ...) */
-    _Atomic uint64_t wire_msgs;   /* NATS messages (msgs counts router events
+    uint64_t cap;               /* entries in recv_ns */
+    _Atomic uint64_t ready;     /* 1 once the subscription is registered */
+    _Atomic uint64_t msgs;      /* messages received */
+    _Atomic uint64_t bytes;     /* payload bytes received */
+    _Atomic uint64_t errors;    /* async errors (slow consumer, ...) */
+    _Atomic uint64_t wire_msgs; /* NATS messages (msgs counts router events
                                      with count-sub --events) */
-    _Atomic int64_t recv_ns[];    /* CLOCK_MONOTONIC receive time of message i */
+    _Atomic int64_t recv_ns[];  /* CLOCK_MONOTONIC receive time of message i */
 };
 
 /* create != 0: create (truncate) with room for cap receive times. */

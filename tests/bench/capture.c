@@ -23,8 +23,8 @@
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"endpoint", required_argument, NULL, 'e'}, {"out", required_argument, NULL, 'o'},
-        {"count", required_argument, NULL, 'n'},    {"skip", required_argument, NULL, 's'},
+        {"endpoint", required_argument, NULL, 'e'},   {"out", required_argument, NULL, 'o'},
+        {"count", required_argument, NULL, 'n'},      {"skip", required_argument, NULL, 's'},
         {"timeout-ms", required_argument, NULL, 't'}, {NULL, 0, NULL, 0},
     };
     const char *ep = NULL, *out = NULL;
@@ -103,8 +103,7 @@ int main(int argc, char **argv)
             }
             first = false;
         } else if (seq != next_seq) {
-            fprintf(stderr, "capture: gap: seq %" PRIu64 " after %" PRIu64 "\n", seq,
-                    next_seq - 1);
+            fprintf(stderr, "capture: gap: seq %" PRIu64 " after %" PRIu64 "\n", seq, next_seq - 1);
             goto out;
         }
         next_seq = seq + 1;

@@ -64,9 +64,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void
 {
     int64_t now = bench_now_ns();
     uint64_t i = atomic_load_explicit(&shm->msgs, memory_order_relaxed);
-    uint64_t k = events_mode ? envelope_events(natsMsg_GetData(msg),
-                                               (size_t)natsMsg_GetDataLength(msg))
-                             : 1;
+    uint64_t k =
+        events_mode ? envelope_events(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg)) : 1;
     (void)nc;
     (void)sub;
     (void)closure;
@@ -97,9 +96,12 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err, 
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"server", required_argument, NULL, 's'}, {"subject", required_argument, NULL, 'j'},
-        {"shm", required_argument, NULL, 'm'},    {"cap", required_argument, NULL, 'c'},
-        {"ready-file", required_argument, NULL, 'r'}, {"events", no_argument, NULL, 'e'},
+        {"server", required_argument, NULL, 's'},
+        {"subject", required_argument, NULL, 'j'},
+        {"shm", required_argument, NULL, 'm'},
+        {"cap", required_argument, NULL, 'c'},
+        {"ready-file", required_argument, NULL, 'r'},
+        {"events", no_argument, NULL, 'e'},
         {NULL, 0, NULL, 0},
     };
     const char *server = "nats://127.0.0.1:4222", *path = NULL, *ready = NULL;

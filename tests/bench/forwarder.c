@@ -111,8 +111,7 @@ int main(int argc, char **argv)
         }
         if (zmq_msg_more(&m))
             continue;
-        if (natsConnection_Publish(nc, subject, zmq_msg_data(&m), (int)zmq_msg_size(&m)) !=
-            NATS_OK)
+        if (natsConnection_Publish(nc, subject, zmq_msg_data(&m), (int)zmq_msg_size(&m)) != NATS_OK)
             errors++;
         msgs++;
         bytes += zmq_msg_size(&m);

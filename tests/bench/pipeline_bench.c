@@ -134,10 +134,10 @@ static void stats(const char *mix, const char *source, const struct bench_set *s
            "stored/batch=%.3f removed/batch=%.3f cleared/batch=%.4f empty=%.1f%% "
            "blocks/store=%.2f hashes/remove=%.2f cpu_tier=%.1f%% group1=%.1f%% "
            "nil_medium=%.1f%% lora_stores=%.1f%%\n",
-           mix, source, set->n, (double)set->blob_len / n,
-           (double)(ev[0] + ev[1] + ev[2]) / n, (double)ev[0] / n, (double)ev[1] / n,
-           (double)ev[2] / n, 100.0 * (double)empty / n,
-           ev[0] ? (double)blocks / (double)ev[0] : 0, ev[1] ? (double)rm_hashes / (double)ev[1] : 0,
+           mix, source, set->n, (double)set->blob_len / n, (double)(ev[0] + ev[1] + ev[2]) / n,
+           (double)ev[0] / n, (double)ev[1] / n, (double)ev[2] / n, 100.0 * (double)empty / n,
+           ev[0] ? (double)blocks / (double)ev[0] : 0,
+           ev[1] ? (double)rm_hashes / (double)ev[1] : 0,
            100.0 * (double)cpu / (double)(ev[0] + ev[1] + !(ev[0] + ev[1])),
            100.0 * (double)g1 / (double)(ev[0] + ev[1] + !(ev[0] + ev[1])),
            100.0 * (double)nilmed / (double)(ev[0] + ev[1] + !(ev[0] + ev[1])),
@@ -161,9 +161,12 @@ static uint64_t engine_events(const struct bench_set *set)
 int main(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"mix", required_argument, NULL, 'm'},     {"capture", required_argument, NULL, 'c'},
-        {"batches", required_argument, NULL, 'n'}, {"passes", required_argument, NULL, 'p'},
-        {"stats", no_argument, NULL, 's'},         {"format", required_argument, NULL, 'f'},
+        {"mix", required_argument, NULL, 'm'},
+        {"capture", required_argument, NULL, 'c'},
+        {"batches", required_argument, NULL, 'n'},
+        {"passes", required_argument, NULL, 'p'},
+        {"stats", no_argument, NULL, 's'},
+        {"format", required_argument, NULL, 'f'},
         {NULL, 0, NULL, 0},
     };
     const char *mix = "decode", *capture = NULL, *format = "dynamo-json";
@@ -209,7 +212,9 @@ int main(int argc, char **argv)
     struct sink sink = {0};
     struct run run = {.sink = &sink};
     struct kvb_pipeline_cfg cfg = {
-        .convert = {.worker_id = 7, .block_size = 16, .lora_salt = true,
+        .convert = {.worker_id = 7,
+                    .block_size = 16,
+                    .lora_salt = true,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
         .format = fmt,
@@ -241,11 +246,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "pipeline-bench: %d batches failed\n", run.errors);
         goto out;
     }
-    printf("mix=%s format=%s source=%s batches=%zu engine_events=%" PRIu64
-           " router_events=%" PRIu64 " msgs=%" PRIu64 " out_bytes=%" PRIu64
-           " in_bytes=%zu ns_per_event=%.1f\n",
-           mix, format, capture ? "kvsim-capture" : "self-encoded", set.n * passes, ev,
-           sink.revs, sink.msgs, sink.bytes, set.blob_len * passes, ev ? (double)(t1 - t0) / (double)ev : 0.0);
+    printf("mix=%s format=%s source=%s batches=%zu engine_events=%" PRIu64 " router_events=%" PRIu64
+           " msgs=%" PRIu64 " out_bytes=%" PRIu64 " in_bytes=%zu ns_per_event=%.1f\n",
+           mix, format, capture ? "kvsim-capture" : "self-encoded", set.n * passes, ev, sink.revs,
+           sink.msgs, sink.bytes, set.blob_len * passes, ev ? (double)(t1 - t0) / (double)ev : 0.0);
     rc = 0;
 out:
     kvb_pipeline_destroy(&run.p);

@@ -73,7 +73,7 @@ struct opts {
     double rate, warmup_s, duration_s;
     uint64_t total_events, window, max_batches;
     long watch_pid;
-    long own[8];     /* --own-pids: our other processes (subscriber, nats-server) */
+    long own[8]; /* --own-pids: our other processes (subscriber, nats-server) */
     int n_own;
 };
 
@@ -98,7 +98,9 @@ static int expectations(const struct bench_set *set, bool raw, uint32_t *msgs, u
     struct counter cnt = {0};
     struct kvb_pipeline *p = NULL;
     struct kvb_pipeline_cfg cfg = {
-        .convert = {.worker_id = 7, .block_size = 16, .lora_salt = true,
+        .convert = {.worker_id = 7,
+                    .block_size = 16,
+                    .lora_salt = true,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
         .format = KVB_FORMAT_DYNAMO_JSON,
@@ -119,7 +121,9 @@ static int expectations(const struct bench_set *set, bool raw, uint32_t *msgs, u
         msgs[i] = raw ? 1 : (uint32_t)cnt.n;
         struct kvb_batch b;
         events[i] = kvb_decode_batch(kvb_pipeline_decoder(p), bench_set_data(set, i),
-                                     bench_set_len(set, i), &b) == 0 ? b.n_events : 0;
+                                     bench_set_len(set, i), &b) == 0
+                        ? b.n_events
+                        : 0;
     }
     kvb_pipeline_destroy(&p);
     return 0;
@@ -258,20 +262,26 @@ static double pct(const int64_t *v, size_t n, double q)
 
 struct sent {
     int64_t send_ns;
-    uint64_t cum;  /* messages expected up to and including this batch */
+    uint64_t cum; /* messages expected up to and including this batch */
 };
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     static const struct option lo[] = {
-        {"endpoint", required_argument, NULL, 'e'},  {"shm", required_argument, NULL, 'm'},
-        {"capture", required_argument, NULL, 'c'},   {"mix", required_argument, NULL, 'x'},
-        {"expect", required_argument, NULL, 'E'},    {"rate", required_argument, NULL, 'r'},
-        {"window", required_argument, NULL, 'w'},    {"warmup-s", required_argument, NULL, 'W'},
+        {"endpoint", required_argument, NULL, 'e'},
+        {"shm", required_argument, NULL, 'm'},
+        {"capture", required_argument, NULL, 'c'},
+        {"mix", required_argument, NULL, 'x'},
+        {"expect", required_argument, NULL, 'E'},
+        {"rate", required_argument, NULL, 'r'},
+        {"window", required_argument, NULL, 'w'},
+        {"warmup-s", required_argument, NULL, 'W'},
         {"duration-s", required_argument, NULL, 'd'},
         {"total-events", required_argument, NULL, 't'},
-        {"watch-pid", required_argument, NULL, 'p'}, {"label", required_argument, NULL, 'l'},
-        {"max-batches", required_argument, NULL, 'n'}, {"own-pids", required_argument, NULL, 'o'},
+        {"watch-pid", required_argument, NULL, 'p'},
+        {"label", required_argument, NULL, 'l'},
+        {"max-batches", required_argument, NULL, 'n'},
+        {"own-pids", required_argument, NULL, 'o'},
         {"lat-dump", required_argument, NULL, 'D'},
         {NULL, 0, NULL, 0},
     };
@@ -314,13 +324,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 int main(int argc, char **argv)
 {
-    struct opts o = {.label = "-", .window = 4096, .warmup_s = 1, .duration_s = 5,
-                     .max_batches = 20000};
+    struct opts o = {
+        .label = "-", .window = 4096, .warmup_s = 1, .duration_s = 5, .max_batches = 20000};
     if (parse_args(argc, argv, &o) < 0) {
-        fprintf(stderr, "usage: bench-pub --endpoint EP --shm FILE (--capture FILE | --mix M) "
-                        "--expect kvbridge|raw [--rate R] [--window N] [--warmup-s S] "
-                        "[--duration-s S] [--total-events N] [--watch-pid PID] [--own-pids PID,...] "
-                        "[--label L] [--max-batches N] [--lat-dump FILE]\n");
+        fprintf(stderr,
+                "usage: bench-pub --endpoint EP --shm FILE (--capture FILE | --mix M) "
+                "--expect kvbridge|raw [--rate R] [--window N] [--warmup-s S] "
+                "[--duration-s S] [--total-events N] [--watch-pid PID] [--own-pids PID,...] "
+                "[--label L] [--max-batches N] [--lat-dump FILE]\n");
         return 2;
     }
     signal(SIGINT, on_signal);
@@ -416,8 +427,8 @@ int main(int argc, char **argv)
             own_a = own_ticks(&o);
             rq_a = o.watch_pid ? runq_wait_ns(o.watch_pid) : 0;
         }
-        if (sending && (stop_flag || (o.total_events ? ev_sent >= o.total_events
-                                                      : now >= send_end))) {
+        if (sending &&
+            (stop_flag || (o.total_events ? ev_sent >= o.total_events : now >= send_end))) {
             sending = false;
             if (warm == SIZE_MAX)
                 warm = 0;
@@ -432,8 +443,9 @@ int main(int argc, char **argv)
                 break;
             }
             if (now - last_progress > 10000000000LL) {
-                fprintf(stderr, "bench-pub: %s: receiver stalled (%" PRIu64 " of %" PRIu64
-                                " messages)\n", o.label, got, cum);
+                fprintf(stderr,
+                        "bench-pub: %s: receiver stalled (%" PRIu64 " of %" PRIu64 " messages)\n",
+                        o.label, got, cum);
                 rc = 1;
                 break;
             }
@@ -519,9 +531,9 @@ int main(int argc, char **argv)
     }
     /* other people's work on the machine during the measurement, in % of all
      * CPUs: busy ticks not spent by the processes of the benchmark */
-    double foreign = mt_b > mt_a ? 100.0 * (double)((mb_b - mb_a) - (own_b - own_a)) /
-                                       (double)(mt_b - mt_a)
-                                 : NAN;
+    double foreign = mt_b > mt_a
+                         ? 100.0 * (double)((mb_b - mb_a) - (own_b - own_a)) / (double)(mt_b - mt_a)
+                         : NAN;
     if (foreign < 0)
         foreign = 0;
     long hwm = o.watch_pid ? proc_status_kb(o.watch_pid, "VmHWM") : -1;
@@ -529,8 +541,8 @@ int main(int argc, char **argv)
     uint64_t lost = cum > got ? cum - got : 0;
     if (lost || extra || atomic_load(&shm->errors))
         rc = 1;
-    printf("result label=%s mode=%s rate=%.0f batches=%" PRIu64 " events=%" PRIu64
-           " msgs=%" PRIu64 " secs=%.3f batches_per_s=%.0f events_per_s=%.0f msgs_per_s=%.0f"
+    printf("result label=%s mode=%s rate=%.0f batches=%" PRIu64 " events=%" PRIu64 " msgs=%" PRIu64
+           " secs=%.3f batches_per_s=%.0f events_per_s=%.0f msgs_per_s=%.0f"
            " cpu_s=%.3f cpu_us_per_event=%.3f cpu_pct=%.2f lat_n=%zu p50_us=%.1f p99_us=%.1f"
            " p999_us=%.1f max_us=%.1f hwm_kb=%ld rss_kb=%ld sent=%zu lost=%" PRIu64
            " extra=%" PRIu64 " sub_errors=%" PRIu64 " foreign_pct=%.0f runq_wait_ms_per_s=%.1f"
@@ -538,8 +550,9 @@ int main(int argc, char **argv)
            o.label, o.raw ? "raw" : "kvbridge", o.rate, m_batches, m_events, m_msgs, secs,
            (double)m_batches / secs, (double)m_events / secs, (double)m_msgs / secs, cpu_s,
            cpu_s * 1e6 / (double)m_events, 100.0 * cpu_s / secs, nlat, p50, p99, p999, pmax, hwm,
-           rss, nsent, lost, extra, atomic_load(&shm->errors), foreign, (double)(rq_b - rq_a) / 1e6 / secs,
-           atomic_load(&shm->wire_msgs), atomic_load(&shm->msgs));
+           rss, nsent, lost, extra, atomic_load(&shm->errors), foreign,
+           (double)(rq_b - rq_a) / 1e6 / secs, atomic_load(&shm->wire_msgs),
+           atomic_load(&shm->msgs));
     fflush(stdout);
 
     free(sent);

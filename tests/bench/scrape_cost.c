@@ -95,9 +95,9 @@ int main(int argc, char **argv)
         close(pfd[0]);
         struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        struct MHD_Daemon *d = MHD_start_daemon(
-            MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, answer, NULL,
-            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
+        struct MHD_Daemon *d =
+            MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, answer,
+                             NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
         const union MHD_DaemonInfo *di =
             d ? MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT) : NULL;
         int port = di ? di->port : -1;
@@ -130,8 +130,10 @@ int main(int argc, char **argv)
     snprintf(hurl, sizeof(hurl), "http://127.0.0.1:%d/health", port);
     struct kvb_scrape_target t[64];
     for (int i = 0; i < ntargets; i++)
-        t[i] = (struct kvb_scrape_target){.name = "bench", .kind = KVB_ENGINE_VLLM,
-                                          .metrics_url = murl, .health_url = hurl,
+        t[i] = (struct kvb_scrape_target){.name = "bench",
+                                          .kind = KVB_ENGINE_VLLM,
+                                          .metrics_url = murl,
+                                          .health_url = hurl,
                                           .interval_ms = interval};
     double c0 = cpu_s();
     uint64_t w0 = kvb_mono_ms();
@@ -161,8 +163,8 @@ int main(int argc, char **argv)
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
 
-    printf("page %s: %zu bytes; %d target(s) (metrics + health) every %u ms for %.1f s\n",
-           path, page_len, ntargets, interval, wall);
+    printf("page %s: %zu bytes; %d target(s) (metrics + health) every %u ms for %.1f s\n", path,
+           page_len, ntargets, interval, wall);
     printf("rounds %llu (parsed %llu, failed %llu)\n", (unsigned long long)rounds,
            (unsigned long long)loads, (unsigned long long)failed);
     printf("cpu %.3f s = %.3f%% of one core; %.0f us per round; parse alone %.0f us per page\n",

@@ -33,10 +33,10 @@ static inline void fuzz_fail(const char *fmt, ...)
     abort();
 }
 
-#define FUZZ_CHECK(cond, ...)                                                  \
-    do {                                                                       \
-        if (!(cond))                                                           \
-            fuzz_fail(__VA_ARGS__);                                            \
+#define FUZZ_CHECK(cond, ...)       \
+    do {                            \
+        if (!(cond))                \
+            fuzz_fail(__VA_ARGS__); \
     } while (0)
 
 /* ---- dynamo-json shape ---------------------------------------------------- */
@@ -131,8 +131,7 @@ static inline const char *fuzz_json_matches(const struct kvb_rev *r, const char 
         if (!j_lit(&c, "\"cleared\""))
             return "cleared";
         break;
-    default:
-        return "unknown router event type";
+    default: return "unknown router event type";
     }
     if (!j_lit(&c, ",\"dp_rank\":") || !j_u64_eq(&c, r->dp_rank))
         return "dp_rank";
@@ -165,8 +164,8 @@ static inline void id_track_check(struct id_track *t, const struct kvb_rev *r)
     if (i == t->n) {
         FUZZ_CHECK(t->n < FUZZ_MAX_RANKS, "more than %d dp_ranks", FUZZ_MAX_RANKS);
         FUZZ_CHECK(r->type == KVB_REVT_CLEARED,
-                   "first router event of dp_rank %u is not \"cleared\" (type %u)",
-                   r->dp_rank, r->type);
+                   "first router event of dp_rank %u is not \"cleared\" (type %u)", r->dp_rank,
+                   r->type);
         t->rank[i] = r->dp_rank;
         t->next[i] = 0;
         t->n++;
@@ -178,7 +177,7 @@ static inline void id_track_check(struct id_track *t, const struct kvb_rev *r)
 }
 
 static inline void check_emitted(struct id_track *t, const struct kvb_rev *r, const char *data,
-                          size_t len, uint64_t worker_id)
+                                 size_t len, uint64_t worker_id)
 {
     FUZZ_CHECK(r->worker_id == worker_id, "worker_id %llu, want %llu",
                (unsigned long long)r->worker_id, (unsigned long long)worker_id);

@@ -37,9 +37,8 @@ static void check_loaded(const struct kvb_config *c)
     FUZZ_CHECK(c->nats.n_servers >= 1 && c->nats.servers, "no NATS server");
     for (size_t i = 0; i < c->nats.n_servers; i++)
         FUZZ_CHECK(c->nats.servers[i] != NULL, "server %zu NULL", i);
-    FUZZ_CHECK(c->nats.subject && c->nats.namespace_ && c->nats.component &&
-                   c->nats.credentials && c->nats.jetstream.stream && c->metrics.listen &&
-                   c->state.dir,
+    FUZZ_CHECK(c->nats.subject && c->nats.namespace_ && c->nats.component && c->nats.credentials &&
+                   c->nats.jetstream.stream && c->metrics.listen && c->state.dir,
                "NULL string in a loaded config");
     FUZZ_CHECK(c->limits.max_payload_bytes >= 1 && c->limits.max_payload_bytes <= (1u << 30),
                "max_payload_bytes %llu", (unsigned long long)c->limits.max_payload_bytes);

@@ -44,8 +44,7 @@ static bool inside(const uint8_t *data, size_t size, const void *p, size_t n)
     return q >= data && q <= data + size && n <= (size_t)(data + size - q);
 }
 
-static void check_str(const uint8_t *data, size_t size, const struct kvb_str *s,
-                      const char *what)
+static void check_str(const uint8_t *data, size_t size, const struct kvb_str *s, const char *what)
 {
     if (!s->ptr) {
         FUZZ_CHECK(s->len == 0, "%s: NULL with length %u", what, s->len);
@@ -162,8 +161,8 @@ static void pipeline_checks(const uint8_t *data, size_t size, const struct kvb_p
         uint64_t dropped = 0;
         for (int r = 0; r < KVB_DROP__COUNT; r++)
             dropped += kvb_get(&m.events_dropped_total[r]);
-        FUZZ_CHECK(seen == b.n_events, "events counted %llu, decoded %u",
-                   (unsigned long long)seen, b.n_events);
+        FUZZ_CHECK(seen == b.n_events, "events counted %llu, decoded %u", (unsigned long long)seen,
+                   b.n_events);
         FUZZ_CHECK(dropped + (c.emitted - 1) == seen, "published + dropped != received");
     }
     kvb_pipeline_destroy(&p);
@@ -179,7 +178,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     decoder_checks(data, size);
 
     struct kvb_pipeline_cfg a = {
-        .convert = {.worker_id = 7587890738027725506ull, .block_size = 0, .lora_salt = true,
+        .convert = {.worker_id = 7587890738027725506ull,
+                    .block_size = 0,
+                    .lora_salt = true,
                     .forward_tiers = (1u << KVB_TIER__COUNT) - 1},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
         .format = KVB_FORMAT_DYNAMO_JSON,
@@ -187,7 +188,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pipeline_checks(data, size, &a);
 
     struct kvb_pipeline_cfg b = {
-        .convert = {.worker_id = UINT64_MAX, .block_size = 16, .lora_salt = false,
+        .convert = {.worker_id = UINT64_MAX,
+                    .block_size = 16,
+                    .lora_salt = false,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = {.max_events = 8, .max_hashes = 8, .max_tokens = 128, .max_depth = 5},
         .format = KVB_FORMAT_DYNAMO_JSON,

@@ -77,15 +77,16 @@ static struct kvb_pipeline_cfg make_cfg(uint8_t b)
 {
     static const uint32_t bs[4] = {0, 1, 16, 4};
     struct kvb_pipeline_cfg cfg = {
-        .convert = {.worker_id = WORKER, .block_size = bs[b & 3], .lora_salt = (b & 4) != 0,
-                    .forward_tiers = (b & 8) ? (1u << KVB_TIER__COUNT) - 1
-                                             : 1u << KVB_TIER_DEVICE},
+        .convert = {.worker_id = WORKER,
+                    .block_size = bs[b & 3],
+                    .lora_salt = (b & 4) != 0,
+                    .forward_tiers = (b & 8) ? (1u << KVB_TIER__COUNT) - 1 : 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
         .format = KVB_FORMAT_DYNAMO_JSON,
     };
     if (b & 16)
-        cfg.limits = (struct kvb_decode_limits){.max_events = 4, .max_hashes = 6,
-                                                .max_tokens = 64, .max_depth = 6};
+        cfg.limits = (struct kvb_decode_limits){
+            .max_events = 4, .max_hashes = 6, .max_tokens = 64, .max_depth = 6};
     return cfg;
 }
 
@@ -210,24 +211,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK((size_t)rc == c.n_ev, "returned %d, emitted %zu", rc, c.n_ev);
         FUZZ_CHECK(s.has_last && s.last == seq, "stream last %llu, want %llu",
                    (unsigned long long)s.last, (unsigned long long)seq);
-        FUZZ_CHECK(s.n_ranks >= 1 && s.n_ranks <= KVB_MAX_STREAM_RANKS, "n_ranks %u",
-                   s.n_ranks);
+        FUZZ_CHECK(s.n_ranks >= 1 && s.n_ranks <= KVB_MAX_STREAM_RANKS, "n_ranks %u", s.n_ranks);
 
         size_t k = 0;
         if (verdict == KVB_SEQ_GAP || verdict == KVB_SEQ_BACK) {
             /* a stream with a last seq has applied a batch: it has a rank */
             FUZZ_CHECK(old_n >= 1, "stream with a last seq but no rank");
-            expect_barrier(&c, &k, old_ranks, old_n,
-                           verdict == KVB_SEQ_GAP ? "gap" : "restart");
+            expect_barrier(&c, &k, old_ranks, old_n, verdict == KVB_SEQ_GAP ? "gap" : "restart");
         } else {
-            FUZZ_CHECK(verdict == KVB_SEQ_FIRST || verdict == KVB_SEQ_NEXT, "verdict %d",
-                       verdict);
+            FUZZ_CHECK(verdict == KVB_SEQ_FIRST || verdict == KVB_SEQ_NEXT, "verdict %d", verdict);
         }
         if (!decodes) {
             /* the malformed barrier, for every rank of the stream */
             expect_barrier(&c, &k, s.ranks, s.n_ranks, "malformed batch");
-            FUZZ_CHECK(k == c.n_ev, "malformed batch: %zu events after the barrier",
-                       c.n_ev - k);
+            FUZZ_CHECK(k == c.n_ev, "malformed batch: %zu events after the barrier", c.n_ev - k);
         } else if (!known && old_n == KVB_MAX_STREAM_RANKS) {
             /* dropped; a barrier for that rank alone, were its pair dirty */
             FUZZ_CHECK(!kvb_stream_has_rank(&s, rank), "65th rank %u accepted", rank);

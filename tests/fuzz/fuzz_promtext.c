@@ -25,8 +25,8 @@
 #include <string.h>
 
 #include "engine/load.h"
-#include "fuzz_common.h"
 #include "engine/promtext.h"
+#include "fuzz_common.h"
 
 struct walk {
     const char *lo, *hi; /* the copy being parsed */
@@ -40,8 +40,8 @@ static bool name_ok(const char *p, size_t n, bool colon)
         return false;
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
-        bool a = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-                 (colon && c == ':');
+        bool a =
+            (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon && c == ':');
         if (!a && !(i > 0 && c >= '0' && c <= '9'))
             return false;
     }
@@ -74,8 +74,7 @@ static int on_sample(void *ctx, const struct kvb_prom_sample *s)
         FUZZ_CHECK(inside(w, l->name, l->name_len), "label name outside the input");
         FUZZ_CHECK(name_ok(l->name, l->name_len, false), "bad label name");
         FUZZ_CHECK(inside(w, l->value, l->value_len), "label value outside the input");
-        FUZZ_CHECK(l->value_len <= KVB_PROM_MAX_LABEL_VALUE, "label value %zu bytes",
-                   l->value_len);
+        FUZZ_CHECK(l->value_len <= KVB_PROM_MAX_LABEL_VALUE, "label value %zu bytes", l->value_len);
         FUZZ_CHECK(l->value > l->name, "label value before its name");
         mix(&w->hash, l->name, l->name_len);
         mix(&w->hash, l->value, l->value_len);
@@ -89,8 +88,8 @@ static int on_sample(void *ctx, const struct kvb_prom_sample *s)
     return 0;
 }
 
-static void check_load(const uint8_t *data, size_t size, enum kvb_engine_kind kind,
-                       char *copy, uint64_t samples)
+static void check_load(const uint8_t *data, size_t size, enum kvb_engine_kind kind, char *copy,
+                       uint64_t samples)
 {
     static struct kvb_engine_load l, prev;
     memcpy(copy, data, size);

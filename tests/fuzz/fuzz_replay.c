@@ -59,25 +59,25 @@
 
 #define WORKER 5
 #define NSTREAMS 2
-#define BUF_STEPS 8          /* the engine's replay buffer (small: it runs out) */
-#define MAX_BATCHES 4096     /* batches published in one input */
-#define MAX_PAYLOAD 96       /* limits.max_payload_bytes */
+#define BUF_STEPS 8      /* the engine's replay buffer (small: it runs out) */
+#define MAX_BATCHES 4096 /* batches published in one input */
+#define MAX_PAYLOAD 96   /* limits.max_payload_bytes */
 #define MAX_HELD 16
 #define TIMEOUT_MS 300
 
 struct batch {
     int stream;
-    uint32_t inc;       /* engine incarnation */
+    uint32_t inc; /* engine incarnation */
     uint64_t seq;
-    bool delivered;     /* reached kvbridge live */
-    int applied;        /* times applied or rejected */
-    uint32_t seg;       /* the stream's segment (barriers) it was last applied in */
-    uint8_t kind;       /* 0 good, 1 oversize, 2 undecodable */
+    bool delivered; /* reached kvbridge live */
+    int applied;    /* times applied or rejected */
+    uint32_t seg;   /* the stream's segment (barriers) it was last applied in */
+    uint8_t kind;   /* 0 good, 1 oversize, 2 undecodable */
 };
 
 struct engine {
-    bool fresh;         /* restarted, nothing delivered yet */
-    bool fresh_inproc;  /* ... without a disconnect: its first batch is seen */
+    bool fresh;        /* restarted, nothing delivered yet */
+    bool fresh_inproc; /* ... without a disconnect: its first batch is seen */
     uint32_t inc;
     uint64_t start, next;
     uint32_t buf[BUF_STEPS]; /* batch ids, oldest first */
@@ -95,7 +95,7 @@ struct fz {
     uint32_t seg[NSTREAMS];
     int big[NSTREAMS][MAX_BATCHES]; /* oversize batches delivered live, not rejected yet */
     int n_big[NSTREAMS];
-    int cur_reply;                   /* the batch a reply carries, or -1 */
+    int cur_reply; /* the batch a reply carries, or -1 */
     /* the reply to the request in flight (batch ids; -1 = END) */
     int reply[BUF_STEPS + 1];
     int n_reply, reply_pos, reply_stream;
@@ -141,15 +141,16 @@ static void applied(struct kvb_stream *s, uint64_t seq, int id)
                (unsigned long long)s->last, (unsigned long long)seq);
     int prev = F->last_applied[k];
     if (prev >= 0) {
-        FUZZ_CHECK(id > prev || F->barrier_since[k],
-                   "I2: stream %d: batch %d applied after %d", k, id, prev);
+        FUZZ_CHECK(id > prev || F->barrier_since[k], "I2: stream %d: batch %d applied after %d", k,
+                   id, prev);
         bool lost = F->b[prev].inc != b->inc;
         for (int i = prev + 1; i < id && !lost; i++)
             lost = F->b[i].stream == k && !F->b[i].applied;
         FUZZ_CHECK(!lost || F->barrier_since[k],
                    "I3: stream %d: seq %llu (inc %u) after seq %llu (inc %u) without a barrier "
-                   "for what was lost between them", k, (unsigned long long)seq, b->inc,
-                   (unsigned long long)F->b[prev].seq, F->b[prev].inc);
+                   "for what was lost between them",
+                   k, (unsigned long long)seq, b->inc, (unsigned long long)F->b[prev].seq,
+                   F->b[prev].inc);
     }
     F->last_applied[k] = id;
     F->barrier_since[k] = false;
@@ -341,8 +342,7 @@ static void drain(uint64_t *now)
 {
     for (int round = 0; round < 10000 && kvb_replay_active(F->r); round++) {
         if (getenv("KVB_FUZZ_LOG") && round < 5)
-            fprintf(stderr, "drain: pending %d pos %d/%d\n", F->pending, F->reply_pos,
-                    F->n_reply);
+            fprintf(stderr, "drain: pending %d pos %d/%d\n", F->pending, F->reply_pos, F->n_reply);
         if (F->pending)
             serve(BUF_STEPS + 1, *now);
         else {
@@ -370,15 +370,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct kvb_metrics m;
     memset(&m, 0, sizeof(m));
     struct kvb_pipeline_cfg cfg = {
-        .convert = {.worker_id = WORKER, .block_size = 16,
-                    .forward_tiers = 1u << KVB_TIER_DEVICE},
+        .convert = {.worker_id = WORKER, .block_size = 16, .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
         .format = KVB_FORMAT_DYNAMO_JSON,
     };
     FUZZ_CHECK(kvb_pipeline_create(&cfg, &m, on_emit, NULL, &F->p) == 0, "pipeline_create");
     struct kvb_seq_ops ops = {NULL, op_apply, op_reject, op_barrier, op_request, op_cancel};
-    struct kvb_replay_cfg rc = {.name = "fuzz", .endpoint = "tcp://engine:1",
-                                .timeout_ms = TIMEOUT_MS, .max_payload_bytes = MAX_PAYLOAD,
+    struct kvb_replay_cfg rc = {.name = "fuzz",
+                                .endpoint = "tcp://engine:1",
+                                .timeout_ms = TIMEOUT_MS,
+                                .max_payload_bytes = MAX_PAYLOAD,
                                 .max_held_msgs = MAX_HELD};
     FUZZ_CHECK(kvb_replay_create(&rc, &m, &ops, &F->r) == 0, "replay_create");
     static const char *names[NSTREAMS] = {"s0", "s1"};
@@ -468,8 +469,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (last >= 0 && F->b[last].seq < F->b[F->last_applied[k]].seq)
             continue; /* wrapped past 2^64 since: the engine replays seq >= asked,
                        * numerically, and has nothing to say */
-        FUZZ_CHECK(last < 0 || F->b[last].applied >= 1 ||
-                       F->seg[k] != F->b[F->last_applied[k]].seg,
+        FUZZ_CHECK(last < 0 || F->b[last].applied >= 1 || F->seg[k] != F->b[F->last_applied[k]].seg,
                    "I7: stream %d: seq %llu published, not applied, and no barrier after seq %llu",
                    k, (unsigned long long)F->b[last].seq,
                    (unsigned long long)F->b[F->last_applied[k]].seq);

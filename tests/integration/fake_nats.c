@@ -28,8 +28,9 @@
 #include <unistd.h>
 
 #define MAX_CONNS 64
-#define INFO "INFO {\"server_id\":\"FAKE\",\"version\":\"2.9.10\",\"proto\":1," \
-             "\"max_payload\":1048576,\"headers\":true}\r\n"
+#define INFO                                                           \
+    "INFO {\"server_id\":\"FAKE\",\"version\":\"2.9.10\",\"proto\":1," \
+    "\"max_payload\":1048576,\"headers\":true}\r\n"
 
 struct conn {
     int fd, n;
@@ -42,7 +43,11 @@ struct conn {
 };
 
 static volatile sig_atomic_t stop;
-static void on_signal(int sig) { (void)sig; stop = 1; }
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop = 1;
+}
 
 static long long now_ms(void)
 {
@@ -110,8 +115,8 @@ int main(int argc, char **argv)
     long long hangup = argc > 3 ? atoll(argv[3]) : 0;
     char info[512];
     if (argc > 4)
-        snprintf(info, sizeof(info), "%.*s,\"connect_urls\":[\"%s\"]}\r\n",
-                 (int)(strlen(INFO) - 3), INFO, argv[4]);
+        snprintf(info, sizeof(info), "%.*s,\"connect_urls\":[\"%s\"]}\r\n", (int)(strlen(INFO) - 3),
+                 INFO, argv[4]);
     else
         snprintf(info, sizeof(info), "%s", INFO);
     struct conn cs[MAX_CONNS];

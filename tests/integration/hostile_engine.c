@@ -40,7 +40,11 @@
 #include <zmq.h>
 
 static volatile sig_atomic_t stop;
-static void on_signal(int sig) { (void)sig; stop = 1; }
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop = 1;
+}
 
 static long long now_ms(void)
 {
@@ -112,9 +116,9 @@ struct opts {
 struct answer {
     uint8_t ident[256];
     size_t ident_len;
-    uint64_t next;     /* next seq to send */
-    long long end_ms;  /* flood: stop then */
-    long long due_ms;  /* trickle: next send */
+    uint64_t next;    /* next seq to send */
+    long long end_ms; /* flood: stop then */
+    long long due_ms; /* trickle: next send */
     int active;
 };
 
@@ -191,7 +195,8 @@ static int run_replay(const struct opts *o)
                 uint8_t s[8];
                 be64(s, a.next++);
                 if (zmq_send(router, a.ident, a.ident_len, ZMQ_SNDMORE) < 0 ||
-                    zmq_send(router, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(router, s, 8, ZMQ_SNDMORE) < 0 ||
+                    zmq_send(router, "", 0, ZMQ_SNDMORE) < 0 ||
+                    zmq_send(router, s, 8, ZMQ_SNDMORE) < 0 ||
                     zmq_send(router, rep.data, rep.size, 0) < 0)
                     break;
             }
@@ -312,8 +317,9 @@ static int run_partial(const struct opts *o)
     int port = atoi(colon + 1);
     /* ZMTP 3.0 greeting: signature, version 3.0, mechanism NULL, as-server 0 */
     uint8_t greet[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0, 'N', 'U', 'L', 'L'};
-    static const uint8_t ready[] = {0x04, 25, 5, 'R', 'E', 'A', 'D', 'Y', 11, 'S', 'o', 'c', 'k',
-                                    'e', 't', '-', 'T', 'y', 'p', 'e', 0, 0, 0, 3, 'P', 'U', 'B'};
+    static const uint8_t ready[] = {0x04, 25,  5,   'R', 'E', 'A', 'D', 'Y', 11,
+                                    'S',  'o', 'c', 'k', 'e', 't', '-', 'T', 'y',
+                                    'p',  'e', 0,   0,   0,   3,   'P', 'U', 'B'};
     static char chunk[1 << 20];
     memset(chunk, 'x', sizeof(chunk));
     int *fds = calloc((size_t)o->peers, sizeof(int));
@@ -366,9 +372,19 @@ static int run_partial(const struct opts *o)
 
 int main(int argc, char **argv)
 {
-    struct opts o = {.rate = 50, .gap_to = 20, .seconds = 10, .flood_ms = 5000, .fat = 2000,
-                     .topics = 100, .rounds = 3, .tail = 50, .count = 1000, .peers = 10,
-                     .decl_mb = 250, .send_mb = 200, .tail_topic = "t0"};
+    struct opts o = {.rate = 50,
+                     .gap_to = 20,
+                     .seconds = 10,
+                     .flood_ms = 5000,
+                     .fat = 2000,
+                     .topics = 100,
+                     .rounds = 3,
+                     .tail = 50,
+                     .count = 1000,
+                     .peers = 10,
+                     .decl_mb = 250,
+                     .send_mb = 200,
+                     .tail_topic = "t0"};
     if (argc < 2) {
         fprintf(stderr, "usage: hostile_engine flood|trickle|topics|ranks|partial [options]\n");
         return 2;
@@ -376,22 +392,38 @@ int main(int argc, char **argv)
     o.mode = argv[1];
     for (int i = 2; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
-        if (!strcmp(k, "--pub")) o.pub = v;
-        else if (!strcmp(k, "--router")) o.router = v;
-        else if (!strcmp(k, "--rate")) o.rate = atof(v);
-        else if (!strcmp(k, "--gap-to")) o.gap_to = strtoull(v, NULL, 10);
-        else if (!strcmp(k, "--seconds")) o.seconds = atol(v);
-        else if (!strcmp(k, "--flood-ms")) o.flood_ms = atol(v);
-        else if (!strcmp(k, "--fat")) o.fat = atol(v);
-        else if (!strcmp(k, "--topics")) o.topics = atol(v);
-        else if (!strcmp(k, "--rounds")) o.rounds = atol(v);
-        else if (!strcmp(k, "--tail")) o.tail = atol(v);
-        else if (!strcmp(k, "--count")) o.count = atol(v);
-        else if (!strcmp(k, "--peers")) o.peers = atol(v);
-        else if (!strcmp(k, "--decl-mb")) o.decl_mb = atol(v);
-        else if (!strcmp(k, "--send-mb")) o.send_mb = atol(v);
-        else if (!strcmp(k, "--pause-ms")) o.pause_ms = atol(v);
-        else if (!strcmp(k, "--tail-topic")) o.tail_topic = v;
+        if (!strcmp(k, "--pub"))
+            o.pub = v;
+        else if (!strcmp(k, "--router"))
+            o.router = v;
+        else if (!strcmp(k, "--rate"))
+            o.rate = atof(v);
+        else if (!strcmp(k, "--gap-to"))
+            o.gap_to = strtoull(v, NULL, 10);
+        else if (!strcmp(k, "--seconds"))
+            o.seconds = atol(v);
+        else if (!strcmp(k, "--flood-ms"))
+            o.flood_ms = atol(v);
+        else if (!strcmp(k, "--fat"))
+            o.fat = atol(v);
+        else if (!strcmp(k, "--topics"))
+            o.topics = atol(v);
+        else if (!strcmp(k, "--rounds"))
+            o.rounds = atol(v);
+        else if (!strcmp(k, "--tail"))
+            o.tail = atol(v);
+        else if (!strcmp(k, "--count"))
+            o.count = atol(v);
+        else if (!strcmp(k, "--peers"))
+            o.peers = atol(v);
+        else if (!strcmp(k, "--decl-mb"))
+            o.decl_mb = atol(v);
+        else if (!strcmp(k, "--send-mb"))
+            o.send_mb = atol(v);
+        else if (!strcmp(k, "--pause-ms"))
+            o.pause_ms = atol(v);
+        else if (!strcmp(k, "--tail-topic"))
+            o.tail_topic = v;
         else {
             fprintf(stderr, "hostile_engine: unknown option %s\n", k);
             return 2;

@@ -196,7 +196,7 @@ int main(int argc, char **argv)
      * another, no request per message: a soak's million messages in seconds);
      * else (or if it cannot be made) one request per seq. */
     natsSubscription *osub = NULL;
-    natsMsg *pend = NULL;   /* the consumer's next message, and its stream seq */
+    natsMsg *pend = NULL; /* the consumer's next message, and its stream seq */
     uint64_t pseq = 0;
     if (si->State.Msgs && c->SubjectsLen == 1) {
         jsSubOptions so;
@@ -240,8 +240,8 @@ int main(int argc, char **argv)
         for (;;) {
             ec = 0;
             st = js_GetMsg(&m, js, stream, seq, NULL, &ec);
-            bool again = st == NATS_TIMEOUT || st == NATS_NO_RESPONDERS ||
-                         (st == NATS_ERR && ec == 10008);
+            bool again =
+                st == NATS_TIMEOUT || st == NATS_NO_RESPONDERS || (st == NATS_ERR && ec == 10008);
             if (!again || ++tries >= 100)
                 break;
             nats_Sleep(200);
@@ -292,8 +292,8 @@ int main(int argc, char **argv)
                 strlen(id) >= sizeof(x->msgid)) {
                 bad_id++;
                 if (bad_id <= 3)
-                    fprintf(stderr, "js_check: seq %" PRIu64 ": id %s does not match %.*s\n",
-                            seq, id, dl > 200 ? 200 : dl, d);
+                    fprintf(stderr, "js_check: seq %" PRIu64 ": id %s does not match %.*s\n", seq,
+                            id, dl > 200 ? 200 : dl, d);
             } else {
                 x->e = v[2];
                 strcpy(x->msgid, id);
@@ -310,11 +310,14 @@ int main(int argc, char **argv)
     /* reorders: in stream order, an event_id below the highest seen for its pair */
     uint64_t reorders = 0;
     {
-        struct { uint64_t w, r, e, max; } pairs[256];
+        struct {
+            uint64_t w, r, e, max;
+        } pairs[256];
         size_t np = 0;
         for (size_t i = 0; i < n; i++) {
             size_t k = 0;
-            while (k < np && !(pairs[k].w == r[i].w && pairs[k].r == r[i].r && pairs[k].e == r[i].e))
+            while (k < np &&
+                   !(pairs[k].w == r[i].w && pairs[k].r == r[i].r && pairs[k].e == r[i].e))
                 k++;
             if (k == np && np < 256) {
                 pairs[np].w = r[i].w;
@@ -346,8 +349,8 @@ int main(int argc, char **argv)
     uint64_t pairs = 0, holes = 0, dup_events = 0, not_zero = 0;
     qsort(r, n, sizeof(*r), cmp_pair);
     for (size_t i = 0; i < n; i++) {
-        bool first_of = i == 0 || r[i].w != r[i - 1].w || r[i].r != r[i - 1].r ||
-                        r[i].e != r[i - 1].e;
+        bool first_of =
+            i == 0 || r[i].w != r[i - 1].w || r[i].r != r[i - 1].r || r[i].e != r[i - 1].e;
         if (first_of) {
             pairs++;
             if (r[i].id != 0)
@@ -359,8 +362,9 @@ int main(int argc, char **argv)
         else if (r[i].id != r[i - 1].id + 1) {
             holes += r[i].id - r[i - 1].id - 1;
             if (holes <= 3)
-                fprintf(stderr, "js_check: hole: %" PRIu64 ".%" PRIu64 ".%" PRIu64
-                                " event_ids %" PRIu64 "..%" PRIu64 " missing\n",
+                fprintf(stderr,
+                        "js_check: hole: %" PRIu64 ".%" PRIu64 ".%" PRIu64 " event_ids %" PRIu64
+                        "..%" PRIu64 " missing\n",
                         r[i].w, r[i].r, r[i].e, r[i - 1].id + 1, r[i].id - 1);
         }
     }
@@ -370,10 +374,10 @@ int main(int argc, char **argv)
             epochs++; /* distinct per pair; enough for one worker, one rank */
     printf("jscheck: messages=%zu missing_seqs=%" PRIu64 " no_id=%" PRIu64 " bad_id=%" PRIu64
            " dup_ids=%" PRIu64 " pairs=%" PRIu64 " epochs=%" PRIu64 " holes=%" PRIu64
-           " dup_events=%" PRIu64 " reorders=%" PRIu64 " not_from_zero=%" PRIu64
-           " stored=%" PRIu64 " removed=%" PRIu64 " cleared=%" PRIu64 "\n",
-           n + no_id + bad_id, missing, no_id, bad_id, dup_ids, pairs, epochs, holes,
-           dup_events, reorders, not_zero, stored, removed, cleared);
+           " dup_events=%" PRIu64 " reorders=%" PRIu64 " not_from_zero=%" PRIu64 " stored=%" PRIu64
+           " removed=%" PRIu64 " cleared=%" PRIu64 "\n",
+           n + no_id + bad_id, missing, no_id, bad_id, dup_ids, pairs, epochs, holes, dup_events,
+           reorders, not_zero, stored, removed, cleared);
     free(r);
     jsStreamInfo_Destroy(si);
     jsCtx_Destroy(js);

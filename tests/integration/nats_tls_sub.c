@@ -46,8 +46,7 @@ int main(int argc, char **argv)
     if (st == NATS_OK)
         st = natsConnection_FlushTimeout(nc, 5000);
     if (st != NATS_OK) {
-        fprintf(stderr, "nats_tls_sub: %s: %s\n", natsStatus_GetText(st),
-                nats_GetLastError(NULL));
+        fprintf(stderr, "nats_tls_sub: %s: %s\n", natsStatus_GetText(st), nats_GetLastError(NULL));
         natsSubscription_Destroy(sub);
         natsConnection_Destroy(nc);
         natsOptions_Destroy(o);

@@ -83,10 +83,7 @@ static struct result load_bytes(const char *text, size_t len)
     return r;
 }
 
-static struct result load_text(const char *text)
-{
-    return load_bytes(text, strlen(text));
-}
+static struct result load_text(const char *text) { return load_bytes(text, strlen(text)); }
 
 static char *example_text(size_t *len)
 {
@@ -373,143 +370,134 @@ struct bad_file {
 
 static const struct bad_file bad_files[] = {
     {"bad-unknown.yaml",
-     DATA "bad-unknown.yaml:4:5: unknown key 'sources[0].edpoint'\n"
-     DATA "bad-unknown.yaml:4:5: missing required key 'sources[0].endpoint'\n"
-     DATA "bad-unknown.yaml:6:3: unknown key 'nats.servrs'\n"
-     DATA "bad-unknown.yaml:8:5: unknown key 'nats.jetstream.enable'\n"
-     DATA "bad-unknown.yaml:9:1: unknown key 'logging'\n"},
+     DATA "bad-unknown.yaml:4:5: unknown key 'sources[0].edpoint'\n" DATA
+          "bad-unknown.yaml:4:5: missing required key 'sources[0].endpoint'\n" DATA
+          "bad-unknown.yaml:6:3: unknown key 'nats.servrs'\n" DATA
+          "bad-unknown.yaml:8:5: unknown key 'nats.jetstream.enable'\n" DATA
+          "bad-unknown.yaml:9:1: unknown key 'logging'\n"},
     {"bad-duplicate.yaml",
-     DATA "bad-duplicate.yaml:6:5: duplicate key 'sources[0].topic' (first at 5:5)\n"
-     DATA "bad-duplicate.yaml:9:1: duplicate key 'nats' (first at 7:1)\n"
-     DATA "bad-duplicate.yaml:11:1: duplicate key 'worker_id' (first at 1:1)\n"},
-    {"bad-missing.yaml",
-     DATA "bad-missing.yaml:2:1: missing required key 'worker_id'\n"
-     DATA "bad-missing.yaml:2:1: missing required key 'block_size'\n"
-     DATA "bad-missing.yaml:2:1: missing required key 'sources'\n"},
+     DATA "bad-duplicate.yaml:6:5: duplicate key 'sources[0].topic' (first at 5:5)\n" DATA
+          "bad-duplicate.yaml:9:1: duplicate key 'nats' (first at 7:1)\n" DATA
+          "bad-duplicate.yaml:11:1: duplicate key 'worker_id' (first at 1:1)\n"},
+    {"bad-missing.yaml", DATA "bad-missing.yaml:2:1: missing required key 'worker_id'\n" DATA
+                              "bad-missing.yaml:2:1: missing required key 'block_size'\n" DATA
+                              "bad-missing.yaml:2:1: missing required key 'sources'\n"},
     {"bad-no-endpoint.yaml",
-     DATA "bad-no-endpoint.yaml:4:5: missing required key 'sources[0].endpoint'\n"
-     DATA "bad-no-endpoint.yaml:6:5: missing required key 'sources[2].endpoint'\n"},
+     DATA "bad-no-endpoint.yaml:4:5: missing required key 'sources[0].endpoint'\n" DATA
+          "bad-no-endpoint.yaml:6:5: missing required key 'sources[2].endpoint'\n"},
     {"bad-enum.yaml",
-     DATA "bad-enum.yaml:10:1: only one YAML document is allowed\n"
-     DATA "bad-enum.yaml:5:11: sources[0].mode: 'listen' is not one of connect or bind\n"
-     DATA "bad-enum.yaml:9:10: log.level: 'verbose' is not one of error, warn, info "
+     DATA "bad-enum.yaml:10:1: only one YAML document is allowed\n" DATA
+          "bad-enum.yaml:5:11: sources[0].mode: 'listen' is not one of connect or bind\n" DATA
+          "bad-enum.yaml:9:10: log.level: 'verbose' is not one of error, warn, info "
           "or debug\n"},
     {"bad-format.yaml",
      DATA "bad-format.yaml:4:16: nats.format: raw cannot be published through JetStream "
           "(nats.jetstream.enabled): Dynamo's JetStream consumers read dynamo-json; use "
-          "dynamo-json, or core NATS\n"
-     DATA "bad-format.yaml:5:31: discovery.etcd.endpoints: discovery registers event-plane "
+          "dynamo-json, or core NATS\n" DATA
+          "bad-format.yaml:5:31: discovery.etcd.endpoints: discovery registers event-plane "
           "publishers: it needs nats.format dynamo-msgpack\n"},
     {"bad-ints.yaml",
      DATA "bad-ints.yaml:1:12: worker_id: '-1' is negative (expected "
-          "0..18446744073709551615)\n"
-     DATA "bad-ints.yaml:2:13: block_size: '1.5' is not a decimal integer (expected "
-          "1..1048576 or \"auto\")\n"
-     DATA "bad-ints.yaml:5:14: sources[0].dp_size: 0 is out of range (expected 1..65535)\n"
-     DATA "bad-ints.yaml:6:14: sources[0].dp_rank: 4294967296 is out of range (expected "
-          "0..4294967295)\n"
-     DATA "bad-ints.yaml:7:13: sources[0].rcvhwm: '10k' is not a decimal integer "
-          "(expected 0..2147483647)\n"
-     DATA "bad-ints.yaml:9:23: nats.connect_timeout_ms: '18446744073709551616' is too "
-          "large (expected 0..2147483647)\n"
-     DATA "bad-ints.yaml:10:22: nats.reconnect_wait_ms: '12 ' is not a decimal integer "
-          "(expected 1..2147483647)\n"
-     DATA "bad-ints.yaml:11:21: nats.flush_timeout_ms: '0x10' is not a decimal integer "
-          "(expected 0..2147483647)\n"
-     DATA "bad-ints.yaml:12:27: nats.reconnect_buffer_bytes: '010' is not a decimal "
-          "integer (expected 0..2147483647)\n"
-     DATA "bad-ints.yaml:14:14: limits.max_depth: 32 is out of range (expected 1..31)\n"
-     DATA "bad-ints.yaml:15:22: limits.max_payload_bytes: '1e6' is not a decimal integer "
-          "(expected 1..1073741824)\n"
-     DATA "bad-ints.yaml:16:25: limits.max_events_per_batch: '+5' is not a decimal "
+          "0..18446744073709551615)\n" DATA
+          "bad-ints.yaml:2:13: block_size: '1.5' is not a decimal integer (expected "
+          "1..1048576 or \"auto\")\n" DATA
+          "bad-ints.yaml:5:14: sources[0].dp_size: 0 is out of range (expected 1..65535)\n" DATA
+          "bad-ints.yaml:6:14: sources[0].dp_rank: 4294967296 is out of range (expected "
+          "0..4294967295)\n" DATA
+          "bad-ints.yaml:7:13: sources[0].rcvhwm: '10k' is not a decimal integer "
+          "(expected 0..2147483647)\n" DATA
+          "bad-ints.yaml:9:23: nats.connect_timeout_ms: '18446744073709551616' is too "
+          "large (expected 0..2147483647)\n" DATA
+          "bad-ints.yaml:10:22: nats.reconnect_wait_ms: '12 ' is not a decimal integer "
+          "(expected 1..2147483647)\n" DATA
+          "bad-ints.yaml:11:21: nats.flush_timeout_ms: '0x10' is not a decimal integer "
+          "(expected 0..2147483647)\n" DATA
+          "bad-ints.yaml:12:27: nats.reconnect_buffer_bytes: '010' is not a decimal "
+          "integer (expected 0..2147483647)\n" DATA
+          "bad-ints.yaml:14:14: limits.max_depth: 32 is out of range (expected 1..31)\n" DATA
+          "bad-ints.yaml:15:22: limits.max_payload_bytes: '1e6' is not a decimal integer "
+          "(expected 1..1073741824)\n" DATA
+          "bad-ints.yaml:16:25: limits.max_events_per_batch: '+5' is not a decimal "
           "integer (expected 1..4294967295)\n"},
     {"bad-ports.yaml",
      DATA "bad-ports.yaml:5:14: sources[0].dp_size: 8 ports from 65530 "
-          "(sources[0].endpoint) go past 65535\n"
-     DATA "bad-ports.yaml:7:14: sources[1].dp_size: 2 needs sources[1].endpoint to be "
-          "tcp://HOST:PORT with a numeric port\n"
-     DATA "bad-ports.yaml:10:14: sources[2].dp_size: 2 ports from 65535 "
+          "(sources[0].endpoint) go past 65535\n" DATA
+          "bad-ports.yaml:7:14: sources[1].dp_size: 2 needs sources[1].endpoint to be "
+          "tcp://HOST:PORT with a numeric port\n" DATA
+          "bad-ports.yaml:10:14: sources[2].dp_size: 2 ports from 65535 "
           "(sources[2].replay_endpoint) go past 65535\n"},
     {"bad-syntax.yaml",
      DATA "bad-syntax.yaml:5:2: did not find expected key (while parsing a block mapping "
           "at 1:1)\n"},
-    {"bad-kinds.yaml",
-     DATA "bad-kinds.yaml:1:12: worker_id: expected a single value, found a mapping\n"
-     DATA "bad-kinds.yaml:2:13: block_size: expected a single value, found a list\n"
-     DATA "bad-kinds.yaml:3:12: lora_salt: 'maybe' is not a boolean (expected true or "
-          "false)\n"
-     DATA "bad-kinds.yaml:4:16: forward_tiers: expected a list ([a, b]), found a single "
-          "value\n"
-     DATA "bad-kinds.yaml:6:3: sources: expected a list of sources, found a mapping\n"
-     DATA "bad-kinds.yaml:8:12: nats.servers: the list must not be empty\n"
-     DATA "bad-kinds.yaml:9:11: nats.subject: missing value (write \"\" for an empty "
-          "string)\n"
-     DATA "bad-kinds.yaml:10:14: nats.namespace: must not be empty\n"
-     DATA "bad-kinds.yaml:11:6: log: expected a mapping, found a single value\n"},
+    {"bad-kinds.yaml", DATA
+     "bad-kinds.yaml:1:12: worker_id: expected a single value, found a mapping\n" DATA
+     "bad-kinds.yaml:2:13: block_size: expected a single value, found a list\n" DATA
+     "bad-kinds.yaml:3:12: lora_salt: 'maybe' is not a boolean (expected true or "
+     "false)\n" DATA "bad-kinds.yaml:4:16: forward_tiers: expected a list ([a, b]), found a single "
+     "value\n" DATA
+     "bad-kinds.yaml:6:3: sources: expected a list of sources, found a mapping\n" DATA
+     "bad-kinds.yaml:8:12: nats.servers: the list must not be empty\n" DATA
+     "bad-kinds.yaml:9:11: nats.subject: missing value (write \"\" for an empty "
+     "string)\n" DATA "bad-kinds.yaml:10:14: nats.namespace: must not be empty\n" DATA
+     "bad-kinds.yaml:11:6: log: expected a mapping, found a single value\n"},
     {"bad-values.yaml",
      DATA "bad-values.yaml:2:13: block_size: 0 is out of range (expected 1..1048576 or "
-          "\"auto\")\n"
-     DATA "bad-values.yaml:3:25: forward_tiers[1]: 'gpu' is not a storage tier (expected "
-          "device, host_pinned, disk or external)\n"
-     DATA "bad-values.yaml:3:30: forward_tiers[2]: tier 'device' is listed twice\n"
-     DATA "bad-values.yaml:5:15: sources[0].endpoint: 'http://127.0.0.1:5557' is not a "
-          "ZMQ endpoint (expected tcp://, ipc:// or inproc://...)\n"
-     DATA "bad-values.yaml:6:22: sources[0].replay_endpoint: 'tcp://' is not a ZMQ "
-          "endpoint (expected tcp://, ipc:// or inproc://...)\n"
-     DATA "bad-values.yaml:7:5: sources[1]: expected a mapping (endpoint: ...), found a "
-          "single value\n"
-     DATA "bad-values.yaml:9:28: nats.servers[1]: must not be empty\n"
-     DATA "bad-values.yaml:10:12: nats.subject: unknown placeholder '{namspace}' "
-          "(expected {namespace}, {component}, {endpoint}, {worker_id} or {dp_rank})\n"
-     DATA "bad-values.yaml:13:11: metrics.listen: '9464' is not HOST:PORT (or \"\" to "
-          "disable)\n"
-     DATA "bad-values.yaml:11:22: nats.reconnect_wait_max_ms: 5000 is less than "
+          "\"auto\")\n" DATA
+          "bad-values.yaml:3:25: forward_tiers[1]: 'gpu' is not a storage tier (expected "
+          "device, host_pinned, disk or external)\n" DATA
+          "bad-values.yaml:3:30: forward_tiers[2]: tier 'device' is listed twice\n" DATA
+          "bad-values.yaml:5:15: sources[0].endpoint: 'http://127.0.0.1:5557' is not a "
+          "ZMQ endpoint (expected tcp://, ipc:// or inproc://...)\n" DATA
+          "bad-values.yaml:6:22: sources[0].replay_endpoint: 'tcp://' is not a ZMQ "
+          "endpoint (expected tcp://, ipc:// or inproc://...)\n" DATA
+          "bad-values.yaml:7:5: sources[1]: expected a mapping (endpoint: ...), found a "
+          "single value\n" DATA "bad-values.yaml:9:28: nats.servers[1]: must not be empty\n" DATA
+          "bad-values.yaml:10:12: nats.subject: unknown placeholder '{namspace}' "
+          "(expected {namespace}, {component}, {endpoint}, {worker_id} or {dp_rank})\n" DATA
+          "bad-values.yaml:13:11: metrics.listen: '9464' is not HOST:PORT (or \"\" to "
+          "disable)\n" DATA "bad-values.yaml:11:22: nats.reconnect_wait_max_ms: 5000 is less than "
           "nats.reconnect_wait_ms (6000)\n"},
     {"bad-alias.yaml", DATA "bad-alias.yaml:2:13: YAML aliases are not supported\n"},
     {"bad-auth.yaml",
      DATA "bad-auth.yaml:7:9: nats.user: only one authentication method may be set, and "
-          "nats.token (at 6:10) is set already\n"
-     DATA "bad-auth.yaml:8:19: nats.nkey_seed_file: only one authentication method may be "
-          "set, and nats.token (at 6:10) is set already\n"
-     DATA "bad-auth.yaml:9:16: nats.credentials: only one authentication method may be "
+          "nats.token (at 6:10) is set already\n" DATA
+          "bad-auth.yaml:8:19: nats.nkey_seed_file: only one authentication method may be "
+          "set, and nats.token (at 6:10) is set already\n" DATA
+          "bad-auth.yaml:9:16: nats.credentials: only one authentication method may be "
           "set, and nats.token (at 6:10) is set already\n"},
-    {"bad-auth-pairs.yaml",
-     DATA "bad-auth-pairs.yaml:7:18: nats.password_file: nats.password is set too (at "
-          "6:13): use one of them\n"
-     DATA "bad-auth-pairs.yaml:6:13: nats.password: needs nats.user\n"},
-    {"bad-secret-files.yaml",
-     DATA "bad-secret-files.yaml:10:16: nats.credentials: '" DATA "secrets' is not a "
-          "regular file\n"
-     DATA "bad-secret-files.yaml:7:18: nats.password_file: cannot read '" DATA
-          "secrets/no-such-file': No such file or directory\n"
-     DATA "bad-secret-files.yaml:8:15: nats.token_file: cannot use '" DATA
-          "secrets/empty': it is empty\n"
-     DATA "bad-secret-files.yaml:9:19: nats.nkey_seed_file: cannot use '" DATA
-          "secrets/nul': it contains a NUL byte\n"
-     DATA "bad-secret-files.yaml:13:9: nats.tls.ca: cannot read '/nonexistent/ca.pem': No "
-          "such file or directory\n"
-     DATA "bad-secret-files.yaml:15:10: nats.tls.key: cannot read '" DATA
-          "secrets/missing-key.pem': No such file or directory\n"
-     DATA "bad-secret-files.yaml:8:15: nats.token_file: only one authentication method may "
-          "be set, and nats.user (at 6:9) is set already\n"
-     DATA "bad-secret-files.yaml:9:19: nats.nkey_seed_file: only one authentication method "
-          "may be set, and nats.user (at 6:9) is set already\n"
-     DATA "bad-secret-files.yaml:10:16: nats.credentials: only one authentication method "
-          "may be set, and nats.user (at 6:9) is set already\n"},
+    {"bad-auth-pairs.yaml", DATA
+     "bad-auth-pairs.yaml:7:18: nats.password_file: nats.password is set too (at "
+     "6:13): use one of them\n" DATA "bad-auth-pairs.yaml:6:13: nats.password: needs nats.user\n"},
+    {"bad-secret-files.yaml", DATA
+     "bad-secret-files.yaml:10:16: nats.credentials: '" DATA "secrets' is not a "
+     "regular file\n" DATA "bad-secret-files.yaml:7:18: nats.password_file: cannot read '" DATA
+     "secrets/no-such-file': No such file or directory\n" DATA
+     "bad-secret-files.yaml:8:15: nats.token_file: cannot use '" DATA
+     "secrets/empty': it is empty\n" DATA
+     "bad-secret-files.yaml:9:19: nats.nkey_seed_file: cannot use '" DATA
+     "secrets/nul': it contains a NUL byte\n" DATA
+     "bad-secret-files.yaml:13:9: nats.tls.ca: cannot read '/nonexistent/ca.pem': No "
+     "such file or directory\n" DATA "bad-secret-files.yaml:15:10: nats.tls.key: cannot read '" DATA
+     "secrets/missing-key.pem': No such file or directory\n" DATA
+     "bad-secret-files.yaml:8:15: nats.token_file: only one authentication method may "
+     "be set, and nats.user (at 6:9) is set already\n" DATA
+     "bad-secret-files.yaml:9:19: nats.nkey_seed_file: only one authentication method "
+     "may be set, and nats.user (at 6:9) is set already\n" DATA
+     "bad-secret-files.yaml:10:16: nats.credentials: only one authentication method "
+     "may be set, and nats.user (at 6:9) is set already\n"},
     {"bad-tls.yaml",
      DATA "bad-tls.yaml:10:18: nats.tls.server_name: must be a host name (no white space "
-          "or '/')\n"
-     DATA "bad-tls.yaml:8:9: nats.tls.ca: TLS is not enabled (set nats.tls.enabled: true, "
-          "or use tls:// server URLs)\n"
-     DATA "bad-tls.yaml:9:11: nats.tls.cert: TLS is not enabled (set nats.tls.enabled: "
-          "true, or use tls:// server URLs)\n"
-     DATA "bad-tls.yaml:10:18: nats.tls.server_name: TLS is not enabled (set "
+          "or '/')\n" DATA
+          "bad-tls.yaml:8:9: nats.tls.ca: TLS is not enabled (set nats.tls.enabled: true, "
+          "or use tls:// server URLs)\n" DATA
+          "bad-tls.yaml:9:11: nats.tls.cert: TLS is not enabled (set nats.tls.enabled: "
+          "true, or use tls:// server URLs)\n" DATA
+          "bad-tls.yaml:10:18: nats.tls.server_name: TLS is not enabled (set "
           "nats.tls.enabled: true, or use tls:// server URLs)\n"},
     {"bad-tls2.yaml",
      DATA "bad-tls2.yaml:8:14: nats.tls.enabled: false, but nats.servers[1] is a tls:// "
-          "URL\n"
-     DATA "bad-tls2.yaml:9:10: nats.tls.key: needs nats.tls.cert too\n"
-     DATA "bad-tls2.yaml:11:18: nats.tls.server_name: has no effect with nats.tls.verify: "
+          "URL\n" DATA "bad-tls2.yaml:9:10: nats.tls.key: needs nats.tls.cert too\n" DATA
+          "bad-tls2.yaml:11:18: nats.tls.server_name: has no effect with nats.tls.verify: "
           "false\n"},
     {"bad-nkey.yaml",
      DATA "bad-nkey.yaml:6:14: nats.nkey_seed: not an NKey user seed: seeds start with "
@@ -682,7 +670,7 @@ static const struct bad_file bad_texts[] = {
      "T:5:34: nats.jetstream.create: 'maybe' is not a boolean (expected true or false)\n"},
     /* syntax errors: scanner, with and without a context */
     {"worker_id: 1\nblock_size: [16\n", "T:3:1: did not find expected ',' or ']' (while "
-                                       "parsing a flow sequence at 2:13)\n"},
+                                        "parsing a flow sequence at 2:13)\n"},
     {"a: b: c\n", "T:1:5: mapping values are not allowed in this context\n"},
     {"worker_id: \"1\n", "T:2:1: found unexpected end of stream (while scanning a quoted "
                          "scalar at 1:12)\n"},
@@ -776,8 +764,8 @@ START_TEST(test_mutations)
     ck_assert_int_eq(ok.rc, 0);
     result_free(&ok);
     free(full);
-    static const char flips[] = {'\0', ':', '-', '[', '{', '"', '\'', '&', '*', '\n',
-                                 ' ', '9', '\t', '#', '!', '\xc3'};
+    static const char flips[] = {'\0', ':',  '-', '[', '{',  '"', '\'', '&',
+                                 '*',  '\n', ' ', '9', '\t', '#', '!',  '\xc3'};
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
         size_t len;
         char *text = read_file(files[f], &len);
@@ -810,15 +798,31 @@ START_TEST(test_example_loads)
     ck_assert_uint_gt(len, 0);
     /* every key of the table is in it */
     static const char *const keys[] = {
-        "\nworker_id: 0\n", "\nblock_size: 16\n", "\nlora_salt: true\n",
-        "\nforward_tiers: [device]\n", "\nsources:\n",
-        "  - endpoint: \"tcp://127.0.0.1:5557\"\n", "    replay_endpoint: \"\"\n",
-        "    topic: \"\"\n", "    mode: connect\n", "    dp_size: 1\n", "    dp_rank: 0\n",
-        "    rcvhwm: 10000\n", "\nnats:\n", "  servers: [\"nats://127.0.0.1:4222\"]\n",
-        "  credentials: \"\"\n", "  connect_timeout_ms: 0\n",
-        "  reconnect_buffer_bytes: 16777216\n", "  jetstream:\n", "    enabled: false\n",
-        "    stream: \"\"\n", "\nreplay:\n  # ", "  timeout_ms: 2000\n",
-        "  listen: \"127.0.0.1:9464\"\n", "  level: info\n", "  dir: \"\"\n",
+        "\nworker_id: 0\n",
+        "\nblock_size: 16\n",
+        "\nlora_salt: true\n",
+        "\nforward_tiers: [device]\n",
+        "\nsources:\n",
+        "  - endpoint: \"tcp://127.0.0.1:5557\"\n",
+        "    replay_endpoint: \"\"\n",
+        "    topic: \"\"\n",
+        "    mode: connect\n",
+        "    dp_size: 1\n",
+        "    dp_rank: 0\n",
+        "    rcvhwm: 10000\n",
+        "\nnats:\n",
+        "  servers: [\"nats://127.0.0.1:4222\"]\n",
+        "  credentials: \"\"\n",
+        "  connect_timeout_ms: 0\n",
+        "  reconnect_buffer_bytes: 16777216\n",
+        "  jetstream:\n",
+        "    enabled: false\n",
+        "    stream: \"\"\n",
+        "\nreplay:\n  # ",
+        "  timeout_ms: 2000\n",
+        "  listen: \"127.0.0.1:9464\"\n",
+        "  level: info\n",
+        "  dir: \"\"\n",
         "  max_depth: 16\n",
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
@@ -1020,8 +1024,7 @@ START_TEST(test_nkey_public)
 END_TEST
 
 static const struct bad_file bad_seeds[] = {
-    {"SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALC",
-     "a seed has 58 characters"},
+    {"SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALC", "a seed has 58 characters"},
     {"SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YALCa",
      "a seed has only the characters A-Z and 2-7"},
     {"SUAJ2YNRTXX72WTAXKCEV5ES5QWMIRCJYVUXWMTJDFYDXLADDSXH6YAL1A",
@@ -1126,8 +1129,10 @@ START_TEST(test_secret_file_limits)
     r = load_extra(text);
     ck_assert_int_eq(r.rc, -EINVAL);
     char want[160];
-    snprintf(want, sizeof want, "T:4:20: nats.token_file: cannot use '%s': it is larger "
-             "than 65536 bytes\n", path);
+    snprintf(want, sizeof want,
+             "T:4:20: nats.token_file: cannot use '%s': it is larger "
+             "than 65536 bytes\n",
+             path);
     ck_assert_str_eq(r.errs, want);
     result_free(&r);
     unlink(path);
@@ -1298,8 +1303,8 @@ static const struct {
      CURVE_SERVER_SECRET "\n" CURVE_CLIENT_SECRET "\n", NULL,
      "T:4:64: sources[0].curve.secret_key_file: 'K' does not hold a CURVE secret key: "
      "holds more than one line besides # comments\n"},
-    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K'}}\n",
-     "# nothing\n\n", NULL,
+    {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K'}}\n", "# nothing\n\n",
+     NULL,
      "T:4:64: sources[0].curve.secret_key_file: 'K' does not hold a CURVE secret key: "
      "holds no key (only blank lines or # comments)\n"},
     {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K'}}\n", "\n\n", NULL,
@@ -1320,7 +1325,8 @@ static const struct {
      "characters)\n"},
     {"- {endpoint: 'tcp://h:1', mode: bind, curve: {secret_key_file: '%K',\n"
      "   allowed_clients_file: '%A'}}\n",
-     CURVE_SERVER_SECRET, "# engines\n" CURVE_CLIENT_PUBLIC "\n\n" CURVE_CLIENT_PUBLIC "=\n"
+     CURVE_SERVER_SECRET,
+     "# engines\n" CURVE_CLIENT_PUBLIC "\n\n" CURVE_CLIENT_PUBLIC "=\n"
      "abc\n",
      "T:5:26: sources[0].curve.allowed_clients_file: 'A' line 4: not a CURVE public key (40 "
      "Z85 characters)\n"
@@ -1341,8 +1347,7 @@ static const struct {
      "    server_public_key: '" CURVE_SERVER_PUBLIC "'\n    allowed_clients_file: '%A'\n",
      CURVE_CLIENT_SECRET, CURVE_CLIENT_PUBLIC,
      "T:8:27: sources[0].curve.allowed_clients_file: only for mode: bind\n"},
-    {"- endpoint: 'tcp://h:1'\n  curve:\n    secret_key_file: '%K'\n", CURVE_CLIENT_SECRET,
-     NULL,
+    {"- endpoint: 'tcp://h:1'\n  curve:\n    secret_key_file: '%K'\n", CURVE_CLIENT_SECRET, NULL,
      "T:6:22: sources[0].curve.secret_key_file: mode connect needs "
      "sources[0].curve.server_public_key (the engine's public key) too\n"},
     {"- endpoint: 'tcp://h:1'\n- endpoint: 'tcp://h:2'\n  curve:\n"
@@ -1391,9 +1396,11 @@ static void rewrite(const char *path, const char *text)
 static struct kvb_config *curve_cfg(const char *key, const char *allow)
 {
     char text[256];
-    snprintf(text, sizeof text, "worker_id: 1\nblock_size: 16\nsources: [{endpoint: "
+    snprintf(text, sizeof text,
+             "worker_id: 1\nblock_size: 16\nsources: [{endpoint: "
              "'tcp://h:1', mode: bind,\n curve: {secret_key_file: '%s', "
-             "allowed_clients_file: '%s'}}]\n", key, allow);
+             "allowed_clients_file: '%s'}}]\n",
+             key, allow);
     struct result r = load_text(text);
     ck_assert_str_eq(r.errs, "");
     free(r.errs);
@@ -1516,7 +1523,8 @@ END_TEST
 START_TEST(test_jetstream_names)
 {
     /* placeholders in the stream and the subject, every key set (worker_id 1) */
-    struct kvb_config *c = load_ok("nats:\n  namespace: prod\n  component: vllm\n  jetstream:\n"
+    struct kvb_config *c =
+        load_ok("nats:\n  namespace: prod\n  component: vllm\n  jetstream:\n"
                 "    enabled: true\n    stream: 'kv-{namespace}-{component}-{worker_id}'\n"
                 "    subject: 'kv.{namespace}.{worker_id}'\n    create: false\n"
                 "    retention: workqueue\n    max_age_s: 0\n    replicas: 3\n"
@@ -1535,8 +1543,7 @@ START_TEST(test_jetstream_names)
     /* the default stream follows namespace and component; the subject follows it */
     c = load_ok("nats: {namespace: ns, component: comp, jetstream: {enabled: true}}\n");
     ck_assert_str_eq(c->nats.jetstream.stream_name, "namespace-ns-component-comp-kv-events");
-    ck_assert_str_eq(c->nats.jetstream.subject_name,
-                     "namespace-ns-component-comp-kv-events.queue");
+    ck_assert_str_eq(c->nats.jetstream.subject_name, "namespace-ns-component-comp-kv-events.queue");
     kvb_config_free(&c);
     /* disabled: nothing checked (a namespace with a dot is fine for core NATS) */
     c = load_ok("nats: {namespace: a.b, jetstream: {max_age_s: 1}}\n");
@@ -1557,7 +1564,8 @@ START_TEST(test_jetstream_reload)
     ck_assert_int_eq(reload(a, b, &errs), -EINVAL);
     ck_assert_msg(strstr(errs, "the JetStream stream would change from "
                                "'namespace-dynamo-component-backend-kv-events' to "
-                               "'namespace-other-component-backend-kv-events'"), "%s", errs);
+                               "'namespace-other-component-backend-kv-events'"),
+                  "%s", errs);
     ck_assert(strstr(errs, "the JetStream subject would change"));
     free(errs);
     kvb_config_free(&b);
@@ -1634,14 +1642,14 @@ START_TEST(test_env_expand)
     setenv("KVB_T_TIER", "disk", 1);
     unsetenv("KVB_T_UNSET");
     /* set, default (unset and empty), $$, inside lists and maps, in quotes */
-    struct result r = load_text(
-        "worker_id: ${KVB_T_ID}\nblock_size: ${KVB_T_UNSET:-32}\n"
-        "forward_tiers: [device, '${KVB_T_TIER}']\n"
-        "sources:\n  - endpoint: \"tcp://127.0.0.1:${KVB_T_PORT}\"\n"
-        "    topic: ${KVB_T_EMPTY:-kv}\n"
-        "    replay_endpoint: ${KVB_T_EMPTY}\n"
-        "nats:\n  servers: [\"nats://h:${KVB_T_UNSET:-4223}\", nats://a$$b:1]\n"
-        "  namespace: ns$${KVB_T_ID}$x\n");
+    struct result r =
+        load_text("worker_id: ${KVB_T_ID}\nblock_size: ${KVB_T_UNSET:-32}\n"
+                  "forward_tiers: [device, '${KVB_T_TIER}']\n"
+                  "sources:\n  - endpoint: \"tcp://127.0.0.1:${KVB_T_PORT}\"\n"
+                  "    topic: ${KVB_T_EMPTY:-kv}\n"
+                  "    replay_endpoint: ${KVB_T_EMPTY}\n"
+                  "nats:\n  servers: [\"nats://h:${KVB_T_UNSET:-4223}\", nats://a$$b:1]\n"
+                  "  namespace: ns$${KVB_T_ID}$x\n");
     ck_assert_str_eq(r.errs, "");
     ck_assert_int_eq(r.rc, 0);
     ck_assert_uint_eq(r.cfg->worker_id, 12345);
@@ -1661,13 +1669,12 @@ START_TEST(test_env_expand)
                   "sources: [{endpoint: 'tcp://h:${KVB_T_UNSET}'}]\n"
                   "nats: {servers: [a, '${KVB_T_UNSET2}'], subject: '${KVB_T_EMPTY'}\n");
     ck_assert_int_eq(r.rc, -EINVAL);
-    ck_assert_str_eq(r.errs,
-                     "T:3:22: environment variable KVB_T_UNSET is not set "
-                     "(${KVB_T_UNSET:-default} gives a default)\n"
-                     "T:4:21: environment variable KVB_T_UNSET2 is not set "
-                     "(${KVB_T_UNSET2:-default} gives a default)\n"
-                     "T:4:50: '${' without a valid ${NAME} or ${NAME:-default} (write $$ "
-                     "for a literal $)\n");
+    ck_assert_str_eq(r.errs, "T:3:22: environment variable KVB_T_UNSET is not set "
+                             "(${KVB_T_UNSET:-default} gives a default)\n"
+                             "T:4:21: environment variable KVB_T_UNSET2 is not set "
+                             "(${KVB_T_UNSET2:-default} gives a default)\n"
+                             "T:4:50: '${' without a valid ${NAME} or ${NAME:-default} (write $$ "
+                             "for a literal $)\n");
     result_free(&r);
 
     /* keys are taken as written */
@@ -1689,8 +1696,7 @@ START_TEST(test_worker_id_file)
     char path[32], text[200], want[300];
     temp_file(path, " 18446744073709551615\n\n", 23);
     snprintf(text, sizeof text,
-             "worker_id_file: '%s'\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n",
-             path);
+             "worker_id_file: '%s'\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n", path);
     struct result r = load_text(text);
     ck_assert_str_eq(r.errs, "");
     ck_assert_uint_eq(r.cfg->worker_id, UINT64_MAX);
@@ -1700,7 +1706,8 @@ START_TEST(test_worker_id_file)
     /* both */
     snprintf(text, sizeof text,
              "worker_id: 3\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
-             "worker_id_file: '%s'\n", path);
+             "worker_id_file: '%s'\n",
+             path);
     r = load_text(text);
     ck_assert_int_eq(r.rc, -EINVAL);
     ck_assert_str_eq(r.errs, "T:4:17: worker_id_file: worker_id is set too (at 1:12): use one "
@@ -1711,13 +1718,14 @@ START_TEST(test_worker_id_file)
     /* bad content names the file */
     temp_file(path, "12x\n", 4);
     snprintf(text, sizeof text,
-             "worker_id_file: '%s'\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n",
-             path);
+             "worker_id_file: '%s'\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n", path);
     r = load_text(text);
     ck_assert_int_eq(r.rc, -EINVAL);
-    snprintf(want, sizeof want, "T:1:17: worker_id_file: '%s' does not hold a worker id: its "
+    snprintf(want, sizeof want,
+             "T:1:17: worker_id_file: '%s' does not hold a worker id: its "
              "content is not a decimal integer (expected an unsigned 64-bit decimal "
-             "integer)\n", path);
+             "integer)\n",
+             path);
     ck_assert_str_eq(r.errs, want);
     result_free(&r);
     unlink(path);
@@ -1789,12 +1797,12 @@ START_TEST(test_runtime_good)
 {
     /* the limits themselves (1023 sockets), a bind-mode wildcard port, URLs
      * without a port */
-    struct result r = load_text(
-        "worker_id: 1\nblock_size: 16\nsources:\n"
-        "  - {endpoint: 'tcp://h:1000', replay_endpoint: 'tcp://h:2000', dp_size: 510}\n"
-        "  - {endpoint: 'tcp://[::1]:65535'}\n  - {endpoint: 'tcp://*:*', mode: bind}\n"
-        "nats: {servers: ['nats://u:p@h', 'tls://[::1]:1/x', 'h:65535']}\n"
-        "metrics: {listen: '[::1]:1'}\n");
+    struct result r =
+        load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                  "  - {endpoint: 'tcp://h:1000', replay_endpoint: 'tcp://h:2000', dp_size: 510}\n"
+                  "  - {endpoint: 'tcp://[::1]:65535'}\n  - {endpoint: 'tcp://*:*', mode: bind}\n"
+                  "nats: {servers: ['nats://u:p@h', 'tls://[::1]:1/x', 'h:65535']}\n"
+                  "metrics: {listen: '[::1]:1'}\n");
     ck_assert_str_eq(r.errs, "");
     ck_assert_int_eq(r.rc, 0);
     result_free(&r);
@@ -1818,8 +1826,10 @@ START_TEST(test_multiline_secret_file)
     snprintf(text, sizeof text, "nats: {token_file: '%s'}\n", path);
     r = load_extra(text);
     ck_assert_int_eq(r.rc, -EINVAL);
-    snprintf(want, sizeof want, "T:4:20: nats.token_file: cannot use '%s': it has more than "
-             "one line (only a trailing line end is dropped)\n", path);
+    snprintf(want, sizeof want,
+             "T:4:20: nats.token_file: cannot use '%s': it has more than "
+             "one line (only a trailing line end is dropped)\n",
+             path);
     ck_assert_str_eq(r.errs, want);
     result_free(&r);
     unlink(path);
@@ -1859,13 +1869,14 @@ END_TEST
  * are not part of kvb_config_source_equal() (no reopen on SIGHUP). */
 START_TEST(test_engine_keys)
 {
-    struct result r = load_text("worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n"
-                                "  - endpoint: tcp://127.0.0.1:5560\n    engine:\n"
-                                "      kind: sglang\n"
-                                "      metrics_url: http://127.0.0.1:30000/metrics\n"
-                                "      health_url: https://engine.local/health\n"
-                                "      scrape_interval_ms: 250\n      dead_after_ms: 3000\n"
-                                "nats:\n  endpoint: gen2\nlog:\n  stats_interval_s: 0\n");
+    struct result r =
+        load_text("worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n"
+                  "  - endpoint: tcp://127.0.0.1:5560\n    engine:\n"
+                  "      kind: sglang\n"
+                  "      metrics_url: http://127.0.0.1:30000/metrics\n"
+                  "      health_url: https://engine.local/health\n"
+                  "      scrape_interval_ms: 250\n      dead_after_ms: 3000\n"
+                  "nats:\n  endpoint: gen2\nlog:\n  stats_interval_s: 0\n");
     ck_assert_msg(r.rc == 0, "%s", r.errs);
     const struct kvb_engine_cfg *a = &r.cfg->sources[0].engine, *b = &r.cfg->sources[1].engine;
     ck_assert_int_eq(a->kind, 0);
@@ -1893,25 +1904,28 @@ START_TEST(test_engine_keys)
     ck_assert_uint_eq(r.cfg->log.stats_interval_s, 10);
     result_free(&r);
 
-    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n    engine:\n"
-                  "      metrics_url: ftp://x/metrics\n      health_url: not a url\n"
-                  "      kind: trt\n");
+    r = load_text(
+        "worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n    engine:\n"
+        "      metrics_url: ftp://x/metrics\n      health_url: not a url\n"
+        "      kind: trt\n");
     ck_assert_int_eq(r.rc, -EINVAL);
     ck_assert_msg(strstr(r.errs, "sources[0].engine.metrics_url: 'ftp://x/metrics' is not an "
-                                 "http:// or https:// URL"), "%s", r.errs);
+                                 "http:// or https:// URL"),
+                  "%s", r.errs);
     ck_assert_msg(strstr(r.errs, "sources[0].engine.health_url: 'not a url'"), "%s", r.errs);
     ck_assert_msg(strstr(r.errs, "sources[0].engine.kind"), "%s", r.errs);
     result_free(&r);
 
-    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n    engine:\n"
-                  "      scrape_interval_ms: 1000\n      dead_after_ms: 999\n");
+    r = load_text(
+        "worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n    engine:\n"
+        "      scrape_interval_ms: 1000\n      dead_after_ms: 999\n");
     ck_assert_int_eq(r.rc, -EINVAL);
     ck_assert_msg(strstr(r.errs, "T:7:22: sources[0].engine.dead_after_ms: 999 is less than "
-                                 "sources[0].engine.scrape_interval_ms (1000)"), "%s", r.errs);
+                                 "sources[0].engine.scrape_interval_ms (1000)"),
+                  "%s", r.errs);
     result_free(&r);
 }
 END_TEST
-
 
 /* ---- several engines, one kvbridge (issue 17) --------------------------- */
 
@@ -1963,10 +1977,12 @@ START_TEST(test_worker_keys)
     ck_assert_msg(strstr(out, "sources[0].worker_id: 5\nsources[0].block_size: 16\n"
                               "sources[0].lora_salt: false\n"
                               "sources[0].forward_tiers: [device, disk]\n"
-                              "sources[0].topics: {}\n"), "%s", out);
+                              "sources[0].topics: {}\n"),
+                  "%s", out);
     ck_assert_msg(strstr(out, "sources[1].block_size: auto\n"), "%s", out);
     ck_assert_msg(strstr(out, "sources[2].topics: {\"kv@pod-a@llama\": 101, "
-                              "\"kv@pod-b@llama\": 102}\n"), "%s", out);
+                              "\"kv@pod-b@llama\": 102}\n"),
+                  "%s", out);
     free(out);
     result_free(&r);
 
@@ -2006,16 +2022,17 @@ END_TEST
 
 START_TEST(test_topics_bad)
 {
-    struct result r = load_text(
-        "worker_id: 1\nblock_size: 16\nsources:\n"
-        "  - endpoint: 'inproc://a'\n"
-        "    topics: {\"\": 3, a: x, b: [1], a: 2, c: , d: -1}\n"
-        "  - {endpoint: 'inproc://b', topics: [a]}\n"
-        "  - {endpoint: 'inproc://c', topics: 5}\n"
-        "  - {endpoint: 'inproc://d', worker_id: -2, block_size: 0, lora_salt: yes,"
-        " forward_tiers: [gpu]}\n");
+    struct result r =
+        load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                  "  - endpoint: 'inproc://a'\n"
+                  "    topics: {\"\": 3, a: x, b: [1], a: 2, c: , d: -1}\n"
+                  "  - {endpoint: 'inproc://b', topics: [a]}\n"
+                  "  - {endpoint: 'inproc://c', topics: 5}\n"
+                  "  - {endpoint: 'inproc://d', worker_id: -2, block_size: 0, lora_salt: yes,"
+                  " forward_tiers: [gpu]}\n");
     ck_assert_int_eq(r.rc, -EINVAL);
-    ck_assert_str_eq(r.errs,
+    ck_assert_str_eq(
+        r.errs,
         "T:5:14: sources[0].topics: a topic must be a non-empty single value\n"
         "T:5:24: sources[0].topics['a']: 'x' is not a decimal integer (expected "
         "0..18446744073709551615)\n"
@@ -2038,21 +2055,24 @@ START_TEST(test_topics_bad)
     /* at most 64 topics, of at most 255 bytes */
     char *text = malloc(8192);
     ck_assert(text != NULL);
-    int n = snprintf(text, 8192, "worker_id: 1\nblock_size: 16\nsources:\n"
-                                 "  - endpoint: 'inproc://a'\n    topics:\n");
+    int n = snprintf(text, 8192,
+                     "worker_id: 1\nblock_size: 16\nsources:\n"
+                     "  - endpoint: 'inproc://a'\n    topics:\n");
     for (int i = 0; i < 65; i++)
         n += snprintf(text + n, 8192 - (size_t)n, "      t%d: %d\n", i, i);
     r = load_text(text);
     ck_assert_str_eq(r.errs, "T:6:7: sources[0].topics: too many topics (more than 64)\n");
     result_free(&r);
-    n = snprintf(text, 8192, "worker_id: 1\nblock_size: 16\nsources:\n"
-                             "  - endpoint: 'inproc://a'\n    topics: {");
+    n = snprintf(text, 8192,
+                 "worker_id: 1\nblock_size: 16\nsources:\n"
+                 "  - endpoint: 'inproc://a'\n    topics: {");
     for (int i = 0; i < 256; i++)
         text[n++] = 'x';
     snprintf(text + n, 8192 - (size_t)n, ": 1}\n");
     r = load_text(text);
     ck_assert_msg(strstr(r.errs, "T:5:14: sources[0].topics['xxxx") &&
-                  strstr(r.errs, "...']: the topic is longer than 255 bytes\n"), "%s", r.errs);
+                      strstr(r.errs, "...']: the topic is longer than 255 bytes\n"),
+                  "%s", r.errs);
     result_free(&r);
     free(text);
 }

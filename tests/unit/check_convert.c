@@ -14,8 +14,7 @@
 static struct kvb_metrics m;
 static struct kvb_converter *conv;
 static const struct kvb_convert_cfg cfg16 = {
-    .worker_id = 42, .block_size = 16, .lora_salt = true,
-    .forward_tiers = 1u << KVB_TIER_DEVICE};
+    .worker_id = 42, .block_size = 16, .lora_salt = true, .forward_tiers = 1u << KVB_TIER_DEVICE};
 
 static void setup(void)
 {
@@ -25,8 +24,8 @@ static void setup(void)
 static void teardown(void) { kvb_converter_destroy(&conv); }
 
 /* The real Qwen3-8B block of docs/router-events.md section 1. */
-static const uint32_t qwen[16] = {151644, 872,  198,    9064, 374,   279, 6722,  315,
-                                  5616,   30,   151645, 198,  151644, 77091, 198, 151667};
+static const uint32_t qwen[16] = {151644, 872, 198,    9064, 374,    279,   6722, 315,
+                                  5616,   30,  151645, 198,  151644, 77091, 198,  151667};
 
 static struct kvb_hash uh(uint64_t v)
 {
@@ -35,8 +34,7 @@ static struct kvb_hash uh(uint64_t v)
     return h;
 }
 
-static struct kvb_str S(const char *s)
-{
+static struct kvb_str S(const char *s) {
     struct kvb_str r = {s, s ? (uint32_t)strlen(s) : 0};
     return r;
 }
@@ -294,15 +292,24 @@ START_TEST(storage_tiers)
         int tier;
         bool unknown;
     } cases[] = {
-        {NULL, KVB_TIER_DEVICE, false},          {"GPU", KVB_TIER_DEVICE, false},
-        {"device", KVB_TIER_DEVICE, false},      {"CPU", KVB_TIER_HOST_PINNED, false},
-        {"cpu_pinned", KVB_TIER_HOST_PINNED, false}, {"CPU_TIER1", KVB_TIER_HOST_PINNED, false},
-        {"CPU_TIER2", KVB_TIER_DISK, false},     {"Disk", KVB_TIER_DISK, false},
-        {"NVME", KVB_TIER_DISK, false},          {"storage", KVB_TIER_DISK, false},
-        {"FS", KVB_TIER_DISK, false},            {"obj", KVB_TIER_DISK, false},
-        {"EXTERNAL", KVB_TIER_EXTERNAL, false},  {"network", KVB_TIER_EXTERNAL, false},
-        {"REMOTE", KVB_TIER_EXTERNAL, false},    {"Shared", KVB_TIER_EXTERNAL, false},
-        {"HBM3", KVB_TIER_DEVICE, true},         {"", KVB_TIER_DEVICE, true},
+        {NULL, KVB_TIER_DEVICE, false},
+        {"GPU", KVB_TIER_DEVICE, false},
+        {"device", KVB_TIER_DEVICE, false},
+        {"CPU", KVB_TIER_HOST_PINNED, false},
+        {"cpu_pinned", KVB_TIER_HOST_PINNED, false},
+        {"CPU_TIER1", KVB_TIER_HOST_PINNED, false},
+        {"CPU_TIER2", KVB_TIER_DISK, false},
+        {"Disk", KVB_TIER_DISK, false},
+        {"NVME", KVB_TIER_DISK, false},
+        {"storage", KVB_TIER_DISK, false},
+        {"FS", KVB_TIER_DISK, false},
+        {"obj", KVB_TIER_DISK, false},
+        {"EXTERNAL", KVB_TIER_EXTERNAL, false},
+        {"network", KVB_TIER_EXTERNAL, false},
+        {"REMOTE", KVB_TIER_EXTERNAL, false},
+        {"Shared", KVB_TIER_EXTERNAL, false},
+        {"HBM3", KVB_TIER_DEVICE, true},
+        {"", KVB_TIER_DEVICE, true},
         {"CPUX", KVB_TIER_DEVICE, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -402,7 +409,7 @@ END_TEST
 
 static const char img1[] = "0cf457e24a479f02fd4d34540389f720f0807dcff92a7562108165b2637ea82f";
 static const char img2[] = "5a0717cb6596468ea1dffa86011f9b0f497348d80421835b51799f9aeb455642";
-#define IMG1 933467652192968450ULL   /* u64 of img1's first 16 hex digits */
+#define IMG1 933467652192968450ULL /* u64 of img1's first 16 hex digits */
 #define IMG2 6487179950600636046ULL
 #define OPAQUE 7447875215993299872ULL /* XXH3_64("opaque-image-0", 0) */
 
@@ -469,9 +476,8 @@ START_TEST(cache_namespace_sources)
      * the tagged text is skipped once; untagged strings are no namespace */
     c.cache_namespace = NULL;
     kvb_converter_set_config(conv, &c);
-    struct kvb_extra_key xk[3] = {{S("adapter-a"), false},
-                                  {S("tenant-b"), false},
-                                  {S("dynamo-cache-salt:tenant-a"), false}};
+    struct kvb_extra_key xk[3] = {
+        {S("adapter-a"), false}, {S("tenant-b"), false}, {S("dynamo-cache-salt:tenant-a"), false}};
     uint32_t off[2] = {0, 3};
     e.xkeys = xk;
     e.xkey_off = off;

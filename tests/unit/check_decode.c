@@ -380,7 +380,11 @@ START_TEST(every_int_width)
         {{0xd0, 0x80}, 2, 1, 0, -128},
         {{0xd1, 0x80, 0x00}, 3, 1, 0, -32768},
         {{0xd2, 0x80, 0, 0, 0}, 5, 1, 0, INT32_MIN},
-        {{0xd3, 0xb4, 0x60, 0x5c, 0x21, 0x11, 0xa6, 0x3e, 0x1f}, 9, 1, 0, (int64_t)0xb4605c2111a63e1fULL},
+        {{0xd3, 0xb4, 0x60, 0x5c, 0x21, 0x11, 0xa6, 0x3e, 0x1f},
+         9,
+         1,
+         0,
+         (int64_t)0xb4605c2111a63e1fULL},
     };
     for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
         struct mp m;
@@ -525,14 +529,14 @@ START_TEST(token_pairs_and_strings)
     mp_free(&m);
 
     /* str16 and str32 headers for the type tag */
-    static const uint8_t str16[] = {0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xda, 0,
-                                    16, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k', 's', 'C',
-                                    'l', 'e', 'a', 'r', 'e', 'd', 0x00};
+    static const uint8_t str16[] = {0x93, 0xcb, 0,   0,   0,   0,   0,   0,   0,   0,   0x91,
+                                    0x91, 0xda, 0,   16,  'A', 'l', 'l', 'B', 'l', 'o', 'c',
+                                    'k',  's',  'C', 'l', 'e', 'a', 'r', 'e', 'd', 0x00};
     ck_assert_int_eq(kvb_decode_batch(dec, str16, sizeof(str16), &b), 0);
     ck_assert_int_eq(b.events[0].type, KVB_EV_CLEARED);
-    static const uint8_t str32[] = {0x92, 0x00, 0x91, 0x91, 0xdb, 0, 0, 0, 16, 'A', 'l',
-                                    'l', 'B', 'l', 'o', 'c', 'k', 's', 'C', 'l', 'e', 'a',
-                                    'r', 'e', 'd'};
+    static const uint8_t str32[] = {0x92, 0x00, 0x91, 0x91, 0xdb, 0,   0,   0,   16,
+                                    'A',  'l',  'l',  'B',  'l',  'o', 'c', 'k', 's',
+                                    'C',  'l',  'e',  'a',  'r',  'e', 'd'};
     ck_assert_int_eq(kvb_decode_batch(dec, str32, sizeof(str32), &b), 0);
     ck_assert_int_eq(b.events[0].type, KVB_EV_CLEARED);
 }
@@ -582,8 +586,8 @@ START_TEST(truncated_at_every_offset)
             memcpy(q, p, cut);
             int rc = kvb_decode_batch(dec, q, cut, &b);
             ck_assert_msg(rc < 0, "%s cut at %zu decoded", files[f], cut);
-            ck_assert_msg(rc == (cut ? KVB_DEC_TRUNCATED : KVB_DEC_EMPTY),
-                          "%s cut at %zu: %s", files[f], cut, kvb_decode_strerror(rc));
+            ck_assert_msg(rc == (cut ? KVB_DEC_TRUNCATED : KVB_DEC_EMPTY), "%s cut at %zu: %s",
+                          files[f], cut, kvb_decode_strerror(rc));
             free(q);
         }
         free(p);
@@ -669,59 +673,59 @@ START_TEST(malformed_events_are_skipped)
     struct kvb_batch b;
     mp_init(&m);
     pack_batch_head(&m, 15);
-    msgpack_pack_int(&m.pk, 5);                 /* 0: not an array or map */
-    msgpack_pack_array(&m.pk, 0);               /* 1: empty array */
-    msgpack_pack_array(&m.pk, 2);               /* 2: tag not a string */
+    msgpack_pack_int(&m.pk, 5);   /* 0: not an array or map */
+    msgpack_pack_array(&m.pk, 0); /* 1: empty array */
+    msgpack_pack_array(&m.pk, 2); /* 2: tag not a string */
     msgpack_pack_int(&m.pk, 1);
     msgpack_pack_array(&m.pk, 0);
-    msgpack_pack_array(&m.pk, 2);               /* 3: invalid UTF-8 tag */
+    msgpack_pack_array(&m.pk, 2); /* 3: invalid UTF-8 tag */
     msgpack_pack_str(&m.pk, 3);
     msgpack_pack_str_body(&m.pk, "\xc3\x28x", 3);
     msgpack_pack_array(&m.pk, 0);
-    msgpack_pack_array(&m.pk, 2);               /* 4: hashes not an array */
+    msgpack_pack_array(&m.pk, 2); /* 4: hashes not an array */
     mp_str(&m, "BlockRemoved");
     mp_str(&m, "nope");
-    msgpack_pack_array(&m.pk, 2);               /* 5: hash is a string */
+    msgpack_pack_array(&m.pk, 2); /* 5: hash is a string */
     mp_str(&m, "BlockRemoved");
     msgpack_pack_array(&m.pk, 1);
     mp_str(&m, "h");
-    msgpack_pack_array(&m.pk, 4);               /* 6: token id is a string */
+    msgpack_pack_array(&m.pk, 4); /* 6: token id is a string */
     mp_str(&m, "BlockStored");
     msgpack_pack_array(&m.pk, 0);
     msgpack_pack_nil(&m.pk);
     msgpack_pack_array(&m.pk, 1);
     mp_str(&m, "t");
-    msgpack_pack_array(&m.pk, 6);               /* 7: block_size is a float */
+    msgpack_pack_array(&m.pk, 6); /* 7: block_size is a float */
     mp_str(&m, "BlockStored");
     msgpack_pack_array(&m.pk, 0);
     msgpack_pack_nil(&m.pk);
     msgpack_pack_array(&m.pk, 0);
     msgpack_pack_double(&m.pk, 16.0);
     msgpack_pack_nil(&m.pk);
-    msgpack_pack_array(&m.pk, 3);               /* 8: medium is an int */
+    msgpack_pack_array(&m.pk, 3); /* 8: medium is an int */
     mp_str(&m, "BlockRemoved");
     msgpack_pack_array(&m.pk, 0);
     msgpack_pack_int(&m.pk, 3);
-    msgpack_pack_map(&m.pk, 1);                 /* 9: map without type */
+    msgpack_pack_map(&m.pk, 1); /* 9: map without type */
     mp_str(&m, "block_hashes");
     msgpack_pack_array(&m.pk, 0);
-    msgpack_pack_map(&m.pk, 1);                 /* 10: map without block_hashes */
+    msgpack_pack_map(&m.pk, 1); /* 10: map without block_hashes */
     mp_str(&m, "type");
     mp_str(&m, "BlockStored");
-    msgpack_pack_array(&m.pk, 4);               /* 11: token id beyond 32 bits */
+    msgpack_pack_array(&m.pk, 4); /* 11: token id beyond 32 bits */
     mp_str(&m, "BlockStored");
     msgpack_pack_array(&m.pk, 0);
     msgpack_pack_nil(&m.pk);
     msgpack_pack_array(&m.pk, 1);
     msgpack_pack_uint64(&m.pk, 1ULL << 32);
-    msgpack_pack_array(&m.pk, 3);               /* 12: invalid UTF-8 medium */
+    msgpack_pack_array(&m.pk, 3); /* 12: invalid UTF-8 medium */
     mp_str(&m, "BlockRemoved");
     msgpack_pack_array(&m.pk, 0);
     msgpack_pack_str(&m.pk, 2);
     msgpack_pack_str_body(&m.pk, "\xed\xa0", 2);
-    msgpack_pack_array(&m.pk, 1);               /* 13: BlockStored without hashes */
+    msgpack_pack_array(&m.pk, 1); /* 13: BlockStored without hashes */
     mp_str(&m, "BlockStored");
-    msgpack_pack_array(&m.pk, 1);               /* 14: the good one */
+    msgpack_pack_array(&m.pk, 1); /* 14: the good one */
     mp_str(&m, "AllBlocksCleared");
     msgpack_pack_int(&m.pk, 0);
     ck_assert_int_eq(decode_mp(&m, &b), 0);
@@ -740,8 +744,8 @@ END_TEST
 
 START_TEST(limits_enforced)
 {
-    struct kvb_decode_limits lim = {.max_events = 2, .max_hashes = 2, .max_tokens = 4,
-                                    .max_depth = 8};
+    struct kvb_decode_limits lim = {
+        .max_events = 2, .max_hashes = 2, .max_tokens = 4, .max_depth = 8};
     struct kvb_decoder *small = kvb_decoder_create(&lim);
     struct mp m;
     struct kvb_batch b;
@@ -790,9 +794,9 @@ START_TEST(utf8_validation)
     ck_assert(kvb_utf8_valid("", 0));
     ck_assert(kvb_utf8_valid("plain", 5));
     ck_assert(kvb_utf8_valid("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 9));
-    ck_assert(!kvb_utf8_valid("\xc3", 1));         /* cut */
-    ck_assert(!kvb_utf8_valid("\xc0\xaf", 2));     /* overlong */
-    ck_assert(!kvb_utf8_valid("\xed\xa0\x80", 3)); /* surrogate */
+    ck_assert(!kvb_utf8_valid("\xc3", 1));             /* cut */
+    ck_assert(!kvb_utf8_valid("\xc0\xaf", 2));         /* overlong */
+    ck_assert(!kvb_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
     ck_assert(!kvb_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
     ck_assert(!kvb_utf8_valid("\xff", 1));
     ck_assert(!kvb_utf8_valid("\x80", 1));

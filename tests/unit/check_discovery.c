@@ -26,11 +26,11 @@ END_TEST
 START_TEST(key_percent_encodes_segments)
 {
     char key[512];
-    ck_assert_int_gt(kvb_discovery_key("my.ns", "back/end", "gen erate", 0xabc, key, sizeof(key)), 0);
+    ck_assert_int_gt(kvb_discovery_key("my.ns", "back/end", "gen erate", 0xabc, key, sizeof(key)),
+                     0);
     ck_assert_str_eq(key, "v1/event_sources/namespace/my%2Ens/component/back%2Fend/endpoint/"
                           "gen%20erate/topic/kv-events/abc");
-    ck_assert_int_eq(kvb_discovery_key("dynamo", "backend", "generate", 1, key, 20),
-                     -ENAMETOOLONG);
+    ck_assert_int_eq(kvb_discovery_key("dynamo", "backend", "generate", 1, key, 20), -ENAMETOOLONG);
 }
 END_TEST
 
@@ -39,12 +39,13 @@ START_TEST(value_known_answer)
     char *v = kvb_discovery_value("dynamo", "backend", "generate", UINT64_C(20015998343868),
                                   UINT64_C(7587890738027725506), 0);
     ck_assert_ptr_nonnull(v);
-    ck_assert_str_eq(v, "{\"type\":\"EventSource\",\"scope\":{\"kind\":\"endpoint\",\"endpoint\":"
-                        "{\"namespace\":\"dynamo\",\"component\":\"backend\",\"name\":\"generate\"}},"
-                        "\"topic\":\"kv-events\",\"publisher_id\":20015998343868,\"metadata\":"
-                        "{\"kv_state_endpoint\":{\"namespace\":\"dynamo\",\"component\":\"backend\","
-                        "\"name\":\"generate\"},\"publisher_id\":20015998343868,\"worker\":"
-                        "{\"worker_id\":7587890738027725506,\"dp_rank\":0}}}");
+    ck_assert_str_eq(v,
+                     "{\"type\":\"EventSource\",\"scope\":{\"kind\":\"endpoint\",\"endpoint\":"
+                     "{\"namespace\":\"dynamo\",\"component\":\"backend\",\"name\":\"generate\"}},"
+                     "\"topic\":\"kv-events\",\"publisher_id\":20015998343868,\"metadata\":"
+                     "{\"kv_state_endpoint\":{\"namespace\":\"dynamo\",\"component\":\"backend\","
+                     "\"name\":\"generate\"},\"publisher_id\":20015998343868,\"worker\":"
+                     "{\"worker_id\":7587890738027725506,\"dp_rank\":0}}}");
     free(v);
 }
 END_TEST

@@ -85,8 +85,8 @@ struct entry {
 };
 
 struct man {
-    char *src;   /* whole file */
-    char *all;   /* plain text of the whole file */
+    char *src; /* whole file */
+    char *all; /* plain text of the whole file */
     struct entry *e;
     size_t n;
 };
@@ -192,22 +192,21 @@ static char *man_section(const struct man *m, const char *name)
 /* ---- the metric families ------------------------------------------------ */
 
 struct family {
-    const char *name; /* without the kvbridge_ prefix */
-    const char *kind; /* counter, gauge, histogram */
+    const char *name;  /* without the kvbridge_ prefix */
+    const char *kind;  /* counter, gauge, histogram */
     const char *label; /* "" when none */
     const char *values[16];
     int n_values;
 };
 
 #define KVB_VAL(s, str) str,
-#define FAM_METRIC(kind, name, label, list, help)                              \
+#define FAM_METRIC(kind, name, label, list, help) \
     {#name, #kind, label, {list(KVB_VAL)}, KVB_COUNT_OF(list)},
 #define FAM_HIST(name, buckets, help) {#name, "histogram", "", {""}, 0},
 #define FAM_STREAM(kind, name, field, help) {#name, #kind, "source", {""}, 0},
 static const struct family families[] = {
     KVB_METRICS(FAM_METRIC) KVB_HISTOGRAMS(FAM_HIST) KVB_STREAM_METRICS(FAM_STREAM)
-    KVB_ENGINE_METRICS(FAM_STREAM)
-    {"build_info", "gauge", "version", {""}, 0},
+        KVB_ENGINE_METRICS(FAM_STREAM){"build_info", "gauge", "version", {""}, 0},
 };
 #define N_FAMILIES (sizeof(families) / sizeof(families[0]))
 
@@ -223,17 +222,21 @@ static const struct family *family_named(const char *name, size_t len)
 
 struct key {
     char path[128];
-    char value[256];   /* unquoted; "" when none (sections) */
-    bool restart;      /* its comment says changing it needs a restart */
-    bool required;     /* its comment says Required: the value is an example */
-    bool section;      /* a mapping of keys, not a key */
+    char value[256]; /* unquoted; "" when none (sections) */
+    bool restart;    /* its comment says changing it needs a restart */
+    bool required;   /* its comment says Required: the value is an example */
+    bool section;    /* a mapping of keys, not a key */
 };
 
 static size_t example_keys(struct key *out, size_t cap)
 {
     size_t len, n = 0;
     char *text = (char *)read_all(EXAMPLE, &len);
-    struct { int indent; char name[64]; bool list; } stack[8];
+    struct {
+        int indent;
+        char name[64];
+        bool list;
+    } stack[8];
     int depth = 0;
     char comment[2048] = "";
     for (char *save = NULL, *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
@@ -324,8 +327,8 @@ START_TEST(every_metric_documented)
     ck_assert_msg(strstr(metrics, ".B source\n") && strstr(metrics, ".B topic\n"),
                   MAN ": the per-stream labels source and topic are not named");
     /* histograms: _bucket with le, _sum, _count */
-    ck_assert_msg(strstr(metrics, "_bucket") && strstr(metrics, "_sum") && strstr(metrics, "_count") &&
-                      strstr(metrics, ".BR le "),
+    ck_assert_msg(strstr(metrics, "_bucket") && strstr(metrics, "_sum") &&
+                      strstr(metrics, "_count") && strstr(metrics, ".BR le "),
                   MAN ": the histogram series are not described");
     free(metrics);
     man_free(&m);
@@ -374,8 +377,8 @@ START_TEST(every_key_documented)
         if (k->section)
             continue;
         const struct entry *e = man_entry(&m, k->path);
-        ck_assert_msg(e != NULL, MAN ": no entry (.TP, .B %s) for the key %s of " EXAMPLE,
-                      k->path, k->path);
+        ck_assert_msg(e != NULL, MAN ": no entry (.TP, .B %s) for the key %s of " EXAMPLE, k->path,
+                      k->path);
         ck_assert_msg(strcmp(e->section, "CONFIGURATION") == 0,
                       MAN ": %s is not under CONFIGURATION", k->path);
         if (k->required)
@@ -384,8 +387,8 @@ START_TEST(every_key_documented)
                           k->path);
         else if (k->value[0])
             ck_assert_msg(strstr(e->text, k->value),
-                          MAN ": %s: the default '%s' of " EXAMPLE " is not in its entry",
-                          k->path, k->value);
+                          MAN ": %s: the default '%s' of " EXAMPLE " is not in its entry", k->path,
+                          k->value);
         if (k->restart)
             ck_assert_msg(strstr(e->text, "restart"),
                           MAN ": %s needs a restart (" EXAMPLE ") but its entry does not say so",
@@ -410,9 +413,9 @@ END_TEST
 START_TEST(sections_signals_exit_codes)
 {
     struct man m = man_load();
-    static const char *const sections[] = {"NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS",
-                                           "CONFIGURATION", "SIGNALS", "EXIT STATUS",
-                                           "METRICS", "FILES", "SEE ALSO"};
+    static const char *const sections[] = {"NAME",          "SYNOPSIS", "DESCRIPTION", "OPTIONS",
+                                           "CONFIGURATION", "SIGNALS",  "EXIT STATUS", "METRICS",
+                                           "FILES",         "SEE ALSO"};
     for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++) {
         char h[64];
         snprintf(h, sizeof(h), "\n.SH %s\n", sections[i]);
@@ -661,8 +664,8 @@ START_TEST(configuration_md_keys)
                   CONFIG_MD ": section 5 must cover SIGHUP, SIGTERM and SIGINT");
     free(sig);
     char *cli = md_section(md, "## 3. Command line");
-    static const char *const options[] = {"-c FILE", "--config", "--check", "--version",
-                                          "-h", "--help"};
+    static const char *const options[] = {"-c FILE",   "--config", "--check",
+                                          "--version", "-h",       "--help"};
     ck_assert_msg(cli != NULL, CONFIG_MD ": no section '## 3. Command line'");
     for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++)
         ck_assert_msg(strstr(cli, options[i]), CONFIG_MD ": option %s not in section 3",
@@ -714,21 +717,21 @@ START_TEST(event_plane_sections_stable)
     static const struct {
         const char *head;
         const char *word;
-    } secs[] = {{"## 1. ", "router"},       {"## 2. ", "Subject"},
-                {"## 3. ", "envelope"},     {"## 4. ", "RouterEvent"},
-                {"## 5. ", "Discovery"},    {"## 6. ", "ActiveLoad"},
-                {"## 7. ", "tokens_hash"},  {"## 8. ", "checked"}};
+    } secs[] = {{"## 1. ", "router"},      {"## 2. ", "Subject"},   {"## 3. ", "envelope"},
+                {"## 4. ", "RouterEvent"}, {"## 5. ", "Discovery"}, {"## 6. ", "ActiveLoad"},
+                {"## 7. ", "tokens_hash"}, {"## 8. ", "checked"}};
     size_t len;
     char *t = (char *)read_all("docs/dynamo-event-plane.md", &len);
     for (size_t i = 0; i < sizeof(secs) / sizeof(secs[0]); i++) {
         char *sec = md_section(t, secs[i].head);
-        ck_assert_msg(sec != NULL, "docs/dynamo-event-plane.md: no section '%s...'",
-                      secs[i].head);
+        ck_assert_msg(sec != NULL, "docs/dynamo-event-plane.md: no section '%s...'", secs[i].head);
         char *eol = strchr(sec, '\n');
         if (eol)
             *eol = '\0';
-        ck_assert_msg(strstr(sec, secs[i].word), "docs/dynamo-event-plane.md: '%s' is not "
-                      "about %s any more", sec, secs[i].word);
+        ck_assert_msg(strstr(sec, secs[i].word),
+                      "docs/dynamo-event-plane.md: '%s' is not "
+                      "about %s any more",
+                      sec, secs[i].word);
         free(sec);
     }
     free(t);
@@ -737,7 +740,9 @@ START_TEST(event_plane_sections_stable)
     static const struct {
         const char *head;
         const char *word;
-    } sub[] = {{"### 3.1 ", "namespace"}, {"### 3.2 ", "Multimodal"}, {"### 3.3 ", "EAGLE"},
+    } sub[] = {{"### 3.1 ", "namespace"},
+               {"### 3.2 ", "Multimodal"},
+               {"### 3.3 ", "EAGLE"},
                {"### 3.4 ", "Known answers"}};
     for (size_t i = 0; i < sizeof(sub) / sizeof(sub[0]); i++) {
         char *sec = md_section(t, sub[i].head);
@@ -745,8 +750,8 @@ START_TEST(event_plane_sections_stable)
         char *eol = strchr(sec, '\n');
         if (eol)
             *eol = '\0';
-        ck_assert_msg(strstr(sec, sub[i].word), "docs/router-events.md: '%s' is not about %s",
-                      sec, sub[i].word);
+        ck_assert_msg(strstr(sec, sub[i].word), "docs/router-events.md: '%s' is not about %s", sec,
+                      sub[i].word);
         free(sec);
     }
     free(t);
@@ -825,8 +830,9 @@ static const char *check_citation(const char *file, const char *text, const char
  * documents names a document and a heading that exist. */
 START_TEST(cited_sections_exist)
 {
-    static const char *dirs[] = {"src", "include", "tools", "tests/unit", "tests/integration",
-                                 "tests/fuzz", "tests/bench", "docs", "conf", "."};
+    static const char *dirs[] = {
+        "src",        "include",     "tools", "tests/unit", "tests/integration",
+        "tests/fuzz", "tests/bench", "docs",  "conf",       "."};
     size_t files = 0, cites = 0;
     for (size_t d = 0; d < sizeof(dirs) / sizeof(dirs[0]); d++) {
         DIR *dir = opendir(dirs[d]);
@@ -856,8 +862,10 @@ START_TEST(cited_sections_exist)
         }
         closedir(dir);
     }
-    ck_assert_msg(files > 50 && cites > 20, "only %zu files and %zu citations found: run from "
-                  "the project root", files, cites);
+    ck_assert_msg(files > 50 && cites > 20,
+                  "only %zu files and %zu citations found: run from "
+                  "the project root",
+                  files, cites);
 }
 END_TEST
 
@@ -926,9 +934,10 @@ START_TEST(docs_are_not_spec_copies)
                         same++;
                         break;
                     }
-            ck_assert_msg(nd == 0 || same * 5 < nd, "%s: %zu of its %zu long lines are copied "
-                          "word for word from %s: write the project's own document", dp, same,
-                          nd, sp);
+            ck_assert_msg(nd == 0 || same * 5 < nd,
+                          "%s: %zu of its %zu long lines are copied "
+                          "word for word from %s: write the project's own document",
+                          dp, same, nd, sp);
             compared++;
             free(dl);
             free(dtext);

@@ -29,16 +29,17 @@ START_TEST(literal_examples)
 {
     const uint64_t W = 7587890738027725506ULL;
     struct kvb_block blk = {15760518052499183552ULL, 7652252100776996844ULL};
-    struct kvb_rev r = {.type = KVB_REVT_STORED, .worker_id = W, .event_id = 0,
-                        .blocks = &blk, .n = 1};
+    struct kvb_rev r = {
+        .type = KVB_REVT_STORED, .worker_id = W, .event_id = 0, .blocks = &blk, .n = 1};
     expect(&r, "{\"worker_id\":7587890738027725506,\"event\":{\"event_id\":0,\"data\":{\"stored\":"
                "{\"parent_hash\":null,\"blocks\":[{\"block_hash\":15760518052499183552,"
                "\"tokens_hash\":7652252100776996844}]}},\"dp_rank\":0}}");
     uint64_t h = 15760518052499183552ULL;
-    struct kvb_rev rm = {.type = KVB_REVT_REMOVED, .worker_id = W, .event_id = 1, .hashes = &h,
-                         .n = 1};
-    expect(&rm, "{\"worker_id\":7587890738027725506,\"event\":{\"event_id\":1,\"data\":{\"removed\":"
-                "{\"block_hashes\":[15760518052499183552]}},\"dp_rank\":0}}");
+    struct kvb_rev rm = {
+        .type = KVB_REVT_REMOVED, .worker_id = W, .event_id = 1, .hashes = &h, .n = 1};
+    expect(&rm,
+           "{\"worker_id\":7587890738027725506,\"event\":{\"event_id\":1,\"data\":{\"removed\":"
+           "{\"block_hashes\":[15760518052499183552]}},\"dp_rank\":0}}");
     struct kvb_rev c = {.type = KVB_REVT_CLEARED, .worker_id = W, .event_id = 2};
     expect(&c, "{\"worker_id\":7587890738027725506,\"event\":{\"event_id\":2,\"data\":\"cleared\","
                "\"dp_rank\":0}}");
@@ -48,18 +49,27 @@ END_TEST
 START_TEST(parent_tier_and_many_blocks)
 {
     struct kvb_block blk[3] = {{1, 2}, {3, 4}, {UINT64_MAX, 0}};
-    struct kvb_rev r = {.type = KVB_REVT_STORED, .tier = KVB_TIER_HOST_PINNED,
-                        .worker_id = UINT64_MAX, .event_id = 18446744073709551615ULL,
-                        .dp_rank = 4294967295u, .has_parent = true, .parent = 0,
-                        .blocks = blk, .n = 3};
+    struct kvb_rev r = {.type = KVB_REVT_STORED,
+                        .tier = KVB_TIER_HOST_PINNED,
+                        .worker_id = UINT64_MAX,
+                        .event_id = 18446744073709551615ULL,
+                        .dp_rank = 4294967295u,
+                        .has_parent = true,
+                        .parent = 0,
+                        .blocks = blk,
+                        .n = 3};
     expect(&r, "{\"worker_id\":18446744073709551615,\"storage_tier\":\"host_pinned\",\"event\":"
                "{\"event_id\":18446744073709551615,\"data\":{\"stored\":{\"parent_hash\":0,"
                "\"blocks\":[{\"block_hash\":1,\"tokens_hash\":2},{\"block_hash\":3,"
                "\"tokens_hash\":4},{\"block_hash\":18446744073709551615,\"tokens_hash\":0}]}},"
                "\"dp_rank\":4294967295}}");
     uint64_t hs[2] = {0, 10};
-    struct kvb_rev rm = {.type = KVB_REVT_REMOVED, .tier = KVB_TIER_DISK, .worker_id = 1,
-                         .hashes = hs, .n = 2, .dp_rank = 2};
+    struct kvb_rev rm = {.type = KVB_REVT_REMOVED,
+                         .tier = KVB_TIER_DISK,
+                         .worker_id = 1,
+                         .hashes = hs,
+                         .n = 2,
+                         .dp_rank = 2};
     expect(&rm, "{\"worker_id\":1,\"storage_tier\":\"disk\",\"event\":{\"event_id\":0,\"data\":"
                 "{\"removed\":{\"block_hashes\":[0,10]}},\"dp_rank\":2}}");
     rm.tier = KVB_TIER_EXTERNAL;
@@ -138,8 +148,13 @@ START_TEST(mm_extra_info)
     struct kvb_block blk[2] = {{1, 2}, {3, 4}};
     uint64_t mm[2] = {933467652192968450ULL, UINT64_MAX};
     uint32_t off[3] = {0, 0, 2};
-    struct kvb_rev r = {.type = KVB_REVT_STORED, .worker_id = 7, .blocks = blk, .n = 2,
-                        .mm_hashes = mm, .mm_off = off, .n_mm = 2};
+    struct kvb_rev r = {.type = KVB_REVT_STORED,
+                        .worker_id = 7,
+                        .blocks = blk,
+                        .n = 2,
+                        .mm_hashes = mm,
+                        .mm_off = off,
+                        .n_mm = 2};
     expect(&r, "{\"worker_id\":7,\"event\":{\"event_id\":0,\"data\":{\"stored\":{\"parent_hash\":"
                "null,\"blocks\":[{\"block_hash\":1,\"tokens_hash\":2},{\"block_hash\":3,"
                "\"tokens_hash\":4,\"mm_extra_info\":{\"mm_objects\":[{\"mm_hash\":"

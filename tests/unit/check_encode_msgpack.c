@@ -76,13 +76,13 @@ static const uint64_t rm_hash = BH;
 
 static struct kvb_rev ev_stored(uint64_t id)
 {
-    return (struct kvb_rev){.type = KVB_REVT_STORED, .worker_id = W, .event_id = id,
-                            .blocks = &blk, .n = 1};
+    return (struct kvb_rev){
+        .type = KVB_REVT_STORED, .worker_id = W, .event_id = id, .blocks = &blk, .n = 1};
 }
 static struct kvb_rev ev_removed(uint64_t id)
 {
-    return (struct kvb_rev){.type = KVB_REVT_REMOVED, .worker_id = W, .event_id = id,
-                            .hashes = &rm_hash, .n = 1};
+    return (struct kvb_rev){
+        .type = KVB_REVT_REMOVED, .worker_id = W, .event_id = id, .hashes = &rm_hash, .n = 1};
 }
 static struct kvb_rev ev_cleared(uint64_t id)
 {
@@ -113,10 +113,18 @@ START_TEST(router_events_known_answers)
     struct kvb_block b2[2] = {{1, 127}, {128, 65536}};
     uint64_t mm[2] = {933467652192968450ULL, 5};
     uint32_t off[3] = {0, 0, 2};
-    struct kvb_rev x = {.type = KVB_REVT_STORED, .tier = KVB_TIER_HOST_PINNED, .worker_id = 1,
-                        .event_id = 1ULL << 32, .dp_rank = 3, .has_parent = true,
-                        .parent = UINT64_MAX, .blocks = b2, .n = 2, .mm_hashes = mm,
-                        .mm_off = off, .n_mm = 2};
+    struct kvb_rev x = {.type = KVB_REVT_STORED,
+                        .tier = KVB_TIER_HOST_PINNED,
+                        .worker_id = 1,
+                        .event_id = 1ULL << 32,
+                        .dp_rank = 3,
+                        .has_parent = true,
+                        .parent = UINT64_MAX,
+                        .blocks = b2,
+                        .n = 2,
+                        .mm_hashes = mm,
+                        .mm_off = off,
+                        .n_mm = 2};
     expect_rev(&x, true, MM_STORED, 299);
 }
 END_TEST
@@ -125,8 +133,11 @@ START_TEST(active_load_known_answer)
 {
     struct mp m;
     mp_init(&m);
-    struct kvb_active_load l = {.worker_id = W, .dp_rank = 0, .has_decode_blocks = true,
-                                .active_decode_blocks = 120, .has_kv_used_blocks = true,
+    struct kvb_active_load l = {.worker_id = W,
+                                .dp_rank = 0,
+                                .has_decode_blocks = true,
+                                .active_decode_blocks = 120,
+                                .has_kv_used_blocks = true,
                                 .kv_used_blocks = 3400};
     ck_assert_int_eq(kvb_mp_pack_active_load(&m.pk, &l), 0);
     expect_bytes(m.sb.data, m.sb.size, ACTIVE_LOAD);
@@ -177,8 +188,10 @@ static void teardown(void)
 
 static void open_batcher(bool batch, uint32_t max_events, uint32_t max_blocks)
 {
-    struct kvb_mp_batcher_cfg c = {.batch = batch, .residency_domain = true,
-                                   .max_events = max_events, .max_blocks = max_blocks,
+    struct kvb_mp_batcher_cfg c = {.batch = batch,
+                                   .residency_domain = true,
+                                   .max_events = max_events,
+                                   .max_blocks = max_blocks,
                                    .seed = 42};
     ck_assert_int_eq(kvb_mp_batcher_create(&c, collect, &got, &bat), 0);
 }
@@ -284,8 +297,7 @@ START_TEST(unbatched_one_event_per_message)
     ck_assert_int_eq(got.n, 2);
     static char want[1024];
     /* the spec's envelope head with a bin8 of 198: c4c6 */
-    snprintf(want, sizeof(want), "%.*sc6%s", (int)strlen(ENVELOPE_HEAD) - 2, ENVELOPE_HEAD,
-             STORED);
+    snprintf(want, sizeof(want), "%.*sc6%s", (int)strlen(ENVELOPE_HEAD) - 2, ENVELOPE_HEAD, STORED);
     expect_bytes(got.msg[0].data, got.msg[0].len, want);
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
@@ -303,8 +315,12 @@ static struct kvb_rev ev_blocks(uint64_t worker, uint32_t rank, uint64_t id, uin
 {
     for (uint32_t i = 0; i < nb; i++)
         big[i] = (struct kvb_block){i, i};
-    return (struct kvb_rev){.type = KVB_REVT_STORED, .worker_id = worker, .dp_rank = rank,
-                            .event_id = id, .blocks = big, .n = nb};
+    return (struct kvb_rev){.type = KVB_REVT_STORED,
+                            .worker_id = worker,
+                            .dp_rank = rank,
+                            .event_id = id,
+                            .blocks = big,
+                            .n = nb};
 }
 
 START_TEST(cut_at_128_events)
@@ -375,8 +391,8 @@ START_TEST(cut_at_8192_blocks_never_split)
 
     /* removed hashes count as blocks; cleared as none */
     static uint64_t hs[8192];
-    struct kvb_rev rm = {.type = KVB_REVT_REMOVED, .worker_id = W, .event_id = 85,
-                         .hashes = hs, .n = 8000};
+    struct kvb_rev rm = {
+        .type = KVB_REVT_REMOVED, .worker_id = W, .event_id = 85, .hashes = hs, .n = 8000};
     ck_assert_int_eq(kvb_mp_batcher_add(bat, &rm, 1), 0);
     struct kvb_rev c = ev_cleared(86);
     ck_assert_int_eq(kvb_mp_batcher_add(bat, &c, 1), 0);
@@ -407,8 +423,8 @@ START_TEST(pairs_never_mix)
     ck_assert_uint_eq(again, pa);
 
     /* A A B A (W+1) A: four cuts, each message one pair */
-    struct kvb_rev seq[6] = {ev_blocks(W, 0, 0, 1), ev_blocks(W, 0, 1, 1),
-                             ev_blocks(W, 1, 0, 1), ev_blocks(W, 0, 2, 1),
+    struct kvb_rev seq[6] = {ev_blocks(W, 0, 0, 1),     ev_blocks(W, 0, 1, 1),
+                             ev_blocks(W, 1, 0, 1),     ev_blocks(W, 0, 2, 1),
                              ev_blocks(W + 1, 0, 0, 1), ev_blocks(W, 0, 3, 1)};
     for (int i = 0; i < 6; i++)
         ck_assert_int_eq(kvb_mp_batcher_add(bat, &seq[i], 1), 0);
@@ -499,8 +515,8 @@ static void expect_reference(const struct kvb_mp_msg *m, const struct kvb_rev *e
                      0);
     ck_assert_uint_eq(m->len, env.sb.size);
     for (size_t i = 0; i < m->len; i++)
-        ck_assert_msg(m->data[i] == env.sb.data[i], "byte %zu of %zu: %02x, want %02x", i,
-                      m->len, (uint8_t)m->data[i], (uint8_t)env.sb.data[i]);
+        ck_assert_msg(m->data[i] == env.sb.data[i], "byte %zu of %zu: %02x, want %02x", i, m->len,
+                      (uint8_t)m->data[i], (uint8_t)env.sb.data[i]);
     mp_free(&pay);
     mp_free(&env);
 }
@@ -513,8 +529,11 @@ START_TEST(batcher_bytes_as_the_reference_packers)
     ck_assert_ptr_nonnull(blocks);
     ck_assert_ptr_nonnull(hashes);
     for (uint32_t i = 0; i < NB; i++) {
-        uint64_t v = i % 5 == 0 ? i : i % 5 == 1 ? 200 + i : i % 5 == 2 ? 70000 + i
-                   : i % 5 == 3 ? (1ULL << 33) + i : UINT64_MAX - i;
+        uint64_t v = i % 5 == 0   ? i
+                     : i % 5 == 1 ? 200 + i
+                     : i % 5 == 2 ? 70000 + i
+                     : i % 5 == 3 ? (1ULL << 33) + i
+                                  : UINT64_MAX - i;
         blocks[i] = (struct kvb_block){v, ~v};
         hashes[i] = v * 3;
     }
@@ -524,8 +543,7 @@ START_TEST(batcher_bytes_as_the_reference_packers)
     const uint32_t ranks[3] = {0, 3, 70000};
     for (int form = 0; form < 4; form++) {
         bool batch = form & 1, residency = form & 2;
-        struct kvb_mp_batcher_cfg c = {.batch = batch, .residency_domain = residency,
-                                       .seed = 42};
+        struct kvb_mp_batcher_cfg c = {.batch = batch, .residency_domain = residency, .seed = 42};
         ck_assert_int_eq(kvb_mp_batcher_create(&c, collect, &got, &bat), 0);
         ck_assert_int_eq(kvb_mp_batcher_set_publisher(bat, W, 0, 0x123456789abcULL), 0);
         uint64_t now = 1767225600000ULL;
@@ -538,7 +556,9 @@ START_TEST(batcher_bytes_as_the_reference_packers)
             uint32_t rank = ranks[round % 3];
             for (size_t k = 0; k < n; k++) {
                 uint64_t id = round < 6 ? (uint64_t)(round * 5 + k) : (1ULL << 35) + k;
-                struct kvb_rev r = {.worker_id = w, .dp_rank = rank, .event_id = id,
+                struct kvb_rev r = {.worker_id = w,
+                                    .dp_rank = rank,
+                                    .event_id = id,
                                     .tier = (uint8_t)((round + k) % (KVB_TIER__COUNT + 1))};
                 if (round == 7 && k == 0)
                     r.tier = 200; /* out of range: "device", as kvb_tier_name() */

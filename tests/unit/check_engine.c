@@ -54,7 +54,8 @@ static void set_usage(struct fake *f, const char *usage)
     snprintf(f->page, sizeof f->page,
              "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1.0\n"
              "vllm:kv_cache_usage_perc{engine=\"0\"} %s\n"
-             "vllm:num_requests_running{engine=\"0\"} 3\n", usage);
+             "vllm:num_requests_running{engine=\"0\"} 3\n",
+             usage);
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -65,9 +66,8 @@ static void fake_start(struct fake *f)
     set_usage(f, "0.25");
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    f->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL,
-                              answer, f, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                              MHD_OPTION_END);
+    f->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, answer,
+                              f, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_END);
     ck_assert_ptr_nonnull(f->mhd);
     f->port = MHD_get_daemon_info(f->mhd, MHD_DAEMON_INFO_BIND_PORT)->port;
 }
@@ -97,9 +97,10 @@ static struct kvb_config *config(int port, uint32_t dead_after_ms)
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
     FILE *f = fdopen(fd, "w");
-    fprintf(f, "worker_id: 7\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5999\n"
-               "    engine:\n      metrics_url: http://127.0.0.1:%d/metrics\n"
-               "      scrape_interval_ms: 20\n      dead_after_ms: %u\n",
+    fprintf(f,
+            "worker_id: 7\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5999\n"
+            "    engine:\n      metrics_url: http://127.0.0.1:%d/metrics\n"
+            "      scrape_interval_ms: 20\n      dead_after_ms: %u\n",
             port, dead_after_ms);
     fclose(f);
     struct kvb_config *c = NULL;

@@ -44,7 +44,8 @@ static bool has(const struct kvb_engine_load *l, uint32_t rank, enum kvb_load_fi
     return r && kvb_load_has(r, f);
 }
 
-#define EQ(a, b) ck_assert_msg(fabs((a) - (b)) < 1e-9, "%s = %.17g, want %.17g", #a, (double)(a), (double)(b))
+#define EQ(a, b) \
+    ck_assert_msg(fabs((a) - (b)) < 1e-9, "%s = %.17g, want %.17g", #a, (double)(a), (double)(b))
 
 START_TEST(test_vllm)
 {
@@ -75,11 +76,10 @@ START_TEST(test_vllm)
     /* hit rate over the interval since the previous page */
     struct kvb_engine_load *prev = l;
     struct kvb_engine_load *cur = load_str(
-        KVB_ENGINE_VLLM,
-        "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 982344.0\n"
-        "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 603969.0\n"
-        "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 902210.0\n"
-        "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 441870.0\n");
+        KVB_ENGINE_VLLM, "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 982344.0\n"
+                         "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 603969.0\n"
+                         "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 902210.0\n"
+                         "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 441870.0\n");
     kvb_engine_load_finish(cur, prev, 0);
     EQ(field(cur, 0, KVB_LOAD_HIT_RATE), 750.0 / 1000.0);
     /* no queries in the interval: the lifetime ratio */
@@ -159,15 +159,14 @@ END_TEST
 START_TEST(test_rank_rules)
 {
     struct kvb_engine_load *l = load_str(
-        KVB_ENGINE_SGLANG,
-        "sglang:token_usage{engine_type=\"unified\",tp_rank=\"0\"} 0.25\n"
-        "sglang:token_usage{engine_type=\"unified\",tp_rank=\"1\"} 0.5\n"
-        "sglang:token_usage{engine_type=\"unified\",tp_rank=\"2\"} 0.125\n"
-        "sglang:num_queue_reqs{dp_rank=\"x\"} 4\n"        /* bad rank: ignored */
-        "sglang:num_queue_reqs{dp_rank=\"99999999999\"} 4\n" /* > u32 */
-        "sglang:num_running_reqs NaN\n"                   /* NaN: ignored */
-        "sglang:num_running_reqs_offline_batch 3\n"       /* not in the table */
-        "vllm:num_requests_running 5\n");                 /* other kind */
+        KVB_ENGINE_SGLANG, "sglang:token_usage{engine_type=\"unified\",tp_rank=\"0\"} 0.25\n"
+                           "sglang:token_usage{engine_type=\"unified\",tp_rank=\"1\"} 0.5\n"
+                           "sglang:token_usage{engine_type=\"unified\",tp_rank=\"2\"} 0.125\n"
+                           "sglang:num_queue_reqs{dp_rank=\"x\"} 4\n" /* bad rank: ignored */
+                           "sglang:num_queue_reqs{dp_rank=\"99999999999\"} 4\n" /* > u32 */
+                           "sglang:num_running_reqs NaN\n"                      /* NaN: ignored */
+                           "sglang:num_running_reqs_offline_batch 3\n" /* not in the table */
+                           "vllm:num_requests_running 5\n");           /* other kind */
     ck_assert_uint_eq(l->n_ranks, 1);
     EQ(field(l, 0, KVB_LOAD_KV_USAGE), 0.5);
     ck_assert(!has(l, 0, KVB_LOAD_RUNNING));
@@ -176,8 +175,9 @@ START_TEST(test_rank_rules)
     ck_assert_uint_eq(l->ignored, 3);
     free(l);
     /* the info gauge before profiling: num_gpu_blocks="None" */
-    l = load_str(KVB_ENGINE_VLLM,
-                 "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"None\"} 1.0\n");
+    l = load_str(
+        KVB_ENGINE_VLLM,
+        "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"None\"} 1.0\n");
     ck_assert(!has(l, 0, KVB_LOAD_TOTAL_BLOCKS));
     EQ(field(l, 0, KVB_LOAD_BLOCK_TOKENS), 16);
     ck_assert_uint_eq(l->ignored, 1);
@@ -194,8 +194,8 @@ START_TEST(test_rank_rules)
     char *page = malloc(cap);
     size_t o = 0;
     for (int i = 0; i < KVB_LOAD_MAX_RANKS + 2; i++)
-        o += (size_t)snprintf(page + o, cap - o, "vllm:num_requests_running{engine=\"%d\"} %d\n",
-                              i, i);
+        o += (size_t)snprintf(page + o, cap - o, "vllm:num_requests_running{engine=\"%d\"} %d\n", i,
+                              i);
     l = load_str(KVB_ENGINE_VLLM, page);
     ck_assert_uint_eq(l->n_ranks, KVB_LOAD_MAX_RANKS);
     ck_assert_uint_eq(l->ignored, 2);

@@ -32,9 +32,15 @@ static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, 
     struct kvb_block b[64];
     for (uint32_t i = 0; i < n; i++)
         b[i] = (struct kvb_block){hashes[i], tokens[i]};
-    struct kvb_rev r = {.type = KVB_REVT_STORED, .tier = (uint8_t)tier, .dp_rank = rank,
-                        .worker_id = W, .event_id = next_id, .has_parent = has_parent,
-                        .parent = parent, .blocks = b, .n = n};
+    struct kvb_rev r = {.type = KVB_REVT_STORED,
+                        .tier = (uint8_t)tier,
+                        .dp_rank = rank,
+                        .worker_id = W,
+                        .event_id = next_id,
+                        .has_parent = has_parent,
+                        .parent = parent,
+                        .blocks = b,
+                        .n = n};
     int rc = kvb_index_apply(m, &r);
     if (rc == 0)
         next_id++;
@@ -43,15 +49,20 @@ static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, 
 
 static void removed(struct kvb_index *m, uint32_t rank, int tier, const uint64_t *h, uint32_t n)
 {
-    struct kvb_rev r = {.type = KVB_REVT_REMOVED, .tier = (uint8_t)tier, .dp_rank = rank,
-                        .worker_id = W, .event_id = next_id++, .hashes = h, .n = n};
+    struct kvb_rev r = {.type = KVB_REVT_REMOVED,
+                        .tier = (uint8_t)tier,
+                        .dp_rank = rank,
+                        .worker_id = W,
+                        .event_id = next_id++,
+                        .hashes = h,
+                        .n = n};
     ck_assert_int_eq(kvb_index_apply(m, &r), 0);
 }
 
 static void cleared(struct kvb_index *m, uint32_t rank)
 {
-    struct kvb_rev r = {.type = KVB_REVT_CLEARED, .dp_rank = rank, .worker_id = W,
-                        .event_id = next_id++};
+    struct kvb_rev r = {
+        .type = KVB_REVT_CLEARED, .dp_rank = rank, .worker_id = W, .event_id = next_id++};
     ck_assert_int_eq(kvb_index_apply(m, &r), 0);
 }
 
@@ -116,7 +127,7 @@ START_TEST(limit_refuses_whole_store)
     uint64_t h2[2] = {4, 5}, t2[2] = {4, 5};
     ck_assert_int_eq(store(m, 0, KVB_TIER_DEVICE, true, 3, h2, t2, 2), -ENOSPC);
     ck_assert_uint_eq(kvb_index_blocks(m, -1), 3); /* nothing of it applied */
-    cleared(m, 0); /* the barrier the caller then publishes */
+    cleared(m, 0);                                 /* the barrier the caller then publishes */
     ck_assert_int_eq(store(m, 0, KVB_TIER_DEVICE, true, 3, h2, t2, 2), 0); /* orphan now */
     ck_assert_int_eq(store(m, 0, KVB_TIER_DEVICE, false, 0, h2, t2, 2), 0);
     ck_assert_uint_eq(kvb_index_blocks(m, -1), 2);
@@ -139,8 +150,8 @@ START_TEST(refused_store_in_ring)
     struct kvb_index *m = mk(2, 16);
     uint64_t last = 0;
     struct kvb_block b[3] = {{11, 1}, {12, 2}, {13, 3}};
-    struct kvb_rev r = {.type = KVB_REVT_STORED, .worker_id = W, .event_id = 40, .blocks = b,
-                        .n = 3};
+    struct kvb_rev r = {
+        .type = KVB_REVT_STORED, .worker_id = W, .event_id = 40, .blocks = b, .n = 3};
     ck_assert_int_eq(kvb_index_apply(m, &r), -ENOSPC);
     ck_assert(kvb_index_last_event_id(m, W, 0, &last));
     ck_assert_uint_eq(last, 40);
@@ -186,8 +197,8 @@ START_TEST(recent_events)
     ck_assert_int_eq(kvb_index_events_since(m, W, 0, 0, collect_fn, &c), -ENOENT);
     uint64_t h[2] = {10, 11}, t[2] = {20, 21};
     ck_assert_int_eq(store(m, 0, KVB_TIER_DEVICE, false, 0, h, t, 2), 0); /* 50 */
-    removed(m, 0, KVB_TIER_DEVICE, &h[1], 1);                              /* 51 */
-    cleared(m, 0);                                                         /* 52 */
+    removed(m, 0, KVB_TIER_DEVICE, &h[1], 1);                             /* 51 */
+    cleared(m, 0);                                                        /* 52 */
     ck_assert_int_eq(kvb_index_events_since(m, W, 0, 49, collect_fn, &c), 0);
     ck_assert_int_eq(c.count, 3);
     ck_assert_uint_eq(c.ids[0], 50);
@@ -278,7 +289,7 @@ START_TEST(random_walk_against_reference)
                 uint32_t n = 1 + rnd(4);
                 uint64_t h[4], t[4];
                 for (uint32_t i = 0; i < n; i++) {
-                    h[i] = 1 + rnd(300); /* small domain: overwrites and re-stores */
+                    h[i] = 1 + rnd(300);    /* small domain: overwrites and re-stores */
                     t[i] = 1000 + h[i] * 7; /* a block's tokens follow from its hash */
                 }
                 bool hp = rnd(3) != 0;

@@ -30,21 +30,21 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <malloc.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "clock.h"
 #include "config.h"
 #include "encode.h"
 #include "source.h"
 #include "testutil.h"
-#include "clock.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -233,8 +233,8 @@ static char *json_of(const struct kvb_rev *r, size_t *len)
             fputs("null", f);
         fputs(",\"blocks\":[", f);
         for (uint32_t i = 0; i < r->n; i++)
-            fprintf(f, "%s{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64 "}",
-                    i ? "," : "", r->blocks[i].block_hash, r->blocks[i].tokens_hash);
+            fprintf(f, "%s{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64 "}", i ? "," : "",
+                    r->blocks[i].block_hash, r->blocks[i].tokens_hash);
         fputs("]}}", f);
     } else if (r->type == KVB_REVT_REMOVED) {
         fputs("{\"removed\":{\"block_hashes\":[", f);
@@ -266,10 +266,14 @@ START_TEST(encode_widest_events_fit)
     }
     for (int type = KVB_REVT_STORED; type <= KVB_REVT_REMOVED; type++) {
         for (uint32_t n = 1; n <= MAXN; n++) {
-            struct kvb_rev r = {.type = (uint8_t)type, .tier = KVB_TIER_HOST_PINNED,
-                                .dp_rank = UINT32_MAX, .worker_id = UINT64_MAX,
-                                .event_id = UINT64_MAX - 1, .has_parent = type == KVB_REVT_STORED,
-                                .parent = UINT64_MAX, .n = n};
+            struct kvb_rev r = {.type = (uint8_t)type,
+                                .tier = KVB_TIER_HOST_PINNED,
+                                .dp_rank = UINT32_MAX,
+                                .worker_id = UINT64_MAX,
+                                .event_id = UINT64_MAX - 1,
+                                .has_parent = type == KVB_REVT_STORED,
+                                .parent = UINT64_MAX,
+                                .n = n};
             if (type == KVB_REVT_STORED)
                 r.blocks = blocks;
             else
@@ -349,7 +353,8 @@ START_TEST(encode_widest_from_engine_batch)
     /* 20-digit hashes: {"block_hash":...,"tokens_hash":...} is 70 bytes + ',' */
     size_t want = strlen("{\"worker_id\":7587890738027725506,\"event\":{\"event_id\":1,"
                          "\"data\":{\"stored\":{\"parent_hash\":null,\"blocks\":[]}},"
-                         "\"dp_rank\":0}}") + 70 * n + (n - 1);
+                         "\"dp_rank\":0}}") +
+                  70 * n + (n - 1);
     ck_assert_uint_eq(l2, want);
     ck_assert_uint_eq(count_str(line2, "\"block_hash\":18446744073709551615,"), n);
 }
@@ -422,7 +427,7 @@ enum outcome {
 struct bigcase {
     const char *name;
     enum outcome want;
-    int dec_err;   /* for O_BATCH_MALFORMED: the decoder's error */
+    int dec_err; /* for O_BATCH_MALFORMED: the decoder's error */
     bool strict;
     bool alt_batch; /* O_BATCH_MALFORMED (KVB_DEC_TOO_LARGE) also right */
 };
@@ -598,17 +603,19 @@ START_TEST(big_payload_bounded)
     int rc = kvb_pipeline_live(p, &s, 0, pl, len);
     size_t growth = peak_growth(&pk);
 
-    fprintf(stderr, "limits: %-40s %9zu bytes: peak RSS +%zu KiB (%.1f x payload)%s\n",
-            bc->name, len, growth / 1024, (double)growth / (double)len,
-            distorted ? " [valgrind/ASan: not asserted]" : pk.hwm ? "" : " [ru_maxrss]");
+    fprintf(stderr, "limits: %-40s %9zu bytes: peak RSS +%zu KiB (%.1f x payload)%s\n", bc->name,
+            len, growth / 1024, (double)growth / (double)len,
+            distorted ? " [valgrind/ASan: not asserted]"
+            : pk.hwm  ? ""
+                      : " [ru_maxrss]");
     enum outcome got = dec_rc < 0 ? O_BATCH_MALFORMED : rc == 1 ? O_EVENT_DROPPED : O_PUBLISHED;
     enum outcome want = bc->want;
     if (bc->alt_batch && got == O_BATCH_MALFORMED && dec_rc == KVB_DEC_TOO_LARGE)
         want = O_BATCH_MALFORMED;
     if (!distorted) {
         ck_assert_msg(growth <= RSS_FACTOR * len + RSS_SLACK,
-                      "%s: peak RSS grew by %zu bytes for a %zu-byte payload", bc->name,
-                      growth, len);
+                      "%s: peak RSS grew by %zu bytes for a %zu-byte payload", bc->name, growth,
+                      len);
         ck_assert_msg(!bc->strict || growth <= STRICT_FACTOR * len + RSS_SLACK,
                       "%s: peak RSS grew by %zu MiB (%.1f x the %zu MiB payload): a container "
                       "longer than any limit allows was allocated before being refused "
@@ -642,8 +649,8 @@ END_TEST
 static struct kvb_pipeline_cfg small_limits(void)
 {
     struct kvb_pipeline_cfg c = test_pcfg(W, 4);
-    c.limits = (struct kvb_decode_limits){.max_events = 5, .max_hashes = 3,
-                                          .max_tokens = 12, .max_depth = 6};
+    c.limits = (struct kvb_decode_limits){
+        .max_events = 5, .max_hashes = 3, .max_tokens = 12, .max_depth = 6};
     return c;
 }
 
@@ -834,9 +841,14 @@ static void net_open(struct net *n, int mode, bool with_replay)
         zmq_getsockopt(n->router, ZMQ_LAST_ENDPOINT, n->rep_ep, &sz);
     }
     struct kvb_source_params sp = {
-        .endpoint = n->pub_ep, .replay_endpoint = with_replay ? n->rep_ep : "", .topic = "",
-        .mode = mode, .dp_rank = 0, .rcvhwm = 10000,
-        .replay_timeout_ms = 3000, .max_payload_bytes = MAXPAY,
+        .endpoint = n->pub_ep,
+        .replay_endpoint = with_replay ? n->rep_ep : "",
+        .topic = "",
+        .mode = mode,
+        .dp_rank = 0,
+        .rcvhwm = 10000,
+        .replay_timeout_ms = 3000,
+        .max_payload_bytes = MAXPAY,
     };
     ck_assert_int_eq(kvb_source_create(n->zctx, &sp, &m, &n->src), 0);
     if (mode == KVB_MODE_BIND) {
@@ -958,21 +970,15 @@ static void live_oversize(int mode)
     ck_assert_msg(strncmp(l3, barrier, strlen(barrier)) == 0,
                   "no barrier after the lost batch:\n%s", out.text);
     /* a gap barrier, or one for the refused batch itself */
-    ck_assert_uint_ge(kvb_get(&m.barriers_total[KVB_BAR_GAP]) +
-                          kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), 1);
+    ck_assert_uint_ge(
+        kvb_get(&m.barriers_total[KVB_BAR_GAP]) + kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), 1);
     net_close(&n);
 }
 
-START_TEST(payload_live_oversize_bind_mode)
-{
-    live_oversize(KVB_MODE_BIND);
-}
+START_TEST(payload_live_oversize_bind_mode) { live_oversize(KVB_MODE_BIND); }
 END_TEST
 
-START_TEST(payload_live_oversize_connect_mode)
-{
-    live_oversize(KVB_MODE_CONNECT);
-}
+START_TEST(payload_live_oversize_connect_mode) { live_oversize(KVB_MODE_CONNECT); }
 END_TEST
 
 /* config.c's help for limits.max_payload_bytes: "larger ones are counted as
@@ -1050,16 +1056,16 @@ START_TEST(payload_replay_oversize_refused)
                   "the size after it (source.c start_replay / on_replay_batch):\n%s",
                   blen, MAXPAY, out.text);
     /* a gap barrier, or one for the refused batch itself */
-    ck_assert_uint_ge(kvb_get(&m.barriers_total[KVB_BAR_GAP]) +
-                          kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), 1);
+    ck_assert_uint_ge(
+        kvb_get(&m.barriers_total[KVB_BAR_GAP]) + kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), 1);
     net_close(&n);
 }
 END_TEST
 
 /* ---- topics with NUL bytes, replies for other topics (issue 18) ---------- */
 
-static void publish_t(struct net *n, const char *topic, size_t tl, uint64_t seq,
-                      const uint8_t *pl, size_t len)
+static void publish_t(struct net *n, const char *topic, size_t tl, uint64_t seq, const uint8_t *pl,
+                      size_t len)
 {
     uint8_t s8[8];
     for (int i = 0; i < 8; i++)
@@ -1309,9 +1315,11 @@ START_TEST(config_fifo_refused_not_waited_on)
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     FILE *f = fopen(yaml, "w");
     ck_assert(f != NULL);
-    fprintf(f, "worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n"
-               "nats:\n  servers: [nats://127.0.0.1:4222]\n  user: kvb\n"
-               "  password_file: %s\n", fifo);
+    fprintf(f,
+            "worker_id: 1\nblock_size: 16\nsources:\n  - endpoint: tcp://127.0.0.1:5557\n"
+            "nats:\n  servers: [nats://127.0.0.1:4222]\n  user: kvb\n"
+            "  password_file: %s\n",
+            fifo);
     fclose(f);
     int as_config = load_bounded(fifo);
     int as_secret = load_bounded(yaml);
@@ -1353,7 +1361,7 @@ START_TEST(drop_after_queued_batches_no_barrier)
         if (zmq_poll(&it, 1, 50) > 0)
             break;
     }
-    usleep(100 * 1000); /* let the monitor report everything it has */
+    usleep(100 * 1000);                /* let the monitor report everything it has */
     kvb_source_read_monitor(n.src, p); /* the loop's order: events first */
     ck_assert_int_ge(kvb_source_read(n.src, p, 100), 0);
     ck_assert_uint_eq(out.n, 7); /* barrier + seq 0 + seqs 1..5 */

@@ -24,9 +24,12 @@ static const char HEAD[] =
     "85ac7075626c69736865725f6964cf0000123456789abca873657175656e636500ac7075626c69736865645f"
     "6174cf0000019b76daa800a5746f706963aa6b765f6d657472696373a77061796c6f6164c472";
 
-static const struct kvb_active_load example = {
-    .worker_id = W, .dp_rank = 0, .has_decode_blocks = true, .active_decode_blocks = 120,
-    .has_kv_used_blocks = true, .kv_used_blocks = 3400};
+static const struct kvb_active_load example = {.worker_id = W,
+                                               .dp_rank = 0,
+                                               .has_decode_blocks = true,
+                                               .active_decode_blocks = 120,
+                                               .has_kv_used_blocks = true,
+                                               .kv_used_blocks = 3400};
 static const struct kvb_load_env env = {0x123456789abcULL, 0, 1767225600000ULL};
 
 START_TEST(test_msgpack_known_answer)
@@ -68,8 +71,10 @@ START_TEST(test_json_known_answer)
                         "\"active_decode_blocks\":120,\"active_prefill_tokens\":null,"
                         "\"scheduler_load_scope\":null,\"kv_used_blocks\":3400}");
     free(s);
-    struct kvb_active_load l = {.worker_id = UINT64_MAX, .dp_rank = UINT32_MAX,
-                                .has_kv_used_blocks = true, .kv_used_blocks = 0};
+    struct kvb_active_load l = {.worker_id = UINT64_MAX,
+                                .dp_rank = UINT32_MAX,
+                                .has_kv_used_blocks = true,
+                                .kv_used_blocks = 0};
     s = json_of(&l, KVB_FORMAT_RAW); /* raw has no load form: JSON */
     ck_assert_str_eq(s, "{\"worker_id\":18446744073709551615,\"dp_rank\":4294967295,"
                         "\"active_decode_blocks\":null,\"active_prefill_tokens\":null,"

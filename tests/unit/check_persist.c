@@ -26,8 +26,8 @@ static uint64_t fill(struct kvb_index *m, uint32_t r, uint64_t base, uint32_t n)
     struct kvb_block b[64];
     for (uint32_t i = 0; i < n; i++)
         b[i] = (struct kvb_block){base + i, i};
-    struct kvb_rev s = {.type = KVB_REVT_STORED, .dp_rank = r, .worker_id = W, .event_id = 0,
-                        .blocks = b, .n = n};
+    struct kvb_rev s = {
+        .type = KVB_REVT_STORED, .dp_rank = r, .worker_id = W, .event_id = 0, .blocks = b, .n = n};
     ck_assert_int_eq(kvb_index_apply(m, &s), 0);
     struct kvb_rev h = s;
     h.tier = KVB_TIER_HOST_PINNED;

@@ -29,8 +29,9 @@ static void teardown(void)
 
 /* ---- goldens ------------------------------------------------------------ */
 
-static const char *captures[] = {"sglang",       "vllm-main",         "vllm-v0.10.2-bytes",
-                                 "vllm-v0.22.0-lora", "vllm-v0.24.0", "vllm-v0.9.0"};
+static const char *captures[] = {
+    "sglang",       "vllm-main",  "vllm-v0.10.2-bytes", "vllm-v0.22.0-lora",
+    "vllm-v0.24.0", "vllm-v0.9.0"};
 
 START_TEST(captures_match_expected)
 {
@@ -287,7 +288,7 @@ START_TEST(event_ids_contiguous_through_filters)
     mp_str(&mb, "BlockRemoved");
     msgpack_pack_array(&mb.pk, 1);
     msgpack_pack_int(&mb.pk, 2);
-    msgpack_pack_int(&mb.pk, 9); /* malformed event */
+    msgpack_pack_int(&mb.pk, 9);   /* malformed event */
     msgpack_pack_array(&mb.pk, 1); /* unknown type */
     mp_str(&mb, "Whatever");
     msgpack_pack_array(&mb.pk, 1); /* published */

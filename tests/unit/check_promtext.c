@@ -96,7 +96,8 @@ START_TEST(test_vllm_page)
     has_line(&d, "vllm:time_to_first_token_seconds_bucket{engine=0,le=0.1,model_name=Qwen/"
                  "Qwen3-8B} 2");
     has_line(&d, "vllm:time_to_first_token_seconds_count{engine=0,model_name=Qwen/Qwen3-8B} 4");
-    has_line(&d, "vllm:time_to_first_token_seconds_sum{engine=0,model_name=Qwen/Qwen3-8B} 2.2999999999999998");
+    has_line(&d, "vllm:time_to_first_token_seconds_sum{engine=0,model_name=Qwen/Qwen3-8B} "
+                 "2.2999999999999998");
     /* the info gauge: many labels, "None" and "True" values */
     ck_assert_ptr_nonnull(strstr(d.text, "vllm:cache_config_info{block_size=16,"));
     ck_assert_ptr_nonnull(strstr(d.text, ",engine=1,"));

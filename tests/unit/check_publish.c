@@ -24,8 +24,9 @@ static struct kvb_config *load(const char *nats_extra, const char *top_extra)
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
     FILE *f = fdopen(fd, "w");
-    fprintf(f, "worker_id: 7\nblock_size: 16\nsources: [{endpoint: \"tcp://127.0.0.1:5557\"}]\n"
-               "%s\nnats:\n  servers: [nats://127.0.0.1:4222]\n%s\nmetrics: {listen: \"\"}\n",
+    fprintf(f,
+            "worker_id: 7\nblock_size: 16\nsources: [{endpoint: \"tcp://127.0.0.1:5557\"}]\n"
+            "%s\nnats:\n  servers: [nats://127.0.0.1:4222]\n%s\nmetrics: {listen: \"\"}\n",
             top_extra, nats_extra);
     fclose(f);
     struct kvb_config *c = NULL;
@@ -80,7 +81,7 @@ START_TEST(failed_publish_is_a_loss)
         ck_assert_int_eq(kvb_publish_flush(o), 0);
         ck_assert(kvb_publish_take_loss(o));
         ck_assert(!kvb_publish_take_loss(o)); /* once per loss */
-        ck_assert(!kvb_publish_blocked(o));  /* no discovery */
+        ck_assert(!kvb_publish_blocked(o));   /* no discovery */
         ck_assert(kvb_publish_registered(o));
         ck_assert_uint_eq(kvb_get(&m->messages_published_total[KVB_FMT_DYNAMO_JSON]) +
                               kvb_get(&m->messages_published_total[KVB_FMT_DYNAMO_MSGPACK]),
@@ -128,7 +129,8 @@ START_TEST(format_combinations_refused)
     FILE *f = fdopen(fd, "w");
     fputs("worker_id: 7\nblock_size: 16\nsources: [{endpoint: \"tcp://127.0.0.1:5557\"}]\n"
           "nats: {format: dynamo-json}\n"
-          "discovery: {etcd: {endpoints: [\"ftp://x\"]}}\n", f);
+          "discovery: {etcd: {endpoints: [\"ftp://x\"]}}\n",
+          f);
     fclose(f);
     struct kvb_config *c = NULL;
     char *err = NULL;

@@ -40,17 +40,25 @@ START_TEST(parse_json)
     kvb_query_req_free(&r);
 
     static const char *const bad[] = {
-        "{\"op\":\"dump\"", "[1]", "{\"op\":\"nope\"}", "{\"worker_id\":1}",
-        "{\"op\":\"dump\",\"worker_id\":-1}", "{\"op\":\"dump\",\"dp_rank\":4294967296}",
-        "{\"op\":\"dump\",\"worker_id\":1.5}", "{\"op\":\"dump\",\"worker_id\":\"1x\"}",
-        "{\"op\":\"match\",\"token_ids\":[1,-2]}", "{\"op\":\"match\",\"token_ids\":[4294967296]}",
-        "{\"op\":\"dump\"} x", "{\"op\":\"match\",\"lora_name\":3}",
+        "{\"op\":\"dump\"",
+        "[1]",
+        "{\"op\":\"nope\"}",
+        "{\"worker_id\":1}",
+        "{\"op\":\"dump\",\"worker_id\":-1}",
+        "{\"op\":\"dump\",\"dp_rank\":4294967296}",
+        "{\"op\":\"dump\",\"worker_id\":1.5}",
+        "{\"op\":\"dump\",\"worker_id\":\"1x\"}",
+        "{\"op\":\"match\",\"token_ids\":[1,-2]}",
+        "{\"op\":\"match\",\"token_ids\":[4294967296]}",
+        "{\"op\":\"dump\"} x",
+        "{\"op\":\"match\",\"lora_name\":3}",
         "{\"op\":\"match\",\"block_size\":0}",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         err[0] = '\0';
         ck_assert_msg(kvb_query_parse_json(bad[i], strlen(bad[i]), -1, &r, err, sizeof(err)) ==
-                          -EINVAL, "accepted %s", bad[i]);
+                          -EINVAL,
+                      "accepted %s", bad[i]);
         ck_assert_msg(err[0], "no message for %s", bad[i]);
         ck_assert_ptr_null(r.tokens);
     }
@@ -68,7 +76,8 @@ START_TEST(parse_params)
     char err[256];
     ck_assert_int_eq(kvb_query_parse_param("worker_id", "42", &r, err, sizeof(err)), 0);
     ck_assert_int_eq(kvb_query_parse_param("dp_rank", "1", &r, err, sizeof(err)), 0);
-    ck_assert_int_eq(kvb_query_parse_param("since", "18446744073709551615", &r, err, sizeof(err)), 0);
+    ck_assert_int_eq(kvb_query_parse_param("since", "18446744073709551615", &r, err, sizeof(err)),
+                     0);
     ck_assert_int_eq(kvb_query_parse_param("other", "x", &r, err, sizeof(err)), 0);
     ck_assert_uint_eq(r.worker_id, 42);
     ck_assert_uint_eq(r.since, UINT64_MAX);
@@ -117,8 +126,8 @@ static void loop_start(struct loop *l, uint32_t wait_ms)
     ck_assert_int_eq(kvb_index_create(&mc, &l->m), 0);
     l->wake = eventfd(0, EFD_NONBLOCK);
     ck_assert_int_ge(l->wake, 0);
-    struct kvb_query_cfg qc = {.worker_id = W, .block_size = 4, .lora_salt = true,
-                               .wait_ms = wait_ms};
+    struct kvb_query_cfg qc = {
+        .worker_id = W, .block_size = 4, .lora_salt = true, .wait_ms = wait_ms};
     ck_assert_int_eq(kvb_query_create(&qc, &metrics, l->wake, &l->q), 0);
     ck_assert_int_eq(pthread_create(&l->th, NULL, loop_main, l), 0);
 }
@@ -150,8 +159,13 @@ static void store_chain(struct loop *l, const uint64_t *hashes, const uint64_t *
     struct kvb_block b[16];
     for (uint32_t i = 0; i < n; i++)
         b[i] = (struct kvb_block){hashes[i], th[i]};
-    struct kvb_rev r = {.type = KVB_REVT_STORED, .worker_id = W, .event_id = next_id++,
-                        .has_parent = has_parent, .parent = parent, .blocks = b, .n = n};
+    struct kvb_rev r = {.type = KVB_REVT_STORED,
+                        .worker_id = W,
+                        .event_id = next_id++,
+                        .has_parent = has_parent,
+                        .parent = parent,
+                        .blocks = b,
+                        .n = n};
     apply(l, &r);
 }
 
@@ -202,7 +216,7 @@ START_TEST(dump_events_match)
     uint64_t th[3], h[3] = {101, 102, 103};
     for (int i = 0; i < 3; i++)
         th[i] = kvb_tokens_hash(tok + 4 * i, 4, KVB_TOKENS_HASH_SEED);
-    store_chain(&l, h, th, 2, false, 0);         /* event 0: blocks 0, 1 */
+    store_chain(&l, h, th, 2, false, 0);          /* event 0: blocks 0, 1 */
     store_chain(&l, h + 2, th + 2, 1, true, 102); /* event 1: block 2 */
 
     a = ask(&l, "{\"op\":\"dump\",\"worker_id\":7,\"dp_rank\":0}");
@@ -211,12 +225,13 @@ START_TEST(dump_events_match)
     char *text = all_lines(a, &n);
     ck_assert_int_eq(n, 2); /* one chain, then the cursor */
     char want[1024];
-    snprintf(want, sizeof(want),
-             "{\"worker_id\":7,\"event\":{\"event_id\":1,\"data\":{\"stored\":{\"parent_hash\":null,"
-             "\"blocks\":[{\"block_hash\":101,\"tokens_hash\":%llu},{\"block_hash\":102,"
-             "\"tokens_hash\":%llu},{\"block_hash\":103,\"tokens_hash\":%llu}]}},\"dp_rank\":0}}\n"
-             "{\"last_event_id\":1}\n",
-             (unsigned long long)th[0], (unsigned long long)th[1], (unsigned long long)th[2]);
+    snprintf(
+        want, sizeof(want),
+        "{\"worker_id\":7,\"event\":{\"event_id\":1,\"data\":{\"stored\":{\"parent_hash\":null,"
+        "\"blocks\":[{\"block_hash\":101,\"tokens_hash\":%llu},{\"block_hash\":102,"
+        "\"tokens_hash\":%llu},{\"block_hash\":103,\"tokens_hash\":%llu}]}},\"dp_rank\":0}}\n"
+        "{\"last_event_id\":1}\n",
+        (unsigned long long)th[0], (unsigned long long)th[1], (unsigned long long)th[2]);
     ck_assert_str_eq(text, want);
     free(text);
     kvb_query_answer_free(&a);
@@ -224,7 +239,8 @@ START_TEST(dump_events_match)
     a = ask(&l, "{\"op\":\"events\",\"since\":0}");
     text = all_lines(a, &n);
     ck_assert_int_eq(n, 2);
-    ck_assert_ptr_nonnull(strstr(text, "\"event_id\":1,\"data\":{\"stored\":{\"parent_hash\":102,"));
+    ck_assert_ptr_nonnull(
+        strstr(text, "\"event_id\":1,\"data\":{\"stored\":{\"parent_hash\":102,"));
     ck_assert_ptr_nonnull(strstr(text, "\n{\"last_event_id\":1}\n"));
     free(text);
     kvb_query_answer_free(&a);
@@ -282,23 +298,22 @@ START_TEST(dump_events_match)
 }
 END_TEST
 
-
 /* Several engines, one kvbridge: a match for a worker hashes with that
  * worker's block_size and lora_salt (kvb_query_cfg.workers). */
 START_TEST(match_per_worker)
 {
     struct loop l;
     loop_start(&l, 5000);
-    struct kvb_query_cfg qc = {.worker_id = W, .block_size = 4, .lora_salt = true,
-                               .wait_ms = 5000, .n_workers = 1};
+    struct kvb_query_cfg qc = {
+        .worker_id = W, .block_size = 4, .lora_salt = true, .wait_ms = 5000, .n_workers = 1};
     qc.workers[0] = (struct kvb_query_worker){8, 8, false};
     kvb_query_set_config(l.q, &qc);
     uint32_t tok[8];
     for (uint32_t i = 0; i < 8; i++)
         tok[i] = i;
     struct kvb_block b = {201, kvb_tokens_hash(tok, 8, KVB_TOKENS_HASH_SEED)};
-    struct kvb_rev r = {.type = KVB_REVT_STORED, .worker_id = 8, .event_id = 0, .blocks = &b,
-                        .n = 1};
+    struct kvb_rev r = {
+        .type = KVB_REVT_STORED, .worker_id = 8, .event_id = 0, .blocks = &b, .n = 1};
     apply(&l, &r);
     const char *ask8 = "{\"op\":\"match\",\"worker_id\":8,\"token_ids\":[0,1,2,3,4,5,6,7],"
                        "\"lora_name\":\"adapter-a\"}"; /* worker 8: no LoRA salt */

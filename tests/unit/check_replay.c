@@ -55,8 +55,11 @@ static int t_barrier(void *ctx, struct kvb_stream *s, int cause)
 {
     (void)ctx;
     (void)s;
-    static const char c[] = {[KVB_BAR_START] = 's', [KVB_BAR_GAP] = 'g', [KVB_BAR_RESTART] = 'r',
-                             [KVB_BAR_MALFORMED] = 'm', [KVB_BAR_NATS_LOST] = 'n'};
+    static const char c[] = {[KVB_BAR_START] = 's',
+                             [KVB_BAR_GAP] = 'g',
+                             [KVB_BAR_RESTART] = 'r',
+                             [KVB_BAR_MALFORMED] = 'm',
+                             [KVB_BAR_NATS_LOST] = 'n'};
     char tok[4] = {'B', c[cause], ' ', 0};
     strcat(trace, tok);
     return 1;
@@ -87,8 +90,11 @@ static void setup_with(const char *endpoint, size_t max_held, uint64_t max_paylo
     memset(&m, 0, sizeof(m));
     trace[0] = 0;
     request_rc = 0;
-    struct kvb_replay_cfg c = {.name = "src", .endpoint = endpoint, .timeout_ms = 1000,
-                               .max_payload_bytes = max_payload, .max_held_msgs = max_held};
+    struct kvb_replay_cfg c = {.name = "src",
+                               .endpoint = endpoint,
+                               .timeout_ms = 1000,
+                               .max_payload_bytes = max_payload,
+                               .max_held_msgs = max_held};
     ck_assert_int_eq(kvb_replay_create(&c, &m, &ops, &r), 0);
     kvb_stream_init(&st, "st", 0);
     kvb_stream_init(&other, "other", 1);
@@ -102,7 +108,10 @@ static int live(struct kvb_stream *s, uint64_t seq, uint64_t now)
 {
     return kvb_replay_live(r, s, seq, pl, sizeof(pl), now);
 }
-static int reply(uint64_t seq, uint64_t now) { return kvb_replay_reply(r, seq, pl, sizeof(pl), now); }
+static int reply(uint64_t seq, uint64_t now)
+{
+    return kvb_replay_reply(r, seq, pl, sizeof(pl), now);
+}
 static int end(uint64_t now) { return kvb_replay_reply(r, KVB_REPLAY_END, NULL, 0, now); }
 
 #define TRACE(want) ck_assert_str_eq(trace, want)
@@ -438,8 +447,8 @@ END_TEST
 START_TEST(second_loss_in_one_gap_second_barrier)
 {
     live(&st, 0, 0);
-    live(&st, 4, 0); /* 1..3 missing */
-    reply(2, 10);    /* 1 no longer held: barrier, then 2 */
+    live(&st, 4, 0);         /* 1..3 missing */
+    reply(2, 10);            /* 1 no longer held: barrier, then 2 */
     kvb_replay_tick(r, 300); /* cut: ask again from 3 */
     TRACE("A0 R1 Bg A2 C R3 ");
     kvb_replay_tick(r, 1300); /* 3 never comes */

@@ -84,8 +84,8 @@ static void engine_start(struct engine *e)
     e->page = (char *)read_all("tests/data/metrics/vllm.txt", &e->page_len);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    e->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL,
-                              answer, e, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+    e->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, answer,
+                              e, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                               MHD_OPTION_NOTIFY_CONNECTION, on_conn, e, MHD_OPTION_END);
     ck_assert_ptr_nonnull(e->mhd);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(e->mhd, MHD_DAEMON_INFO_BIND_PORT);
@@ -180,9 +180,11 @@ START_TEST(test_scrapes_vllm)
 {
     struct engine e;
     engine_start(&e);
-    struct kvb_scrape_target t = {.name = "vllm0", .kind = KVB_ENGINE_VLLM,
+    struct kvb_scrape_target t = {.name = "vllm0",
+                                  .kind = KVB_ENGINE_VLLM,
                                   .metrics_url = url(e.port, "/metrics"),
-                                  .health_url = url(e.port, "/health"), .interval_ms = 300};
+                                  .health_url = url(e.port, "/health"),
+                                  .interval_ms = 300};
     struct kvb_scrape *s = NULL;
     ck_assert_int_eq(kvb_scrape_create(&t, 1, &s), 0);
     ck_assert_uint_eq(kvb_scrape_count(s), 1);
@@ -227,8 +229,10 @@ START_TEST(test_status_500)
 {
     struct engine e;
     engine_start(&e);
-    struct kvb_scrape_target t = {.name = "e", .kind = KVB_ENGINE_VLLM,
-                                  .metrics_url = url(e.port, "/500"), .interval_ms = 50};
+    struct kvb_scrape_target t = {.name = "e",
+                                  .kind = KVB_ENGINE_VLLM,
+                                  .metrics_url = url(e.port, "/500"),
+                                  .interval_ms = 50};
     struct kvb_scrape *s = NULL;
     ck_assert_int_eq(kvb_scrape_create(&t, 1, &s), 0);
     struct kvb_scrape_result *r = res_new();
@@ -250,9 +254,11 @@ START_TEST(test_health_answers)
 {
     struct engine e;
     engine_start(&e);
-    struct kvb_scrape_target t = {.name = "e", .kind = KVB_ENGINE_VLLM,
+    struct kvb_scrape_target t = {.name = "e",
+                                  .kind = KVB_ENGINE_VLLM,
                                   .metrics_url = url(e.port, "/500"),
-                                  .health_url = url(e.port, "/health"), .interval_ms = 50};
+                                  .health_url = url(e.port, "/health"),
+                                  .interval_ms = 50};
     struct kvb_scrape *s = NULL;
     ck_assert_int_eq(kvb_scrape_create(&t, 1, &s), 0);
     struct kvb_scrape_result *r = res_new();
@@ -269,8 +275,10 @@ END_TEST
 START_TEST(test_timeout)
 {
     int port, fd = black_hole(&port);
-    struct kvb_scrape_target t = {.name = "e", .kind = KVB_ENGINE_SGLANG,
-                                  .metrics_url = url(port, "/metrics"), .interval_ms = 200,
+    struct kvb_scrape_target t = {.name = "e",
+                                  .kind = KVB_ENGINE_SGLANG,
+                                  .metrics_url = url(port, "/metrics"),
+                                  .interval_ms = 200,
                                   .timeout_ms = 100};
     struct kvb_scrape *s = NULL;
     uint64_t t0 = kvb_mono_ms();
@@ -292,8 +300,10 @@ START_TEST(test_too_big)
 {
     struct engine e;
     engine_start(&e);
-    struct kvb_scrape_target t = {.name = "e", .kind = KVB_ENGINE_VLLM,
-                                  .metrics_url = url(e.port, "/metrics"), .interval_ms = 50,
+    struct kvb_scrape_target t = {.name = "e",
+                                  .kind = KVB_ENGINE_VLLM,
+                                  .metrics_url = url(e.port, "/metrics"),
+                                  .interval_ms = 50,
                                   .max_bytes = 1000};
     struct kvb_scrape *s = NULL;
     ck_assert_int_eq(kvb_scrape_create(&t, 1, &s), 0);
@@ -314,9 +324,14 @@ START_TEST(test_stops_answering)
     struct engine e;
     engine_start(&e);
     struct kvb_scrape_target t[2] = {
-        {.name = "a", .kind = KVB_ENGINE_VLLM, .metrics_url = url(e.port, "/metrics"),
+        {.name = "a",
+         .kind = KVB_ENGINE_VLLM,
+         .metrics_url = url(e.port, "/metrics"),
          .interval_ms = 50},
-        {.name = "closed", .kind = KVB_ENGINE_VLLM, .metrics_url = NULL, .health_url = NULL,
+        {.name = "closed",
+         .kind = KVB_ENGINE_VLLM,
+         .metrics_url = NULL,
+         .health_url = NULL,
          .interval_ms = 50},
     };
     struct kvb_scrape *s = NULL;
@@ -326,8 +341,8 @@ START_TEST(test_stops_answering)
     uint64_t load_ms = r->load_ms, ok_ms = r->last_ok_ms;
     engine_stop(&e);
     wait_for(s, 0, failed2, r, 5000, "failed rounds after the stop");
-    ck_assert_msg(r->last_error == -ECONNREFUSED || r->last_error == -ECONNRESET,
-                  "last_error %d", r->last_error);
+    ck_assert_msg(r->last_error == -ECONNREFUSED || r->last_error == -ECONNRESET, "last_error %d",
+                  r->last_error);
     ck_assert(r->has_load);
     ck_assert_uint_ge(r->load_ms, load_ms);
     ck_assert_uint_ge(r->last_ok_ms, ok_ms);
@@ -346,8 +361,10 @@ START_TEST(test_closed_port)
 {
     int port, fd = black_hole(&port);
     close(fd); /* nothing listens there now */
-    struct kvb_scrape_target t = {.name = "e", .kind = KVB_ENGINE_VLLM,
-                                  .health_url = url(port, "/health"), .interval_ms = 50};
+    struct kvb_scrape_target t = {.name = "e",
+                                  .kind = KVB_ENGINE_VLLM,
+                                  .health_url = url(port, "/health"),
+                                  .interval_ms = 50};
     struct kvb_scrape *s = NULL;
     ck_assert_int_eq(kvb_scrape_create(&t, 1, &s), 0);
     struct kvb_scrape_result *r = res_new();
@@ -362,8 +379,10 @@ END_TEST
 START_TEST(test_invalid)
 {
     struct kvb_scrape *s = NULL;
-    struct kvb_scrape_target t = {.name = "e", .kind = KVB_ENGINE_VLLM,
-                                  .metrics_url = "http://127.0.0.1:1/metrics", .interval_ms = 5};
+    struct kvb_scrape_target t = {.name = "e",
+                                  .kind = KVB_ENGINE_VLLM,
+                                  .metrics_url = "http://127.0.0.1:1/metrics",
+                                  .interval_ms = 5};
     ck_assert_int_eq(kvb_scrape_create(&t, 1, &s), -EINVAL);
     t.interval_ms = 500;
     t.timeout_ms = 501;

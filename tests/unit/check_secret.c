@@ -83,8 +83,7 @@ START_TEST(test_nkey_bad)
     ck_assert_str_eq(kvb_secret_nkey_public(s, pub), "a seed has 58 characters");
     /* outside the alphabet */
     snprintf(s, sizeof s, "%.50s1%s", good, good + 51);
-    ck_assert_str_eq(kvb_secret_nkey_public(s, pub),
-                     "a seed has only the characters A-Z and 2-7");
+    ck_assert_str_eq(kvb_secret_nkey_public(s, pub), "a seed has only the characters A-Z and 2-7");
     /* one character changed: the checksum catches it */
     snprintf(s, sizeof s, "%s", good);
     s[20] = s[20] == 'A' ? 'B' : 'A';
@@ -102,8 +101,13 @@ END_TEST
 
 /* RFC 4648 section 10, without the padding. */
 static const char *const b32[][2] = {
-    {"", ""},          {"f", "MY"},          {"fo", "MZXQ"},         {"foo", "MZXW6"},
-    {"foob", "MZXW6YQ"}, {"fooba", "MZXW6YTB"}, {"foobar", "MZXW6YTBOI"},
+    {"", ""},
+    {"f", "MY"},
+    {"fo", "MZXQ"},
+    {"foo", "MZXW6"},
+    {"foob", "MZXW6YQ"},
+    {"fooba", "MZXW6YTB"},
+    {"foobar", "MZXW6YTBOI"},
 };
 
 START_TEST(test_base32)
@@ -252,8 +256,7 @@ START_TEST(test_open_and_read)
     free(out);
 
     /* one line: a trailing line end (or several) is fine, a second line is not */
-    ck_assert_int_eq(read_path(tmp_file("pw", "pw\r\n\n", 5), KVB_SECRET_ONE_LINE, &out, &why),
-                     0);
+    ck_assert_int_eq(read_path(tmp_file("pw", "pw\r\n\n", 5), KVB_SECRET_ONE_LINE, &out, &why), 0);
     ck_assert_str_eq(out, "pw");
     free(out);
     ck_assert_int_eq(read_path(tmp_file("pw", "a\nb\n", 4), KVB_SECRET_ONE_LINE, &out, &why),

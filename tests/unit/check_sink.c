@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -17,11 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <ftw.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,16 +62,16 @@ struct tsub {
 };
 
 static struct {
-    pid_t pid;               /* nats-server, -1 when none */
-    char conf[64];           /* its config file, "" when none */
-    int saved_stderr;        /* capture_start(): the real fd 2, -1 when none */
-    char capture[64];        /* where fd 2 goes meanwhile */
+    pid_t pid;        /* nats-server, -1 when none */
+    char conf[64];    /* its config file, "" when none */
+    int saved_stderr; /* capture_start(): the real fd 2, -1 when none */
+    char capture[64]; /* where fd 2 goes meanwhile */
     struct kvb_config *cfg;
     struct kvb_metrics m;
     struct kvb_sink *sink;
     struct tsub t;
-    int fds[2];              /* wake pipe */
-    char jsdir[64];          /* JetStream store of the server, "" when none */
+    int fds[2];     /* wake pipe */
+    char jsdir[64]; /* JetStream store of the server, "" when none */
 } fx = {.pid = -1, .fds = {-1, -1}};
 
 static int free_port(void)
@@ -136,8 +136,8 @@ static void server_start_conf(int port, const char *conf)
             dup2(dn, 2);
         }
         if (conf)
-            execlp("nats-server", "nats-server", "-a", "127.0.0.1", "-p", ports, "-c",
-                   fx.conf, (char *)NULL);
+            execlp("nats-server", "nats-server", "-a", "127.0.0.1", "-p", ports, "-c", fx.conf,
+                   (char *)NULL);
         else
             execlp("nats-server", "nats-server", "-a", "127.0.0.1", "-p", ports, (char *)NULL);
         _exit(127);
@@ -194,8 +194,6 @@ static void server_stop(void)
         sleep_ms(1);
     }
 }
-
-
 
 static void server_kill(void)
 {
@@ -409,10 +407,7 @@ static void publish_n(struct kvb_sink *s, const char *prefix, int n)
     }
 }
 
-static int wake_pipe(int fds[2])
-{
-    return pipe2(fds, O_NONBLOCK | O_CLOEXEC);
-}
+static int wake_pipe(int fds[2]) { return pipe2(fds, O_NONBLOCK | O_CLOEXEC); }
 
 /* Bytes written to the wake pipe, waiting up to ms for the first. */
 static int wait_wake(int fd, int ms)
@@ -812,7 +807,8 @@ START_TEST(test_rejected_retry_forever)
         sleep_ms(20);
     }
     ck_assert_msg(count_str(log, "NATS server rejected the connection: Authorization "
-                                 "Violation") >= 4, "log: %s", log);
+                                 "Violation") >= 4,
+                  "log: %s", log);
     ck_assert(!strstr(log, "pw-new"));
     free(log);
     ck_assert(!kvb_sink_connected(s));
@@ -862,9 +858,11 @@ START_TEST(test_rejected_later)
         sleep_ms(20);
     }
     ck_assert_msg(strstr(log, "NATS connection closed by the client library "
-                              "(Authorization Violation)"), "log: %s", log);
+                              "(Authorization Violation)"),
+                  "log: %s", log);
     ck_assert_msg(count_str(log, "rejected the connection: Authorization Violation "
-                                 "(attempt") >= 2, "log: %s", log);
+                                 "(attempt") >= 2,
+                  "log: %s", log);
     free(log);
     ck_assert(!kvb_sink_connected(s));
     ck_assert_int_eq(kvb_sink_publish(s, SUBJ, "x", 1), -EAGAIN);
@@ -958,8 +956,8 @@ START_TEST(test_tls_bad_ca)
     char *log = captured();
     capture_stop();
     unlink(path);
-    ck_assert_msg(strstr(log, "NATS TLS options: Error loading trusted certificates"),
-                  "log: %s", log);
+    ck_assert_msg(strstr(log, "NATS TLS options: Error loading trusted certificates"), "log: %s",
+                  log);
     free(log);
 }
 END_TEST
@@ -1061,8 +1059,7 @@ static void js_make_stream(int port, const char *name, const char *subject)
 }
 
 /* Publish N messages "PREFIX-i" with Nats-Msg-Id "7.0.EPOCH.(FIRST + i)". */
-static int js_publish_n(struct kvb_sink *s, const char *prefix, uint64_t epoch, int first,
-                        int n)
+static int js_publish_n(struct kvb_sink *s, const char *prefix, uint64_t epoch, int first, int n)
 {
     for (int i = 0; i < n; i++) {
         char buf[64], id[64];
@@ -1155,7 +1152,8 @@ START_TEST(test_js_refused)
     ck_assert_ptr_null(fx.sink);
     char *log = captured();
     ck_assert_msg(strstr(log, "stream kvtest exists but does not take the subject kvtest.queue "
-                              "(its subjects: other.subject)"), "%s", log);
+                              "(its subjects: other.subject)"),
+                  "%s", log);
     free(log);
 
     /* a wildcard stream that covers it is fine */
@@ -1251,9 +1249,9 @@ START_TEST(test_js_window_resend)
                   kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_TIMEOUT]),
                   kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_NO_RESPONDERS]),
                   kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_UNAVAILABLE]),
-                  kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_REFUSED]),
-                  kvb_sink_losses(s), kvb_get(&fx.m.nats_disconnects_total[0]),
-                  kvb_sink_connected(s), kvb_get(&fx.m.jetstream_pending[0]));
+                  kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_REFUSED]), kvb_sink_losses(s),
+                  kvb_get(&fx.m.nats_disconnects_total[0]), kvb_sink_connected(s),
+                  kvb_get(&fx.m.jetstream_pending[0]));
     sleep_ms(800); /* past the ack timeout: sent again, still unanswered */
     ck_assert_uint_ge(kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_TIMEOUT]),
                       (uint64_t)accepted);

@@ -67,8 +67,14 @@ static void net_open(struct net *n)
     size_t sz = sizeof(n->ep);
     zmq_getsockopt(n->xpub, ZMQ_LAST_ENDPOINT, n->ep, &sz);
     struct kvb_source_params sp = {
-        .endpoint = n->ep, .replay_endpoint = "", .topic = "", .mode = KVB_MODE_CONNECT,
-        .dp_rank = 0, .rcvhwm = 1000, .replay_timeout_ms = 3000, .max_payload_bytes = 1 << 20,
+        .endpoint = n->ep,
+        .replay_endpoint = "",
+        .topic = "",
+        .mode = KVB_MODE_CONNECT,
+        .dp_rank = 0,
+        .rcvhwm = 1000,
+        .replay_timeout_ms = 3000,
+        .max_payload_bytes = 1 << 20,
     };
     ck_assert_int_eq(kvb_source_create(n->zctx, &sp, &m, &n->src), 0);
     /* the subscription reached the engine */
@@ -77,8 +83,7 @@ static void net_open(struct net *n)
         ck_assert_msg(kvb_mono_ms() < end, "the SUB did not subscribe");
         zmq_pollitem_t it = {n->xpub, 0, ZMQ_POLLIN, 0};
         uint8_t msg[64];
-        if (zmq_poll(&it, 1, 50) > 0 && zmq_recv(n->xpub, msg, sizeof(msg), 0) >= 1 &&
-            msg[0] == 1)
+        if (zmq_poll(&it, 1, 50) > 0 && zmq_recv(n->xpub, msg, sizeof(msg), 0) >= 1 && msg[0] == 1)
             break;
     }
 }
@@ -121,11 +126,11 @@ static void turn(struct net *n, int ms)
 }
 
 /* Until COND or 5 s. */
-#define TURN_UNTIL(n, cond)                                                    \
-    do {                                                                       \
-        uint64_t end_ = kvb_mono_ms() + 5000;                                  \
-        while (!(cond) && kvb_mono_ms() < end_)                                \
-            turn(n, 20);                                                       \
+#define TURN_UNTIL(n, cond)                     \
+    do {                                        \
+        uint64_t end_ = kvb_mono_ms() + 5000;   \
+        while (!(cond) && kvb_mono_ms() < end_) \
+            turn(n, 20);                        \
     } while (0)
 
 /* Wait (without reading anything) until SOCK has a message. */
@@ -193,8 +198,7 @@ START_TEST(drop_then_new)
         turn(&n, 0);
         zmq_pollitem_t it = {n.xpub, 0, ZMQ_POLLIN, 0};
         uint8_t msg[64];
-        if (zmq_poll(&it, 1, 20) > 0 && zmq_recv(n.xpub, msg, sizeof(msg), 0) >= 1 &&
-            msg[0] == 1)
+        if (zmq_poll(&it, 1, 20) > 0 && zmq_recv(n.xpub, msg, sizeof(msg), 0) >= 1 && msg[0] == 1)
             break;
     }
     publish(&n, 1);

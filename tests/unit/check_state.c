@@ -94,15 +94,15 @@ START_TEST(missing_and_corrupt)
     static const char *bad[] = {
         "",
         "kvbridge-state 2\nend\n",
-        "kvbridge-state 1\n",                                     /* no end: cut short */
-        "kvbridge-state 1\ncounter 1 2 3\nend\n",                 /* missing field */
-        "kvbridge-state 1\ncounter 1 2 3 4 5\nend\n",             /* extra field */
-        "kvbridge-state 1\nstream tcp://a - x 0\nend\n",          /* bad seq */
-        "kvbridge-state 1\nstream tcp://a 6 1 0\nend\n",          /* odd hex */
-        "kvbridge-state 1\nstream tcp://a 00 1 0\nend\n",         /* NUL in topic */
-        "kvbridge-state 1\nstream tcp://a - 1 1,,2\nend\n",       /* bad ranks */
+        "kvbridge-state 1\n",                               /* no end: cut short */
+        "kvbridge-state 1\ncounter 1 2 3\nend\n",           /* missing field */
+        "kvbridge-state 1\ncounter 1 2 3 4 5\nend\n",       /* extra field */
+        "kvbridge-state 1\nstream tcp://a - x 0\nend\n",    /* bad seq */
+        "kvbridge-state 1\nstream tcp://a 6 1 0\nend\n",    /* odd hex */
+        "kvbridge-state 1\nstream tcp://a 00 1 0\nend\n",   /* NUL in topic */
+        "kvbridge-state 1\nstream tcp://a - 1 1,,2\nend\n", /* bad ranks */
         "kvbridge-state 1\nbogus\nend\n",
-        "kvbridge-state 1\nend\ncounter 1 2 3 4\n",               /* data after end */
+        "kvbridge-state 1\nend\ncounter 1 2 3 4\n", /* data after end */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         write_file(bad[i]);

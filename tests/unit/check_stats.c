@@ -37,7 +37,8 @@ START_TEST(test_idle_is_one_line)
     char *t = format(a, b, 10000, &n);
     ck_assert_int_eq(n, 1);
     ck_assert_msg(strstr(t, "idle for 10 s: no batches, nothing published; nats pending 42 B, "
-                            "3 load messages, 0 engine(s) gone\n"), "%s", t);
+                            "3 load messages, 0 engine(s) gone\n"),
+                  "%s", t);
     free(t);
     free(a);
     free(b);
@@ -88,15 +89,18 @@ START_TEST(test_counts)
     ck_assert_int_eq(n, 4);
     ck_assert_msg(!strstr(t, "barrier"), "log greps look for 'barrier': %s", t);
     ck_assert_msg(strstr(t, "tcp://e:1: 2.5 batches/s, 10.0 events/s, 0 gaps; engine dp_rank 0: "
-                            "kv 3400/10000 blocks, 7 running, 2 waiting\n"), "%s", t);
+                            "kv 3400/10000 blocks, 7 running, 2 waiting\n"),
+                  "%s", t);
     ck_assert_msg(strstr(t, "tcp://e:2: 1.0 batches/s, 1.0 events/s, 1 gaps; engine dp_rank 1: "
-                            "gone\n"), "%s", t);
+                            "gone\n"),
+                  "%s", t);
     ck_assert_msg(strstr(t, "tcp://e:3: no batches yet; engine dp_rank 2: not answering\n"), "%s",
                   t);
     ck_assert_msg(strstr(t, "all: 10 s, 3.5 batches/s, 11.0 events/s, published 102 (stored 100, "
                             "cleared 2), cleared by cause 2 (engine_gone 2), gaps 1, replays 1 "
                             "(filled 1, failed 0), dropped 7 (tier_filtered 7), malformed 0, nats "
-                            "pending 0 B, load messages 0, p99 batch <= 0.001 ms\n"), "%s", t);
+                            "pending 0 B, load messages 0, p99 batch <= 0.001 ms\n"),
+                  "%s", t);
     free(t);
     free(a);
     free(b);

@@ -26,13 +26,13 @@ END_TEST
 START_TEST(test_subject_all_placeholders)
 {
     char out[128];
-    int n = kvb_subject_expand("kv.{namespace}.{component}.{worker_id}.{dp_rank}.x", "ns",
-                               "comp", 7587890738027725506ull, 3, out, sizeof(out));
+    int n = kvb_subject_expand("kv.{namespace}.{component}.{worker_id}.{dp_rank}.x", "ns", "comp",
+                               7587890738027725506ull, 3, out, sizeof(out));
     ck_assert_str_eq(out, "kv.ns.comp.7587890738027725506.3.x");
     ck_assert_int_eq(n, (int)strlen(out));
 
-    n = kvb_subject_expand("{worker_id}{dp_rank}{worker_id}", "a", "b", UINT64_MAX,
-                           UINT32_MAX, out, sizeof(out));
+    n = kvb_subject_expand("{worker_id}{dp_rank}{worker_id}", "a", "b", UINT64_MAX, UINT32_MAX, out,
+                           sizeof(out));
     ck_assert_str_eq(out, "18446744073709551615429496729518446744073709551615");
     ck_assert_int_eq(n, (int)strlen(out));
 
@@ -56,10 +56,8 @@ START_TEST(test_subject_errors)
 
     ck_assert_int_eq(kvb_subject_expand("a.{nope}.b", "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
     ck_assert_int_eq(kvb_subject_expand("a.{}.b", "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
-    ck_assert_int_eq(kvb_subject_expand("a.{namespace", "n", "c", 1, 0, out, sizeof(out)),
-                     -EINVAL);
-    ck_assert_int_eq(kvb_subject_expand("{Namespace}", "n", "c", 1, 0, out, sizeof(out)),
-                     -EINVAL);
+    ck_assert_int_eq(kvb_subject_expand("a.{namespace", "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
+    ck_assert_int_eq(kvb_subject_expand("{Namespace}", "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
     ck_assert_int_eq(kvb_subject_expand(NULL, "n", "c", 1, 0, out, sizeof(out)), -EINVAL);
     ck_assert_int_eq(kvb_subject_expand("x", NULL, "c", 1, 0, out, sizeof(out)), -EINVAL);
     /* out is written only on success */
@@ -121,8 +119,9 @@ START_TEST(test_subject_pct_expand)
     /* numbers are never encoded; the template's own text neither */
     v.ns = "a b/c";
     v.endpoint = "gén";
-    ck_assert_int_gt(kvb_subject_expand_vals("t.{namespace}.{endpoint}.{worker_id}.{dp_rank}",
-                                             &v, KVB_SUBJECT_PCT, out, sizeof(out)), 0);
+    ck_assert_int_gt(kvb_subject_expand_vals("t.{namespace}.{endpoint}.{worker_id}.{dp_rank}", &v,
+                                             KVB_SUBJECT_PCT, out, sizeof(out)),
+                     0);
     ck_assert_str_eq(out, "t.a%20b%2Fc.g%C3%A9n.18446744073709551615.3");
     /* the encoded length counts against cap; out untouched on failure */
     v.ns = "..";
@@ -169,17 +168,15 @@ START_TEST(test_check)
     ck_assert_int_eq(kvb_subject_check(DEFAULT_SUBJECT, KVB_PH_ALL, &off, &len), 0);
     ck_assert_int_eq(kvb_subject_check("plain.}", 0, NULL, NULL), 0);
     ck_assert_int_eq(kvb_subject_check("", 0, NULL, NULL), 0);
-    ck_assert_int_eq(kvb_subject_check(
-                         "{namespace}{component}{worker_id}{dp_rank}{endpoint}", KVB_PH_ALL,
-                         NULL, NULL),
+    ck_assert_int_eq(kvb_subject_check("{namespace}{component}{worker_id}{dp_rank}{endpoint}",
+                                       KVB_PH_ALL, NULL, NULL),
                      0);
     /* a known placeholder that is not allowed */
     unsigned js = KVB_PH_NAMESPACE | KVB_PH_COMPONENT | KVB_PH_WORKER_ID;
     ck_assert_int_eq(kvb_subject_check("s-{namespace}.{dp_rank}", js, &off, &len), -EINVAL);
     ck_assert_uint_eq(off, 14);
     ck_assert_uint_eq(len, 9);
-    ck_assert_int_eq(kvb_subject_check("a.{endpoint}", js | KVB_PH_DP_RANK, &off, &len),
-                     -EINVAL);
+    ck_assert_int_eq(kvb_subject_check("a.{endpoint}", js | KVB_PH_DP_RANK, &off, &len), -EINVAL);
     ck_assert_uint_eq(off, 2);
     ck_assert_uint_eq(len, 10);
     /* unknown, empty, unclosed, nested, wrong case */

@@ -76,8 +76,7 @@ struct sink_lines {
     uint64_t last_id[16];
 };
 
-static inline int collect_line(void *ctx, const struct kvb_rev *rev, const char *data,
-                               size_t len)
+static inline int collect_line(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
 {
     (void)rev;
     struct sink_lines *s = ctx;
@@ -97,7 +96,9 @@ static inline int collect_line(void *ctx, const struct kvb_rev *rev, const char 
 static inline struct kvb_pipeline_cfg test_pcfg(uint64_t worker, uint32_t bs)
 {
     struct kvb_pipeline_cfg c = {
-        .convert = {.worker_id = worker, .block_size = bs, .lora_salt = true,
+        .convert = {.worker_id = worker,
+                    .block_size = bs,
+                    .lora_salt = true,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
         .format = KVB_FORMAT_DYNAMO_JSON,
