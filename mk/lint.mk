@@ -6,10 +6,12 @@
 #                     tools/ (LINT_CPPCHECK_FLAGS; suppressions: inline
 #                     `// cppcheck-suppress ID` with a reason, or
 #                     mk/cppcheck.supp); any finding fails
-#   make lint-sh, make lint-c   one of the two
-#   make deps-lint    apt-get install shellcheck and cppcheck when missing
-#
-# The C style for editors and new code is .clang-format (not enforced here).
+#                     and clang-format (.clang-format) on every C file
+#                     git tracks: a file it would change fails
+#   make lint-sh, make lint-c, make lint-format   one of the three
+#   make format       rewrite the C files in the style (clang-format -i)
+#   make deps-lint    apt-get install shellcheck, cppcheck and clang-format
+#                     when missing
 
 LINT_SH   := .ci/run $(sort $(wildcard tests/integration/*.sh tests/bench/*.sh tests/fuzz/*.sh tools/*.sh))
 LINT_C    := src tools
@@ -17,9 +19,11 @@ LINT_CPPCHECK_FLAGS := -q --std=c11 --enable=warning,performance,portability \
                        --error-exitcode=1 --inline-suppr --suppress=missingIncludeSystem \
                        --suppressions-list=mk/cppcheck.supp -D_GNU_SOURCE -Iinclude
 
-.PHONY: lint lint-sh lint-c deps-lint
+LINT_FMT  = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
 
-lint: lint-sh lint-c
+.PHONY: lint lint-sh lint-c lint-format format deps-lint
+
+lint: lint-sh lint-c lint-format
 
 lint-sh:
 	@echo "== shellcheck ($(words $(LINT_SH)) scripts)"
@@ -29,5 +33,12 @@ lint-c:
 	@echo "== cppcheck $(LINT_C)"
 	@cppcheck $(LINT_CPPCHECK_FLAGS) $(LINT_C)
 
+lint-format:
+	@echo "== clang-format ($(words $(LINT_FMT)) files)"
+	@clang-format --dry-run --Werror $(LINT_FMT)
+
+format:
+	@clang-format -i $(LINT_FMT)
+
 deps-lint:
-	$(call apt_install,shellcheck cppcheck)
+	$(call apt_install,shellcheck cppcheck clang-format)
