@@ -32,16 +32,16 @@ UNIT_SRC := $(wildcard tests/unit/check_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(B)/tests/%)
 ITEST    := $(sort $(wildcard tests/integration/test_*.sh))
 
-DEB_PKGS := gcc make pkg-config libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
+DEB_PKGS := gcc make pkg-config git libzmq3-dev libmsgpack-dev libnats-dev libyaml-dev \
             check libxxhash-dev libmicrohttpd-dev libsystemd-dev libssl-dev nats-server valgrind \
             systemd strace openssl curl libcurl4-openssl-dev \
-            libjson-c-dev etcd-server
+            libjson-c-dev etcd-server etcd-client man-db groff-base
 
 # keep objects of pattern-built binaries
 .SECONDARY:
 
 .PHONY: all check unit integration integration-msgpack tools-selftest check-valgrind deps clean demo \
-        soak soak-ci
+        soak soak-ci check-deps
 all: $(PROGS) $(UNIT_BIN)
 
 $(B)/obj/%.o: %.c
@@ -145,6 +145,15 @@ endef
 
 deps:
 	$(call apt_install,$(DEB_PKGS))
+
+# Every program a script of tests/, tools/ or .ci/ runs comes from a package
+# that a deps target installs (or that every Debian system has): a program
+# installed by hand would pass here and fail on a fresh machine.  .ci/run
+# runs it after the deps targets (mk/check-deps.sh).
+ALL_PKGS = $(DEB_PKGS) $(DEB_BUILD_PKGS) $(LINT_PKGS) $(CLANG_PKGS)
+check-deps:
+	@echo "== check-deps"
+	@PKGS="$(ALL_PKGS)" bash mk/check-deps.sh .ci/run $(sort $(wildcard tests/*/*.sh tools/*.sh))
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -13,7 +13,7 @@
 #   make deps-lint    apt-get install shellcheck, cppcheck and clang-format
 #                     when missing
 
-LINT_SH   := .ci/run $(sort $(wildcard tests/integration/*.sh tests/bench/*.sh tests/fuzz/*.sh tools/*.sh))
+LINT_SH   := .ci/run mk/check-deps.sh $(sort $(wildcard tests/integration/*.sh tests/bench/*.sh tests/fuzz/*.sh tools/*.sh))
 LINT_C    := src tools
 LINT_CPPCHECK_FLAGS := -q --std=c11 --enable=warning,performance,portability \
                        --error-exitcode=1 --inline-suppr --suppress=missingIncludeSystem \
@@ -40,5 +40,6 @@ lint-format:
 format:
 	@clang-format -i $(LINT_FMT)
 
+LINT_PKGS := shellcheck cppcheck clang-format
 deps-lint:
-	$(call apt_install,shellcheck cppcheck clang-format)
+	$(call apt_install,$(LINT_PKGS))

@@ -87,19 +87,11 @@ VG_FLAGS    := -q --error-exitcode=99 --leak-check=full \
 .PHONY: check-asan check-valgrind-integration deps-clang
 
 # clang and its compiler-rt (ASan, UBSan, libFuzzer): apt-get, only when
-# missing (like `make deps`)
+# missing (like `make deps`; libclang-rt-dev is Debian's name for the
+# default clang's runtime)
+CLANG_PKGS := clang libclang-rt-dev
 deps-clang:
-	@SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	if ! command -v clang >/dev/null; then \
-	  echo "installing: clang"; \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q clang; \
-	fi; \
-	v=$$(clang -dumpversion | cut -d. -f1); \
-	if ! ls "$$(clang -print-resource-dir)"/lib/linux/libclang_rt.fuzzer-$$(uname -m).a >/dev/null 2>&1; then \
-	  echo "installing: libclang-rt-$$v-dev"; \
-	  $$SUDO apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q libclang-rt-$$v-dev; \
-	fi
+	$(call apt_install,$(CLANG_PKGS))
 
 check-asan:
 	@echo "== check-asan: build ($(ASAN_B), clang $(ASAN_SAN))"

@@ -12,7 +12,9 @@
 #      not be kept alive, then a new lease and the records again
 #   4. SIGTERM: the lease is revoked, the records are gone at once
 source "$(dirname "$0")/lib.sh"
-command -v etcd >/dev/null || { echo "etcd not installed (etcd-server): skipped"; exit 0; }
+for prog in etcd etcdctl; do
+  command -v $prog >/dev/null || { bad "$prog is not installed (make deps: etcd-server, etcd-client)"; finish; exit 1; }
+done
 export ETCDCTL_API=3
 TTL=2
 

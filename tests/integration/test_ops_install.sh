@@ -64,7 +64,7 @@ if command -v groff >/dev/null; then
   expect_eq "groff -man -ww -z: no warnings" "$(wc -l <"$T/groff.log")" 0
   [ -s "$T/groff.log" ] && sed 's/^/     | /' "$T/groff.log" | head -5
 else
-  echo "skip groff check: groff not installed"
+  bad "groff is not installed (make deps: groff-base)"
 fi
 if command -v man >/dev/null; then
   MANWIDTH=80 man --warnings -l "$D/usr/share/man/man8/kvbridge.8" >"$T/man.out" 2>"$T/man.err" || echo "man failed" >>"$T/man.err"
@@ -73,7 +73,7 @@ if command -v man >/dev/null; then
   expect_eq "man finds kvbridge(8) under PREFIX/share/man" \
     "$(MANPATH=$D/usr/share/man man -w 8 kvbridge 2>/dev/null)" "$D/usr/share/man/man8/kvbridge.8"
 else
-  echo "skip man check: man not installed"
+  bad "man is not installed (make deps: man-db)"
 fi
 
 # a real kvbridge.yaml is never overwritten (nor removed)

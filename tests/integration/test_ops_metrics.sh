@@ -214,9 +214,9 @@ done
 expect_eq "publish_delay_seconds_sum is a number of seconds" \
   "$(m kvbridge_publish_delay_seconds_sum | grep -cE '^[0-9]+\.[0-9]{9}$')" 1
 
-# every metric the Grafana board queries exists in the exposition
+# every metric the Grafana board queries exists in the exposition (that it
+# is JSON, and names only metrics of the list: tests/unit/check_docs.c)
 G=$ROOT/conf/grafana-kvbridge.json
-if python3 -m json.tool "$G" >/dev/null 2>"$T/json.err"; then ok "grafana-kvbridge.json is valid JSON"; else bad_log "grafana-kvbridge.json is not valid JSON" "$T/json.err"; fi
 names=$(grep -o 'kvbridge_[a-z0-9_]*' "$G" | sort -u)
 # series names, and family names (# TYPE lines: a histogram's own name)
 awk '/^kvbridge_/ { sub(/[{ ].*/, "", $1); print $1 } /^# TYPE kvbridge_/ { print $3 }' "$T/run.prom" | sort -u >"$T/exposed"

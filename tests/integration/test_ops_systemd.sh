@@ -238,7 +238,7 @@ expect_eq "kvbridge@.service: ExecStartPre checks the same file" \
   "$(sed -n 's/^ExecStartPre=[^ ]* -c \([^ ]*\) --check$/\1/p' "$ROOT/systemd/kvbridge@.service")" /etc/kvbridge/%i.yaml
 
 if ! command -v systemd-analyze >/dev/null; then
-  echo "skip systemd-analyze verify/security: systemd-analyze not installed (apt-get install systemd)"
+  bad "systemd-analyze is not installed (make deps: systemd)"
 else
   # verify needs the executables (and the man page of Documentation=) to
   # exist: check copies of the units whose paths point into a temporary tree
@@ -267,7 +267,7 @@ else
         fi
       done
     else
-      echo "skip systemd-analyze security: no --offline (systemd < 252)"
+      bad "systemd-analyze security has no --offline (systemd < 252; Debian 12 has 252)"
     fi
   else
     bad "cannot copy the units"
@@ -279,9 +279,9 @@ fi
 # run with an engine, a gap filled by replay, metrics scrapes, state.dir, a
 # reload and a stop) is allowed by the units' SystemCallFilter= and
 # RestrictAddressFamilies= (a denied call fails with EPERM, and libzmq aborts
-# on some).  Skipped without strace or systemd-analyze.
+# on some).
 if ! command -v strace >/dev/null || ! command -v systemd-analyze >/dev/null; then
-  echo "skip syscall check: needs strace and systemd-analyze"
+  bad "the syscall check needs strace and systemd-analyze (make deps)"
 else
   SP=$(daemon_port 2); SMP=$(daemon_port)
   mkdir -p "$T/state"

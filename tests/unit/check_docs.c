@@ -34,6 +34,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "config.h"
 #include "metrics.h"
 #include "version.h"
@@ -495,6 +497,15 @@ START_TEST(grafana_matches_metrics)
 {
     size_t len;
     char *g = (char *)read_all(GRAFANA, &len);
+    /* the board is JSON that Grafana can import: one object, nothing after it */
+    struct json_tokener *tok = json_tokener_new();
+    json_object *board = json_tokener_parse_ex(tok, g, (int)len);
+    ck_assert_msg(board && json_object_is_type(board, json_type_object) &&
+                      json_tokener_get_parse_end(tok) == len,
+                  GRAFANA ": not one JSON object: %s",
+                  json_tokener_error_desc(json_tokener_get_error(tok)));
+    json_object_put(board);
+    json_tokener_free(tok);
     bool used[N_FAMILIES] = {false};
     for (const char *s = g; (s = strstr(s, "kvbridge_")) != NULL;) {
         const char *name = s + 9;
