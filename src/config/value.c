@@ -1,6 +1,7 @@
 /* config_value: one scalar of the file to its typed field (integers with
  * their ranges, booleans, enums, tier lists, "auto" block sizes, lists of
- * strings) and the defaults of the table, for src/config/config.c's walk.
+ * strings) and the defaults of the table (src/config/table.c), for
+ * src/config/config.c's walk.
  */
 #include "config.h"
 #include "config_priv.h"
@@ -13,38 +14,6 @@
 /* ------------------------------------------------------------------------ */
 /* Converting values                                                         */
 
-/* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
-int kvb_cfg_parse_u64(const char *s, size_t len, uint64_t *out)
-{
-    size_t i = 0;
-    bool neg = false;
-    if (len && s[0] == '-') {
-        neg = true;
-        i = 1;
-    }
-    if (i == len)
-        return -1;
-    if (s[i] == '0' && len - i > 1)
-        return -1; /* no leading zeros: YAML 1.1 reads them as octal */
-    uint64_t v = 0;
-    bool big = false;
-    for (; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        unsigned d = (unsigned)(s[i] - '0');
-        if (v > (UINT64_MAX - d) / 10)
-            big = true;
-        else
-            v = v * 10 + d;
-    }
-    if (neg)
-        return v == 0 && !big ? -1 : -2;
-    if (big)
-        return -3;
-    *out = v;
-    return 0;
-}
-
 static bool str_eq(const char *a, size_t alen, const char *b)
 {
     return alen == strlen(b) && memcmp(a, b, alen) == 0;
@@ -56,27 +25,6 @@ static int enum_index(const char *const *values, const char *s, size_t len)
         if (str_eq(s, len, values[i]))
             return i;
     return -1;
-}
-
-/* "a, b or c" into a malloc'd string. */
-char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *last_sep)
-{
-    size_t n = 0, total = 1;
-    while (values[n])
-        total += strlen(values[n++]) + strlen(last_sep) + 2;
-    char *s = malloc(total);
-    if (!s) {
-        if (c)
-            oom(c);
-        return NULL;
-    }
-    s[0] = '\0';
-    for (size_t i = 0; i < n; i++) {
-        if (i)
-            strcat(s, i + 1 == n ? last_sep : ", ");
-        strcat(s, values[i]);
-    }
-    return s;
 }
 
 /* Convert one scalar for a scalar-typed option into *field.  The field is
@@ -201,15 +149,6 @@ out:
     free(v);
     free(ipath);
     return rc;
-}
-
-void kvb_cfg_free_strlist(char **list, size_t n)
-{
-    if (!list)
-        return;
-    for (size_t i = 0; i < n; i++)
-        free(list[i]);
-    free(list);
 }
 
 /* Defaults for every key in one scope (the config, or one source). */

@@ -1,5 +1,5 @@
 /* config_write: the commented example (conf/kvbridge.yaml) and the effective
- * values (--check -v), both loops over the table of src/config/config.c.
+ * values (--check -v), both loops over the table of src/config/table.c.
  */
 #include "config.h"
 #include "config_priv.h"
@@ -19,7 +19,7 @@ static const char example_header[] =
     "# does.  worker_id, block_size and sources[].endpoint have no default: the\n"
     "# values below are examples, so that this file loads as it is.\n"
     "#\n"
-    "# Generated from the table in src/config/config.c by\n"
+    "# Generated from the table in src/config/table.c by\n"
     "# kvb_config_write_example(); a unit test keeps conf/kvbridge.yaml equal to\n"
     "# it.  Unknown keys and bad values are errors,\n"
     "# reported as FILE:LINE:COLUMN.  `kvbridge -c FILE --check` validates a file;\n"

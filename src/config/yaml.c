@@ -16,7 +16,6 @@
 
 #define MAX_EXPANDED (1u << 20)   /* bytes of one value after ${VAR} expansion */
 #define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
-#define MAX_ERRORS 100            /* printed; the rest are counted */
 
 /* Scalars may be secrets (nats.password, ...): every copy the parser made is
  * zeroed before it is freed.  libyaml's scanner also builds each scalar in
@@ -381,32 +380,7 @@ fail:
 }
 
 /* ------------------------------------------------------------------------ */
-/* Errors and reading the file                                               */
-
-/* line 0: an error about the whole file ("FILE: message"). */
-void kvb_cfg_verr(struct ctx *c, size_t line, size_t col, const char *fmt, va_list ap)
-{
-    c->nerr++;
-    if (!c->err || c->nerr > MAX_ERRORS + 1)
-        return;
-    if (c->nerr == MAX_ERRORS + 1) {
-        fprintf(c->err, "%s: too many errors, not showing the rest\n", c->path);
-        return;
-    }
-    if (line)
-        fprintf(c->err, "%s:%zu:%zu: ", c->path, line, col);
-    else
-        fprintf(c->err, "%s: ", c->path);
-    vfprintf(c->err, fmt, ap);
-    fputc('\n', c->err);
-}
-
-void kvb_cfg_oom(struct ctx *c)
-{
-    if (!c->oom)
-        err_at(c, 0, 0, "out of memory");
-    c->oom = true;
-}
+/* Reading the file                                                          */
 
 int kvb_cfg_read_file(struct ctx *c, char **out, size_t *outlen)
 {
