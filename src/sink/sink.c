@@ -68,79 +68,7 @@
 #include "config.h"
 #include "metrics.h"
 
-/* ---- small helpers ---- */
-
-void kvb_sink_sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000u, (long)(ms % 1000u) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-    }
-}
-
-/* nats.c's last error for this thread without its "(file.c:123): " prefix,
- * or the status text. */
-void kvb_sink_last_error(natsStatus st, char *out, size_t cap)
-{
-    const char *t = nats_GetLastError(NULL);
-    if (t && t[0] == '(') {
-        const char *e = strstr(t, "): ");
-        if (e)
-            t = e + 3;
-    }
-    snprintf(out, cap, "%s", t && *t ? t : natsStatus_GetText(st));
-}
-
-int kvb_sink_errno(natsStatus st)
-{
-    switch (st) {
-    case NATS_OK: return 0;
-    case NATS_INSUFFICIENT_BUFFER: return -EAGAIN;
-    case NATS_CONNECTION_CLOSED: return -EPIPE;
-    case NATS_CONNECTION_DISCONNECTED: return -ENOTCONN;
-    case NATS_TIMEOUT: return -ETIMEDOUT;
-    case NATS_MAX_PAYLOAD: return -EMSGSIZE;
-    case NATS_NO_MEMORY: return -ENOMEM;
-    case NATS_INVALID_ARG:
-    case NATS_INVALID_SUBJECT:
-    case NATS_ADDRESS_MISSING:
-    case NATS_INVALID_TIMEOUT: return -EINVAL;
-    case NATS_NOT_FOUND: return -ENOENT;
-    case NATS_CONNECTION_AUTH_FAILED:
-    case NATS_NOT_PERMITTED: return -EACCES;
-    default: return -EIO;
-    }
-}
-
 /* ---- callbacks (nats.c threads) ---- */
-
-void kvb_sink_wake(struct kvb_sink *s)
-{
-    if (s->wake_fd < 0 || !atomic_load(&s->live))
-        return;
-    int saved = errno;
-    uint8_t b = 1;
-    ssize_t n;
-    do
-        n = write(s->wake_fd, &b, 1);
-    while (n < 0 && errno == EINTR);
-    if (n < 0 && errno == EINVAL) { /* an eventfd wants 8 bytes */
-        uint64_t one = 1;
-        do
-            n = write(s->wake_fd, &one, sizeof(one));
-        while (n < 0 && errno == EINTR);
-    }
-    /* EAGAIN: the loop has wake-ups pending already. */
-    errno = saved;
-}
-
-/* Metrics rule: a sink writes metrics only while it is the live one, i.e.
- * from a successful create until destroy starts (live).  On SIGHUP the loop
- * creates a new sink on the same metrics before destroying the old one, and a
- * create that fails must not disturb what the running sink reports. */
-bool kvb_sink_owns_metrics(const struct kvb_sink *s)
-{
-    return s->m && atomic_load(&((struct kvb_sink *)s)->live);
-}
 
 static void set_connected_gauge(struct kvb_sink *s, uint64_t v)
 {
@@ -177,14 +105,6 @@ static void count_reconnect(struct kvb_sink *s)
 {
     if (kvb_sink_owns_metrics(s))
         atomic_fetch_add_explicit(&s->m->nats_reconnects_total[0], 1, memory_order_relaxed);
-}
-
-/* Wake the worker (rebuild thread): a resend is queued, a connection is back. */
-void kvb_sink_kick_worker(struct kvb_sink *s)
-{
-    pthread_mutex_lock(&s->rb_mu);
-    pthread_cond_signal(&s->rb_cond);
-    pthread_mutex_unlock(&s->rb_mu);
 }
 
 static void on_connected(natsConnection *nc, void *closure)
@@ -274,31 +194,6 @@ static void on_closed(natsConnection *nc, void *closure)
     }
     /* Last touch of s: destroy may free it once every ClosedCB has run. */
     atomic_fetch_add(&s->closed_cbs, 1);
-}
-
-static uint32_t xorshift32(uint32_t *st)
-{
-    uint32_t x = *st;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return *st = x;
-}
-
-/* Backoff after the ATTEMPTS-th failed pass (1, 2, ...): wait_ms doubling up
- * to wait_max_ms, minus up to 20% jitter so that a fleet of bridges does not
- * reconnect in lockstep. */
-uint64_t kvb_sink_backoff_ms(const struct kvb_sink *s, int attempts, uint32_t *rng)
-{
-    uint64_t d = s->wait_ms >= 10 ? s->wait_ms : 10; /* never spin on refusals */
-    uint64_t max = s->wait_max_ms > d ? s->wait_max_ms : d;
-    for (int i = 1; i < attempts && d < max; i++)
-        d *= 2;
-    if (d > max)
-        d = max;
-    if (d >= 5)
-        d -= xorshift32(rng) % (d / 5 + 1);
-    return d;
 }
 
 /* ---- connecting ---- */
