@@ -8,12 +8,12 @@
 #include "config_priv.h"
 #include "secret.h"
 #include "subject.h"
+#include "url.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -235,9 +235,15 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
     size_t tls_url = SIZE_MAX;
     if (ms->bad)
         return;
-    for (size_t i = 0; i < cfg->nats.n_servers && tls_url == SIZE_MAX; i++)
-        if (strncasecmp(cfg->nats.servers[i], "tls://", 6) == 0)
+    for (size_t i = 0; i < cfg->nats.n_servers && tls_url == SIZE_MAX; i++) {
+        struct kvb_url u;
+        int rc = kvb_url_parse(cfg->nats.servers[i], "nats", &u, NULL);
+        if (rc == -ENOMEM)
+            oom(c);
+        if (rc == 0 && strcmp(u.scheme, "tls") == 0)
             tls_url = i;
+        kvb_url_free(&u);
+    }
     if (tls_url != SIZE_MAX) {
         if (me->set && !me->bad && !cfg->nats.tls.enabled)
             err_at(c, me->line, me->col,

@@ -1,17 +1,17 @@
 /* config check_value: the checks of one value, named by the `.check` of
  * the table's rows (src/config/table.c): ZMQ endpoints, subjects and their
- * placeholders, listen addresses, URLs.  Each reports at the value's
+ * placeholders, listen addresses, URLs (src/config/url.c).  Each reports at the value's
  * line:col and returns -1 when the value is bad.  They read no other key
  * (the checks across keys: src/config/check.c).
  */
 #include "config_priv.h"
 #include "subject.h"
+#include "url.h"
 
+#include <errno.h>
 #include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <curl/curl.h>
 
 int kvb_cfg_check_endpoint(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
                            const struct node *v)
@@ -107,6 +107,21 @@ int kvb_cfg_check_format(struct ctx *c, const struct opt *o, const char *dpath, 
     return 0; /* every value; the combinations: check_publish() */
 }
 
+/* S is an http:// or https:// URL with a host: 1; 0 when not; -1 out of
+ * memory (reported). */
+static int is_http_url(struct ctx *c, const char *s)
+{
+    struct kvb_url u;
+    int rc = kvb_url_parse(s, NULL, &u, NULL);
+    if (rc == -ENOMEM) {
+        oom(c);
+        return -1;
+    }
+    bool ok = rc == 0 && (strcmp(u.scheme, "http") == 0 || strcmp(u.scheme, "https") == 0);
+    kvb_url_free(&u);
+    return ok;
+}
+
 /* An etcd gateway URL: http:// or https:// and a host. */
 int kvb_cfg_check_etcd_url(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
                            const struct node *v)
@@ -114,9 +129,9 @@ int kvb_cfg_check_etcd_url(struct ctx *c, const struct opt *o, const char *dpath
     const char *s = *(char *const *)field;
     if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
         return -1;
-    const char *rest = has_prefix(s, "http://") ? s + 7 : has_prefix(s, "https://") ? s + 8 : NULL;
-    if (rest && *rest && *rest != '/')
-        return 0;
+    int ok = is_http_url(c, s);
+    if (ok)
+        return ok > 0 ? 0 : -1;
     char *sv = kvb_cfg_shown(s, strlen(s));
     err_at(c, v->line, v->col,
            "%s: '%s' is not an etcd URL (expected http://HOST:PORT or "
@@ -176,54 +191,26 @@ int kvb_cfg_check_listen(struct ctx *c, const struct opt *o, const char *dpath, 
     return -1;
 }
 
-/* nats.servers[i]: [SCHEME://][USER[:PASSWORD]@]HOST[:PORT][/...], PORT
- * 1..65535 when given.  The URL may hold a password or token: only the
- * port is quoted. */
+/* nats.servers[i]: [SCHEME://][USER[:PASSWORD]@]HOST[:PORT][/...] (no
+ * scheme: nats://, as nats.c reads it), PORT 1..65535 when given.  The URL
+ * may hold a password or token: it is never quoted. */
 int kvb_cfg_check_server_url(struct ctx *c, const struct opt *o, const char *dpath,
                              const void *field, const struct node *v)
 {
     (void)o;
-    const char *s = *(char *const *)field;
-    const char *p = strstr(s, "://");
-    p = p ? p + 3 : s;
-    size_t n = strcspn(p, "/?#");
-    const char *at = memrchr(p, '@', n);
-    if (at) {
-        n -= (size_t)(at + 1 - p);
-        p = at + 1;
-    }
-    const char *end = p + n, *port = NULL;
-    if (*p == '[') {
-        const char *e = memchr(p, ']', n);
-        if (e && e + 1 < end && e[1] == ':')
-            port = e + 2;
-        else if (!e || e + 1 != end) {
-            err_at(c, v->line, v->col,
-                   "%s: a bracketed IPv6 host needs ']' and then "
-                   "nothing or :PORT",
-                   dpath);
-            return -1;
-        }
-    } else {
-        const char *colon = memrchr(p, ':', n);
-        port = colon ? colon + 1 : NULL;
-    }
-    if (!port)
-        return 0;
-    size_t plen = (size_t)(end - port), i = 0;
-    unsigned long num = 0;
-    while (i < plen && i < 6 && port[i] >= '0' && port[i] <= '9')
-        num = num * 10 + (unsigned long)(port[i++] - '0');
-    if (plen > 0 && i == plen && num >= 1 && num <= 65535)
-        return 0;
-    char *sv = kvb_cfg_shown(port, plen);
-    err_at(c, v->line, v->col, "%s: port '%s' is not a number in 1..65535", dpath, SHOWN(sv));
-    free(sv);
-    return -1;
+    struct kvb_url u;
+    const char *why = NULL;
+    int rc = kvb_url_parse(*(char *const *)field, "nats", &u, &why);
+    kvb_url_free(&u);
+    if (rc == -ENOMEM)
+        oom(c);
+    else if (rc < 0)
+        err_at(c, v->line, v->col, "%s: %s", dpath, why);
+    return rc < 0 ? -1 : 0;
 }
 
-/* sources[].engine URLs: "" or an http:// / https:// URL that libcurl's URL
- * parser takes (the scraper uses libcurl). */
+/* sources[].engine URLs: "" or an http:// / https:// URL with a host (the
+ * scraper uses libcurl). */
 int kvb_cfg_check_http_url(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
                            const struct node *v)
 {
@@ -231,18 +218,9 @@ int kvb_cfg_check_http_url(struct ctx *c, const struct opt *o, const char *dpath
     const char *s = *(char *const *)field;
     if (*s == '\0')
         return 0;
-    bool ok = false;
-    CURLU *u = curl_url();
-    char *scheme = NULL, *host = NULL;
-    if (u && curl_url_set(u, CURLUPART_URL, s, 0) == CURLUE_OK &&
-        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
-        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK)
-        ok = (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0) && host[0];
-    curl_free(scheme);
-    curl_free(host);
-    curl_url_cleanup(u);
-    if (ok && !strpbrk(s, " \t\r\n"))
-        return 0;
+    int ok = is_http_url(c, s);
+    if (ok)
+        return ok > 0 ? 0 : -1;
     char *sv = kvb_cfg_shown(s, strlen(s));
     err_at(c, v->line, v->col, "%s: '%s' is not an http:// or https:// URL (or \"\" for none)",
            dpath, SHOWN(sv));

@@ -6,13 +6,16 @@
  *   config.c       the entry: load (the walk of the tree against the
  *                  table), free             -> check value yaml table util
  *   check.c        checks across keys, the files they name (CURVE keys,
- *                  secrets, worker_id_file) -> secret table util
+ *                  secrets, worker_id_file) -> secret table url util
  *   value.c        one value to its typed field, the defaults -> table util
- *   write.c        the commented example, the effective values -> table util
+ *   write.c        the commented example, the effective values
+ *                                           -> table url util
  *   reload.c       what SIGHUP may change   -> table
  *   yaml.c         the file read and turned into a node tree -> util
  *   table.c        the table, one row per key -> check_value (the rows' .check)
- *   check_value.c  the checks of one value  -> util
+ *   check_value.c  the checks of one value  -> url util
+ *   url.c          URLs through libcurl's CURLU (url.h, for the sink too)
+ *                                           -> none
  *   secret.c       secret files, Z85 and NKey keys (secret.h) -> none
  *   util.c         messages, strings, numbers -> none
  *

@@ -3,6 +3,7 @@
  */
 #include "config.h"
 #include "config_priv.h"
+#include "url.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -208,18 +209,11 @@ int kvb_config_write_example(FILE *f)
 
 #define REDACTED "(redacted)"
 
-/* A server URL, its user information (user and password, or a token)
- * replaced by REDACTED. */
+/* A URL (nats.servers, discovery.etcd.endpoints), its user information
+ * (user and password, or a token) replaced by REDACTED. */
 static void put_url(FILE *f, const char *url)
 {
-    const char *p = strstr(url, "://");
-    p = p ? p + 3 : url;
-    const char *at = memrchr(p, '@', strcspn(p, "/?#"));
-    if (!at) {
-        put_quoted(f, url, strlen(url));
-        return;
-    }
-    char *r = kvb_cfg_asprintf(NULL, "%.*s" REDACTED "%s", (int)(p - url), url, at);
+    char *r = kvb_url_redacted(url, "nats", REDACTED);
     if (r)
         put_quoted(f, r, strlen(r));
     else

@@ -57,39 +57,23 @@
 #include "clock.h"
 #include "config.h"
 #include "metrics.h"
+#include "url.h"
 
 #define GUARD_TICK_MS 100
 #define GUARD_GRACE_MS 250
 #define GUARD_LOG_MS 30000
 #define GUARD_LOG_BURST 5
 
-/* "nats://user:pass@host:4222/..." (scheme, credentials, path optional; a
- * bracketed IPv6 host) -> its port, 4222 by default; 0 when not a number. */
+/* A server URL's port, 4222 (nats.c's default) when it names none; 0 when
+ * it does not parse. */
 static uint16_t url_port(const char *url)
 {
-    const char *p = strstr(url, "://");
-    p = p ? p + 3 : url;
-    const char *end = p + strcspn(p, "/?#");
-    for (const char *at = p; at < end; at++) /* credentials end at the last '@' */
-        if (*at == '@')
-            p = at + 1;
-    const char *colon = NULL;
-    if (*p == '[') {
-        const char *rb = memchr(p, ']', (size_t)(end - p));
-        colon = rb && rb + 1 < end && rb[1] == ':' ? rb + 1 : NULL;
-    } else {
-        for (const char *c = p; c < end; c++)
-            if (*c == ':')
-                colon = c;
-    }
-    if (!colon || colon + 1 == end)
-        return 4222;
-    unsigned long v = 0;
-    for (const char *c = colon + 1; c < end; c++) {
-        if (*c < '0' || *c > '9' || (v = v * 10 + (unsigned long)(*c - '0')) > 65535)
-            return 0;
-    }
-    return (uint16_t)v;
+    struct kvb_url u;
+    if (kvb_url_parse(url, "nats", &u, NULL) < 0)
+        return 0;
+    uint16_t port = u.port ? u.port : 4222;
+    kvb_url_free(&u);
+    return port;
 }
 
 static uint16_t sock_port(const struct sockaddr_storage *ss)

@@ -67,6 +67,7 @@
 #include "clock.h"
 #include "config.h"
 #include "metrics.h"
+#include "url.h"
 
 /* ---- callbacks (nats.c threads) ---- */
 
@@ -126,15 +127,16 @@ static void on_connected(natsConnection *nc, void *closure)
 static void on_reconnected(natsConnection *nc, void *closure)
 {
     struct kvb_sink *s = closure;
-    char url[256], shown[256];
+    char url[256];
     count_reconnect(s);
     atomic_store(&s->outage_bytes, 0);
     set_state(s, ST_CONNECTED);
     if (atomic_load(&s->live)) {
-        if (natsConnection_GetConnectedUrl(nc, url, sizeof(url)) != NATS_OK)
-            snprintf(url, sizeof(url), "?");
-        kvb_sink_redact_url(url, shown, sizeof(shown));
-        kvb_info(STAGE, "reconnected to NATS at %s", shown);
+        char *shown = natsConnection_GetConnectedUrl(nc, url, sizeof(url)) == NATS_OK
+                          ? kvb_url_redacted(url, "nats", "***")
+                          : NULL;
+        kvb_info(STAGE, "reconnected to NATS at %s", shown ? shown : "?");
+        free(shown);
     }
     if (s->js_on) /* what was in flight when the server went: send it again */
         kvb_sink_js_reconnected(s);

@@ -248,8 +248,6 @@ uint64_t kvb_sink_backoff_ms(const struct kvb_sink *s, int attempts, uint32_t *r
  * servers, name, timeouts, reconnect, buffer, authentication and TLS.  Logs
  * what it refuses. */
 natsStatus kvb_sink_set_options(struct kvb_sink *s, const struct kvb_config *cfg);
-/* A server URL fit for a log line: user:password@ (or token@) hidden. */
-void kvb_sink_redact_url(const char *url, char *out, size_t cap);
 
 /* ---- io.c ---- */
 
