@@ -1,11 +1,13 @@
 /* sink conn: what every part of the sink uses (sink_priv.h): nats.c's
  * statuses as errno values and texts, the loop's wake-up, the metrics rule,
- * the worker's kick and the reconnect backoff.  A leaf: it calls no other
+ * the worker's kick, the reconnect backoff, starting a thread and making a
+ * condition variable.  A leaf: it calls no other
  * file of src/sink/ (the file graph is at the top of sink_priv.h).
  */
 #include "sink_priv.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -112,4 +114,26 @@ uint64_t kvb_sink_backoff_ms(const struct kvb_sink *s, int attempts, uint32_t *r
     if (d >= 5)
         d -= xorshift32(rng) % (d / 5 + 1);
     return d;
+}
+
+int kvb_sink_cond_init(pthread_cond_t *c)
+{
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0)
+        return -ENOMEM;
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(c, &ca);
+    pthread_condattr_destroy(&ca);
+    return -rc;
+}
+
+int kvb_sink_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    /* the loop takes its signals through a signalfd: keep them off this thread */
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return -rc;
 }

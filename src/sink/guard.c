@@ -46,7 +46,6 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,7 +265,6 @@ static void *guard_main(void *arg)
 
 int kvb_sink_guard_start(struct kvb_sink *s, const struct kvb_config *cfg)
 {
-    pthread_condattr_t ca;
     int rc;
 
     s->guard_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(GUARD_LOG_MS, GUARD_LOG_BURST);
@@ -288,24 +286,14 @@ int kvb_sink_guard_start(struct kvb_sink *s, const struct kvb_config *cfg)
         s->guard_base[s->n_guard_base++] = socks[i].ino;
     free(socks);
 
-    if (pthread_condattr_init(&ca) != 0)
-        return -ENOMEM;
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    rc = pthread_cond_init(&s->guard_cond, &ca);
-    pthread_condattr_destroy(&ca);
-    if (rc != 0)
-        return -rc;
+    if ((rc = kvb_sink_cond_init(&s->guard_cond)) < 0)
+        return rc;
     pthread_mutex_init(&s->guard_mu, NULL);
     s->guard_init = true;
 
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals: the loop's signalfd */
-    rc = pthread_create(&s->guard_thread, NULL, guard_main, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        kvb_err(STAGE, "cannot start the NATS guard thread: %s", strerror(rc));
-        return -rc;
+    if ((rc = kvb_sink_thread_start(&s->guard_thread, guard_main, s)) < 0) {
+        kvb_err(STAGE, "cannot start the NATS guard thread: %s", strerror(-rc));
+        return rc;
     }
     s->guard_started = true;
     return 0;

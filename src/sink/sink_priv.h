@@ -17,10 +17,10 @@
  *                authentication                           -> conn
  *   io.c         nats.c's external event loop: the attach/read/write/detach
  *                adapter and the I/O thread (like nats.c's adapters:
- *                libevent.h, libuv.h)                     -> none
+ *                libevent.h, libuv.h)                     -> conn
  *   conn.c       what they all use: nats.c statuses as errno and text, the
  *                loop's wake-up, the metrics rule, the worker's kick, the
- *                reconnect backoff                        -> none
+ *                reconnect backoff, threads and condition variables -> none
  *
  * Locks (none is held while taking another, except as noted):
  *   conn_mu  (sink.c)  conn, js (the pointers) and every nats.c call
@@ -241,6 +241,10 @@ void kvb_sink_kick_worker(struct kvb_sink *s);
 /* Reconnect backoff after the ATTEMPTS-th failed pass (RNG: the caller's
  * xorshift32 state). */
 uint64_t kvb_sink_backoff_ms(const struct kvb_sink *s, int attempts, uint32_t *rng);
+/* A condition variable on CLOCK_MONOTONIC: 0 or a negative errno. */
+int kvb_sink_cond_init(pthread_cond_t *c);
+/* A thread of the sink, every signal blocked in it: 0 or a negative errno. */
+int kvb_sink_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
 /* ---- options.c ---- */
 
