@@ -83,6 +83,31 @@ static int read_secret(struct ctx *c, const struct opt *o, const char *path, con
     return rc < 0 ? -1 : 0;
 }
 
+/* F_PATH row O (index I), its file at PATH (WHERE: how the name was
+ * looked up, for messages): read into the key it .fills, which must not be
+ * set too.  0, or -1 (reported). */
+static int fill_from_file(struct ctx *c, struct kvb_config *cfg, struct mark *m, size_t i,
+                          const char *path, const char *where)
+{
+    const struct opt *o = &kvb_cfg_opts[i];
+    size_t t = kvb_cfg_opt_index(o->fills);
+    char **target = (char **)((char *)cfg + kvb_cfg_opts[t].off);
+    char *secret = NULL;
+    if (m[t].set && (m[t].bad || **target)) {
+        err_at(c, m[i].line, m[i].col, "%s: %s is set too (at %zu:%zu): use one of them", o->key,
+               o->fills, m[t].line, m[t].col);
+        return -1;
+    }
+    /* a seed is checked; a password or token is one line */
+    unsigned flags =
+        strcmp(o->fills, "nats.nkey_seed") == 0 ? KVB_SECRET_TRIM : KVB_SECRET_ONE_LINE;
+    if (read_secret(c, o, path, where, &m[i], flags, &secret) < 0)
+        return -1;
+    kvb_cfg_str_free(*target);
+    *target = secret;
+    return 0;
+}
+
 /* Every F_PATH key that is set: resolve the name (the field gets the
  * result), then read the secret it .fills, or check that the file is
  * readable. */
@@ -100,33 +125,13 @@ void kvb_cfg_resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m
             return;
         kvb_cfg_str_free(*field);
         *field = path;
-        if (o->fills) {
-            size_t t = kvb_cfg_opt_index(o->fills);
-            char **target = (char **)((char *)cfg + kvb_cfg_opts[t].off);
-            char *secret = NULL;
-            if (m[t].set && (m[t].bad || **target)) {
-                err_at(c, m[i].line, m[i].col,
-                       "%s: %s is set too (at %zu:%zu): use one "
-                       "of them",
-                       o->key, o->fills, m[t].line, m[t].col);
-                m[i].bad = true;
-            } else if (read_secret(c, o, path, where, &m[i],
-                                   /* a seed is checked; a password or token is one line */
-                                   strcmp(o->fills, "nats.nkey_seed") == 0 ? KVB_SECRET_TRIM
-                                                                           : KVB_SECRET_ONE_LINE,
-                                   &secret) < 0) {
-                m[i].bad = true;
-            } else {
-                kvb_cfg_str_free(*target);
-                *target = secret;
-            }
-        } else {
-            int fd = open_named(c, o, path, where, &m[i]);
-            if (fd < 0)
-                m[i].bad = true;
-            else
-                close(fd);
-        }
+        int fd = -1;
+        if (o->fills)
+            m[i].bad = fill_from_file(c, cfg, m, i, path, where) < 0;
+        else if ((fd = open_named(c, o, path, where, &m[i])) < 0)
+            m[i].bad = true;
+        else
+            close(fd);
     }
 }
 
@@ -143,21 +148,22 @@ static bool before(const struct mark *a, const struct mark *b)
     return a->line < b->line || (a->line == b->line && a->col < b->col);
 }
 
-/* At most one authentication method, each one complete; the NKey seed is
- * valid and gives nkey_public. */
-static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+/* At most one authentication method: every key of a method after the
+ * first one set (in the order of the file) is reported.  Returns the index
+ * of that method in METHODS, or NM when none is set. */
+#define NM 4
+static size_t check_one_method(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
 {
-    static const char *const methods[][3] = {
+    static const char *const methods[NM][3] = {
         {"nats.credentials"},
         {"nats.user", "nats.password", "nats.password_file"},
         {"nats.token", "nats.token_file"},
         {"nats.nkey_seed", "nats.nkey_seed_file"},
     };
-    enum { NM = sizeof methods / sizeof methods[0] };
     const struct mark *first[NM] = {0}; /* earliest key of each method present */
     const char *first_key[NM] = {0};
     const struct mark *winner = NULL;
-    size_t wi = 0;
+    size_t wi = NM;
 
     for (size_t i = 0; i < NM; i++) {
         for (size_t k = 0; k < 3 && methods[i][k]; k++) {
@@ -173,7 +179,7 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
         }
     }
     /* the others, in the order of the file */
-    for (const struct mark *last = winner;;) {
+    for (const struct mark *last = winner; last;) {
         size_t next = NM;
         for (size_t i = 0; i < NM; i++)
             if (first[i] && before(last, first[i]) && (next == NM || before(first[i], first[next])))
@@ -186,45 +192,62 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
                first_key[next], first_key[wi], winner->line, winner->col);
         last = first[next];
     }
+    return wi;
+}
 
-    /* user and password go together (when that is the method) */
+/* nats.user and a password go together. */
+static void check_user_password(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
+{
     bool user = present(cfg, m, "nats.user");
     const char *pw = present(cfg, m, "nats.password")        ? "nats.password"
                      : present(cfg, m, "nats.password_file") ? "nats.password_file"
                                                              : NULL;
-    if (!winner || wi == 1) {
-        if (user && !pw) {
-            const struct mark *mu = &m[kvb_cfg_opt_index("nats.user")];
-            err_at(c, mu->line, mu->col, "nats.user: needs nats.password or nats.password_file");
-        } else if (pw && !user) {
-            const struct mark *mp = &m[kvb_cfg_opt_index(pw)];
-            err_at(c, mp->line, mp->col, "%s: needs nats.user", pw);
-        }
+    if (user && !pw) {
+        const struct mark *mu = &m[kvb_cfg_opt_index("nats.user")];
+        err_at(c, mu->line, mu->col, "nats.user: needs nats.password or nats.password_file");
+    } else if (pw && !user) {
+        const struct mark *mp = &m[kvb_cfg_opt_index(pw)];
+        err_at(c, mp->line, mp->col, "%s: needs nats.user", pw);
     }
+}
 
-    /* the seed */
+/* The NKey seed (from the file or the key) is a user seed: its public key
+ * goes to nats.nkey_public. */
+static void check_seed(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+{
     const char *seed = cfg->nats.nkey_seed;
     bool from_file = present(cfg, m, "nats.nkey_seed_file");
     const struct mark *ms =
         &m[kvb_cfg_opt_index(from_file ? "nats.nkey_seed_file" : "nats.nkey_seed")];
     char pub[KVB_NKEY_PUB_CHARS + 1];
-    if (seed && *seed && !ms->bad) {
-        const char *why = kvb_secret_nkey_public(seed, pub);
-        if (why && from_file) {
-            char *sp = kvb_cfg_shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
-                                         MAX_SHOWN_PATH);
-            err_at(c, ms->line, ms->col,
-                   "nats.nkey_seed_file: '%s' does not hold an NKey "
-                   "user seed: %s",
-                   SHOWN(sp), why);
-            free(sp);
-        } else if (why) {
-            err_at(c, ms->line, ms->col, "nats.nkey_seed: not an NKey user seed: %s", why);
-        } else if (!(cfg->nats.nkey_public = strdup(pub))) {
-            oom(c);
-        }
+    if (!seed || !*seed || ms->bad)
+        return;
+    const char *why = kvb_secret_nkey_public(seed, pub);
+    if (why && from_file) {
+        char *sp = kvb_cfg_shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
+                                     MAX_SHOWN_PATH);
+        err_at(c, ms->line, ms->col,
+               "nats.nkey_seed_file: '%s' does not hold an NKey "
+               "user seed: %s",
+               SHOWN(sp), why);
+        free(sp);
+    } else if (why) {
+        err_at(c, ms->line, ms->col, "nats.nkey_seed: not an NKey user seed: %s", why);
+    } else if (!(cfg->nats.nkey_public = strdup(pub))) {
+        oom(c);
     }
 }
+
+/* At most one authentication method, each one complete; the NKey seed is
+ * valid and gives nkey_public. */
+static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+{
+    size_t method = check_one_method(c, cfg, m);
+    if (method == NM || method == 1) /* none, or user and password */
+        check_user_password(c, cfg, m);
+    check_seed(c, cfg, m);
+}
+#undef NM
 
 /* TLS: on with tls:// URLs; its files only when it is on; cert with key. */
 static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
