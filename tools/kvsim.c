@@ -2026,133 +2026,168 @@ static void http_poll_cmd(struct sim *s)
 
 /* -------------------------------------------------------------- lifecycle */
 
-static void usage(FILE *f)
-{
-    fputs("usage: kvsim [options]\n"
-          "Engine simulator: publishes KV-cache event batches like vLLM/SGLang on ZeroMQ.\n"
-          "\n"
-          "Transport:\n"
-          "  --endpoint EP          live PUB endpoint (default tcp://127.0.0.1:5557); binds\n"
-          "  --connect              connect the PUB to EP instead of binding (kvbridge bind mode)\n"
-          "  --replay EP            also bind a replay ROUTER at EP (default: none)\n"
-          "  --replay-buffer N      batches kept for replay per rank (default 10000)\n"
-          "  --replay-layout L      old: [\"\",seq,payload] / end [\"\",FF*8,\"\"] (default)\n"
-          "                         new: [\"\",topic,seq,payload] / end [\"\",\"\",FF*8,\"\"]\n"
-          "  --topic STR            topic frame (default \"\")\n"
-          "  --dp-size N            data-parallel ranks; rank r uses port+r for live and replay\n"
-          "                         endpoints, its own seq counter and data_parallel_rank r\n"
-          "  --lossless             ZMQ_SNDHWM 0 (unlimited) instead of the default HWM\n"
-          "  --wait-subscribers MS  sleep before the first batch (default 500)\n"
-          "  --linger MS            keep serving replay this long after the last batch\n"
-          "                         (default 1000); then queued messages get up to 2 s to\n"
-          "                         flush (none after SIGINT/SIGTERM)\n"
-          "  --curve-secret-file F  ZMQ CURVE with the secret key (40 Z85 characters, first\n"
-          "                         line that is not a # comment) in F: the PUB and the replay\n"
-          "                         ROUTER are CURVE servers, or with --curve-server-key the\n"
-          "                         PUB is a CURVE client (the ROUTER stays plain)\n"
-          "  --curve-server-key K   the CURVE server's public key (Z85), for a CURVE client\n"
-          "  --oracle-selftest      check the multimodal/EAGLE tokens_hash oracle against the\n"
-          "                         known answers of docs/router-events.md section 3.4, then exit\n"
-          "  --curve-keygen         print a new CURVE key pair (public, then secret, Z85, one\n"
-          "                         per line) and exit\n"
-          "\n"
-          "Content:\n"
-          "  --encoding E           positional (vLLM<=0.23/SGLang arrays, 12-element BlockStored;\n"
-          "                         default) | map (vLLM>=0.24 maps, extra keys, map16)\n"
-          "  --hash H               uint (u64, default) | int (signed, often negative) |\n"
-          "                         bin (32-byte digest, last 8 bytes big-endian = hash)\n"
-          "  --block-size N         tokens per block (default 16)\n"
-          "  --workload W           realistic (default): shared prefixes, parent chains, LRU\n"
-          "                         evictions, rare AllBlocksCleared, LoRA, CPU tier, group 1,\n"
-          "                         heartbeats | decode: 1-block store + 1-hash remove per batch\n"
-          "                         | prefill: one 32-block store per batch\n"
-          "                         | multimodal: vLLM with images: 1-3 block stores whose\n"
-          "                         extra_keys carry mm identifiers (every shape), LoRA\n"
-          "                         names, cache salts, digests; a remove 512 blocks later\n"
-          "                         | eagle: SGLang with EAGLE: token_ids as bigram pairs\n"
-          "  --cache-blocks N       realistic: device cache capacity in blocks (default 4096)\n"
-          "  --batches N            batches per rank (default 0 = until SIGINT/SIGTERM)\n"
-          "  --rate R               batches/s per rank (default 0 = as fast as possible)\n"
-          "  --seed S               random seed (default 1)\n"
-          "  --seq-start N          first seq (default 0)\n"
-          "\n"
-          "Faults (LIST = comma-separated seqs or ranges a-b; apply in every incarnation):\n"
-          "  --drop-live LIST       not published live, kept for replay (fillable gap)\n"
-          "  --drop-forever LIST    neither published nor kept (unfillable gap)\n"
-          "  --malformed-at LIST    payload replaced by garbage (0xc1...), buffered as sent\n"
-          "  --bad-frames-at LIST   sent as 2 frames [topic][payload]; replay has the real batch\n"
-          "  --restart-at SEQ       after publishing SEQ, restart once from --seq-start\n"
-          "                         (empty caches, empty replay buffer)\n"
-          "  --restart-close MS     with --restart-at: restart like a new engine process:\n"
-          "                         close the sockets, bind again after MS (default: the\n"
-          "                         same sockets go on)\n"
-          "  --restart-drop-live N  after such a restart, the first N batches are not sent\n"
-          "                         live (kept for replay), as with no subscriber yet\n"
-          "  --blip-at SEQ          after publishing SEQ, close the PUB and bind it again\n"
-          "                         after --blip-ms (default 300): a dropped connection,\n"
-          "                         no restart (same seq, same replay buffer)\n"
-          "  --mark-after N --mark-file F  create F once N batches per rank are published\n"
-          "  --hold-file F          with --mark-after: then publish nothing (replay is served)\n"
-          "                         until F exists, like an engine gone idle\n"
-          "\n"
-          "HTTP face (like the engine's /metrics and /health):\n"
-          "  --http HOST:PORT       serve GET /metrics (Prometheus text, vLLM's names) and\n"
-          "                         /health (200) on a numeric IPv4 HOST; KV usage per rank =\n"
-          "                         device blocks held / total blocks; SIGUSR1 stops\n"
-          "                         answering (connections refused), SIGUSR2 answers again\n"
-          "  --engine-kind K        vllm (default) | sglang: SGLang's names and dp_rank label\n"
-          "  --total-blocks N       KV blocks of the simulated cache (default --cache-blocks)\n"
-          "\n"
-          "Output:\n"
-          "  --record FILE          JSON line per batch: {\"seq\",\"rank\",\"live\",\"replay\",\n"
-          "                         [\"fault\"],\"events\":[normalized router-side events]}\n"
-          "                         and {\"restart\":true,\"rank\",...,\"events\":[cleared]}\n"
-          "  -h, --help             this text\n"
-          "At exit a per-rank summary goes to stderr.\n",
-          f);
-}
-
+/* The TOOL_CALL options (the others only store their value). */
 enum {
-    OPT_ENDPOINT = 256,
-    OPT_CONNECT,
-    OPT_REPLAY,
-    OPT_REPLAY_BUF,
-    OPT_LAYOUT,
-    OPT_TOPIC,
-    OPT_DP,
-    OPT_LOSSLESS,
-    OPT_WAIT,
-    OPT_LINGER,
-    OPT_ENC,
-    OPT_HASH,
-    OPT_BS,
-    OPT_WL,
-    OPT_CACHE,
-    OPT_BATCHES,
-    OPT_RATE,
-    OPT_SEED,
-    OPT_SEQSTART,
-    OPT_DROPLIVE,
-    OPT_DROPFOREVER,
-    OPT_MALFORMED,
-    OPT_BADFRAMES,
-    OPT_RESTART,
-    OPT_RECORD,
-    OPT_CURVE_SECRET,
+    OPT_HELP = 1,
     OPT_CURVE_SERVER,
     OPT_CURVE_KEYGEN,
-    OPT_RESTART_CLOSE,
-    OPT_RESTART_DROP,
-    OPT_BLIP_AT,
-    OPT_BLIP_MS,
-    OPT_MARK_AFTER,
-    OPT_MARK_FILE,
-    OPT_HOLD_FILE,
-    OPT_HTTP,
-    OPT_EKIND,
-    OPT_TOTAL_BLOCKS,
     OPT_ORACLE_SELFTEST,
+    OPT_RATE,
+    OPT_SEQLIST, /* the field: a struct seqlist */
+    OPT_RESTART,
+    OPT_BLIP_AT,
 };
+
+/* The values of the TOOL_CHOICE options, in the order of their enums. */
+static const char *const layout_names[] = {"old", "new", NULL};
+static const char *const encoding_names[] = {"positional", "map", NULL};
+static const char *const hash_names[] = {"uint", "int", "bin", NULL};
+static const char *const workload_names[] = {"realistic",  "decode", "prefill",
+                                             "multimodal", "eagle",  NULL};
+static const char *const engine_kind_names[] = {"vllm", "sglang", NULL};
+
+#define F(f) TOOL_FIELD(struct opts, f)
+/* clang-format off */
+/* The command line: every option, what it does and its help (tools_common.h). */
+static const struct tool_opt options[] = {
+    {.help = "usage: kvsim [options]"},
+    {.help = "Engine simulator: publishes KV-cache event batches like vLLM/SGLang on ZeroMQ."},
+    {.help = ""},
+    {.help = "Transport:"},
+    {.name = "endpoint", .arg = "EP", .kind = TOOL_STR, F(endpoint),
+     .help = "live PUB endpoint (default tcp://127.0.0.1:5557); binds"},
+    {.name = "connect", .kind = TOOL_FLAG, F(connect),
+     .help = "connect the PUB to EP instead of binding (kvbridge bind mode)"},
+    {.name = "replay", .arg = "EP", .kind = TOOL_STR, F(replay),
+     .help = "also bind a replay ROUTER at EP (default: none)"},
+    {.name = "replay-buffer", .arg = "N", .kind = TOOL_U64, F(replay_buf), .min = 1,
+     .max = 100000000,
+     .help = "batches kept for replay per rank (default 10000)"},
+    {.name = "replay-layout", .arg = "L", .kind = TOOL_CHOICE, F(layout_new),
+     .choices = layout_names,
+     .help = "old: [\"\",seq,payload] / end [\"\",FF*8,\"\"] (default)\n"
+              "new: [\"\",topic,seq,payload] / end [\"\",\"\",FF*8,\"\"]"},
+    {.name = "topic", .arg = "STR", .kind = TOOL_STR, F(topic),
+     .help = "topic frame (default \"\")"},
+    {.name = "dp-size", .arg = "N", .kind = TOOL_U64, F(dp), .min = 1, .max = 1024,
+     .help = "data-parallel ranks; rank r uses port+r for live and replay\n"
+              "endpoints, its own seq counter and data_parallel_rank r"},
+    {.name = "lossless", .kind = TOOL_FLAG, F(lossless),
+     .help = "ZMQ_SNDHWM 0 (unlimited) instead of the default HWM"},
+    {.name = "wait-subscribers", .arg = "MS", .kind = TOOL_U64, F(wait_ms), .min = 0,
+     .max = 86400000,
+     .help = "sleep before the first batch (default 500)"},
+    {.name = "linger", .arg = "MS", .kind = TOOL_U64, F(linger_ms), .min = 0, .max = 86400000,
+     .help = "keep serving replay this long after the last batch\n"
+              "(default 1000); then queued messages get up to 2 s to\n"
+              "flush (none after SIGINT/SIGTERM)"},
+    {.name = "curve-secret-file", .arg = "F", .kind = TOOL_STR, F(curve_secret_file),
+     .help = "ZMQ CURVE with the secret key (40 Z85 characters, first\n"
+              "line that is not a # comment) in F: the PUB and the replay\n"
+              "ROUTER are CURVE servers, or with --curve-server-key the\n"
+              "PUB is a CURVE client (the ROUTER stays plain)"},
+    {.name = "curve-server-key", .arg = "K", .kind = TOOL_CALL, .id = OPT_CURVE_SERVER,
+     .help = "the CURVE server's public key (Z85), for a CURVE client"},
+    {.name = "oracle-selftest", .kind = TOOL_CALL, .id = OPT_ORACLE_SELFTEST,
+     .help = "check the multimodal/EAGLE tokens_hash oracle against the\n"
+              "known answers of docs/router-events.md section 3.4, then exit"},
+    {.name = "curve-keygen", .kind = TOOL_CALL, .id = OPT_CURVE_KEYGEN,
+     .help = "print a new CURVE key pair (public, then secret, Z85, one\n"
+              "per line) and exit"},
+    {.help = ""},
+    {.help = "Content:"},
+    {.name = "encoding", .arg = "E", .kind = TOOL_CHOICE, F(enc), .choices = encoding_names,
+     .help = "positional (vLLM<=0.23/SGLang arrays, 12-element BlockStored;\n"
+              "default) | map (vLLM>=0.24 maps, extra keys, map16)"},
+    {.name = "hash", .arg = "H", .kind = TOOL_CHOICE, F(hash), .choices = hash_names,
+     .help = "uint (u64, default) | int (signed, often negative) |\n"
+              "bin (32-byte digest, last 8 bytes big-endian = hash)"},
+    {.name = "block-size", .arg = "N", .kind = TOOL_U64, F(bs), .min = 1, .max = 4096,
+     .help = "tokens per block (default 16)"},
+    {.name = "workload", .arg = "W", .kind = TOOL_CHOICE, F(wl), .choices = workload_names,
+     .help = "realistic (default): shared prefixes, parent chains, LRU\n"
+              "evictions, rare AllBlocksCleared, LoRA, CPU tier, group 1,\n"
+              "heartbeats | decode: 1-block store + 1-hash remove per batch\n"
+              "| prefill: one 32-block store per batch\n"
+              "| multimodal: vLLM with images: 1-3 block stores whose\n"
+              "extra_keys carry mm identifiers (every shape), LoRA\n"
+              "names, cache salts, digests; a remove 512 blocks later\n"
+              "| eagle: SGLang with EAGLE: token_ids as bigram pairs"},
+    {.name = "cache-blocks", .arg = "N", .kind = TOOL_U64, F(cache_blocks), .min = 2 * MAX_CHAIN,
+     .max = 100000000,
+     .help = "realistic: device cache capacity in blocks (default 4096)"},
+    {.name = "batches", .arg = "N", .kind = TOOL_U64, F(batches), .min = 0, .max = UINT64_MAX,
+     .help = "batches per rank (default 0 = until SIGINT/SIGTERM)"},
+    {.name = "rate", .arg = "R", .kind = TOOL_CALL, .id = OPT_RATE,
+     .help = "batches/s per rank (default 0 = as fast as possible)"},
+    {.name = "seed", .arg = "S", .kind = TOOL_U64, F(seed), .min = 0, .max = UINT64_MAX,
+     .help = "random seed (default 1)"},
+    {.name = "seq-start", .arg = "N", .kind = TOOL_U64, F(seq_start), .min = 0,
+     .max = UINT64_MAX - 1,
+     .help = "first seq (default 0)"},
+    {.help = ""},
+    {.help = "Faults (LIST = comma-separated seqs or ranges a-b; apply in every incarnation):"},
+    {.name = "drop-live", .arg = "LIST", .kind = TOOL_CALL, .id = OPT_SEQLIST, F(drop_live),
+     .help = "not published live, kept for replay (fillable gap)"},
+    {.name = "drop-forever", .arg = "LIST", .kind = TOOL_CALL, .id = OPT_SEQLIST, F(drop_forever),
+     .help = "neither published nor kept (unfillable gap)"},
+    {.name = "malformed-at", .arg = "LIST", .kind = TOOL_CALL, .id = OPT_SEQLIST, F(malformed),
+     .help = "payload replaced by garbage (0xc1...), buffered as sent"},
+    {.name = "bad-frames-at", .arg = "LIST", .kind = TOOL_CALL, .id = OPT_SEQLIST, F(bad_frames),
+     .help = "sent as 2 frames [topic][payload]; replay has the real batch"},
+    {.name = "restart-at", .arg = "SEQ", .kind = TOOL_CALL, .id = OPT_RESTART, .min = 0,
+     .max = UINT64_MAX,
+     .help = "after publishing SEQ, restart once from --seq-start\n"
+              "(empty caches, empty replay buffer)"},
+    {.name = "restart-close", .arg = "MS", .kind = TOOL_U64, F(restart_close_ms), .min = 0,
+     .max = 600000,
+     .help = "with --restart-at: restart like a new engine process:\n"
+              "close the sockets, bind again after MS (default: the\n"
+              "same sockets go on)"},
+    {.name = "restart-drop-live", .arg = "N", .kind = TOOL_U64, F(restart_drop_live), .min = 0,
+     .max = UINT64_MAX,
+     .help = "after such a restart, the first N batches are not sent\n"
+              "live (kept for replay), as with no subscriber yet"},
+    {.name = "blip-at", .arg = "SEQ", .kind = TOOL_CALL, .id = OPT_BLIP_AT, .min = 0,
+     .max = UINT64_MAX,
+     .help = "after publishing SEQ, close the PUB and bind it again\n"
+              "after --blip-ms (default 300): a dropped connection,\n"
+              "no restart (same seq, same replay buffer)"},
+    {.name = "blip-ms", .arg = "MS", .kind = TOOL_U64, F(blip_ms), .min = 0, .max = 600000},
+    {.name = "mark-after", .arg = "N", .kind = TOOL_U64, F(mark_after), .min = 1, .max = UINT64_MAX,
+     .usage = "--mark-after N --mark-file F",
+     .help = "create F once N batches per rank are published"},
+    {.name = "mark-file", .arg = "F", .kind = TOOL_STR, F(mark_file)},
+    {.name = "hold-file", .arg = "F", .kind = TOOL_STR, F(hold_file),
+     .help = "with --mark-after: then publish nothing (replay is served)\n"
+              "until F exists, like an engine gone idle"},
+    {.help = ""},
+    {.help = "HTTP face (like the engine's /metrics and /health):"},
+    {.name = "http", .arg = "HOST:PORT", .kind = TOOL_STR, F(http),
+     .help = "serve GET /metrics (Prometheus text, vLLM's names) and\n"
+              "/health (200) on a numeric IPv4 HOST; KV usage per rank =\n"
+              "device blocks held / total blocks; SIGUSR1 stops\n"
+              "answering (connections refused), SIGUSR2 answers again"},
+    {.name = "engine-kind", .arg = "K", .kind = TOOL_CHOICE, F(ekind), .choices = engine_kind_names,
+     .help = "vllm (default) | sglang: SGLang's names and dp_rank label"},
+    {.name = "total-blocks", .arg = "N", .kind = TOOL_U64, F(total_blocks), .min = 1,
+     .max = 1000000000,
+     .help = "KV blocks of the simulated cache (default --cache-blocks)"},
+    {.help = ""},
+    {.help = "Output:"},
+    {.name = "record", .arg = "FILE", .kind = TOOL_STR, F(record),
+     .help = "JSON line per batch: {\"seq\",\"rank\",\"live\",\"replay\",\n"
+              "[\"fault\"],\"events\":[normalized router-side events]}\n"
+              "and {\"restart\":true,\"rank\",...,\"events\":[cleared]}"},
+    {.name = "help", .short_name = 'h', .kind = TOOL_CALL, .id = OPT_HELP, .usage = "-h, --help",
+     .help = "this text"},
+    {.help = "At exit a per-rank summary goes to stderr."},
+};
+/* clang-format on */
+#undef F
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+static void usage(FILE *f) { tool_usage(f, options, N_OPTIONS, 25); }
 
 /* --curve-keygen */
 static int curve_keygen(void)
@@ -2219,248 +2254,57 @@ static int apply_curve(const struct opts *o, void *sock, bool server)
     return 0;
 }
 
-static int parse_num_opt(const char *name, const char *arg, uint64_t min, uint64_t max,
-                         uint64_t *out)
+/* A bad value for row R: -EINVAL, reported (a number: with its range). */
+static int bad_value(const struct tool_opt *r, const char *arg)
 {
-    uint64_t v;
-    if (parse_u64(arg, &v) || v < min || v > max) {
-        fprintf(stderr, "kvsim: --%s: bad value '%s' (%" PRIu64 "..%" PRIu64 ")\n", name, arg, min,
-                max);
-        return -EINVAL;
+    if (r->kind == TOOL_U64 || r->max)
+        fprintf(stderr, "kvsim: --%s: bad value '%s' (%" PRIu64 "..%" PRIu64 ")\n", r->name, arg,
+                r->min, r->max);
+    else
+        fprintf(stderr, "kvsim: bad value for option: '%s'\n", arg);
+    return -EINVAL;
+}
+
+/* What a TOOL_CALL option does with ARG: 0 or -EINVAL (reported); --help,
+ * --curve-keygen and --oracle-selftest exit. */
+static int call_option(const struct tool_opt *r, const char *arg, void *base)
+{
+    struct opts *o = base;
+    uint64_t v = 0;
+    char *end;
+    switch (r->id) {
+    case OPT_HELP: usage(stdout); exit(0);
+    case OPT_CURVE_KEYGEN: exit(curve_keygen());
+    case OPT_ORACLE_SELFTEST: exit(oracle_selftest());
+    case OPT_CURVE_SERVER:
+        if (!z85_key_ok(arg))
+            return bad_value(r, arg);
+        o->curve_server_key = arg;
+        return 0;
+    case OPT_RATE:
+        errno = 0;
+        o->rate = strtod(arg, &end);
+        if (errno || *end || end == arg || !(o->rate >= 0) || o->rate > 1e9)
+            return bad_value(r, arg);
+        return 0;
+    case OPT_SEQLIST:
+        return seqlist_parse((struct seqlist *)((char *)o + r->off), arg) ? bad_value(r, arg) : 0;
+    case OPT_RESTART:
+    case OPT_BLIP_AT:
+        if (tool_u64(r, arg, &v))
+            return bad_value(r, arg);
+        *(r->id == OPT_RESTART ? &o->restart : &o->blip) = true;
+        *(r->id == OPT_RESTART ? &o->restart_at : &o->blip_at) = v;
+        return 0;
+    default: return bad_value(r, arg);
     }
-    *out = v;
-    return 0;
 }
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
-    static const struct option lo[] = {
-        {"endpoint", required_argument, NULL, OPT_ENDPOINT},
-        {"connect", no_argument, NULL, OPT_CONNECT},
-        {"replay", required_argument, NULL, OPT_REPLAY},
-        {"replay-buffer", required_argument, NULL, OPT_REPLAY_BUF},
-        {"replay-layout", required_argument, NULL, OPT_LAYOUT},
-        {"topic", required_argument, NULL, OPT_TOPIC},
-        {"dp-size", required_argument, NULL, OPT_DP},
-        {"lossless", no_argument, NULL, OPT_LOSSLESS},
-        {"wait-subscribers", required_argument, NULL, OPT_WAIT},
-        {"linger", required_argument, NULL, OPT_LINGER},
-        {"encoding", required_argument, NULL, OPT_ENC},
-        {"hash", required_argument, NULL, OPT_HASH},
-        {"block-size", required_argument, NULL, OPT_BS},
-        {"workload", required_argument, NULL, OPT_WL},
-        {"cache-blocks", required_argument, NULL, OPT_CACHE},
-        {"batches", required_argument, NULL, OPT_BATCHES},
-        {"rate", required_argument, NULL, OPT_RATE},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"seq-start", required_argument, NULL, OPT_SEQSTART},
-        {"drop-live", required_argument, NULL, OPT_DROPLIVE},
-        {"drop-forever", required_argument, NULL, OPT_DROPFOREVER},
-        {"malformed-at", required_argument, NULL, OPT_MALFORMED},
-        {"bad-frames-at", required_argument, NULL, OPT_BADFRAMES},
-        {"restart-at", required_argument, NULL, OPT_RESTART},
-        {"restart-close", required_argument, NULL, OPT_RESTART_CLOSE},
-        {"restart-drop-live", required_argument, NULL, OPT_RESTART_DROP},
-        {"blip-at", required_argument, NULL, OPT_BLIP_AT},
-        {"blip-ms", required_argument, NULL, OPT_BLIP_MS},
-        {"mark-after", required_argument, NULL, OPT_MARK_AFTER},
-        {"mark-file", required_argument, NULL, OPT_MARK_FILE},
-        {"hold-file", required_argument, NULL, OPT_HOLD_FILE},
-        {"record", required_argument, NULL, OPT_RECORD},
-        {"curve-secret-file", required_argument, NULL, OPT_CURVE_SECRET},
-        {"curve-server-key", required_argument, NULL, OPT_CURVE_SERVER},
-        {"curve-keygen", no_argument, NULL, OPT_CURVE_KEYGEN},
-        {"oracle-selftest", no_argument, NULL, OPT_ORACLE_SELFTEST},
-        {"http", required_argument, NULL, OPT_HTTP},
-        {"engine-kind", required_argument, NULL, OPT_EKIND},
-        {"total-blocks", required_argument, NULL, OPT_TOTAL_BLOCKS},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    uint64_t v;
-
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        switch (c) {
-        case OPT_ENDPOINT: o->endpoint = optarg; break;
-        case OPT_CONNECT: o->connect = true; break;
-        case OPT_REPLAY: o->replay = optarg; break;
-        case OPT_REPLAY_BUF:
-            if (parse_num_opt("replay-buffer", optarg, 1, 100000000, &v))
-                return -EINVAL;
-            o->replay_buf = (size_t)v;
-            break;
-        case OPT_LAYOUT:
-            if (!strcmp(optarg, "old"))
-                o->layout_new = false;
-            else if (!strcmp(optarg, "new"))
-                o->layout_new = true;
-            else
-                goto bad;
-            break;
-        case OPT_TOPIC: o->topic = optarg; break;
-        case OPT_DP:
-            if (parse_num_opt("dp-size", optarg, 1, 1024, &v))
-                return -EINVAL;
-            o->dp = (unsigned)v;
-            break;
-        case OPT_LOSSLESS: o->lossless = true; break;
-        case OPT_WAIT:
-            if (parse_num_opt("wait-subscribers", optarg, 0, 86400000, &v))
-                return -EINVAL;
-            o->wait_ms = (long)v;
-            break;
-        case OPT_LINGER:
-            if (parse_num_opt("linger", optarg, 0, 86400000, &v))
-                return -EINVAL;
-            o->linger_ms = (long)v;
-            break;
-        case OPT_ENC:
-            if (!strcmp(optarg, "positional"))
-                o->enc = ENC_POSITIONAL;
-            else if (!strcmp(optarg, "map"))
-                o->enc = ENC_MAP;
-            else
-                goto bad;
-            break;
-        case OPT_HASH:
-            if (!strcmp(optarg, "uint"))
-                o->hash = HASH_UINT;
-            else if (!strcmp(optarg, "int"))
-                o->hash = HASH_INT;
-            else if (!strcmp(optarg, "bin"))
-                o->hash = HASH_BIN;
-            else
-                goto bad;
-            break;
-        case OPT_BS:
-            if (parse_num_opt("block-size", optarg, 1, 4096, &v))
-                return -EINVAL;
-            o->bs = (unsigned)v;
-            break;
-        case OPT_WL:
-            if (!strcmp(optarg, "realistic"))
-                o->wl = WL_REALISTIC;
-            else if (!strcmp(optarg, "decode"))
-                o->wl = WL_DECODE;
-            else if (!strcmp(optarg, "prefill"))
-                o->wl = WL_PREFILL;
-            else if (!strcmp(optarg, "multimodal"))
-                o->wl = WL_MULTIMODAL;
-            else if (!strcmp(optarg, "eagle"))
-                o->wl = WL_EAGLE;
-            else
-                goto bad;
-            break;
-        case OPT_CACHE:
-            if (parse_num_opt("cache-blocks", optarg, 2 * MAX_CHAIN, 100000000, &v))
-                return -EINVAL;
-            o->cache_blocks = (size_t)v;
-            break;
-        case OPT_BATCHES:
-            if (parse_num_opt("batches", optarg, 0, UINT64_MAX, &v))
-                return -EINVAL;
-            o->batches = v;
-            break;
-        case OPT_RATE: {
-            char *end;
-            errno = 0;
-            o->rate = strtod(optarg, &end);
-            if (errno || *end || end == optarg || !(o->rate >= 0) || o->rate > 1e9)
-                goto bad;
-            break;
-        }
-        case OPT_SEED:
-            if (parse_num_opt("seed", optarg, 0, UINT64_MAX, &v))
-                return -EINVAL;
-            o->seed = v;
-            break;
-        case OPT_SEQSTART:
-            if (parse_num_opt("seq-start", optarg, 0, UINT64_MAX - 1, &v))
-                return -EINVAL;
-            o->seq_start = v;
-            break;
-        case OPT_DROPLIVE:
-            if (seqlist_parse(&o->drop_live, optarg))
-                goto bad;
-            break;
-        case OPT_DROPFOREVER:
-            if (seqlist_parse(&o->drop_forever, optarg))
-                goto bad;
-            break;
-        case OPT_MALFORMED:
-            if (seqlist_parse(&o->malformed, optarg))
-                goto bad;
-            break;
-        case OPT_BADFRAMES:
-            if (seqlist_parse(&o->bad_frames, optarg))
-                goto bad;
-            break;
-        case OPT_RESTART:
-            if (parse_num_opt("restart-at", optarg, 0, UINT64_MAX, &v))
-                return -EINVAL;
-            o->restart = true;
-            o->restart_at = v;
-            break;
-        case OPT_RESTART_CLOSE:
-            if (parse_num_opt("restart-close", optarg, 0, 600000, &v))
-                return -EINVAL;
-            o->restart_close_ms = (long)v;
-            break;
-        case OPT_RESTART_DROP:
-            if (parse_num_opt("restart-drop-live", optarg, 0, UINT64_MAX, &v))
-                return -EINVAL;
-            o->restart_drop_live = v;
-            break;
-        case OPT_BLIP_AT:
-            if (parse_num_opt("blip-at", optarg, 0, UINT64_MAX, &v))
-                return -EINVAL;
-            o->blip = true;
-            o->blip_at = v;
-            break;
-        case OPT_BLIP_MS:
-            if (parse_num_opt("blip-ms", optarg, 0, 600000, &v))
-                return -EINVAL;
-            o->blip_ms = (long)v;
-            break;
-        case OPT_MARK_AFTER:
-            if (parse_num_opt("mark-after", optarg, 1, UINT64_MAX, &v))
-                return -EINVAL;
-            o->mark_after = v;
-            break;
-        case OPT_MARK_FILE: o->mark_file = optarg; break;
-        case OPT_HOLD_FILE: o->hold_file = optarg; break;
-        case OPT_RECORD: o->record = optarg; break;
-        case OPT_CURVE_SECRET: o->curve_secret_file = optarg; break;
-        case OPT_CURVE_SERVER:
-            if (!z85_key_ok(optarg))
-                goto bad;
-            o->curve_server_key = optarg;
-            break;
-        case OPT_CURVE_KEYGEN: exit(curve_keygen());
-        case OPT_ORACLE_SELFTEST: exit(oracle_selftest());
-        case OPT_HTTP: o->http = optarg; break;
-        case OPT_EKIND:
-            if (!strcmp(optarg, "vllm"))
-                o->ekind = EK_VLLM;
-            else if (!strcmp(optarg, "sglang"))
-                o->ekind = EK_SGLANG;
-            else
-                goto bad;
-            break;
-        case OPT_TOTAL_BLOCKS:
-            if (parse_num_opt("total-blocks", optarg, 1, 1000000000, &v))
-                return -EINVAL;
-            o->total_blocks = v;
-            break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -EINVAL;
-        }
-        continue;
-    bad:
-        fprintf(stderr, "kvsim: bad value for option: '%s'\n", optarg);
+    static const struct tool_handlers h = {call_option, bad_value, usage};
+    if (tool_parse(argc, argv, options, N_OPTIONS, o, &h) < 0)
         return -EINVAL;
-    }
     if (optind < argc) {
         fprintf(stderr, "kvsim: unexpected argument '%s'\n", argv[optind]);
         return -EINVAL;
@@ -2635,105 +2479,128 @@ static void summary(const struct sim *s, double elapsed)
             tb, te, tbytes, elapsed, elapsed > 0 ? (double)tb / elapsed : 0.0);
 }
 
+/* The defaults of the options (usage()). */
+static void opts_defaults(struct opts *o)
+{
+    o->endpoint = "tcp://127.0.0.1:5557";
+    o->topic = "";
+    o->dp = 1;
+    o->bs = 16;
+    o->seed = 1;
+    o->wait_ms = 500;
+    o->linger_ms = 1000;
+    o->replay_buf = 10000;
+    o->cache_blocks = 4096;
+    o->restart_close_ms = -1;
+    o->blip_ms = 300;
+}
+
+/* After the options: buffers, the LoRA seeds, signals, each rank's state. */
+static void sim_init(struct sim *s)
+{
+    s->topic_len = strlen(s->o.topic);
+    s->lora_tokens_seed[0] = TOKENS_SEED;
+    for (int i = 1; i <= NLORA; i++)
+        s->lora_tokens_seed[i] =
+            TOKENS_SEED + XXH3_64bits_withSeed(lora_names[i], strlen(lora_names[i]), 0);
+    s->chain_tok = xcalloc((size_t)MAX_CHAIN * s->o.bs, sizeof *s->chain_tok);
+    s->lebuf = xcalloc(4, s->o.bs);
+    s->orbuf = xcalloc(4 * ((size_t)s->o.bs + 1) + 8 * MM_MAX_ITEMS, 1);
+
+    catch_stop_signals();
+    struct sigaction usr;
+    memset(&usr, 0, sizeof usr);
+    sigemptyset(&usr.sa_mask);
+    usr.sa_handler = on_usr;
+    sigaction(SIGUSR1, &usr, NULL);
+    sigaction(SIGUSR2, &usr, NULL);
+
+    s->ranks = xcalloc(s->o.dp, sizeof *s->ranks);
+    for (unsigned i = 0; i < s->o.dp; i++) {
+        s->ranks[i].idx = i;
+        s->ranks[i].seq = s->o.seq_start;
+        gen_init(s, &s->ranks[i]);
+        gen_clear(&s->ranks[i].g);
+    }
+}
+
+/* Sockets, the HTTP face, the record file.  0, or -1 (reported). */
+static int sim_open(struct sim *s)
+{
+    if (open_sockets(s))
+        return -1;
+    if (s->o.http && http_start(s))
+        return -1;
+    if (s->o.record) {
+        s->rec = fopen(s->o.record, "w");
+        if (!s->rec) {
+            fprintf(stderr, "kvsim: %s: %s\n", s->o.record, strerror(errno));
+            return -1;
+        }
+        setvbuf(s->rec, NULL, _IOFBF, 1 << 20);
+    }
+    return 0;
+}
+
+/* Publish --batches batches on every rank at --rate (or until
+ * SIGINT/SIGTERM); the seconds it took. */
+static double publish_all(struct sim *s)
+{
+    uint64_t tick = 0;
+    wait_until(s, now_ns() + (int64_t)s->o.wait_ms * 1000000);
+    int64_t t0 = now_ns(), next = t0;
+    for (unsigned i = 0; i < s->o.dp; i++)
+        atomic_store(&s->ranks[i].running, 1);
+    while (!stop_flag && (s->o.batches == 0 || tick < s->o.batches)) {
+        if (s->o.rate > 0) {
+            int64_t interval = (int64_t)(1e9 / s->o.rate);
+            int64_t now = now_ns();
+            if (now - next > 1000000000LL)
+                next = now; /* far behind (stall): do not burst to catch up */
+            wait_until(s, next);
+            next += interval > 0 ? interval : 1;
+            if (stop_flag)
+                break;
+        } else if ((tick & 63) == 0) {
+            serve_all(s, 0);
+            http_poll_cmd(s);
+        }
+        for (unsigned i = 0; i < s->o.dp; i++)
+            publish_one(s, &s->ranks[i]);
+        tick++;
+        lifecycle_mark(s, tick);
+        if (lifecycle_hold(s, tick))
+            next = now_ns(); /* the rate starts afresh */
+    }
+    int64_t t1 = now_ns();
+    for (unsigned i = 0; i < s->o.dp; i++)
+        atomic_store(&s->ranks[i].running, 0);
+    return (double)(t1 - t0) / 1e9;
+}
+
 int main(int argc, char **argv)
 {
     struct sim sim;
-    int64_t t0, t1, next;
-    uint64_t tick = 0;
     int rc = 2;
     bool interrupted = false;
 
     memset(&sim, 0, sizeof sim);
     msgpack_sbuffer_init(&sim.sb);
     msgpack_packer_init(&sim.pk, &sim.sb, msgpack_sbuffer_write);
-    sim.o.endpoint = "tcp://127.0.0.1:5557";
-    sim.o.topic = "";
-    sim.o.dp = 1;
-    sim.o.bs = 16;
-    sim.o.seed = 1;
-    sim.o.wait_ms = 500;
-    sim.o.linger_ms = 1000;
-    sim.o.replay_buf = 10000;
-    sim.o.cache_blocks = 4096;
-    sim.o.restart_close_ms = -1;
-    sim.o.blip_ms = 300;
-
+    opts_defaults(&sim.o);
     if (parse_args(argc, argv, &sim.o))
         goto out;
-    sim.topic_len = strlen(sim.o.topic);
-    sim.lora_tokens_seed[0] = TOKENS_SEED;
-    for (int i = 1; i <= NLORA; i++)
-        sim.lora_tokens_seed[i] =
-            TOKENS_SEED + XXH3_64bits_withSeed(lora_names[i], strlen(lora_names[i]), 0);
-    sim.chain_tok = xcalloc((size_t)MAX_CHAIN * sim.o.bs, sizeof *sim.chain_tok);
-    sim.lebuf = xcalloc(4, sim.o.bs);
-    sim.orbuf = xcalloc(4 * ((size_t)sim.o.bs + 1) + 8 * MM_MAX_ITEMS, 1);
-
-    catch_stop_signals();
-    {
-        struct sigaction usr;
-        memset(&usr, 0, sizeof usr);
-        sigemptyset(&usr.sa_mask);
-        usr.sa_handler = on_usr;
-        sigaction(SIGUSR1, &usr, NULL);
-        sigaction(SIGUSR2, &usr, NULL);
-    }
-
-    sim.ranks = xcalloc(sim.o.dp, sizeof *sim.ranks);
-    for (unsigned i = 0; i < sim.o.dp; i++) {
-        sim.ranks[i].idx = i;
-        sim.ranks[i].seq = sim.o.seq_start;
-        gen_init(&sim, &sim.ranks[i]);
-        gen_clear(&sim.ranks[i].g);
-    }
-    if (open_sockets(&sim))
+    sim_init(&sim);
+    if (sim_open(&sim))
         goto out;
-    if (sim.o.http && http_start(&sim))
-        goto out;
-    if (sim.o.record) {
-        sim.rec = fopen(sim.o.record, "w");
-        if (!sim.rec) {
-            fprintf(stderr, "kvsim: %s: %s\n", sim.o.record, strerror(errno));
-            goto out;
-        }
-        setvbuf(sim.rec, NULL, _IOFBF, 1 << 20);
-    }
 
-    wait_until(&sim, now_ns() + (int64_t)sim.o.wait_ms * 1000000);
-    t0 = now_ns();
-    next = t0;
-    for (unsigned i = 0; i < sim.o.dp; i++)
-        atomic_store(&sim.ranks[i].running, 1);
-    while (!stop_flag && (sim.o.batches == 0 || tick < sim.o.batches)) {
-        if (sim.o.rate > 0) {
-            int64_t interval = (int64_t)(1e9 / sim.o.rate);
-            int64_t now = now_ns();
-            if (now - next > 1000000000LL)
-                next = now; /* far behind (stall): do not burst to catch up */
-            wait_until(&sim, next);
-            next += interval > 0 ? interval : 1;
-            if (stop_flag)
-                break;
-        } else if ((tick & 63) == 0) {
-            serve_all(&sim, 0);
-            http_poll_cmd(&sim);
-        }
-        for (unsigned i = 0; i < sim.o.dp; i++)
-            publish_one(&sim, &sim.ranks[i]);
-        tick++;
-        lifecycle_mark(&sim, tick);
-        if (lifecycle_hold(&sim, tick))
-            next = now_ns(); /* the rate starts afresh */
-    }
-    t1 = now_ns();
-    for (unsigned i = 0; i < sim.o.dp; i++)
-        atomic_store(&sim.ranks[i].running, 0);
+    double elapsed = publish_all(&sim);
     interrupted = stop_flag != 0;
     if (sim.rec)
         fflush(sim.rec);
     if (!interrupted && (sim.nitems || sim.o.http))
         wait_until(&sim, now_ns() + (int64_t)sim.o.linger_ms * 1000000);
-    summary(&sim, (double)(t1 - t0) / 1e9);
+    summary(&sim, elapsed);
     rc = 0;
     if (sim.rec && fclose(sim.rec) != 0) {
         fprintf(stderr, "kvsim: %s: %s\n", sim.o.record, strerror(errno));

@@ -1681,96 +1681,114 @@ static int write_ready(const char *path)
 
 /* --------------------------------------------------------------- options */
 
-static void usage(FILE *f)
-{
-    fputs("usage: kvtail [options]\n"
-          "Subscribes to kvbridge's router events on NATS, prints and checks them.\n"
-          "\n"
-          "  --server URL          NATS server (default nats://127.0.0.1:4222)\n"
-          "  --subject SUBJ        subject, wildcards allowed\n"
-          "                        (default namespace.dynamo.component.backend.kv_events)\n"
-          "  --count N             exit after N messages\n"
-          "  --timeout MS          exit when idle MS after the last message, or after MS\n"
-          "                        if none arrives (default 0 = never)\n"
-          "  --quiet               do not print messages\n"
-          "  --check               event_id must be contiguous per (worker_id, dp_rank) from 0;\n"
-          "                        reports holes, duplicates, reorderings; malformed messages\n"
-          "                        fail too (the parser takes exactly the dynamo-json shape)\n"
-          "  --allow-start-offset  with --check: the first event_id of a pair may be anything\n"
-          "  --index               apply events to an index per (worker_id, dp_rank, tier) like\n"
-          "                        Dynamo's indexer: a store with an unknown parent is dropped\n"
-          "                        whole (orphans=), unknown removes are ignored (counted),\n"
-          "                        \"cleared\" empties every tier of the pair\n"
-          "  --expect-record FILE  kvsim --record file (implies --index): at exit, an indexed\n"
-          "                        block that the engine no longer holds, or a wrong tokens_hash,\n"
-          "                        is WRONG (fails); engine blocks absent from the index are\n"
-          "                        counted as missing (fine after barriers)\n"
-          "  --ready-file PATH     written once subscribed (start publishers after it exists)\n"
-          "  --publish FILE        publish each non-empty line of FILE ('-' = stdin) to\n"
-          "                        --subject, then exit (--format dynamo-msgpack: each line\n"
-          "                        is a message in hex, as kvbridge-inspect writes them)\n"
-          "  --format F            dynamo-json (default), dynamo-msgpack (event-plane\n"
-          "                        envelopes: sequence contiguous per publisher_id from 0,\n"
-          "                        one (worker_id, dp_rank) per publisher and message; each\n"
-          "                        RouterEvent printed and checked as its dynamo-json line,\n"
-          "                        messages= counts router events, envelopes= NATS messages;\n"
-          "                        default subject namespace.dynamo.component.backend.\n"
-          "                        endpoint.generate.kv-events) or raw (engine batches with\n"
-          "                        KV-* headers: KV-Seq contiguous per source and topic)\n"
-          "                        --subject, then exit\n"
-          "  --query SUBJ          kvbridge's query subject (query.subject, e.g.\n"
-          "                        kvbridge.query.7), for the options below\n"
-          "  --recover             with --index: start late and recover from the query API:\n"
-          "                        a pair's first event brings a dump (the index of the pair\n"
-          "                        is replaced by it, live events up to its last_event_id are\n"
-          "                        skipped); an event_id hole asks for the events since (a\n"
-          "                        dump when they are gone: 410); at exit the events after\n"
-          "                        the last one received are asked once more\n"
-          "  --pair W:R            with --recover: ask this pair's dump at start (repeatable)\n"
-          "  --cut-after N:MS      test hook: after N messages, unsubscribe for MS ms\n"
-          "  --dump W:R            print a summary of the pair's dump, then exit:\n"
-          "                        kvtail: dump ... last_event_id=N blocks=N device=N ...\n"
-          "  --match W:R           print {\"matched_blocks\":{...}} for --tokens, then exit\n"
-          "  --tokens LIST         comma-separated token ids (--match)\n"
-          "  --lora NAME           LoRA adapter name (--match)\n"
-          "  --block-size N        when kvbridge's block_size is auto (--match)\n"
-          "  --worker W            only router events of worker_id W are counted, checked and\n"
-          "                        indexed (one engine's, when a bridge serves several: the\n"
-          "                        record of --expect-record is that engine's); the others\n"
-          "                        are ignored (other_workers= in the summary)\n"
-          "  -h, --help            this text\n"
-          "\n"
-          "Prints each message on its own line on stdout (unless --quiet); at exit a summary\n"
-          "on stderr and a last stdout line:\n"
-          "  kvtail: messages=N stored=N removed=N cleared=N holes=N dups=N wrong=N missing=N ...\n"
-          "Exit: 0 checks pass, 1 a check failed (or --count not reached), 2 usage/connection.\n",
-          f);
-}
+/* The TOOL_CALL options (the others only store their value). */
+enum { OPT_HELP = 1, OPT_PAIR, OPT_DUMP, OPT_MATCH, OPT_CUT, OPT_WORKER };
 
-enum {
-    OPT_SERVER = 256,
-    OPT_SUBJECT,
-    OPT_COUNT,
-    OPT_TIMEOUT,
-    OPT_QUIET,
-    OPT_CHECK,
-    OPT_OFFSET,
-    OPT_INDEX,
-    OPT_EXPECT,
-    OPT_READY,
-    OPT_PUBLISH,
-    OPT_FORMAT,
-    OPT_QUERY,
-    OPT_RECOVER,
-    OPT_PAIR,
-    OPT_CUT,
-    OPT_DUMP,
-    OPT_MATCH,
-    OPT_TOKENS,
-    OPT_LORA,
-    OPT_BS,
-    OPT_WORKER,
+#define BAD_NUMBER "bad number '%s'"
+#define BAD_PAIR "bad pair '%s' (WORKER_ID:DP_RANK)"
+/* The values of --format, in the order of enum fmt. */
+static const char *const format_names[] = {"dynamo-json", "dynamo-msgpack", "raw", NULL};
+
+#define F(f) TOOL_FIELD(struct opts, f)
+/* clang-format off */
+/* The command line: every option, what it does and its help (tools_common.h). */
+static const struct tool_opt options[] = {
+    {.help = "usage: kvtail [options]"},
+    {.help = "Subscribes to kvbridge's router events on NATS, prints and checks them."},
+    {.help = ""},
+    {.name = "server", .arg = "URL", .kind = TOOL_STR, F(server),
+     .help = "NATS server (default nats://127.0.0.1:4222)"},
+    {.name = "subject", .arg = "SUBJ", .kind = TOOL_STR, F(subject),
+     .help = "subject, wildcards allowed\n"
+              "(default namespace.dynamo.component.backend.kv_events)"},
+    {.name = "count", .arg = "N", .kind = TOOL_U64, F(count), .min = 0, .max = UINT64_MAX,
+     .bad = BAD_NUMBER,
+     .help = "exit after N messages"},
+    {.name = "timeout", .arg = "MS", .kind = TOOL_U64, F(timeout_ms), .min = 0,
+     .max = 86400000ULL * 365, .bad = BAD_NUMBER,
+     .help = "exit when idle MS after the last message, or after MS\n"
+              "if none arrives (default 0 = never)"},
+    {.name = "quiet", .short_name = 'q', .kind = TOOL_FLAG, F(quiet),
+     .help = "do not print messages"},
+    {.name = "check", .kind = TOOL_FLAG, F(check),
+     .help = "event_id must be contiguous per (worker_id, dp_rank) from 0;\n"
+              "reports holes, duplicates, reorderings; malformed messages\n"
+              "fail too (the parser takes exactly the dynamo-json shape)"},
+    {.name = "allow-start-offset", .kind = TOOL_FLAG, F(allow_offset),
+     .help = "with --check: the first event_id of a pair may be anything"},
+    {.name = "index", .kind = TOOL_FLAG, F(index),
+     .help = "apply events to an index per (worker_id, dp_rank, tier) like\n"
+              "Dynamo's indexer: a store with an unknown parent is dropped\n"
+              "whole (orphans=), unknown removes are ignored (counted),\n"
+              "\"cleared\" empties every tier of the pair"},
+    {.name = "expect-record", .arg = "FILE", .kind = TOOL_STR, F(expect),
+     .help = "kvsim --record file (implies --index): at exit, an indexed\n"
+              "block that the engine no longer holds, or a wrong tokens_hash,\n"
+              "is WRONG (fails); engine blocks absent from the index are\n"
+              "counted as missing (fine after barriers)"},
+    {.name = "ready-file", .arg = "PATH", .kind = TOOL_STR, F(ready),
+     .help = "written once subscribed (start publishers after it exists)"},
+    {.name = "publish", .arg = "FILE", .kind = TOOL_STR, F(publish),
+     .help = "publish each non-empty line of FILE ('-' = stdin) to\n"
+              "--subject, then exit (--format dynamo-msgpack: each line\n"
+              "is a message in hex, as kvbridge-inspect writes them)"},
+    {.name = "format", .arg = "F", .kind = TOOL_CHOICE, F(format), .choices = format_names,
+     .bad = "--format: dynamo-json, dynamo-msgpack or raw",
+     .help = "dynamo-json (default), dynamo-msgpack (event-plane\n"
+              "envelopes: sequence contiguous per publisher_id from 0,\n"
+              "one (worker_id, dp_rank) per publisher and message; each\n"
+              "RouterEvent printed and checked as its dynamo-json line,\n"
+              "messages= counts router events, envelopes= NATS messages;\n"
+              "default subject namespace.dynamo.component.backend.\n"
+              "endpoint.generate.kv-events) or raw (engine batches with\n"
+              "KV-* headers: KV-Seq contiguous per source and topic)"},
+    {.name = "query", .arg = "SUBJ", .kind = TOOL_STR, F(query),
+     .help = "kvbridge's query subject (query.subject, e.g.\n"
+              "kvbridge.query.7), for the options below"},
+    {.name = "recover", .kind = TOOL_FLAG, F(recover),
+     .help = "with --index: start late and recover from the query API:\n"
+              "a pair's first event brings a dump (the index of the pair\n"
+              "is replaced by it, live events up to its last_event_id are\n"
+              "skipped); an event_id hole asks for the events since (a\n"
+              "dump when they are gone: 410); at exit the events after\n"
+              "the last one received are asked once more"},
+    {.name = "pair", .arg = "W:R", .kind = TOOL_CALL, .id = OPT_PAIR, .bad = BAD_PAIR,
+     .help = "with --recover: ask this pair's dump at start (repeatable)"},
+    {.name = "cut-after", .arg = "N:MS", .kind = TOOL_CALL, .id = OPT_CUT,
+     .bad = "bad --cut-after '%s' (N:MS)",
+     .help = "test hook: after N messages, unsubscribe for MS ms"},
+    {.name = "dump", .arg = "W:R", .kind = TOOL_CALL, .id = OPT_DUMP, .bad = BAD_PAIR,
+     .help = "print a summary of the pair's dump, then exit:\n"
+              "kvtail: dump ... last_event_id=N blocks=N device=N ..."},
+    {.name = "match", .arg = "W:R", .kind = TOOL_CALL, .id = OPT_MATCH, .bad = BAD_PAIR,
+     .help = "print {\"matched_blocks\":{...}} for --tokens, then exit"},
+    {.name = "tokens", .arg = "LIST", .kind = TOOL_STR, F(tokens),
+     .help = "comma-separated token ids (--match)"},
+    {.name = "lora", .arg = "NAME", .kind = TOOL_STR, F(lora),
+     .help = "LoRA adapter name (--match)"},
+    {.name = "block-size", .arg = "N", .kind = TOOL_U64, F(block_size), .min = 1, .max = UINT64_MAX,
+     .bad = "bad --block-size '%s'",
+     .help = "when kvbridge's block_size is auto (--match)"},
+    {.name = "worker", .arg = "W", .kind = TOOL_CALL, .id = OPT_WORKER, .min = 0, .max = UINT64_MAX,
+     .bad = "bad --worker '%s'",
+     .help = "only router events of worker_id W are counted, checked and\n"
+              "indexed (one engine's, when a bridge serves several: the\n"
+              "record of --expect-record is that engine's); the others\n"
+              "are ignored (other_workers= in the summary)"},
+    {.name = "help", .short_name = 'h', .kind = TOOL_CALL, .id = OPT_HELP, .usage = "-h, --help",
+     .help = "this text"},
+    {.help = ""},
+    {.help = "Prints each message on its own line on stdout (unless --quiet); at exit a summary"},
+    {.help = "on stderr and a last stdout line:"},
+    {.help = "  kvtail: messages=N stored=N removed=N cleared=N holes=N dups=N wrong=N "
+             "missing=N ..."},
+    {.help = "Exit: 0 checks pass, 1 a check failed (or --count not reached), 2 usage/connection."},
 };
+/* clang-format on */
+#undef F
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+static void usage(FILE *f) { tool_usage(f, options, N_OPTIONS, 24); }
 
 /* "W:R" -> a pair; false when malformed. */
 static bool parse_pair(const char *s, struct pair_arg *p)
@@ -1786,127 +1804,60 @@ static bool parse_pair(const char *s, struct pair_arg *p)
     return !errno && !*end && p->rank <= UINT32_MAX;
 }
 
+/* A bad value for row R: -EINVAL, reported. */
+static int bad_value(const struct tool_opt *r, const char *arg)
+{
+    fputs("kvtail: ", stderr);
+    fprintf(stderr, r->bad ? r->bad : "bad value '%s'", arg);
+    fputc('\n', stderr);
+    return -EINVAL;
+}
+
+/* What a TOOL_CALL option does with ARG: 0 or -EINVAL (reported); --help
+ * exits. */
+static int call_option(const struct tool_opt *r, const char *arg, void *base)
+{
+    struct opts *o = base;
+    unsigned long long n;
+    long ms;
+    char tail;
+    switch (r->id) {
+    case OPT_HELP: usage(stdout); exit(0);
+    case OPT_PAIR:
+    case OPT_DUMP:
+    case OPT_MATCH:
+        if (o->npairs == MAX_PAIRS || !parse_pair(arg, &o->pairs[o->npairs]))
+            return bad_value(r, arg);
+        o->npairs++;
+        o->dump |= r->id == OPT_DUMP;
+        o->match |= r->id == OPT_MATCH;
+        return 0;
+    case OPT_CUT:
+        if (sscanf(arg, "%llu:%ld%c", &n, &ms, &tail) != 2 || ms < 0)
+            return bad_value(r, arg);
+        o->cut_after = n;
+        o->cut_ms = ms;
+        return 0;
+    case OPT_WORKER:
+        if (tool_u64(r, arg, &o->worker))
+            return bad_value(r, arg);
+        o->has_worker = true;
+        return 0;
+    default: return bad_value(r, arg);
+    }
+}
+
 static int parse_args(int argc, char **argv, struct opts *o)
 {
-    static const struct option lo[] = {
-        {"server", required_argument, NULL, OPT_SERVER},
-        {"subject", required_argument, NULL, OPT_SUBJECT},
-        {"count", required_argument, NULL, OPT_COUNT},
-        {"timeout", required_argument, NULL, OPT_TIMEOUT},
-        {"quiet", no_argument, NULL, OPT_QUIET},
-        {"check", no_argument, NULL, OPT_CHECK},
-        {"allow-start-offset", no_argument, NULL, OPT_OFFSET},
-        {"index", no_argument, NULL, OPT_INDEX},
-        {"expect-record", required_argument, NULL, OPT_EXPECT},
-        {"ready-file", required_argument, NULL, OPT_READY},
-        {"publish", required_argument, NULL, OPT_PUBLISH},
-        {"format", required_argument, NULL, OPT_FORMAT},
-        {"query", required_argument, NULL, OPT_QUERY},
-        {"recover", no_argument, NULL, OPT_RECOVER},
-        {"pair", required_argument, NULL, OPT_PAIR},
-        {"cut-after", required_argument, NULL, OPT_CUT},
-        {"dump", required_argument, NULL, OPT_DUMP},
-        {"match", required_argument, NULL, OPT_MATCH},
-        {"tokens", required_argument, NULL, OPT_TOKENS},
-        {"lora", required_argument, NULL, OPT_LORA},
-        {"block-size", required_argument, NULL, OPT_BS},
-        {"worker", required_argument, NULL, OPT_WORKER},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    bool subject_set = false;
-
-    while ((c = getopt_long(argc, argv, "hq", lo, NULL)) != -1) {
-        uint64_t v;
-        switch (c) {
-        case OPT_SERVER: o->server = optarg; break;
-        case OPT_SUBJECT:
-            o->subject = optarg;
-            subject_set = true;
-            break;
-        case OPT_COUNT:
-        case OPT_TIMEOUT:
-            if (parse_u64(optarg, &v) || (c == OPT_TIMEOUT && v > 86400000ULL * 365)) {
-                fprintf(stderr, "kvtail: bad number '%s'\n", optarg);
-                return -EINVAL;
-            }
-            if (c == OPT_COUNT)
-                o->count = v;
-            else
-                o->timeout_ms = (long)v;
-            break;
-        case 'q':
-        case OPT_QUIET: o->quiet = true; break;
-        case OPT_CHECK: o->check = true; break;
-        case OPT_OFFSET: o->allow_offset = true; break;
-        case OPT_INDEX: o->index = true; break;
-        case OPT_EXPECT:
-            o->expect = optarg;
-            o->index = true;
-            break;
-        case OPT_READY: o->ready = optarg; break;
-        case OPT_PUBLISH: o->publish = optarg; break;
-        case OPT_FORMAT:
-            if (!strcmp(optarg, "dynamo-json")) {
-                o->format = F_JSON;
-            } else if (!strcmp(optarg, "dynamo-msgpack")) {
-                o->format = F_MSGPACK;
-            } else if (!strcmp(optarg, "raw")) {
-                o->format = F_RAW;
-            } else {
-                fprintf(stderr, "kvtail: --format: dynamo-json, dynamo-msgpack or raw\n");
-                return -EINVAL;
-            }
-            if (!subject_set)
-                o->subject = o->format == F_MSGPACK
-                                 ? "namespace.dynamo.component.backend.endpoint.generate.kv-events"
-                                 : "namespace.dynamo.component.backend.kv_events";
-            break;
-        case OPT_QUERY: o->query = optarg; break;
-        case OPT_RECOVER: o->recover = true; break;
-        case OPT_PAIR:
-        case OPT_DUMP:
-        case OPT_MATCH:
-            if (o->npairs == MAX_PAIRS || !parse_pair(optarg, &o->pairs[o->npairs])) {
-                fprintf(stderr, "kvtail: bad pair '%s' (WORKER_ID:DP_RANK)\n", optarg);
-                return -EINVAL;
-            }
-            o->npairs++;
-            o->dump |= c == OPT_DUMP;
-            o->match |= c == OPT_MATCH;
-            break;
-        case OPT_CUT: {
-            unsigned long long n;
-            long ms;
-            char tail;
-            if (sscanf(optarg, "%llu:%ld%c", &n, &ms, &tail) != 2 || ms < 0) {
-                fprintf(stderr, "kvtail: bad --cut-after '%s' (N:MS)\n", optarg);
-                return -EINVAL;
-            }
-            o->cut_after = n;
-            o->cut_ms = ms;
-            break;
-        }
-        case OPT_TOKENS: o->tokens = optarg; break;
-        case OPT_LORA: o->lora = optarg; break;
-        case OPT_BS:
-            if (parse_u64(optarg, &o->block_size) || !o->block_size) {
-                fprintf(stderr, "kvtail: bad --block-size '%s'\n", optarg);
-                return -EINVAL;
-            }
-            break;
-        case OPT_WORKER:
-            if (parse_u64(optarg, &o->worker)) {
-                fprintf(stderr, "kvtail: bad --worker '%s'\n", optarg);
-                return -EINVAL;
-            }
-            o->has_worker = true;
-            break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -EINVAL;
-        }
-    }
+    static const struct tool_handlers h = {call_option, bad_value, usage};
+    if (tool_parse(argc, argv, options, N_OPTIONS, o, &h) < 0)
+        return -EINVAL;
+    if (o->expect)
+        o->index = true;
+    if (!o->subject) /* the default subject of the format */
+        o->subject = o->format == F_MSGPACK
+                         ? "namespace.dynamo.component.backend.endpoint.generate.kv-events"
+                         : "namespace.dynamo.component.backend.kv_events";
     if (optind < argc) {
         fprintf(stderr, "kvtail: unexpected argument '%s'\n", argv[optind]);
         return -EINVAL;
@@ -1985,32 +1936,176 @@ static void report(struct tail *t, int64_t dropped)
     fflush(stdout);
 }
 
+/* A subscription to SUBJECT with no pending limits (the checks must see
+ * every message).  NATS_OK, or what failed. */
+static natsStatus subscribe(natsConnection *nc, const char *subject, natsSubscription **sub)
+{
+    natsStatus s = natsConnection_SubscribeSync(sub, nc, subject);
+    if (s == NATS_OK)
+        s = natsSubscription_SetPendingLimits(*sub, -1, -1);
+    return s;
+}
+
+/* How the receive loop ended. */
+struct run_end {
+    int64_t dropped; /* messages the client dropped (slow) */
+    bool timed_out, conn_lost;
+};
+
+/* --cut-after test hook: unsubscribe for cut_ms, then subscribe again.
+ * False when that fails (the connection is lost). */
+static bool cut_subscription(struct tail *t, natsSubscription **sub, struct run_end *end)
+{
+    int64_t until = now_ms() + t->o.cut_ms;
+    fprintf(stderr, "kvtail: cutting the subscription for %ld ms\n", t->o.cut_ms);
+    natsSubscription_GetDropped(*sub, &end->dropped);
+    natsSubscription_Unsubscribe(*sub);
+    natsSubscription_Destroy(*sub);
+    *sub = NULL;
+    t->o.cut_after = 0;
+    while (!stop_flag && now_ms() < until)
+        usleep(10000);
+    natsStatus s = subscribe(t->nc, t->o.subject, sub);
+    if (s != NATS_OK) {
+        fprintf(stderr, "kvtail: subscribe again: %s\n", natsStatus_GetText(s));
+        return false;
+    }
+    return true;
+}
+
+/* One message, by the format. */
+static void handle(struct tail *t, natsMsg *msg)
+{
+    if (t->o.format == F_MSGPACK)
+        handle_envelope(t, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+    else if (t->o.format == F_RAW)
+        handle_raw(t, msg);
+    else
+        handle_message(t, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
+}
+
+/* Receive until --count, the --timeout, SIGINT/SIGTERM or a lost
+ * connection. */
+static void receive(struct tail *t, natsSubscription **sub, struct run_end *end)
+{
+    int64_t start = now_ms(), last = 0;
+    bool got_any = false;
+    while (!stop_flag && !(t->o.count && t->st.messages >= t->o.count)) {
+        natsMsg *msg = NULL;
+        int64_t wait = 200;
+        if (t->o.timeout_ms) {
+            int64_t left = (got_any ? last : start) + t->o.timeout_ms - now_ms();
+            if (left <= 0) {
+                end->timed_out = true;
+                break;
+            }
+            if (left < wait)
+                wait = left;
+        }
+        if (t->o.cut_after && t->st.messages >= t->o.cut_after) {
+            if (!cut_subscription(t, sub, end)) {
+                end->conn_lost = true;
+                break;
+            }
+            last = now_ms();
+            continue;
+        }
+        natsStatus s = natsSubscription_NextMsg(&msg, *sub, wait);
+        if (s == NATS_TIMEOUT || s == NATS_SLOW_CONSUMER)
+            continue;
+        if (s != NATS_OK) {
+            fprintf(stderr, "kvtail: receive: %s\n", natsStatus_GetText(s));
+            end->conn_lost = true;
+            break;
+        }
+        handle(t, msg);
+        natsMsg_Destroy(msg);
+        got_any = true;
+        last = now_ms();
+    }
+    int64_t d = 0;
+    if (*sub)
+        natsSubscription_GetDropped(*sub, &d);
+    end->dropped += d;
+}
+
+/* The exit code of a run that got to its end (report() printed). */
+static int verdict(const struct tail *t, const struct run_end *end)
+{
+    const struct stats *st = &t->st;
+    int rc = 0;
+    if (t->o.check && (st->holes || st->dups || st->reorders || st->seqerr))
+        rc = 1;
+    if ((t->o.check || t->o.index) && st->bad)
+        rc = 1;
+    if (t->o.expect && (st->wrong || st->badtok))
+        rc = 1;
+    if (t->o.recover && (st->query_errors || st->holes))
+        rc = 1;
+    if ((t->o.check || t->o.index) && end->dropped > 0)
+        rc = 1;
+    if (t->o.count && st->messages < t->o.count && end->timed_out) {
+        fprintf(stderr, "kvtail: timeout: %" PRIu64 " of %" PRIu64 " messages\n", st->messages,
+                t->o.count);
+        rc = 1;
+    }
+    return end->conn_lost ? 2 : rc;
+}
+
+static void tail_free(struct tail *t)
+{
+    spaces_free(&t->index);
+    spaces_free(&t->truth);
+    free(t->streams);
+    free(t->pubs);
+    free(t->raws);
+    free(t->line);
+    free(t->ev.h.v);
+    free(t->ev.th.v);
+}
+
+/* Subscribed (and, with --recover, the --pair dumps asked): tell the
+ * --ready-file.  0, or -1 (reported). */
+static int get_ready(struct tail *t, natsSubscription **sub)
+{
+    natsStatus s = subscribe(t->nc, t->o.subject, sub);
+    if (s == NATS_OK)
+        s = natsConnection_FlushTimeout(t->nc, 5000); /* the server has the SUB now */
+    if (s != NATS_OK) {
+        fprintf(stderr, "kvtail: subscribe %s: %s\n", t->o.subject, natsStatus_GetText(s));
+        return -1;
+    }
+    for (size_t i = 0; t->o.recover && i < t->o.npairs; i++) {
+        bool fresh;
+        struct stream *st = stream_get(t, t->o.pairs[i].worker, t->o.pairs[i].rank, &fresh);
+        if (!st->synced)
+            recover_dump(t, st); /* 404 (nothing yet): the first event brings one */
+    }
+    if (t->o.ready && write_ready(t->o.ready)) {
+        fprintf(stderr, "kvtail: %s: %s\n", t->o.ready, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct tail t;
     natsConnection *nc = NULL;
     natsSubscription *sub = NULL;
-    natsStatus s;
-    int64_t start, last = 0, dropped = 0;
-    bool got_any = false, timed_out = false, conn_lost = false;
+    struct run_end end = {0, false, false};
     int rc = 2;
 
     memset(&t, 0, sizeof t);
     t.o.server = "nats://127.0.0.1:4222";
-    t.o.subject = "namespace.dynamo.component.backend.kv_events";
     if (parse_args(argc, argv, &t.o))
         return 2;
 
     catch_stop_signals();
     signal(SIGPIPE, SIG_IGN);
 
-    if (t.o.publish) {
-        rc = do_publish(&t.o);
-        nats_Close();
-        return rc;
-    }
-    if (t.o.dump || t.o.match) {
-        rc = do_query_once(&t.o);
+    if (t.o.publish || t.o.dump || t.o.match) {
+        rc = t.o.publish ? do_publish(&t.o) : do_query_once(&t.o);
         nats_Close();
         return rc;
     }
@@ -2018,133 +2113,25 @@ int main(int argc, char **argv)
         setvbuf(stdout, NULL, _IOLBF, 0);
 
     nc = connect_nats(t.o.server);
-    if (!nc)
-        goto out;
-    s = natsConnection_SubscribeSync(&sub, nc, t.o.subject);
-    if (s == NATS_OK)
-        s = natsSubscription_SetPendingLimits(sub, -1, -1);
-    if (s == NATS_OK)
-        s = natsConnection_FlushTimeout(nc, 5000); /* the server has the SUB now */
-    if (s != NATS_OK) {
-        fprintf(stderr, "kvtail: subscribe %s: %s\n", t.o.subject, natsStatus_GetText(s));
-        goto out;
-    }
     t.nc = nc;
-    for (size_t i = 0; t.o.recover && i < t.o.npairs; i++) {
-        bool fresh;
-        struct stream *st = stream_get(&t, t.o.pairs[i].worker, t.o.pairs[i].rank, &fresh);
-        if (!st->synced)
-            recover_dump(&t, st); /* 404 (nothing yet): the first event brings one */
-    }
-    if (t.o.ready && write_ready(t.o.ready)) {
-        fprintf(stderr, "kvtail: %s: %s\n", t.o.ready, strerror(errno));
+    if (!nc || get_ready(&t, &sub) < 0)
         goto out;
-    }
-
-    start = now_ms();
-    while (!stop_flag && !(t.o.count && t.st.messages >= t.o.count)) {
-        natsMsg *msg = NULL;
-        int64_t wait = 200;
-        if (t.o.timeout_ms) {
-            int64_t left = (got_any ? last : start) + t.o.timeout_ms - now_ms();
-            if (left <= 0) {
-                timed_out = true;
-                break;
-            }
-            if (left < wait)
-                wait = left;
-        }
-        if (t.o.cut_after && t.st.messages >= t.o.cut_after) {
-            /* test hook: the subscription is cut for cut_ms */
-            int64_t until = now_ms() + t.o.cut_ms;
-            fprintf(stderr, "kvtail: cutting the subscription for %ld ms\n", t.o.cut_ms);
-            natsSubscription_GetDropped(sub, &dropped);
-            natsSubscription_Unsubscribe(sub);
-            natsSubscription_Destroy(sub);
-            sub = NULL;
-            t.o.cut_after = 0;
-            while (!stop_flag && now_ms() < until)
-                usleep(10000);
-            s = natsConnection_SubscribeSync(&sub, nc, t.o.subject);
-            if (s == NATS_OK)
-                s = natsSubscription_SetPendingLimits(sub, -1, -1);
-            if (s != NATS_OK) {
-                fprintf(stderr, "kvtail: subscribe again: %s\n", natsStatus_GetText(s));
-                conn_lost = true;
-                break;
-            }
-            last = now_ms();
-            continue;
-        }
-        s = natsSubscription_NextMsg(&msg, sub, wait);
-        if (s == NATS_TIMEOUT)
-            continue;
-        if (s != NATS_OK) {
-            if (s == NATS_SLOW_CONSUMER)
-                continue;
-            fprintf(stderr, "kvtail: receive: %s\n", natsStatus_GetText(s));
-            conn_lost = true;
-            break;
-        }
-        if (t.o.format == F_MSGPACK)
-            handle_envelope(&t, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
-        else if (t.o.format == F_RAW)
-            handle_raw(&t, msg);
-        else
-            handle_message(&t, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg));
-        natsMsg_Destroy(msg);
-        got_any = true;
-        last = now_ms();
-    }
-    {
-        int64_t d = 0;
-        if (sub)
-            natsSubscription_GetDropped(sub, &d);
-        dropped += d;
-    }
-    if (t.o.recover && !conn_lost)
+    receive(&t, &sub, &end);
+    if (t.o.recover && !end.conn_lost)
         recover_tail(&t);
-    if (t.o.expect && load_record(&t) == 0)
-        compare_with_record(&t);
-    else if (t.o.expect)
-        goto out_report_fail;
-    report(&t, dropped);
-
-    rc = 0;
-    if (t.o.check && (t.st.holes || t.st.dups || t.st.reorders || t.st.seqerr))
-        rc = 1;
-    if ((t.o.check || t.o.index) && t.st.bad)
-        rc = 1;
-    if (t.o.expect && (t.st.wrong || t.st.badtok))
-        rc = 1;
-    if (t.o.recover && (t.st.query_errors || t.st.holes))
-        rc = 1;
-    if ((t.o.check || t.o.index) && dropped > 0)
-        rc = 1;
-    if (t.o.count && t.st.messages < t.o.count && timed_out) {
-        fprintf(stderr, "kvtail: timeout: %" PRIu64 " of %" PRIu64 " messages\n", t.st.messages,
-                t.o.count);
-        rc = 1;
+    if (t.o.expect && load_record(&t) != 0) {
+        report(&t, end.dropped);
+        goto out; /* rc 2 */
     }
-    if (conn_lost)
-        rc = 2;
-    goto out;
-
-out_report_fail:
-    report(&t, dropped);
-    rc = 2;
+    if (t.o.expect)
+        compare_with_record(&t);
+    report(&t, end.dropped);
+    rc = verdict(&t, &end);
 out:
     fflush(stdout);
     natsSubscription_Destroy(sub);
     natsConnection_Destroy(nc);
     nats_Close();
-    spaces_free(&t.index);
-    spaces_free(&t.truth);
-    free(t.streams);
-    free(t.pubs);
-    free(t.raws);
-    free(t.line);
-    free(t.ev.h.v);
-    free(t.ev.th.v);
+    tail_free(&t);
     return rc;
 }

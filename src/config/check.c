@@ -1,319 +1,21 @@
-/* config_check: the checks of the configuration (see src/config/config.c).
- *
- * The checks of one value, named by the `.check` of table rows, and the
- * checks across keys run once the file was walked: the files named by F_PATH
- * keys (resolve_files), authentication, TLS, each source and its CURVE keys,
- * JetStream, worker_id_file and the count of ZMQ sockets.  Also the quoting
- * of user values in messages (kvb_cfg_shown()).
+/* config check: the checks across keys, run once the file was walked (see
+ * src/config/config.c): the files named by F_PATH keys (resolve_files),
+ * authentication, TLS, each source and its CURVE keys, JetStream,
+ * worker_id_file and the count of ZMQ sockets.  The checks of one value:
+ * src/config/check_value.c.
  */
 #include "config.h"
 #include "config_priv.h"
 #include "secret.h"
 #include "subject.h"
+#include "url.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 #include <zmq.h>
-
-#include <curl/curl.h>
-
-#define MAX_SHOWN 60 /* bytes of a user value quoted in a message */
-
-/* ------------------------------------------------------------------------ */
-/* Messages                                                                  */
-
-/* A user value made safe for a one-line message: printable ASCII kept (and
- * UTF-8 bytes), controls as \xNN, cut after MAX bytes.  Returns a malloc'd
- * string, or NULL when out of memory (SHOWN() gives a placeholder). */
-char *kvb_cfg_shown_max(const char *s, size_t len, size_t max)
-{
-    size_t n = len < max ? len : max;
-    char *o = malloc(n * 4 + 4);
-    if (!o)
-        return NULL;
-    char *p = o;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch < 0x20 || ch == 0x7f || ch == '\\') {
-            if (ch == '\\') {
-                *p++ = '\\';
-                *p++ = '\\';
-            } else {
-                snprintf(p, 5, "\\x%02x", ch);
-                p += 4;
-            }
-        } else {
-            *p++ = (char)ch;
-        }
-    }
-    if (n < len)
-        p += sprintf(p, "...");
-    *p = '\0';
-    return o;
-}
-
-char *kvb_cfg_shown(const char *s, size_t len) { return kvb_cfg_shown_max(s, len, MAX_SHOWN); }
-
-/* ------------------------------------------------------------------------ */
-/* Checks (one value) and cross-checks                                       */
-
-static bool has_prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
-
-int kvb_cfg_check_endpoint(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
-                           const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    static const char *const schemes[] = {"tcp://", "ipc://", "inproc://"};
-    for (size_t i = 0; i < 3; i++)
-        if (has_prefix(s, schemes[i]) && s[strlen(schemes[i])] != '\0')
-            return 0;
-    char *sv = kvb_cfg_shown(s, strlen(s));
-    err_at(c, v->line, v->col,
-           "%s: '%s' is not a ZMQ endpoint (expected tcp://, ipc:// or inproc://...)", dpath,
-           SHOWN(sv));
-    free(sv);
-    return -1;
-}
-
-int kvb_cfg_check_opt_endpoint(struct ctx *c, const struct opt *o, const char *dpath,
-                               const void *field, const struct node *v)
-{
-    if (**(char *const *)field == '\0')
-        return 0;
-    return kvb_cfg_check_endpoint(c, o, dpath, field, v);
-}
-
-int kvb_cfg_check_word(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
-                       const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    if (*s == '\0') {
-        err_at(c, v->line, v->col, "%s: must not be empty", dpath);
-        return -1;
-    }
-    if (strpbrk(s, " \t\r\n")) {
-        err_at(c, v->line, v->col, "%s: must not contain white space", dpath);
-        return -1;
-    }
-    return 0;
-}
-
-/* Every '{' of s starts one of the first n placeholders of {namespace}
- * {component} {worker_id} {dp_rank} (subject.h checks); expected lists them
- * for the error. */
-static int check_placeholders(struct ctx *c, const char *dpath, const char *s, const struct node *v,
-                              size_t n, const char *expected)
-{
-    static const unsigned bits[] = {KVB_PH_NAMESPACE, KVB_PH_COMPONENT, KVB_PH_WORKER_ID,
-                                    KVB_PH_DP_RANK, KVB_PH_ENDPOINT};
-    unsigned allowed = 0;
-    size_t off = 0, len = 0;
-    for (size_t i = 0; i < n && i < sizeof(bits) / sizeof(bits[0]); i++)
-        allowed |= bits[i];
-    if (kvb_subject_check(s, allowed, &off, &len) == 0)
-        return 0;
-    char *sv = kvb_cfg_shown(s + off, len);
-    err_at(c, v->line, v->col, "%s: unknown placeholder '%s' (expected %s)", dpath, SHOWN(sv),
-           expected);
-    free(sv);
-    return -1;
-}
-
-int kvb_cfg_check_subject(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
-                          const struct node *v)
-{
-    if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
-        return -1;
-    return check_placeholders(c, dpath, *(char *const *)field, v, 5,
-                              "{namespace}, {component}, {endpoint}, {worker_id} or {dp_rank}");
-}
-
-/* query.subject: "" (off), or a subject without wildcards nor {dp_rank}. */
-int kvb_cfg_check_query_subject(struct ctx *c, const struct opt *o, const char *dpath,
-                                const void *field, const struct node *v)
-{
-    const char *s = *(char *const *)field;
-    if (*s == '\0')
-        return 0;
-    if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
-        return -1;
-    if (strpbrk(s, "*>")) {
-        err_at(c, v->line, v->col, "%s: must not contain the wildcards '*' or '>'", dpath);
-        return -1;
-    }
-    return check_placeholders(c, dpath, s, v, 3, "{namespace}, {component} or {worker_id}");
-}
-
-int kvb_cfg_check_format(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
-                         const struct node *v)
-{
-    (void)c, (void)o, (void)dpath, (void)field, (void)v;
-    return 0; /* every value; the combinations: check_publish() */
-}
-
-/* An etcd gateway URL: http:// or https:// and a host. */
-int kvb_cfg_check_etcd_url(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
-                           const struct node *v)
-{
-    const char *s = *(char *const *)field;
-    if (kvb_cfg_check_word(c, o, dpath, field, v) < 0)
-        return -1;
-    const char *rest = has_prefix(s, "http://") ? s + 7 : has_prefix(s, "https://") ? s + 8 : NULL;
-    if (rest && *rest && *rest != '/')
-        return 0;
-    char *sv = kvb_cfg_shown(s, strlen(s));
-    err_at(c, v->line, v->col,
-           "%s: '%s' is not an etcd URL (expected http://HOST:PORT or "
-           "https://HOST:PORT)",
-           dpath, SHOWN(sv));
-    free(sv);
-    return -1;
-}
-
-/* PORT of "...:PORT" (last colon), or -1 when not a number in 0..65535. */
-static long port_of(const char *s)
-{
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon[1] == '\0' || strlen(colon + 1) > 5)
-        return -1;
-    long port = 0;
-    for (const char *p = colon + 1; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return -1;
-        port = port * 10 + (*p - '0');
-    }
-    return port <= 65535 ? port : -1;
-}
-
-/* HOST:PORT as src/ops/http.c binds it: HOST a numeric IPv4 or IPv6 address
- * (in brackets, or bare), PORT 1..65535.  NULL when good, else why not. */
-static const char *bad_listen(const char *s)
-{
-    char host[128];
-    const char *hs = s, *he = strrchr(s, ':');
-    if (s[0] == '[') {
-        const char *e = strchr(s, ']');
-        if (!e || e[1] != ':')
-            return "a bracketed IPv6 address needs ]:PORT after it";
-        hs = s + 1;
-        he = e;
-    }
-    long port = port_of(s);
-    if (port == 0)
-        return "port 0 is not a port to scrape (expected 1..65535)";
-    if ((size_t)(he - hs) >= sizeof host)
-        return "the host is too long";
-    memcpy(host, hs, (size_t)(he - hs));
-    host[he - hs] = '\0';
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
-                             .ai_socktype = SOCK_STREAM};
-    struct addrinfo *ai = NULL;
-    int r = getaddrinfo(host, "1", &hints, &ai);
-    if (ai)
-        freeaddrinfo(ai);
-    return r == 0 ? NULL : "the host must be a numeric IPv4 or IPv6 address";
-}
-
-int kvb_cfg_check_listen(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
-                         const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field, *why = NULL;
-    if (*s == '\0')
-        return 0;
-    const char *colon = strrchr(s, ':');
-    if (colon && colon != s && port_of(s) >= 0 && !strpbrk(s, " \t\r\n") && !(why = bad_listen(s)))
-        return 0;
-    char *sv = kvb_cfg_shown(s, strlen(s));
-    if (why)
-        err_at(c, v->line, v->col, "%s: '%s': %s", dpath, SHOWN(sv), why);
-    else
-        err_at(c, v->line, v->col, "%s: '%s' is not HOST:PORT (or \"\" to disable)", dpath,
-               SHOWN(sv));
-    free(sv);
-    return -1;
-}
-
-/* nats.servers[i]: [SCHEME://][USER[:PASSWORD]@]HOST[:PORT][/...], PORT
- * 1..65535 when given.  The URL may hold a password or token: only the
- * port is quoted. */
-int kvb_cfg_check_server_url(struct ctx *c, const struct opt *o, const char *dpath,
-                             const void *field, const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    const char *p = strstr(s, "://");
-    p = p ? p + 3 : s;
-    size_t n = strcspn(p, "/?#");
-    const char *at = memrchr(p, '@', n);
-    if (at) {
-        n -= (size_t)(at + 1 - p);
-        p = at + 1;
-    }
-    const char *end = p + n, *port = NULL;
-    if (*p == '[') {
-        const char *e = memchr(p, ']', n);
-        if (e && e + 1 < end && e[1] == ':')
-            port = e + 2;
-        else if (!e || e + 1 != end) {
-            err_at(c, v->line, v->col,
-                   "%s: a bracketed IPv6 host needs ']' and then "
-                   "nothing or :PORT",
-                   dpath);
-            return -1;
-        }
-    } else {
-        const char *colon = memrchr(p, ':', n);
-        port = colon ? colon + 1 : NULL;
-    }
-    if (!port)
-        return 0;
-    size_t plen = (size_t)(end - port), i = 0;
-    unsigned long num = 0;
-    while (i < plen && i < 6 && port[i] >= '0' && port[i] <= '9')
-        num = num * 10 + (unsigned long)(port[i++] - '0');
-    if (plen > 0 && i == plen && num >= 1 && num <= 65535)
-        return 0;
-    char *sv = kvb_cfg_shown(port, plen);
-    err_at(c, v->line, v->col, "%s: port '%s' is not a number in 1..65535", dpath, SHOWN(sv));
-    free(sv);
-    return -1;
-}
-
-/* sources[].engine URLs: "" or an http:// / https:// URL that libcurl's URL
- * parser takes (the scraper uses libcurl). */
-int kvb_cfg_check_http_url(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
-                           const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    if (*s == '\0')
-        return 0;
-    bool ok = false;
-    CURLU *u = curl_url();
-    char *scheme = NULL, *host = NULL;
-    if (u && curl_url_set(u, CURLUPART_URL, s, 0) == CURLUE_OK &&
-        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
-        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK)
-        ok = (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0) && host[0];
-    curl_free(scheme);
-    curl_free(host);
-    curl_url_cleanup(u);
-    if (ok && !strpbrk(s, " \t\r\n"))
-        return 0;
-    char *sv = kvb_cfg_shown(s, strlen(s));
-    err_at(c, v->line, v->col, "%s: '%s' is not an http:// or https:// URL (or \"\" for none)",
-           dpath, SHOWN(sv));
-    free(sv);
-    return -1;
-}
 
 /* sources[].engine: dead_after_ms covers at least one scrape. */
 void kvb_cfg_check_engine(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
@@ -328,31 +30,6 @@ void kvb_cfg_check_engine(struct ctx *c, const struct kvb_source_cfg *s, size_t 
            "sources[%zu].engine.dead_after_ms: %" PRIu32 " is less than "
            "sources[%zu].engine.scrape_interval_ms (%" PRIu32 ")",
            i, s->engine.dead_after_ms, i, s->engine.scrape_interval_ms);
-}
-
-int kvb_cfg_check_host(struct ctx *c, const struct opt *o, const char *dpath, const void *field,
-                       const struct node *v)
-{
-    (void)o;
-    const char *s = *(char *const *)field;
-    if (!strpbrk(s, " \t\r\n/"))
-        return 0;
-    err_at(c, v->line, v->col, "%s: must be a host name (no white space or '/')", dpath);
-    return -1;
-}
-
-/* nats.jetstream.stream and .subject: "" or text without white space whose
- * placeholders are {namespace}, {component} or {worker_id}. */
-int kvb_cfg_check_js_template(struct ctx *c, const struct opt *o, const char *dpath,
-                              const void *field, const struct node *v)
-{
-    const char *s = *(char *const *)field;
-    (void)o;
-    if (strpbrk(s, " \t\r\n")) {
-        err_at(c, v->line, v->col, "%s: must not contain white space", dpath);
-        return -1;
-    }
-    return check_placeholders(c, dpath, s, v, 3, "{namespace}, {component} or {worker_id}");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -406,6 +83,31 @@ static int read_secret(struct ctx *c, const struct opt *o, const char *path, con
     return rc < 0 ? -1 : 0;
 }
 
+/* F_PATH row O (index I), its file at PATH (WHERE: how the name was
+ * looked up, for messages): read into the key it .fills, which must not be
+ * set too.  0, or -1 (reported). */
+static int fill_from_file(struct ctx *c, struct kvb_config *cfg, struct mark *m, size_t i,
+                          const char *path, const char *where)
+{
+    const struct opt *o = &kvb_cfg_opts[i];
+    size_t t = kvb_cfg_opt_index(o->fills);
+    char **target = (char **)((char *)cfg + kvb_cfg_opts[t].off);
+    char *secret = NULL;
+    if (m[t].set && (m[t].bad || **target)) {
+        err_at(c, m[i].line, m[i].col, "%s: %s is set too (at %zu:%zu): use one of them", o->key,
+               o->fills, m[t].line, m[t].col);
+        return -1;
+    }
+    /* a seed is checked; a password or token is one line */
+    unsigned flags =
+        strcmp(o->fills, "nats.nkey_seed") == 0 ? KVB_SECRET_TRIM : KVB_SECRET_ONE_LINE;
+    if (read_secret(c, o, path, where, &m[i], flags, &secret) < 0)
+        return -1;
+    kvb_cfg_str_free(*target);
+    *target = secret;
+    return 0;
+}
+
 /* Every F_PATH key that is set: resolve the name (the field gets the
  * result), then read the secret it .fills, or check that the file is
  * readable. */
@@ -423,33 +125,13 @@ void kvb_cfg_resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m
             return;
         kvb_cfg_str_free(*field);
         *field = path;
-        if (o->fills) {
-            size_t t = kvb_cfg_opt_index(o->fills);
-            char **target = (char **)((char *)cfg + kvb_cfg_opts[t].off);
-            char *secret = NULL;
-            if (m[t].set && (m[t].bad || **target)) {
-                err_at(c, m[i].line, m[i].col,
-                       "%s: %s is set too (at %zu:%zu): use one "
-                       "of them",
-                       o->key, o->fills, m[t].line, m[t].col);
-                m[i].bad = true;
-            } else if (read_secret(c, o, path, where, &m[i],
-                                   /* a seed is checked; a password or token is one line */
-                                   strcmp(o->fills, "nats.nkey_seed") == 0 ? KVB_SECRET_TRIM
-                                                                           : KVB_SECRET_ONE_LINE,
-                                   &secret) < 0) {
-                m[i].bad = true;
-            } else {
-                kvb_cfg_str_free(*target);
-                *target = secret;
-            }
-        } else {
-            int fd = open_named(c, o, path, where, &m[i]);
-            if (fd < 0)
-                m[i].bad = true;
-            else
-                close(fd);
-        }
+        int fd = -1;
+        if (o->fills)
+            m[i].bad = fill_from_file(c, cfg, m, i, path, where) < 0;
+        else if ((fd = open_named(c, o, path, where, &m[i])) < 0)
+            m[i].bad = true;
+        else
+            close(fd);
     }
 }
 
@@ -466,21 +148,22 @@ static bool before(const struct mark *a, const struct mark *b)
     return a->line < b->line || (a->line == b->line && a->col < b->col);
 }
 
-/* At most one authentication method, each one complete; the NKey seed is
- * valid and gives nkey_public. */
-static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+/* At most one authentication method: every key of a method after the
+ * first one set (in the order of the file) is reported.  Returns the index
+ * of that method in METHODS, or NM when none is set. */
+#define NM 4
+static size_t check_one_method(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
 {
-    static const char *const methods[][3] = {
+    static const char *const methods[NM][3] = {
         {"nats.credentials"},
         {"nats.user", "nats.password", "nats.password_file"},
         {"nats.token", "nats.token_file"},
         {"nats.nkey_seed", "nats.nkey_seed_file"},
     };
-    enum { NM = sizeof methods / sizeof methods[0] };
     const struct mark *first[NM] = {0}; /* earliest key of each method present */
     const char *first_key[NM] = {0};
     const struct mark *winner = NULL;
-    size_t wi = 0;
+    size_t wi = NM;
 
     for (size_t i = 0; i < NM; i++) {
         for (size_t k = 0; k < 3 && methods[i][k]; k++) {
@@ -496,7 +179,7 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
         }
     }
     /* the others, in the order of the file */
-    for (const struct mark *last = winner;;) {
+    for (const struct mark *last = winner; last;) {
         size_t next = NM;
         for (size_t i = 0; i < NM; i++)
             if (first[i] && before(last, first[i]) && (next == NM || before(first[i], first[next])))
@@ -509,45 +192,62 @@ static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark 
                first_key[next], first_key[wi], winner->line, winner->col);
         last = first[next];
     }
+    return wi;
+}
 
-    /* user and password go together (when that is the method) */
+/* nats.user and a password go together. */
+static void check_user_password(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
+{
     bool user = present(cfg, m, "nats.user");
     const char *pw = present(cfg, m, "nats.password")        ? "nats.password"
                      : present(cfg, m, "nats.password_file") ? "nats.password_file"
                                                              : NULL;
-    if (!winner || wi == 1) {
-        if (user && !pw) {
-            const struct mark *mu = &m[kvb_cfg_opt_index("nats.user")];
-            err_at(c, mu->line, mu->col, "nats.user: needs nats.password or nats.password_file");
-        } else if (pw && !user) {
-            const struct mark *mp = &m[kvb_cfg_opt_index(pw)];
-            err_at(c, mp->line, mp->col, "%s: needs nats.user", pw);
-        }
+    if (user && !pw) {
+        const struct mark *mu = &m[kvb_cfg_opt_index("nats.user")];
+        err_at(c, mu->line, mu->col, "nats.user: needs nats.password or nats.password_file");
+    } else if (pw && !user) {
+        const struct mark *mp = &m[kvb_cfg_opt_index(pw)];
+        err_at(c, mp->line, mp->col, "%s: needs nats.user", pw);
     }
+}
 
-    /* the seed */
+/* The NKey seed (from the file or the key) is a user seed: its public key
+ * goes to nats.nkey_public. */
+static void check_seed(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+{
     const char *seed = cfg->nats.nkey_seed;
     bool from_file = present(cfg, m, "nats.nkey_seed_file");
     const struct mark *ms =
         &m[kvb_cfg_opt_index(from_file ? "nats.nkey_seed_file" : "nats.nkey_seed")];
     char pub[KVB_NKEY_PUB_CHARS + 1];
-    if (seed && *seed && !ms->bad) {
-        const char *why = kvb_secret_nkey_public(seed, pub);
-        if (why && from_file) {
-            char *sp = kvb_cfg_shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
-                                         MAX_SHOWN_PATH);
-            err_at(c, ms->line, ms->col,
-                   "nats.nkey_seed_file: '%s' does not hold an NKey "
-                   "user seed: %s",
-                   SHOWN(sp), why);
-            free(sp);
-        } else if (why) {
-            err_at(c, ms->line, ms->col, "nats.nkey_seed: not an NKey user seed: %s", why);
-        } else if (!(cfg->nats.nkey_public = strdup(pub))) {
-            oom(c);
-        }
+    if (!seed || !*seed || ms->bad)
+        return;
+    const char *why = kvb_secret_nkey_public(seed, pub);
+    if (why && from_file) {
+        char *sp = kvb_cfg_shown_max(cfg->nats.nkey_seed_file, strlen(cfg->nats.nkey_seed_file),
+                                     MAX_SHOWN_PATH);
+        err_at(c, ms->line, ms->col,
+               "nats.nkey_seed_file: '%s' does not hold an NKey "
+               "user seed: %s",
+               SHOWN(sp), why);
+        free(sp);
+    } else if (why) {
+        err_at(c, ms->line, ms->col, "nats.nkey_seed: not an NKey user seed: %s", why);
+    } else if (!(cfg->nats.nkey_public = strdup(pub))) {
+        oom(c);
     }
 }
+
+/* At most one authentication method, each one complete; the NKey seed is
+ * valid and gives nkey_public. */
+static void check_auth(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
+{
+    size_t method = check_one_method(c, cfg, m);
+    if (method == NM || method == 1) /* none, or user and password */
+        check_user_password(c, cfg, m);
+    check_seed(c, cfg, m);
+}
+#undef NM
 
 /* TLS: on with tls:// URLs; its files only when it is on; cert with key. */
 static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *m)
@@ -558,9 +258,15 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
     size_t tls_url = SIZE_MAX;
     if (ms->bad)
         return;
-    for (size_t i = 0; i < cfg->nats.n_servers && tls_url == SIZE_MAX; i++)
-        if (strncasecmp(cfg->nats.servers[i], "tls://", 6) == 0)
+    for (size_t i = 0; i < cfg->nats.n_servers && tls_url == SIZE_MAX; i++) {
+        struct kvb_url u;
+        int rc = kvb_url_parse(cfg->nats.servers[i], "nats", &u, NULL);
+        if (rc == -ENOMEM)
+            oom(c);
+        if (rc == 0 && strcmp(u.scheme, "tls") == 0)
             tls_url = i;
+        kvb_url_free(&u);
+    }
     if (tls_url != SIZE_MAX) {
         if (me->set && !me->bad && !cfg->nats.tls.enabled)
             err_at(c, me->line, me->col,
@@ -615,7 +321,7 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
         if (!eps[k] || !has_prefix(eps[k], "tcp://") || ms[k]->bad)
             continue;
         const char *colon = strrchr(eps[k] + 6, ':');
-        long port = port_of(eps[k]);
+        long port = kvb_cfg_port_of(eps[k]);
         bool any = colon && strcmp(colon, ":*") == 0 && k == 0 && !expand &&
                    s->mode == KVB_MODE_BIND && !m[kvb_cfg_opt_index("sources[].mode")].bad;
         if (port == 0 || (port < 0 && !expand && !any)) {
@@ -631,7 +337,7 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
         for (size_t k = 0; k < 2; k++) {
             if (!eps[k] || !*eps[k] || ms[k]->bad)
                 continue;
-            long port = has_prefix(eps[k], "tcp://") ? port_of(eps[k]) : -1;
+            long port = has_prefix(eps[k], "tcp://") ? kvb_cfg_port_of(eps[k]) : -1;
             if (port == 0)
                 continue; /* reported above */
             if (port < 0)

@@ -1,7 +1,23 @@
-/* config_priv: what the config module's files share (src/config/config.c: the table,
- * conversion, the walk, load and reload; src/config/check.c: the checks;
- * src/config/write.c: the example and the effective values; src/config/yaml.c:
- * the YAML file as a node tree).  Not for other modules.
+/* config_priv: what the config module's files share.  Not for other modules.
+ *
+ * The files, each with the files of the module it calls (a DAG, config.c
+ * at the top; `make lint` fails on a cycle between files, mk/file-graph.sh):
+ *
+ *   config.c       the entry: load (the walk of the tree against the
+ *                  table), free             -> check value yaml table util
+ *   check.c        checks across keys, the files they name (CURVE keys,
+ *                  secrets, worker_id_file) -> secret table url util
+ *   value.c        one value to its typed field, the defaults -> table util
+ *   write.c        the commented example, the effective values
+ *                                           -> table url util
+ *   reload.c       what SIGHUP may change   -> table
+ *   yaml.c         the file read and turned into a node tree -> util
+ *   table.c        the table, one row per key -> check_value (the rows' .check)
+ *   check_value.c  the checks of one value  -> url util
+ *   url.c          URLs through libcurl's CURLU (url.h, for the sink too)
+ *                                           -> none
+ *   secret.c       secret files, Z85 and NKey keys (secret.h) -> none
+ *   util.c         messages, strings, numbers -> none
  *
  * Ownership: kvb_cfg_parse() allocates the tree; kvb_cfg_node_free() frees it
  * (zeroing every scalar: they may be secrets) and accepts NULL.  Functions
@@ -32,17 +48,15 @@ struct ctx {
     const char *creds_dir; /* $CREDENTIALS_DIRECTORY, NULL when unset or "" */
 };
 
+/* ---- messages (util.c) -------------------------------------------- */
+
 /* Report an error: "FILE:LINE:COL: message", or "FILE: message" for line 0
- * (the whole file).  At most MAX_ERRORS are printed; every one is counted
- * in c->nerr. */
+ * (the whole file).  At most MAX_ERRORS (util.c) are printed; every one is
+ * counted in c->nerr. */
 void kvb_cfg_verr(struct ctx *c, size_t line, size_t col, const char *fmt, va_list ap)
     __attribute__((format(printf, 4, 0)));
 /* Report "out of memory" once and set c->oom. */
 void kvb_cfg_oom(struct ctx *c);
-/* Read the file c->path (at most 1 MiB, a regular file) into *out (malloc'd;
- * zero it before freeing) and *outlen.  0, or negative errno (reported). */
-int kvb_cfg_read_file(struct ctx *c, char **out, size_t *outlen);
-
 static inline void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static inline void err_at(struct ctx *c, size_t line, size_t col, const char *fmt, ...)
@@ -54,6 +68,36 @@ static inline void err_at(struct ctx *c, size_t line, size_t col, const char *fm
 }
 
 static inline void oom(struct ctx *c) { kvb_cfg_oom(c); }
+
+static inline bool has_prefix(const char *s, const char *p)
+{
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+/* ---- strings and numbers (util.c) --------------------------------- */
+
+/* malloc'd printf; NULL when out of memory (reported when C is not NULL). */
+char *kvb_cfg_asprintf(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Free a string of the config, zeroed first (it may be a secret). */
+void kvb_cfg_str_free(char *s);
+/* "a, b or c" into a malloc'd string; NULL when out of memory (reported when
+ * C is not NULL). */
+char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *last_sep);
+void kvb_cfg_free_strlist(char **list, size_t n);
+/* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
+int kvb_cfg_parse_u64(const char *s, size_t len, uint64_t *out);
+/* PORT of "...:PORT" (the last colon), or -1 when not a number in 0..65535. */
+long kvb_cfg_port_of(const char *s);
+
+#define MAX_SHOWN_PATH 240 /* bytes of a file name quoted in a message */
+
+/* A user value made safe for a one-line message: printable ASCII kept (and
+ * UTF-8 bytes), controls as \xNN, cut after MAX bytes, or MAX_SHOWN (util.c)
+ * for kvb_cfg_shown(); NULL when out of memory (SHOWN() gives a
+ * placeholder). */
+char *kvb_cfg_shown_max(const char *s, size_t len, size_t max);
+char *kvb_cfg_shown(const char *s, size_t len);
+#define SHOWN(s) ((s) ? (s) : "?")
 
 /* ---- the YAML file as a node tree (yaml.c) ------------------------ */
 
@@ -69,6 +113,9 @@ struct node {
     size_t n, cap;
 };
 
+/* Read the file c->path (at most 1 MiB, a regular file) into *out (malloc'd;
+ * zero it before freeing) and *outlen.  0, or negative errno (reported). */
+int kvb_cfg_read_file(struct ctx *c, char **out, size_t *outlen);
 /* Parse c->buf (c->len bytes) into *root, bounded by MAX_NODES nodes and
  * MAX_NESTING levels, aliases refused (reported; N_BAD nodes).  0 (*root is
  * NULL for a stream without a document; check c->nerr for non-fatal
@@ -80,7 +127,7 @@ const char *kvb_cfg_kind_name(const struct node *n);
 /* A plain scalar YAML reads as null: "", ~, null, Null, NULL. */
 bool kvb_cfg_is_null(const struct node *n);
 
-/* ---- the table (src/config/config.c) ------------------------------------------ */
+/* ---- the table (table.c) ----------------------------------------- */
 
 enum otype {
     T_U64,       /* uint64_t, decimal */
@@ -155,51 +202,34 @@ static inline bool is_engine_key(const struct opt *o)
 #define MAX_TOPICS 64     /* sources[].topics entries (source.c: 64 streams a source) */
 #define MAX_TOPIC_LEN 255 /* bytes of one topic (source.c: MAX_TOPIC - 1) */
 
-/* opts[] of src/config/config.c and its row count. */
+/* opts[] of table.c and its row count. */
 extern const struct opt *const kvb_cfg_opts;
 extern const size_t kvb_cfg_nopts;
+/* The row for KEY, or NULL. */
+const struct opt *kvb_cfg_find_opt(const char *key);
 /* The index of the row for KEY, which must exist. */
 size_t kvb_cfg_opt_index(const char *key);
 
-/* ---- helpers (src/config/config.c) --------------------------------------------- */
+/* ---- values (value.c) --------------------------------------------- */
 
-/* malloc'd printf; NULL when out of memory (reported when C is not NULL). */
-char *kvb_cfg_asprintf(struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Free a string of the config, zeroed first (it may be a secret). */
-void kvb_cfg_str_free(char *s);
-/* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
-int kvb_cfg_parse_u64(const char *s, size_t len, uint64_t *out);
-/* "a, b or c" into a malloc'd string; NULL when out of memory (reported when
- * C is not NULL). */
-char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *last_sep);
-
-/* ---- checks (src/config/check.c) ---------------------------------------- */
-
-#define MAX_SHOWN_PATH 240 /* bytes of a file name quoted in a message */
-
-/* A user value made safe for a one-line message (see check.c), cut
- * after MAX bytes, or MAX_SHOWN for kvb_cfg_shown(); NULL when out of memory
- * (SHOWN() gives a placeholder). */
-char *kvb_cfg_shown_max(const char *s, size_t len, size_t max);
-char *kvb_cfg_shown(const char *s, size_t len);
-#define SHOWN(s) ((s) ? (s) : "?")
-
-/* Values (src/config/value.c): one scalar into its field (0, or -1 after
- * reporting at line:col); one item of a list; the table's defaults for the
- * top level or one source (0, or -1 out of memory). */
+/* One scalar into its field (0, or -1 after reporting at line:col); one item
+ * of a list; the table's defaults for the top level or one source (0, or -1
+ * out of memory). */
 int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s, size_t len,
                  size_t line, size_t col, void *field);
 int kvb_cfg_conv_item(struct ctx *c, const struct opt *o, const char *dpath, size_t i,
                       const char *s, size_t len, size_t line, size_t col, char **str,
                       uint32_t *mask);
-void kvb_cfg_free_strlist(char **list, size_t n);
 int kvb_cfg_apply_defaults(struct ctx *c, void *base, bool sources_scope);
 
-/* Checks of one value, named by the table's .check. */
+/* ---- checks of one value (check_value.c), named by the table's .check */
+
 check_fn kvb_cfg_check_endpoint, kvb_cfg_check_opt_endpoint, kvb_cfg_check_subject,
     kvb_cfg_check_word, kvb_cfg_check_format, kvb_cfg_check_listen, kvb_cfg_check_host,
     kvb_cfg_check_js_template, kvb_cfg_check_server_url, kvb_cfg_check_query_subject,
     kvb_cfg_check_http_url, kvb_cfg_check_etcd_url;
+
+/* ---- checks across keys (check.c) --------------------------------- */
 
 /* Checks across keys, once the tree was walked; they report and set the
  * marks (M, one per table row) of keys found bad.  kvb_cfg_resolve_files():

@@ -1,7 +1,7 @@
 /* config_reload: what SIGHUP may change.  Equality of the table's values
  * between two configurations (the NATS connection's keys, one source's keys,
  * its engine keys) and the check that a new file may replace the running one,
- * both loops over the table of src/config/config.c.
+ * both loops over the table of src/config/table.c.
  */
 #include "config.h"
 #include "config_priv.h"

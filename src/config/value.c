@@ -1,6 +1,7 @@
 /* config_value: one scalar of the file to its typed field (integers with
  * their ranges, booleans, enums, tier lists, "auto" block sizes, lists of
- * strings) and the defaults of the table, for src/config/config.c's walk.
+ * strings) and the defaults of the table (src/config/table.c), for
+ * src/config/config.c's walk.
  */
 #include "config.h"
 #include "config_priv.h"
@@ -12,38 +13,6 @@
 
 /* ------------------------------------------------------------------------ */
 /* Converting values                                                         */
-
-/* 0 ok, -1 not a decimal integer, -2 negative, -3 above UINT64_MAX. */
-int kvb_cfg_parse_u64(const char *s, size_t len, uint64_t *out)
-{
-    size_t i = 0;
-    bool neg = false;
-    if (len && s[0] == '-') {
-        neg = true;
-        i = 1;
-    }
-    if (i == len)
-        return -1;
-    if (s[i] == '0' && len - i > 1)
-        return -1; /* no leading zeros: YAML 1.1 reads them as octal */
-    uint64_t v = 0;
-    bool big = false;
-    for (; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        unsigned d = (unsigned)(s[i] - '0');
-        if (v > (UINT64_MAX - d) / 10)
-            big = true;
-        else
-            v = v * 10 + d;
-    }
-    if (neg)
-        return v == 0 && !big ? -1 : -2;
-    if (big)
-        return -3;
-    *out = v;
-    return 0;
-}
 
 static bool str_eq(const char *a, size_t alen, const char *b)
 {
@@ -58,25 +27,89 @@ static int enum_index(const char *const *values, const char *s, size_t len)
     return -1;
 }
 
-/* "a, b or c" into a malloc'd string. */
-char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *last_sep)
+/* One scalar being converted: where it is and how a message shows it. */
+struct scalar {
+    const char *dpath; /* the key as the file spells it, for messages */
+    const char *s;
+    size_t len;
+    size_t line, col;  /* line 0: a default (errors name no position) */
+    const char *shown; /* s quoted safely (SHOWN()) */
+};
+
+/* T_U64, T_U32 and T_BLOCKSIZE: a decimal integer in o->min..o->max (or
+ * "auto" for a block size). */
+static int conv_int(struct ctx *c, const struct opt *o, const struct scalar *v, void *field)
 {
-    size_t n = 0, total = 1;
-    while (values[n])
-        total += strlen(values[n++]) + strlen(last_sep) + 2;
-    char *s = malloc(total);
-    if (!s) {
-        if (c)
-            oom(c);
-        return NULL;
+    uint64_t u = 0;
+    if (o->type == T_BLOCKSIZE && str_eq(v->s, v->len, "auto")) {
+        *(uint32_t *)field = 0;
+        return 0;
     }
-    s[0] = '\0';
-    for (size_t i = 0; i < n; i++) {
-        if (i)
-            strcat(s, i + 1 == n ? last_sep : ", ");
-        strcat(s, values[i]);
+    int pr = kvb_cfg_parse_u64(v->s, v->len, &u);
+    const char *what = pr == -2                     ? "is negative"
+                       : pr == -3                   ? "is too large"
+                       : pr < 0                     ? "is not a decimal integer"
+                       : (u < o->min || u > o->max) ? "is out of range"
+                                                    : NULL;
+    if (what) {
+        const char *q = pr == 0 ? "" : "'"; /* a number, or the text as written */
+        err_at(c, v->line, v->col, "%s: %s%s%s %s (expected %" PRIu64 "..%" PRIu64 "%s)", v->dpath,
+               q, SHOWN(v->shown), q, what, o->min, o->max,
+               o->type == T_BLOCKSIZE ? " or \"auto\"" : "");
+        return -1;
     }
-    return s;
+    if (o->type == T_U64)
+        *(uint64_t *)field = u;
+    else
+        *(uint32_t *)field = (uint32_t)u;
+    return 0;
+}
+
+static int conv_bool(struct ctx *c, const struct scalar *v, bool *field)
+{
+    const char *s = v->s;
+    size_t len = v->len;
+    if (str_eq(s, len, "true") || str_eq(s, len, "True") || str_eq(s, len, "TRUE")) {
+        *field = true;
+        return 0;
+    }
+    if (str_eq(s, len, "false") || str_eq(s, len, "False") || str_eq(s, len, "FALSE")) {
+        *field = false;
+        return 0;
+    }
+    err_at(c, v->line, v->col, "%s: '%s' is not a boolean (expected true or false)", v->dpath,
+           SHOWN(v->shown));
+    return -1;
+}
+
+static int conv_enum(struct ctx *c, const struct opt *o, const struct scalar *v, int *field)
+{
+    int i = enum_index(o->values, v->s, v->len);
+    if (i >= 0) {
+        *field = i;
+        return 0;
+    }
+    char *list = kvb_cfg_join_values(c, o->values, " or ");
+    err_at(c, v->line, v->col, "%s: '%s' is not one of %s", v->dpath, SHOWN(v->shown),
+           list ? list : "the allowed values");
+    free(list);
+    return -1;
+}
+
+static int conv_str(struct ctx *c, const struct scalar *v, char **field)
+{
+    if (memchr(v->s, '\0', v->len)) {
+        err_at(c, v->line, v->col, "%s: the string contains a NUL character", v->dpath);
+        return -1;
+    }
+    char *d = strndup(v->s, v->len);
+    if (!d) {
+        oom(c);
+        return -1;
+    }
+    kvb_cfg_str_free(*field);
+    *field = d;
+    return 0;
 }
 
 /* Convert one scalar for a scalar-typed option into *field.  The field is
@@ -84,83 +117,19 @@ char *kvb_cfg_join_values(struct ctx *c, const char *const *values, const char *
 int kvb_cfg_conv(struct ctx *c, const struct opt *o, const char *dpath, const char *s, size_t len,
                  size_t line, size_t col, void *field)
 {
+    char *shown = kvb_cfg_shown(s, len);
+    const struct scalar v = {dpath, s, len, line, col, shown};
     int rc = -1;
-    char *v = kvb_cfg_shown(s, len);
-    char *list = NULL;
-    uint64_t u = 0;
-
     switch (o->type) {
     case T_BLOCKSIZE:
-        if (str_eq(s, len, "auto")) {
-            *(uint32_t *)field = 0;
-            rc = 0;
-            break;
-        }
-        /* fall through */
     case T_U64:
-    case T_U32: {
-        int pr = kvb_cfg_parse_u64(s, len, &u);
-        const char *what = pr == -2                     ? "is negative"
-                           : pr == -3                   ? "is too large"
-                           : pr < 0                     ? "is not a decimal integer"
-                           : (u < o->min || u > o->max) ? "is out of range"
-                                                        : NULL;
-        if (what) {
-            const char *q = pr == 0 ? "" : "'"; /* a number, or the text as written */
-            err_at(c, line, col, "%s: %s%s%s %s (expected %" PRIu64 "..%" PRIu64 "%s)", dpath, q,
-                   SHOWN(v), q, what, o->min, o->max, o->type == T_BLOCKSIZE ? " or \"auto\"" : "");
-            break;
-        }
-        if (o->type == T_U64)
-            *(uint64_t *)field = u;
-        else
-            *(uint32_t *)field = (uint32_t)u;
-        rc = 0;
-        break;
-    }
-    case T_BOOL:
-        if (str_eq(s, len, "true") || str_eq(s, len, "True") || str_eq(s, len, "TRUE")) {
-            *(bool *)field = true;
-            rc = 0;
-        } else if (str_eq(s, len, "false") || str_eq(s, len, "False") || str_eq(s, len, "FALSE")) {
-            *(bool *)field = false;
-            rc = 0;
-        } else {
-            err_at(c, line, col, "%s: '%s' is not a boolean (expected true or false)", dpath,
-                   SHOWN(v));
-        }
-        break;
-    case T_ENUM: {
-        int i = enum_index(o->values, s, len);
-        if (i < 0) {
-            list = kvb_cfg_join_values(c, o->values, " or ");
-            err_at(c, line, col, "%s: '%s' is not one of %s", dpath, SHOWN(v),
-                   list ? list : "the allowed values");
-            break;
-        }
-        *(int *)field = i;
-        rc = 0;
-        break;
-    }
-    case T_STR: {
-        if (memchr(s, '\0', len)) {
-            err_at(c, line, col, "%s: the string contains a NUL character", dpath);
-            break;
-        }
-        char *d = strndup(s, len);
-        if (!d) {
-            oom(c);
-            break;
-        }
-        kvb_cfg_str_free(*(char **)field);
-        *(char **)field = d;
-        rc = 0;
-        break;
-    }
+    case T_U32: rc = conv_int(c, o, &v, field); break;
+    case T_BOOL: rc = conv_bool(c, &v, field); break;
+    case T_ENUM: rc = conv_enum(c, o, &v, field); break;
+    case T_STR: rc = conv_str(c, &v, field); break;
     default: break;
     }
-    free(list);
-    free(v);
+    free(shown);
     return rc;
 }
 
@@ -201,15 +170,6 @@ out:
     free(v);
     free(ipath);
     return rc;
-}
-
-void kvb_cfg_free_strlist(char **list, size_t n)
-{
-    if (!list)
-        return;
-    for (size_t i = 0; i < n; i++)
-        free(list[i]);
-    free(list);
 }
 
 /* Defaults for every key in one scope (the config, or one source). */

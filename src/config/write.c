@@ -1,8 +1,9 @@
 /* config_write: the commented example (conf/kvbridge.yaml) and the effective
- * values (--check -v), both loops over the table of src/config/config.c.
+ * values (--check -v), both loops over the table of src/config/table.c.
  */
 #include "config.h"
 #include "config_priv.h"
+#include "url.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -19,7 +20,7 @@ static const char example_header[] =
     "# does.  worker_id, block_size and sources[].endpoint have no default: the\n"
     "# values below are examples, so that this file loads as it is.\n"
     "#\n"
-    "# Generated from the table in src/config/config.c by\n"
+    "# Generated from the table in src/config/table.c by\n"
     "# kvb_config_write_example(); a unit test keeps conf/kvbridge.yaml equal to\n"
     "# it.  Unknown keys and bad values are errors,\n"
     "# reported as FILE:LINE:COLUMN.  `kvbridge -c FILE --check` validates a file;\n"
@@ -208,18 +209,11 @@ int kvb_config_write_example(FILE *f)
 
 #define REDACTED "(redacted)"
 
-/* A server URL, its user information (user and password, or a token)
- * replaced by REDACTED. */
+/* A URL (nats.servers, discovery.etcd.endpoints), its user information
+ * (user and password, or a token) replaced by REDACTED. */
 static void put_url(FILE *f, const char *url)
 {
-    const char *p = strstr(url, "://");
-    p = p ? p + 3 : url;
-    const char *at = memrchr(p, '@', strcspn(p, "/?#"));
-    if (!at) {
-        put_quoted(f, url, strlen(url));
-        return;
-    }
-    char *r = kvb_cfg_asprintf(NULL, "%.*s" REDACTED "%s", (int)(p - url), url, at);
+    char *r = kvb_url_redacted(url, "nats", REDACTED);
     if (r)
         put_quoted(f, r, strlen(r));
     else

@@ -16,7 +16,6 @@
 
 #define MAX_EXPANDED (1u << 20)   /* bytes of one value after ${VAR} expansion */
 #define MAX_FILE_BYTES (1u << 20) /* 1 MiB */
-#define MAX_ERRORS 100            /* printed; the rest are counted */
 
 /* Scalars may be secrets (nats.password, ...): every copy the parser made is
  * zeroed before it is freed.  libyaml's scanner also builds each scalar in
@@ -258,6 +257,53 @@ bad:
     return 0;
 }
 
+static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned depth, bool is_key,
+                 struct node **out);
+
+/* N: the scalar of EV (IS_KEY: a mapping key, taken as it is; a value has
+ * its ${VAR} expanded).  0, or -1 after reporting. */
+static int build_scalar(struct ctx *c, const yaml_event_t *ev, bool is_key, struct node *n)
+{
+    n->kind = N_SCALAR;
+    n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+    n->len = ev->data.scalar.length;
+    n->s = malloc(n->len + 1);
+    if (!n->s) {
+        oom(c);
+        return -1;
+    }
+    memcpy(n->s, ev->data.scalar.value, n->len);
+    n->s[n->len] = '\0';
+    return is_key ? 0 : expand_env(c, n);
+}
+
+/* N (a list or a mapping, at DEPTH): its children, read up to the event
+ * END.  0, or -1 after reporting a fatal error. */
+static int build_children(struct ctx *c, yaml_parser_t *p, yaml_event_type_t end, unsigned depth,
+                          struct node *n)
+{
+    if (depth >= MAX_NESTING) {
+        err_at(c, n->line, n->col, "nested too deeply (more than %u levels)", MAX_NESTING);
+        return -1;
+    }
+    for (;;) {
+        yaml_event_t sub;
+        struct node *kid = NULL;
+        if (next_event(c, p, &sub) < 0)
+            return -1;
+        if (sub.type == end) {
+            event_free(&sub);
+            return 0;
+        }
+        if (build(c, p, &sub, depth + 1, n->kind == N_MAP && n->n % 2 == 0, &kid) < 0)
+            return -1;
+        if (add_kid(c, n, kid) < 0) {
+            kvb_cfg_node_free(kid);
+            return -1;
+        }
+    }
+}
+
 /* Build the node that EV starts, reading events up to its end (IS_KEY: it is
  * a mapping key, whose text is taken as it is).  EV is consumed (deleted).
  * Returns 0, or -1 after reporting a fatal error. */
@@ -265,8 +311,6 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
                  struct node **out)
 {
     int rc = -1;
-    yaml_event_t sub;
-    struct node *kid = NULL;
     struct node *n = calloc(1, sizeof *n);
     if (!n) {
         oom(c);
@@ -280,17 +324,7 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
     }
     switch (ev->type) {
     case YAML_SCALAR_EVENT:
-        n->kind = N_SCALAR;
-        n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-        n->len = ev->data.scalar.length;
-        n->s = malloc(n->len + 1);
-        if (!n->s) {
-            oom(c);
-            goto fail;
-        }
-        memcpy(n->s, ev->data.scalar.value, n->len);
-        n->s[n->len] = '\0';
-        if (!is_key && expand_env(c, n) < 0)
+        if (build_scalar(c, ev, is_key, n) < 0)
             goto fail;
         break;
     case YAML_ALIAS_EVENT:
@@ -298,29 +332,15 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
         err_at(c, n->line, n->col, "YAML aliases are not supported");
         break;
     case YAML_SEQUENCE_START_EVENT:
-    case YAML_MAPPING_START_EVENT: {
-        yaml_event_type_t end = ev->type == YAML_SEQUENCE_START_EVENT ? YAML_SEQUENCE_END_EVENT
-                                                                      : YAML_MAPPING_END_EVENT;
-        n->kind = ev->type == YAML_SEQUENCE_START_EVENT ? N_SEQ : N_MAP;
-        if (depth >= MAX_NESTING) {
-            err_at(c, n->line, n->col, "nested too deeply (more than %u levels)", MAX_NESTING);
+        n->kind = N_SEQ;
+        if (build_children(c, p, YAML_SEQUENCE_END_EVENT, depth, n) < 0)
             goto fail;
-        }
-        for (;;) {
-            if (next_event(c, p, &sub) < 0)
-                goto fail;
-            if (sub.type == end) {
-                event_free(&sub);
-                break;
-            }
-            if (build(c, p, &sub, depth + 1, n->kind == N_MAP && n->n % 2 == 0, &kid) < 0)
-                goto fail;
-            if (add_kid(c, n, kid) < 0)
-                goto fail;
-            kid = NULL;
-        }
         break;
-    }
+    case YAML_MAPPING_START_EVENT:
+        n->kind = N_MAP;
+        if (build_children(c, p, YAML_MAPPING_END_EVENT, depth, n) < 0)
+            goto fail;
+        break;
     default: err_at(c, n->line, n->col, "unexpected YAML event"); goto fail;
     }
     event_free(ev);
@@ -329,7 +349,6 @@ static int build(struct ctx *c, yaml_parser_t *p, yaml_event_t *ev, unsigned dep
 
 fail:
     event_free(ev);
-    kvb_cfg_node_free(kid);
     kvb_cfg_node_free(n);
     return rc;
 }
@@ -381,32 +400,7 @@ fail:
 }
 
 /* ------------------------------------------------------------------------ */
-/* Errors and reading the file                                               */
-
-/* line 0: an error about the whole file ("FILE: message"). */
-void kvb_cfg_verr(struct ctx *c, size_t line, size_t col, const char *fmt, va_list ap)
-{
-    c->nerr++;
-    if (!c->err || c->nerr > MAX_ERRORS + 1)
-        return;
-    if (c->nerr == MAX_ERRORS + 1) {
-        fprintf(c->err, "%s: too many errors, not showing the rest\n", c->path);
-        return;
-    }
-    if (line)
-        fprintf(c->err, "%s:%zu:%zu: ", c->path, line, col);
-    else
-        fprintf(c->err, "%s: ", c->path);
-    vfprintf(c->err, fmt, ap);
-    fputc('\n', c->err);
-}
-
-void kvb_cfg_oom(struct ctx *c)
-{
-    if (!c->oom)
-        err_at(c, 0, 0, "out of memory");
-    c->oom = true;
-}
+/* Reading the file                                                          */
 
 int kvb_cfg_read_file(struct ctx *c, char **out, size_t *outlen)
 {

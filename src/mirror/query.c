@@ -269,18 +269,47 @@ static int answer_text(struct kvb_query_answer *a, int status, const char *text)
     return a->text ? 0 : -ENOMEM;
 }
 
-/* {"error":"msg"}: msg holds no quote nor backslash (our own texts). */
+/* KEY: VAL into the JSON object O; false (VAL freed) when out of memory. */
+static bool json_put(struct json_object *o, const char *key, struct json_object *val)
+{
+    if (!o || !val || json_object_object_add(o, key, val) != 0) {
+        json_object_put(val);
+        return false;
+    }
+    return true;
+}
+
+/* O (consumed) as one line of JSON, the way the README's "Query API" shows
+ * answers: no white space, '/' as it is.  NULL when out of memory. */
+static const char *json_line(struct json_object *o)
+{
+    return o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+                                                     JSON_C_TO_STRING_NOSLASHESCAPE)
+             : NULL;
+}
+
+/* The one-line answer O (consumed; NULL: out of memory). */
+static int answer_json(struct kvb_query_answer *a, int status, struct json_object *o)
+{
+    const char *s = json_line(o);
+    int rc = s ? answer_text(a, status, s) : -ENOMEM;
+    json_object_put(o);
+    return rc;
+}
+
+/* {"error":MSG,"status":STATUS} */
 static int answer_error(struct kvb_query_answer *a, int status, const char *msg)
 {
-    char buf[320];
-    snprintf(buf, sizeof(buf), "{\"error\":\"%s\",\"status\":%d}", msg, status);
-    for (char *p = buf + 10; *p; p++)
-        if (*p == '\\' || (unsigned char)*p < 0x20)
-            *p = ' ';
     a->has_last = false;
     kvb_index_snap_free(&a->snap);
     a->n_revs = 0;
-    return answer_text(a, status, buf);
+    struct json_object *o = json_object_new_object();
+    if (!json_put(o, "error", json_object_new_string(msg)) ||
+        !json_put(o, "status", json_object_new_int(status))) {
+        json_object_put(o);
+        o = NULL;
+    }
+    return answer_json(a, status, o);
 }
 
 int kvb_query_answer_status(const struct kvb_query_answer *a) { return a->status; }
@@ -322,13 +351,16 @@ int kvb_query_answer_line(struct kvb_query_answer *a, const char **data, size_t 
     }
     if (a->has_last && !a->last_done) {
         a->last_done = true;
-        char *p = a->line;
-        memcpy(p, "{\"last_event_id\":", 17);
-        p += 17;
-        p += kvb_u64_to_dec(p, a->last);
-        *p++ = '}';
+        struct json_object *o = json_object_new_object();
+        const char *s =
+            json_put(o, "last_event_id", json_object_new_uint64(a->last)) ? json_line(o) : NULL;
+        *len = s ? strlen(s) : 0;
+        if (s && *len < sizeof(a->line))
+            memcpy(a->line, s, *len + 1);
+        json_object_put(o);
+        if (!s || *len >= sizeof(a->line))
+            return -ENOMEM;
         *data = a->line;
-        *len = (size_t)(p - a->line);
         return 1;
     }
     return 0;
@@ -466,6 +498,23 @@ static void fix_events(struct kvb_query_answer *a)
     }
 }
 
+/* {"matched_blocks":{"device":K0,"host_pinned":K1,...}}, every tier in
+ * order; NULL when out of memory. */
+static struct json_object *matched_blocks(const uint32_t k[KVB_TIER__COUNT])
+{
+    struct json_object *o = json_object_new_object(), *tiers = json_object_new_object();
+    bool ok = tiers != NULL;
+    for (int t = 0; ok && t < KVB_TIER__COUNT; t++)
+        ok = json_put(tiers, kvb_tier_name(t), json_object_new_int64(k[t]));
+    if (!ok)
+        json_object_put(tiers);
+    if (!ok || !json_put(o, "matched_blocks", tiers)) {
+        json_object_put(o);
+        return NULL;
+    }
+    return o;
+}
+
 static void serve_one(struct job *j, struct kvb_index *m)
 {
     struct kvb_query_answer *a = j->a;
@@ -510,16 +559,7 @@ static void serve_one(struct job *j, struct kvb_index *m)
     default: {
         uint32_t k[KVB_TIER__COUNT];
         kvb_index_match(m, j->worker, j->rank, j->th, j->n_th, k);
-        char buf[256], *p = buf;
-        memcpy(p, "{\"matched_blocks\":{", 19);
-        p += 19;
-        for (int t = 0; t < KVB_TIER__COUNT; t++) {
-            const char *name = kvb_tier_name(t);
-            p += sprintf(p, "%s\"%s\":", t ? "," : "", name);
-            p += kvb_u64_to_dec(p, k[t]);
-        }
-        memcpy(p, "}}", 3);
-        if (answer_text(a, 200, buf) < 0)
+        if (answer_json(a, 200, matched_blocks(k)) < 0)
             answer_error(a, 500, "out of memory");
         return;
     }

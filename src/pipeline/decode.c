@@ -149,6 +149,57 @@ static const uint8_t fixed_size[256] = {
 };
 /* clang-format on */
 
+/* The header of an object of variable size (fixed_size[] says VARIABLE):
+ * its extra header bytes, then payload bytes to skip or child elements to
+ * walk (a map: 2 per entry). */
+struct var_hdr {
+    size_t hdr;
+    uint64_t skip;
+    uint64_t items;
+};
+
+/* Read the header of type byte T, whose extra header bytes start at p
+ * (avail bytes left).  0, or a KVB_DEC_ error. */
+static inline int var_header(uint8_t t, const uint8_t *p, size_t avail, struct var_hdr *h)
+{
+    enum { BYTES, EXT, ARRAY, MAP } kind;
+    *h = (struct var_hdr){0, 0, 0};
+    if ((t & 0xf0) == 0x90) { /* fixarray */
+        h->items = t & 0x0f;
+        return 0;
+    }
+    if ((t & 0xf0) == 0x80) { /* fixmap */
+        h->items = 2u * (t & 0x0f);
+        return 0;
+    }
+    switch (t) {
+    case 0xc4: /* bin 8/16/32, str 8/16/32: a length, then the bytes */
+    case 0xd9: h->hdr = 1, kind = BYTES; break;
+    case 0xc5:
+    case 0xda: h->hdr = 2, kind = BYTES; break;
+    case 0xc6:
+    case 0xdb: h->hdr = 4, kind = BYTES; break;
+    case 0xc7: h->hdr = 1, kind = EXT; break; /* ext 8/16/32: len, type, data */
+    case 0xc8: h->hdr = 2, kind = EXT; break;
+    case 0xc9: h->hdr = 4, kind = EXT; break;
+    case 0xdc: h->hdr = 2, kind = ARRAY; break;
+    case 0xdd: h->hdr = 4, kind = ARRAY; break;
+    case 0xde: h->hdr = 2, kind = MAP; break;
+    case 0xdf: h->hdr = 4, kind = MAP; break;
+    default: /* 0xc1, never used */ return KVB_DEC_BAD_MSGPACK;
+    }
+    if (avail < h->hdr)
+        return KVB_DEC_TRUNCATED;
+    uint64_t n = h->hdr == 1 ? p[0] : h->hdr == 2 ? be16(p) : be32(p);
+    switch (kind) {
+    case BYTES: h->skip = n; break;
+    case EXT: h->skip = n + 1u; break;
+    case ARRAY: h->items = n; break;
+    case MAP: h->items = 2u * n; break;
+    }
+    return 0;
+}
+
 /* Walk one msgpack object starting at p[0..len).  On success sets *used.
  * No array or map may declare more elements than max_items (the largest of
  * the configured limits): msgpack-c would allocate 24 bytes per element
@@ -184,100 +235,28 @@ static int prescan(const uint8_t *p, size_t len, uint32_t max_depth, uint64_t ma
         left_items[depth] = n;
         if (n == 0)
             continue;
-        left_items[depth]--;
         if (off >= len)
             return KVB_DEC_TRUNCATED;
+        /* an object the fast path left: a container, str/bin/ext 8..32 */
+        left_items[depth]--;
+        struct var_hdr h;
         uint8_t t = p[off++];
-        size_t avail = len - off;
-        uint64_t skip = 0;  /* payload bytes after the header */
-        uint64_t items = 0; /* child elements (map: 2 per entry) */
-        size_t hdr = 0;     /* extra header bytes */
-
-        if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) {
-            /* fixint, nil, bool */
-        } else if ((t & 0xe0) == 0xa0) {
-            skip = t & 0x1f;
-        } else if ((t & 0xf0) == 0x90) {
-            items = t & 0x0f;
-        } else if ((t & 0xf0) == 0x80) {
-            items = 2u * (t & 0x0f);
-        } else {
-            switch (t) {
-            case 0xcc:
-            case 0xd0: skip = 1; break;
-            case 0xcd:
-            case 0xd1: skip = 2; break;
-            case 0xce:
-            case 0xd2:
-            case 0xca: skip = 4; break;
-            case 0xcf:
-            case 0xd3:
-            case 0xcb: skip = 8; break;
-            case 0xd4: skip = 2; break; /* fixext: type + data */
-            case 0xd5: skip = 3; break;
-            case 0xd6: skip = 5; break;
-            case 0xd7: skip = 9; break;
-            case 0xd8: skip = 17; break;
-            case 0xc4:
-            case 0xd9: /* bin8, str8 */
-                hdr = 1;
-                if (avail < hdr)
-                    return KVB_DEC_TRUNCATED;
-                skip = p[off];
-                break;
-            case 0xc5:
-            case 0xda:
-                hdr = 2;
-                if (avail < hdr)
-                    return KVB_DEC_TRUNCATED;
-                skip = be16(p + off);
-                break;
-            case 0xc6:
-            case 0xdb:
-                hdr = 4;
-                if (avail < hdr)
-                    return KVB_DEC_TRUNCATED;
-                skip = be32(p + off);
-                break;
-            case 0xc7:
-            case 0xc8:
-            case 0xc9: /* ext 8/16/32: len, type, data */
-                hdr = t == 0xc7 ? 1 : t == 0xc8 ? 2 : 4;
-                if (avail < hdr)
-                    return KVB_DEC_TRUNCATED;
-                skip = (hdr == 1 ? p[off] : hdr == 2 ? be16(p + off) : be32(p + off)) + 1u;
-                break;
-            case 0xdc:
-            case 0xdd:
-                hdr = t == 0xdc ? 2 : 4;
-                if (avail < hdr)
-                    return KVB_DEC_TRUNCATED;
-                items = hdr == 2 ? be16(p + off) : be32(p + off);
-                break;
-            case 0xde:
-            case 0xdf:
-                hdr = t == 0xde ? 2 : 4;
-                if (avail < hdr)
-                    return KVB_DEC_TRUNCATED;
-                items = 2u * (hdr == 2 ? be16(p + off) : be32(p + off));
-                break;
-            default: /* 0xc1, never used */ return KVB_DEC_BAD_MSGPACK;
-            }
-        }
-        off += hdr;
-        avail = len - off;
-        if (skip > avail)
+        int rc = var_header(t, p + off, len - off, &h);
+        if (rc < 0)
+            return rc;
+        off += h.hdr;
+        if (h.skip > len - off)
             return KVB_DEC_TRUNCATED;
-        off += skip;
-        if (items) {
+        off += h.skip;
+        if (h.items) {
             /* each element needs at least one byte */
-            if (items > len - off)
+            if (h.items > len - off)
                 return KVB_DEC_TRUNCATED;
-            if (items > max_items)
+            if (h.items > max_items)
                 return KVB_DEC_TOO_LARGE;
             if (depth + 1 > max_depth)
                 return KVB_DEC_TOO_DEEP;
-            left_items[++depth] = items;
+            left_items[++depth] = h.items;
         }
     }
 }

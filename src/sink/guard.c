@@ -46,7 +46,6 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,39 +56,23 @@
 #include "clock.h"
 #include "config.h"
 #include "metrics.h"
+#include "url.h"
 
 #define GUARD_TICK_MS 100
 #define GUARD_GRACE_MS 250
 #define GUARD_LOG_MS 30000
 #define GUARD_LOG_BURST 5
 
-/* "nats://user:pass@host:4222/..." (scheme, credentials, path optional; a
- * bracketed IPv6 host) -> its port, 4222 by default; 0 when not a number. */
+/* A server URL's port, 4222 (nats.c's default) when it names none; 0 when
+ * it does not parse. */
 static uint16_t url_port(const char *url)
 {
-    const char *p = strstr(url, "://");
-    p = p ? p + 3 : url;
-    const char *end = p + strcspn(p, "/?#");
-    for (const char *at = p; at < end; at++) /* credentials end at the last '@' */
-        if (*at == '@')
-            p = at + 1;
-    const char *colon = NULL;
-    if (*p == '[') {
-        const char *rb = memchr(p, ']', (size_t)(end - p));
-        colon = rb && rb + 1 < end && rb[1] == ':' ? rb + 1 : NULL;
-    } else {
-        for (const char *c = p; c < end; c++)
-            if (*c == ':')
-                colon = c;
-    }
-    if (!colon || colon + 1 == end)
-        return 4222;
-    unsigned long v = 0;
-    for (const char *c = colon + 1; c < end; c++) {
-        if (*c < '0' || *c > '9' || (v = v * 10 + (unsigned long)(*c - '0')) > 65535)
-            return 0;
-    }
-    return (uint16_t)v;
+    struct kvb_url u;
+    if (kvb_url_parse(url, "nats", &u, NULL) < 0)
+        return 0;
+    uint16_t port = u.port ? u.port : 4222;
+    kvb_url_free(&u);
+    return port;
 }
 
 static uint16_t sock_port(const struct sockaddr_storage *ss)
@@ -282,7 +265,6 @@ static void *guard_main(void *arg)
 
 int kvb_sink_guard_start(struct kvb_sink *s, const struct kvb_config *cfg)
 {
-    pthread_condattr_t ca;
     int rc;
 
     s->guard_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(GUARD_LOG_MS, GUARD_LOG_BURST);
@@ -304,24 +286,14 @@ int kvb_sink_guard_start(struct kvb_sink *s, const struct kvb_config *cfg)
         s->guard_base[s->n_guard_base++] = socks[i].ino;
     free(socks);
 
-    if (pthread_condattr_init(&ca) != 0)
-        return -ENOMEM;
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    rc = pthread_cond_init(&s->guard_cond, &ca);
-    pthread_condattr_destroy(&ca);
-    if (rc != 0)
-        return -rc;
+    if ((rc = kvb_sink_cond_init(&s->guard_cond)) < 0)
+        return rc;
     pthread_mutex_init(&s->guard_mu, NULL);
     s->guard_init = true;
 
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals: the loop's signalfd */
-    rc = pthread_create(&s->guard_thread, NULL, guard_main, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        kvb_err(STAGE, "cannot start the NATS guard thread: %s", strerror(rc));
-        return -rc;
+    if ((rc = kvb_sink_thread_start(&s->guard_thread, guard_main, s)) < 0) {
+        kvb_err(STAGE, "cannot start the NATS guard thread: %s", strerror(-rc));
+        return rc;
     }
     s->guard_started = true;
     return 0;

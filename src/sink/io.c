@@ -39,7 +39,6 @@
 #include "sink_priv.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -184,83 +183,111 @@ static void evl_reap(struct kvb_sink *s, bool all)
 
 #define IO_MAX_CONNS 8 /* connections polled at once (1, 2 while replacing) */
 
-static void *io_main(void *arg)
-{
-    struct kvb_sink *s = arg;
+/* One pass of the I/O thread: the wake eventfd (fds[0]) and the sockets it
+ * polls, with what their evl said when they were picked. */
+struct io_set {
     struct pollfd fds[1 + IO_MAX_CONNS];
     struct evl *es[IO_MAX_CONNS];
     unsigned touched[IO_MAX_CONNS], gen[IO_MAX_CONNS];
+    size_t n;
+};
 
-    for (;;) {
-        size_t n = 0;
-        pthread_mutex_lock(&s->evl_mu);
-        if (s->io_stop) {
-            pthread_mutex_unlock(&s->evl_mu);
-            break;
-        }
-        evl_reap(s, false);
-        for (struct evl *e = s->evls; e && n < IO_MAX_CONNS; e = e->next) {
-            if (e->forgotten || e->fd < 0 || !(e->want_read || e->io_write))
-                continue;
-            fds[1 + n] = (struct pollfd){
-                e->fd, (short)((e->want_read ? POLLIN : 0) | (e->io_write ? POLLOUT : 0)), 0};
-            touched[n] = e->touched;
-            gen[n] = e->gen;
-            es[n++] = e;
-        }
+/* The sockets to poll now (reaping the evls done with).  False: stop. */
+static bool io_collect(struct kvb_sink *s, struct io_set *set)
+{
+    set->n = 0;
+    pthread_mutex_lock(&s->evl_mu);
+    if (s->io_stop) {
         pthread_mutex_unlock(&s->evl_mu);
-        fds[0] = (struct pollfd){s->io_wake, POLLIN, 0};
-        if (poll(fds, 1 + n, -1) < 0)
+        return false;
+    }
+    evl_reap(s, false);
+    for (struct evl *e = s->evls; e && set->n < IO_MAX_CONNS; e = e->next) {
+        if (e->forgotten || e->fd < 0 || !(e->want_read || e->io_write))
+            continue;
+        size_t n = set->n++;
+        set->fds[1 + n] = (struct pollfd){
+            e->fd, (short)((e->want_read ? POLLIN : 0) | (e->io_write ? POLLOUT : 0)), 0};
+        set->touched[n] = e->touched;
+        set->gen[n] = e->gen;
+        set->es[n] = e;
+    }
+    pthread_mutex_unlock(&s->evl_mu);
+    set->fds[0] = (struct pollfd){s->io_wake, POLLIN, 0};
+    return true;
+}
+
+/* Socket I of SET reported REV: when its evl still polls that socket, the
+ * connection to call into (marked io_busy) and whether to read (*rd) and
+ * write (*wr); NULL when there is nothing to do. */
+static natsConnection *io_claim(struct kvb_sink *s, const struct io_set *set, size_t i, short rev,
+                                bool *rd, bool *wr)
+{
+    struct evl *e = set->es[i];
+    natsConnection *nc = NULL;
+    *rd = *wr = false;
+    pthread_mutex_lock(&s->evl_mu);
+    bool same_socket = !e->forgotten && e->gen == set->gen[i]; /* still the one polled */
+    if (same_socket && (rev & POLLNVAL)) {
+        e->fd = -1; /* closed under us: wait for the next attach */
+    } else if (same_socket) {
+        *rd = e->want_read && (rev & (POLLIN | POLLHUP | POLLERR));
+        *wr = e->io_write && (rev & (POLLOUT | POLLHUP | POLLERR));
+        if (*rd || *wr) {
+            s->io_busy = e;
+            nc = e->nc;
+        }
+    }
+    pthread_mutex_unlock(&s->evl_mu);
+    return nc;
+}
+
+/* Serve socket I of SET, ready with REV. */
+static void io_serve(struct kvb_sink *s, const struct io_set *set, size_t i, short rev)
+{
+    bool rd, wr;
+    struct evl *e = set->es[i];
+    natsConnection *nc = io_claim(s, set, i, rev, &rd, &wr);
+    if (!nc)
+        return;
+    if (wr)
+        natsConnection_ProcessWriteEvent(nc);
+    /* After a hang-up, read (what is left, then the end) until nats.c
+     * reacts; a hang-up that changes nothing (nats.c is reconnecting and
+     * ignores the old socket) stops the polling of that socket until the
+     * next attach, instead of spinning. */
+    bool hup = rev & (POLLHUP | POLLERR), same = rd;
+    for (int k = 0; same && k < (hup ? 64 : 1); k++) {
+        natsConnection_ProcessReadEvent(nc);
+        pthread_mutex_lock(&s->evl_mu);
+        same = e->touched == set->touched[i];
+        pthread_mutex_unlock(&s->evl_mu);
+    }
+    pthread_mutex_lock(&s->evl_mu);
+    if (hup && e->touched == set->touched[i])
+        e->fd = -1;
+    s->io_busy = NULL;
+    pthread_cond_broadcast(&s->evl_cond);
+    pthread_mutex_unlock(&s->evl_mu);
+}
+
+static void *io_main(void *arg)
+{
+    struct kvb_sink *s = arg;
+    struct io_set set;
+
+    while (io_collect(s, &set)) {
+        if (poll(set.fds, 1 + set.n, -1) < 0)
             continue; /* EINTR */
-        if (fds[0].revents & POLLIN) {
+        if (set.fds[0].revents & POLLIN) {
             uint64_t v;
             if (read(s->io_wake, &v, sizeof(v)) < 0) {
                 /* nothing to drain */
             }
         }
-        for (size_t i = 0; i < n; i++) {
-            short rev = fds[1 + i].revents;
-            if (!rev)
-                continue;
-            struct evl *e = es[i];
-            natsConnection *nc = NULL;
-            bool rd = false, wr = false;
-            pthread_mutex_lock(&s->evl_mu);
-            if (!e->forgotten && e->gen == gen[i]) { /* still the socket polled */
-                if (rev & POLLNVAL) {
-                    e->fd = -1; /* closed under us: wait for the next attach */
-                } else {
-                    rd = e->want_read && (rev & (POLLIN | POLLHUP | POLLERR));
-                    wr = e->io_write && (rev & (POLLOUT | POLLHUP | POLLERR));
-                    if (rd || wr) {
-                        s->io_busy = e;
-                        nc = e->nc;
-                    }
-                }
-            }
-            pthread_mutex_unlock(&s->evl_mu);
-            if (!nc)
-                continue;
-            if (wr)
-                natsConnection_ProcessWriteEvent(nc);
-            /* After a hang-up, read (what is left, then the end) until nats.c
-             * reacts; a hang-up that changes nothing (nats.c is reconnecting
-             * and ignores the old socket) stops the polling of that socket
-             * until the next attach, instead of spinning. */
-            bool hup = rev & (POLLHUP | POLLERR), same = rd;
-            for (int k = 0; same && k < (hup ? 64 : 1); k++) {
-                natsConnection_ProcessReadEvent(nc);
-                pthread_mutex_lock(&s->evl_mu);
-                same = e->touched == touched[i];
-                pthread_mutex_unlock(&s->evl_mu);
-            }
-            pthread_mutex_lock(&s->evl_mu);
-            if (hup && e->touched == touched[i])
-                e->fd = -1;
-            s->io_busy = NULL;
-            pthread_cond_broadcast(&s->evl_cond);
-            pthread_mutex_unlock(&s->evl_mu);
-        }
+        for (size_t i = 0; i < set.n; i++)
+            if (set.fds[1 + i].revents)
+                io_serve(s, &set, i, set.fds[1 + i].revents);
     }
     nats_ReleaseThreadMemory();
     return NULL;
@@ -268,14 +295,10 @@ static void *io_main(void *arg)
 
 static int start_io_thread(struct kvb_sink *s)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals: the loop's signalfd */
-    int rc = pthread_create(&s->io_thread, NULL, io_main, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = kvb_sink_thread_start(&s->io_thread, io_main, s);
     if (rc == 0)
         s->io_started = true;
-    return -rc;
+    return rc;
 }
 
 static void stop_io_thread(struct kvb_sink *s)

@@ -282,74 +282,65 @@ static void stall_note(struct kvb_sink *s, const char *why)
                    atomic_load(&s->inflight));
 }
 
-/* nats.c's callback for every asynchronous publish (its own thread, one per
- * jsCtx).  Positive ack: done.  Otherwise the message goes to the resend
- * queue (the worker sends it again once connected; after no responders or
- * an unavailable JetStream with a backoff), unless the stream refused it. */
-static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+/* on_ack(), a positive ack: the message is stored (PROBE: it was the probe). */
+static void ack_stored(struct kvb_sink *s, natsMsg *msg, const jsPubAck *pa, bool probe)
 {
-    struct kvb_sink *s = closure;
-    struct kvb_metrics *m = s->m;
-    (void)js;
-    atomic_fetch_add(&s->ack_cbs, 1);
-    bool was_probe = msg && atomic_load(&s->probe) == msg;
-    if (pa) {
-        if (m) {
-            js_count(s, &m->jetstream_acks_total[0]);
-            if (pa->Duplicate)
-                js_count(s, &m->jetstream_duplicates_total[0]);
-        }
-        atomic_store(&s->ack_ok, true);
-        atomic_store_explicit(&s->js_last_ack_ms, kvb_mono_ms(), memory_order_relaxed);
-        stall_end(s);
-        if (was_probe) { /* stored: JetStream takes publishes again */
-            pthread_mutex_lock(&s->rb_mu);
-            if (atomic_load(&s->probe) == msg) {
-                atomic_store(&s->probe, NULL);
-                s->probing = false;
-                pthread_cond_signal(&s->rb_cond);
-            }
-            pthread_mutex_unlock(&s->rb_mu);
-        }
-        uint64_t cost = msg_cost(msg);
-        natsMsg_Destroy(msg);
-        settle(s, cost);
-        goto out;
+    if (s->m) {
+        js_count(s, &s->m->jetstream_acks_total[0]);
+        if (pa->Duplicate)
+            js_count(s, &s->m->jetstream_duplicates_total[0]);
     }
-    natsStatus st = pae ? pae->Err : NATS_ERR;
-    jsErrCode ec = pae ? pae->ErrCode : 0;
-    int why = st == NATS_TIMEOUT         ? KVB_JSF_TIMEOUT
-              : st == NATS_NO_RESPONDERS ? KVB_JSF_NO_RESPONDERS
-              : js_transient(st, ec)     ? KVB_JSF_UNAVAILABLE
-                                         : KVB_JSF_REFUSED;
-    if (m)
-        js_count(s, &m->jetstream_ack_failures_total[why]);
-    if (why == KVB_JSF_REFUSED) {
-        if (atomic_load(&s->live)) {
-            const char *id = NULL;
-            if (natsMsgHeader_Get(msg, JS_MSG_ID_HDR, &id) != NATS_OK)
-                id = NULL;
-            kvb_log_rl(&s->ack_rl, KVB_LOG_ERROR, STAGE,
-                       "JetStream refused a router event (%s%s): %s (error %d); it is "
-                       "not sent again, a barrier follows",
-                       id ? "Nats-Msg-Id " : "no id", id ? id : "",
-                       pae && pae->ErrText ? pae->ErrText : natsStatus_GetText(st), (int)ec);
-        }
-        if (was_probe) { /* answered: the next one may go */
-            pthread_mutex_lock(&s->rb_mu);
-            if (atomic_load(&s->probe) == msg)
-                atomic_store(&s->probe, NULL);
+    atomic_store(&s->ack_ok, true);
+    atomic_store_explicit(&s->js_last_ack_ms, kvb_mono_ms(), memory_order_relaxed);
+    stall_end(s);
+    if (probe) { /* stored: JetStream takes publishes again */
+        pthread_mutex_lock(&s->rb_mu);
+        if (atomic_load(&s->probe) == msg) {
+            atomic_store(&s->probe, NULL);
+            s->probing = false;
             pthread_cond_signal(&s->rb_cond);
-            pthread_mutex_unlock(&s->rb_mu);
         }
-        give_up(s, msg);
-        goto out;
+        pthread_mutex_unlock(&s->rb_mu);
     }
+    uint64_t cost = msg_cost(msg);
+    natsMsg_Destroy(msg);
+    settle(s, cost);
+}
+
+/* on_ack(): the stream refused the message for good (ST, EC): given up,
+ * logged (a barrier follows). */
+static void ack_refused(struct kvb_sink *s, natsMsg *msg, const jsPubAckErr *pae, natsStatus st,
+                        jsErrCode ec, bool probe)
+{
+    if (atomic_load(&s->live)) {
+        const char *id = NULL;
+        if (natsMsgHeader_Get(msg, JS_MSG_ID_HDR, &id) != NATS_OK)
+            id = NULL;
+        kvb_log_rl(&s->ack_rl, KVB_LOG_ERROR, STAGE,
+                   "JetStream refused a router event (%s%s): %s (error %d); it is "
+                   "not sent again, a barrier follows",
+                   id ? "Nats-Msg-Id " : "no id", id ? id : "",
+                   pae && pae->ErrText ? pae->ErrText : natsStatus_GetText(st), (int)ec);
+    }
+    if (probe) { /* answered: the next one may go */
+        pthread_mutex_lock(&s->rb_mu);
+        if (atomic_load(&s->probe) == msg)
+            atomic_store(&s->probe, NULL);
+        pthread_cond_signal(&s->rb_cond);
+        pthread_mutex_unlock(&s->rb_mu);
+    }
+    give_up(s, msg);
+}
+
+/* on_ack(): a failure that passes (WHY: KVB_JSF_TIMEOUT, _NO_RESPONDERS,
+ * _UNAVAILABLE): the message goes to the resend queue. */
+static void ack_retry(struct kvb_sink *s, natsMsg *msg, int why, bool probe)
+{
     stall_note(s, why == KVB_JSF_TIMEOUT         ? "ack timeout"
                   : why == KVB_JSF_NO_RESPONDERS ? "no responders"
                                                  : "unavailable");
     pthread_mutex_lock(&s->rb_mu);
-    if (was_probe && atomic_load(&s->probe) == msg)
+    if (probe && atomic_load(&s->probe) == msg)
         atomic_store(&s->probe, NULL);
     if (why != KVB_JSF_TIMEOUT) {
         /* Nobody took it (JetStream starting, the stream gone, a leader
@@ -374,7 +365,34 @@ static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void
     pthread_mutex_unlock(&s->rb_mu);
     if (!queued)
         give_up(s, msg);
-out:
+}
+
+/* nats.c's callback for every asynchronous publish (its own thread, one per
+ * jsCtx).  Positive ack: done.  Otherwise the message goes to the resend
+ * queue (the worker sends it again once connected; after no responders or
+ * an unavailable JetStream with a backoff), unless the stream refused it. */
+static void on_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+{
+    struct kvb_sink *s = closure;
+    (void)js;
+    atomic_fetch_add(&s->ack_cbs, 1);
+    bool probe = msg && atomic_load(&s->probe) == msg;
+    if (pa) {
+        ack_stored(s, msg, pa, probe);
+    } else {
+        natsStatus st = pae ? pae->Err : NATS_ERR;
+        jsErrCode ec = pae ? pae->ErrCode : 0;
+        int why = st == NATS_TIMEOUT         ? KVB_JSF_TIMEOUT
+                  : st == NATS_NO_RESPONDERS ? KVB_JSF_NO_RESPONDERS
+                  : js_transient(st, ec)     ? KVB_JSF_UNAVAILABLE
+                                             : KVB_JSF_REFUSED;
+        if (s->m)
+            js_count(s, &s->m->jetstream_ack_failures_total[why]);
+        if (why == KVB_JSF_REFUSED)
+            ack_refused(s, msg, pae, st, ec, probe);
+        else
+            ack_retry(s, msg, why, probe);
+    }
     atomic_fetch_sub(&s->ack_cbs, 1);
 }
 

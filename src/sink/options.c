@@ -21,17 +21,6 @@
 
 #include "config.h"
 
-void kvb_sink_redact_url(const char *url, char *out, size_t cap)
-{
-    const char *scheme = strstr(url, "://");
-    const char *host = scheme ? scheme + 3 : url;
-    const char *at = strrchr(host, '@');
-    if (at)
-        snprintf(out, cap, "%.*s***%s", (int)(host - url), url, at);
-    else
-        snprintf(out, cap, "%s", url);
-}
-
 /* Called by nats.c after each full pass over the server list that failed. */
 static int64_t reconnect_delay(natsConnection *nc, int attempts, void *closure)
 {

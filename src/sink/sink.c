@@ -57,7 +57,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,80 +66,9 @@
 #include "clock.h"
 #include "config.h"
 #include "metrics.h"
-
-/* ---- small helpers ---- */
-
-void kvb_sink_sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000u, (long)(ms % 1000u) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-    }
-}
-
-/* nats.c's last error for this thread without its "(file.c:123): " prefix,
- * or the status text. */
-void kvb_sink_last_error(natsStatus st, char *out, size_t cap)
-{
-    const char *t = nats_GetLastError(NULL);
-    if (t && t[0] == '(') {
-        const char *e = strstr(t, "): ");
-        if (e)
-            t = e + 3;
-    }
-    snprintf(out, cap, "%s", t && *t ? t : natsStatus_GetText(st));
-}
-
-int kvb_sink_errno(natsStatus st)
-{
-    switch (st) {
-    case NATS_OK: return 0;
-    case NATS_INSUFFICIENT_BUFFER: return -EAGAIN;
-    case NATS_CONNECTION_CLOSED: return -EPIPE;
-    case NATS_CONNECTION_DISCONNECTED: return -ENOTCONN;
-    case NATS_TIMEOUT: return -ETIMEDOUT;
-    case NATS_MAX_PAYLOAD: return -EMSGSIZE;
-    case NATS_NO_MEMORY: return -ENOMEM;
-    case NATS_INVALID_ARG:
-    case NATS_INVALID_SUBJECT:
-    case NATS_ADDRESS_MISSING:
-    case NATS_INVALID_TIMEOUT: return -EINVAL;
-    case NATS_NOT_FOUND: return -ENOENT;
-    case NATS_CONNECTION_AUTH_FAILED:
-    case NATS_NOT_PERMITTED: return -EACCES;
-    default: return -EIO;
-    }
-}
+#include "url.h"
 
 /* ---- callbacks (nats.c threads) ---- */
-
-void kvb_sink_wake(struct kvb_sink *s)
-{
-    if (s->wake_fd < 0 || !atomic_load(&s->live))
-        return;
-    int saved = errno;
-    uint8_t b = 1;
-    ssize_t n;
-    do
-        n = write(s->wake_fd, &b, 1);
-    while (n < 0 && errno == EINTR);
-    if (n < 0 && errno == EINVAL) { /* an eventfd wants 8 bytes */
-        uint64_t one = 1;
-        do
-            n = write(s->wake_fd, &one, sizeof(one));
-        while (n < 0 && errno == EINTR);
-    }
-    /* EAGAIN: the loop has wake-ups pending already. */
-    errno = saved;
-}
-
-/* Metrics rule: a sink writes metrics only while it is the live one, i.e.
- * from a successful create until destroy starts (live).  On SIGHUP the loop
- * creates a new sink on the same metrics before destroying the old one, and a
- * create that fails must not disturb what the running sink reports. */
-bool kvb_sink_owns_metrics(const struct kvb_sink *s)
-{
-    return s->m && atomic_load(&((struct kvb_sink *)s)->live);
-}
 
 static void set_connected_gauge(struct kvb_sink *s, uint64_t v)
 {
@@ -179,14 +107,6 @@ static void count_reconnect(struct kvb_sink *s)
         atomic_fetch_add_explicit(&s->m->nats_reconnects_total[0], 1, memory_order_relaxed);
 }
 
-/* Wake the worker (rebuild thread): a resend is queued, a connection is back. */
-void kvb_sink_kick_worker(struct kvb_sink *s)
-{
-    pthread_mutex_lock(&s->rb_mu);
-    pthread_cond_signal(&s->rb_cond);
-    pthread_mutex_unlock(&s->rb_mu);
-}
-
 static void on_connected(natsConnection *nc, void *closure)
 {
     struct kvb_sink *s = closure;
@@ -206,15 +126,16 @@ static void on_connected(natsConnection *nc, void *closure)
 static void on_reconnected(natsConnection *nc, void *closure)
 {
     struct kvb_sink *s = closure;
-    char url[256], shown[256];
+    char url[256];
     count_reconnect(s);
     atomic_store(&s->outage_bytes, 0);
     set_state(s, ST_CONNECTED);
     if (atomic_load(&s->live)) {
-        if (natsConnection_GetConnectedUrl(nc, url, sizeof(url)) != NATS_OK)
-            snprintf(url, sizeof(url), "?");
-        kvb_sink_redact_url(url, shown, sizeof(shown));
-        kvb_info(STAGE, "reconnected to NATS at %s", shown);
+        char *shown = natsConnection_GetConnectedUrl(nc, url, sizeof(url)) == NATS_OK
+                          ? kvb_url_redacted(url, "nats", "***")
+                          : NULL;
+        kvb_info(STAGE, "reconnected to NATS at %s", shown ? shown : "?");
+        free(shown);
     }
     if (s->js_on) /* what was in flight when the server went: send it again */
         kvb_sink_js_reconnected(s);
@@ -274,31 +195,6 @@ static void on_closed(natsConnection *nc, void *closure)
     }
     /* Last touch of s: destroy may free it once every ClosedCB has run. */
     atomic_fetch_add(&s->closed_cbs, 1);
-}
-
-static uint32_t xorshift32(uint32_t *st)
-{
-    uint32_t x = *st;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return *st = x;
-}
-
-/* Backoff after the ATTEMPTS-th failed pass (1, 2, ...): wait_ms doubling up
- * to wait_max_ms, minus up to 20% jitter so that a fleet of bridges does not
- * reconnect in lockstep. */
-uint64_t kvb_sink_backoff_ms(const struct kvb_sink *s, int attempts, uint32_t *rng)
-{
-    uint64_t d = s->wait_ms >= 10 ? s->wait_ms : 10; /* never spin on refusals */
-    uint64_t max = s->wait_max_ms > d ? s->wait_max_ms : d;
-    for (int i = 1; i < attempts && d < max; i++)
-        d *= 2;
-    if (d > max)
-        d = max;
-    if (d >= 5)
-        d -= xorshift32(rng) % (d / 5 + 1);
-    return d;
 }
 
 /* ---- connecting ---- */
@@ -497,6 +393,77 @@ static void wait_until(struct kvb_sink *s, uint64_t at_ms)
     pthread_cond_timedwait(&s->rb_cond, &s->rb_mu, &until);
 }
 
+/* The worker, rb_mu held: sleep until nats.c closed the connection
+ * (rb_needed), doing the JetStream work that falls due meanwhile, then wait
+ * out the backoff (*DELAY, chosen now unless it was after the last
+ * failure).  True: make a new connection; false: destroy stops the thread. */
+static bool wait_for_rebuild(struct kvb_sink *s, int failures, uint64_t *delay)
+{
+    for (;;) {
+        uint64_t at = 0;
+        while (!s->rb_stop && !s->rb_needed && !kvb_sink_js_due(s, kvb_mono_ms(), &at)) {
+            if (at)
+                wait_until(s, at);
+            else
+                pthread_cond_wait(&s->rb_cond, &s->rb_mu);
+        }
+        if (s->rb_stop)
+            return false;
+        if (s->rb_needed)
+            break;
+        kvb_sink_js_work(s);
+    }
+    /* wait out the backoff (destroy interrupts it) */
+    if (!*delay)
+        *delay = kvb_sink_backoff_ms(s, failures + 1, &s->rb_rng);
+    struct timespec until = kvb_mono_deadline(*delay);
+    int rc = 0;
+    while (!s->rb_stop && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&s->rb_cond, &s->rb_mu, &until);
+    if (s->rb_stop)
+        return false;
+    s->rb_needed = false;
+    *delay = 0;
+    return true;
+}
+
+/* The worker, rb_mu not held: the closed connection (and its JetStream
+ * context) replaced by a new one, when one can be made.  What connect_once()
+ * said (a failed context: ATT_FAILED), why in WHY. */
+static enum attempt replace_conn(struct kvb_sink *s, char *why, size_t cap)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    wait_closed_cbs(s, CLOSE_WAIT_MS); /* the old connection's ClosedCB is done */
+    if (s->js_on)
+        kvb_sink_js_recover(s, s->js, "on the closed connection"); /* before js goes */
+    set_conn(s, NULL, NULL);
+    enum attempt r = connect_once(s, &nc, why, cap, false);
+    if (r != ATT_CONNECTED && r != ATT_PENDING)
+        return r;
+    if (s->js_on && kvb_sink_js_new(s, nc, &js) != NATS_OK) {
+        kvb_err(STAGE, "JetStream context: %s", natsStatus_GetText(NATS_NO_MEMORY));
+        natsConnection_Close(nc); /* posts its ClosedCB: handled as a refusal */
+        conn_destroy(s, nc);
+        return ATT_FAILED;
+    }
+    set_conn(s, nc, js);
+    if (s->js_on) /* the stream may be new to this server */
+        kvb_sink_js_new_conn(s);
+    if (r == ATT_CONNECTED) {
+        bool again = atomic_exchange(&s->ever_connected, true);
+        atomic_store(&s->outage_bytes, 0);
+        if (again)
+            count_reconnect(s);
+        kvb_info(STAGE, "connected to NATS (new connection)");
+    } else {
+        kvb_warn(STAGE, "NATS not reachable; retrying in the background, "
+                        "publishes are buffered");
+    }
+    kvb_sink_wake(s);
+    return r;
+}
+
 /* The worker ("rebuild thread"): sleeps until nats.c closes the connection
  * (rb_needed), then makes new ones with the reconnect backoff until one is
  * accepted.  In JetStream mode it also checks (creates) the stream and sends
@@ -510,63 +477,11 @@ static void *rebuild_main(void *arg)
     char why[512];
 
     pthread_mutex_lock(&s->rb_mu);
-    for (;;) {
-        uint64_t at = 0;
-        while (!s->rb_stop && !s->rb_needed && !kvb_sink_js_due(s, kvb_mono_ms(), &at)) {
-            if (at)
-                wait_until(s, at);
-            else
-                pthread_cond_wait(&s->rb_cond, &s->rb_mu);
-        }
-        if (s->rb_stop)
-            break;
-        if (!s->rb_needed) {
-            kvb_sink_js_work(s);
-            continue;
-        }
-        /* wait out the backoff (destroy interrupts it) */
-        if (!delay)
-            delay = kvb_sink_backoff_ms(s, failures + 1, &s->rb_rng);
-        struct timespec until = kvb_mono_deadline(delay);
-        int rc = 0;
-        while (!s->rb_stop && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&s->rb_cond, &s->rb_mu, &until);
-        if (s->rb_stop)
-            break;
-        s->rb_needed = false;
-        delay = 0;
+    while (wait_for_rebuild(s, failures, &delay)) {
         pthread_mutex_unlock(&s->rb_mu);
-
-        natsConnection *nc = NULL;
-        wait_closed_cbs(s, CLOSE_WAIT_MS); /* the old connection's ClosedCB is done */
-        if (s->js_on)
-            kvb_sink_js_recover(s, s->js, "on the closed connection"); /* before js goes */
-        set_conn(s, NULL, NULL);
-        enum attempt r = connect_once(s, &nc, why, sizeof(why), false);
-        jsCtx *js = NULL;
-        if ((r == ATT_CONNECTED || r == ATT_PENDING) && s->js_on &&
-            kvb_sink_js_new(s, nc, &js) != NATS_OK) {
-            kvb_err(STAGE, "JetStream context: %s", natsStatus_GetText(NATS_NO_MEMORY));
-            natsConnection_Close(nc); /* posts its ClosedCB: handled as a refusal */
-            conn_destroy(s, nc);
-            r = ATT_FAILED;
-        }
+        enum attempt r = replace_conn(s, why, sizeof(why));
         if (r == ATT_CONNECTED || r == ATT_PENDING) {
-            set_conn(s, nc, js);
-            if (s->js_on) /* the stream may be new to this server */
-                kvb_sink_js_new_conn(s);
-            if (r == ATT_CONNECTED) {
-                bool again = atomic_exchange(&s->ever_connected, true);
-                atomic_store(&s->outage_bytes, 0);
-                if (again)
-                    count_reconnect(s);
-                kvb_info(STAGE, "connected to NATS (new connection)");
-            } else {
-                kvb_warn(STAGE, "NATS not reachable; retrying in the background, "
-                                "publishes are buffered");
-            }
             failures = 0;
-            kvb_sink_wake(s);
         } else {
             failures++;
             delay = kvb_sink_backoff_ms(s, failures + 1, &s->rb_rng);
@@ -640,15 +555,10 @@ static void sink_free(struct kvb_sink *s)
 
 static int start_rebuild_thread(struct kvb_sink *s)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    /* the loop takes its signals through a signalfd: keep them off this thread */
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&s->rb_thread, NULL, rebuild_main, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int rc = kvb_sink_thread_start(&s->rb_thread, rebuild_main, s);
     if (rc == 0)
         s->rb_started = true;
-    return -rc;
+    return rc;
 }
 
 /* nats.c's connection callbacks (above). */
@@ -664,50 +574,17 @@ static natsStatus set_callbacks(struct kvb_sink *s, natsOptions *o)
     return st;
 }
 
-int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wake_fd,
-                    struct kvb_sink **out)
+/* A zeroed sink with its locks and condition variables, owned by this
+ * thread (sink_free() takes it from here on): 0 or a negative errno. */
+static int sink_alloc(struct kvb_sink **out)
 {
-    struct kvb_sink *s = NULL;
-    natsConnection *nc = NULL;
-    natsStatus st;
-    pthread_condattr_t ca;
-    char why[512];
-    uint64_t deadline = 0;
-    int rc;
-
-    if (!cfg || !out || !cfg->nats.servers || cfg->nats.n_servers == 0 ||
-        cfg->nats.n_servers > INT_MAX)
-        return -EINVAL;
-    for (size_t i = 0; i < cfg->nats.n_servers; i++)
-        if (!cfg->nats.servers[i] || !cfg->nats.servers[i][0])
-            return -EINVAL;
-
-    s = calloc(1, sizeof(*s));
-    if (!s)
-        return -ENOMEM;
-    if (pthread_condattr_init(&ca) != 0) {
-        free(s);
-        return -ENOMEM;
-    }
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    rc = pthread_cond_init(&s->rb_cond, &ca);
-    pthread_condattr_destroy(&ca);
-    if (rc != 0) {
-        free(s);
-        return -rc;
-    }
-    if (pthread_condattr_init(&ca) != 0) {
+    struct kvb_sink *s = calloc(1, sizeof(*s));
+    int rc = s ? kvb_sink_cond_init(&s->rb_cond) : -ENOMEM;
+    if (rc == 0 && (rc = kvb_sink_cond_init(&s->ack_cond)) < 0)
         pthread_cond_destroy(&s->rb_cond);
+    if (rc < 0) {
         free(s);
-        return -ENOMEM;
-    }
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    rc = pthread_cond_init(&s->ack_cond, &ca);
-    pthread_condattr_destroy(&ca);
-    if (rc != 0) {
-        pthread_cond_destroy(&s->rb_cond);
-        free(s);
-        return -rc;
+        return rc;
     }
     pthread_mutex_init(&s->ack_mu, NULL);
     pthread_mutex_init(&s->rb_mu, NULL);
@@ -717,8 +594,14 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
     atomic_init(&s->owner_write, false);
     atomic_init(&s->defer, false);
     s->owner = pthread_self();
-    if ((rc = kvb_sink_io_start(s)) < 0)
-        goto fail;
+    *out = s;
+    return 0;
+}
+
+/* The core's settings and state, before any connection. */
+static void sink_init(struct kvb_sink *s, const struct kvb_config *cfg, struct kvb_metrics *m,
+                      int wake_fd)
+{
     s->m = m;
     s->wake_fd = wake_fd;
     s->flush_timeout_ms = cfg->nats.flush_timeout_ms;
@@ -748,88 +631,88 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
     atomic_init(&s->ordered_hint, false);
     atomic_init(&s->probe, NULL);
     atomic_init(&s->ack_ok, false);
-    if ((s->js_on = cfg->nats.jetstream.enabled) && (rc = kvb_sink_js_init(s, cfg)) < 0)
-        goto fail;
+}
 
-    if ((rc = kvb_sink_guard_start(s, cfg)) < 0)
-        goto fail;
-
-    st = natsOptions_Create(&s->opts);
+/* s->opts: nats.c's callbacks, the event loop and what the config says.
+ * 0, -ENOMEM, or -EINVAL (logged). */
+static int make_options(struct kvb_sink *s, const struct kvb_config *cfg)
+{
+    char why[512];
+    natsStatus st = natsOptions_Create(&s->opts);
     if (st == NATS_OK)
         st = set_callbacks(s, s->opts);
     if (st == NATS_OK)
         st = kvb_sink_io_options(s, s->opts);
     if (st == NATS_OK)
         st = kvb_sink_set_options(s, cfg);
-    if (st != NATS_OK) {
-        if (st == NATS_NO_MEMORY) {
-            rc = -ENOMEM;
-        } else {
-            kvb_sink_last_error(st, why, sizeof(why));
-            kvb_err(STAGE, "NATS options: %s", why);
-            rc = -EINVAL; /* files the config module could read, but not use */
-        }
-        goto fail;
-    }
-    if (cfg->nats.tls.enabled && !cfg->nats.tls.verify)
-        kvb_warn(STAGE, "NATS TLS: the server's certificate is not verified "
-                        "(nats.tls.verify: false)");
+    if (st == NATS_OK)
+        return 0;
+    if (st == NATS_NO_MEMORY)
+        return -ENOMEM;
+    kvb_sink_last_error(st, why, sizeof(why));
+    kvb_err(STAGE, "NATS options: %s", why);
+    return -EINVAL; /* files the config module could read, but not use */
+}
 
-    if (cfg->nats.connect_timeout_ms > 0)
-        deadline = kvb_mono_ms() + cfg->nats.connect_timeout_ms;
+/* create, nats.c trying in the background: wait until the connection is
+ * up (1), nats.c closed it (0: a server came up and refused us), or the
+ * DEADLINE passed (-ETIMEDOUT, logged). */
+static int wait_pending(struct kvb_sink *s, const struct kvb_config *cfg, uint64_t deadline)
+{
+    while (atomic_load(&s->state) != ST_CONNECTED &&
+           atomic_load(&s->closed_cbs) != atomic_load(&s->conns)) {
+        if (kvb_mono_ms() >= deadline) {
+            kvb_err(STAGE, "no NATS server reachable within %" PRIu32 " ms",
+                    cfg->nats.connect_timeout_ms);
+            return -ETIMEDOUT;
+        }
+        kvb_sink_sleep_ms(5);
+    }
+    return atomic_load(&s->closed_cbs) != atomic_load(&s->conns) ? 1 : 0;
+}
+
+/* create's first connection: connected, nats.c retrying in the background,
+ * or refused and left to the worker (started later).  DEADLINE (monotonic
+ * ms; 0: nats.connect_timeout_ms is 0) turns "not reachable in time" and
+ * "refused" into failures.  0 or a negative errno (logged). */
+static int first_connect(struct kvb_sink *s, const struct kvb_config *cfg, uint64_t deadline)
+{
+    char why[512];
     for (;;) {
+        natsConnection *nc = NULL;
         enum attempt r = connect_once(s, &nc, why, sizeof(why), deadline != 0);
-        s->conn = nc;           /* no other thread uses it yet */
-        if (r == ATT_STALLED) { /* only with a deadline */
+        s->conn = nc; /* no other thread uses it yet */
+        switch (r) {
+        case ATT_STALLED: /* only with a deadline */
             if (kvb_mono_ms() + s->guard_limit_ms >= deadline) {
                 kvb_err(STAGE, "no NATS server answered within %" PRIu32 " ms: %s",
                         cfg->nats.connect_timeout_ms, why);
-                rc = -ETIMEDOUT;
-                goto fail;
+                return -ETIMEDOUT;
             }
             kvb_sink_sleep_ms(s->wait_ms);
             continue;
-        }
-        if (r == ATT_FAILED) {
-            kvb_err(STAGE, "NATS connect: %s", why);
-            rc = -ENOMEM;
-            goto fail;
-        }
-        if (r == ATT_REJECTED) {
+        case ATT_FAILED: kvb_err(STAGE, "NATS connect: %s", why); return -ENOMEM;
+        case ATT_REJECTED:
             kvb_err(STAGE, "NATS server rejected the connection: %s", why);
-            if (deadline) {
-                rc = -EACCES;
-                goto fail;
-            }
+            if (deadline)
+                return -EACCES;
             kvb_warn(STAGE, "retrying in the background (nats.connect_timeout_ms is 0); "
                             "publishes are refused meanwhile");
             pthread_mutex_lock(&s->rb_mu);
-            s->rb_needed = true; /* for the thread, started below */
+            s->rb_needed = true; /* for the thread, started later */
             pthread_mutex_unlock(&s->rb_mu);
-            break;
+            return 0;
+        case ATT_CONNECTED: atomic_store(&s->ever_connected, true); return 0;
+        case ATT_PENDING: break; /* nats.c keeps trying */
         }
-        if (r == ATT_CONNECTED) {
-            atomic_store(&s->ever_connected, true);
-            break;
-        }
-        /* pending: nats.c keeps trying */
         if (!deadline) {
             kvb_warn(STAGE, "NATS not reachable yet; retrying in the background, "
                             "publishes are buffered");
-            break;
+            return 0;
         }
-        while (atomic_load(&s->state) != ST_CONNECTED &&
-               atomic_load(&s->closed_cbs) != atomic_load(&s->conns)) {
-            if (kvb_mono_ms() >= deadline) {
-                kvb_err(STAGE, "no NATS server reachable within %" PRIu32 " ms",
-                        cfg->nats.connect_timeout_ms);
-                rc = -ETIMEDOUT;
-                goto fail;
-            }
-            kvb_sink_sleep_ms(5);
-        }
-        if (atomic_load(&s->closed_cbs) != atomic_load(&s->conns))
-            break; /* connected */
+        int rc = wait_pending(s, cfg, deadline);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
         /* nats.c closed it: a server came up and refused us; ask again to
          * learn why (or to get through, if it changed its mind) */
         pthread_mutex_lock(&s->rb_mu);
@@ -837,7 +720,39 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
         pthread_mutex_unlock(&s->rb_mu);
         set_conn(s, NULL, NULL);
     }
+}
 
+int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wake_fd,
+                    struct kvb_sink **out)
+{
+    struct kvb_sink *s = NULL;
+    uint64_t deadline = 0;
+    int rc;
+
+    if (!cfg || !out || !cfg->nats.servers || cfg->nats.n_servers == 0 ||
+        cfg->nats.n_servers > INT_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < cfg->nats.n_servers; i++)
+        if (!cfg->nats.servers[i] || !cfg->nats.servers[i][0])
+            return -EINVAL;
+    if ((rc = sink_alloc(&s)) < 0)
+        return rc;
+    if ((rc = kvb_sink_io_start(s)) < 0)
+        goto fail;
+    sink_init(s, cfg, m, wake_fd);
+    if ((s->js_on = cfg->nats.jetstream.enabled) && (rc = kvb_sink_js_init(s, cfg)) < 0)
+        goto fail;
+    if ((rc = kvb_sink_guard_start(s, cfg)) < 0)
+        goto fail;
+    if ((rc = make_options(s, cfg)) < 0)
+        goto fail;
+    if (cfg->nats.tls.enabled && !cfg->nats.tls.verify)
+        kvb_warn(STAGE, "NATS TLS: the server's certificate is not verified "
+                        "(nats.tls.verify: false)");
+    if (cfg->nats.connect_timeout_ms > 0)
+        deadline = kvb_mono_ms() + cfg->nats.connect_timeout_ms;
+    if ((rc = first_connect(s, cfg, deadline)) < 0)
+        goto fail;
     if (s->js_on && (rc = kvb_sink_js_start(s, deadline, cfg->nats.connect_timeout_ms)) < 0)
         goto fail;
 

@@ -1,22 +1,32 @@
-/* sink_priv.h: what the parts of the NATS sink share (private to src/sink_*.c).
+/* sink_priv.h: what the parts of the NATS sink share (private to src/sink/).
  *
- * The sink is split along nats.c's own seams:
- *   sink.c  core: create/destroy, connecting (connect_once and the
+ * The sink is split along nats.c's own seams.  The files, each with the
+ * files of the sink it calls (a DAG, sink.c at the top; `make lint` fails on
+ * a cycle between files, mk/file-graph.sh):
+ *
+ *   sink.c       core: create/destroy, connecting (connect_once and the
  *                worker thread that replaces closed connections), nats.c's
  *                connection callbacks, publish, pending bytes, flush
- *   io.c    nats.c's external event loop: the attach/read/write/detach
- *                adapter and the I/O thread (like nats.c's adapters: libevent.h, libuv.h)
- *   jetstream.c    JetStream: the stream check, async publishes and their
- *                acks, the resend queues (like nats.c's js.c)
- *   options.c  natsOptions: servers, timeouts, reconnect, TLS and
- *                authentication
- *   guard.c a thread that abandons connection attempts whose
- *                handshake never completes (nats.c before 3.8 spins on them)
+ *                -> guard jetstream options io conn
+ *   guard.c      a thread that abandons connection attempts whose
+ *                handshake never completes (nats.c before 3.8 spins on
+ *                them)                                    -> io conn
+ *   jetstream.c  JetStream: the stream check, async publishes and their
+ *                acks, the resend queues (like nats.c's js.c) -> conn
+ *   options.c    natsOptions: servers, timeouts, reconnect, TLS and
+ *                authentication                           -> conn
+ *   io.c         nats.c's external event loop: the attach/read/write/detach
+ *                adapter and the I/O thread (like nats.c's adapters:
+ *                libevent.h, libuv.h)                     -> conn
+ *   conn.c       what they all use: nats.c statuses as errno and text, the
+ *                loop's wake-up, the metrics rule, the worker's kick, the
+ *                reconnect backoff, threads and condition variables -> none
  *
  * Locks (none is held while taking another, except as noted):
  *   conn_mu  (sink.c)  conn, js (the pointers) and every nats.c call
  *            made through them from the loop thread or the worker.
- *   rb_mu + rb_cond (sink.c: the worker thread sleeps on it)
+ *   rb_mu + rb_cond (sink.c: the worker thread sleeps on it; conn.c's kick
+ *            signals it)
  *            rb_stop, rb_needed; and, because the worker waits on the same
  *            condition for JetStream work, the JetStream queue state marked
  *            "rb_mu" below (taken by jetstream.c).  Never held across a nats.c
@@ -214,7 +224,7 @@ struct kvb_sink {
     struct kvb_ratelimit guard_rl;
 };
 
-/* ---- sink.c: helpers the other parts use ---- */
+/* ---- conn.c: what every part uses ---- */
 
 void kvb_sink_sleep_ms(unsigned ms);
 /* nats.c's last error for this thread without its "(file.c:123): " prefix,
@@ -224,13 +234,17 @@ void kvb_sink_last_error(natsStatus st, char *out, size_t cap);
 int kvb_sink_errno(natsStatus st);
 /* Write a byte to the loop's wake fd (only while live). */
 void kvb_sink_wake(struct kvb_sink *s);
-/* The sink may write metrics (see "Metrics rule" in sink.c). */
+/* The sink may write metrics (see "Metrics rule" in conn.c). */
 bool kvb_sink_owns_metrics(const struct kvb_sink *s);
 /* Signal the worker (rb_cond). */
 void kvb_sink_kick_worker(struct kvb_sink *s);
 /* Reconnect backoff after the ATTEMPTS-th failed pass (RNG: the caller's
  * xorshift32 state). */
 uint64_t kvb_sink_backoff_ms(const struct kvb_sink *s, int attempts, uint32_t *rng);
+/* A condition variable on CLOCK_MONOTONIC: 0 or a negative errno. */
+int kvb_sink_cond_init(pthread_cond_t *c);
+/* A thread of the sink, every signal blocked in it: 0 or a negative errno. */
+int kvb_sink_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
 /* ---- options.c ---- */
 
@@ -238,8 +252,6 @@ uint64_t kvb_sink_backoff_ms(const struct kvb_sink *s, int attempts, uint32_t *r
  * servers, name, timeouts, reconnect, buffer, authentication and TLS.  Logs
  * what it refuses. */
 natsStatus kvb_sink_set_options(struct kvb_sink *s, const struct kvb_config *cfg);
-/* A server URL fit for a log line: user:password@ (or token@) hidden. */
-void kvb_sink_redact_url(const char *url, char *out, size_t cap);
 
 /* ---- io.c ---- */
 

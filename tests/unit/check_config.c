@@ -1648,7 +1648,7 @@ START_TEST(test_env_expand)
                   "sources:\n  - endpoint: \"tcp://127.0.0.1:${KVB_T_PORT}\"\n"
                   "    topic: ${KVB_T_EMPTY:-kv}\n"
                   "    replay_endpoint: ${KVB_T_EMPTY}\n"
-                  "nats:\n  servers: [\"nats://h:${KVB_T_UNSET:-4223}\", nats://a$$b:1]\n"
+                  "nats:\n  servers: [\"nats://h:${KVB_T_UNSET:-4223}\", nats://u:p$$w@b:1]\n"
                   "  namespace: ns$${KVB_T_ID}$x\n");
     ck_assert_str_eq(r.errs, "");
     ck_assert_int_eq(r.rc, 0);
@@ -1659,7 +1659,7 @@ START_TEST(test_env_expand)
     ck_assert_str_eq(r.cfg->sources[0].topic, "kv");
     ck_assert_str_eq(r.cfg->sources[0].replay_endpoint, ""); /* "", not a missing value */
     ck_assert_str_eq(r.cfg->nats.servers[0], "nats://h:4223");
-    ck_assert_str_eq(r.cfg->nats.servers[1], "nats://a$b:1");
+    ck_assert_str_eq(r.cfg->nats.servers[1], "nats://u:p$w@b:1");
     ck_assert_str_eq(r.cfg->nats.namespace_, "ns${KVB_T_ID}$x");
     result_free(&r);
 
@@ -1760,16 +1760,24 @@ static const struct bad_file runtime_bad[] = {
      "T:7:44: sources[3].replay_endpoint: 'tcp://h:*' needs a port in 1..65535 "
      "(tcp://HOST:PORT)\n"
      "T:8:16: sources[4].endpoint: 'tcp://h:*' needs a port in 1..65535 (tcp://HOST:PORT)\n"},
-    /* NATS URLs (the user information is never quoted) and metrics.listen */
+    /* NATS URLs (never quoted: they may hold a password) and metrics.listen */
     {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
-     "nats: {servers: ['nats://u:pw@h:99999', 'tls://h:', 'nats://[::1]:0', h:4x]}\n"
+     "nats: {servers: ['nats://u:pw@h:99999', 'tls://[::1', 'nats://[::1]:0', h:4x]}\n"
      "metrics: {listen: '127.0.0.1:0'}\n",
-     "T:4:18: nats.servers[0]: port '99999' is not a number in 1..65535\n"
-     "T:4:41: nats.servers[1]: port '' is not a number in 1..65535\n"
-     "T:4:53: nats.servers[2]: port '0' is not a number in 1..65535\n"
-     "T:4:71: nats.servers[3]: port '4x' is not a number in 1..65535\n"
+     "T:4:18: nats.servers[0]: the port is not a number in 1..65535\n"
+     "T:4:41: nats.servers[1]: the IPv6 address in brackets is not valid\n"
+     "T:4:55: nats.servers[2]: the port is not a number in 1..65535\n"
+     "T:4:73: nats.servers[3]: the port is not a number in 1..65535\n"
      "T:5:19: metrics.listen: '127.0.0.1:0': port 0 is not a port to scrape (expected "
      "1..65535)\n"},
+    /* what libcurl's URL parser refuses in a NATS URL: no host, a host that is
+     * not one, white space, user information that is not valid */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
+     "nats:\n  servers: ['nats://:4222', 'nats://a$$b:1', 'nats://h /x', 'nats://u:p w@h']\n",
+     "T:5:13: nats.servers[0]: there is no host\n"
+     "T:5:29: nats.servers[1]: the host is not a host name or an IP address\n"
+     "T:5:46: nats.servers[2]: the host is not a host name or an IP address\n"
+     "T:5:61: nats.servers[3]: the user information (before '@') is not valid\n"},
     {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'inproc://x'}]\n"
      "metrics: {listen: 'localhost:9464'}\n",
      "T:4:19: metrics.listen: 'localhost:9464': the host must be a numeric IPv4 or IPv6 "
@@ -1801,7 +1809,8 @@ START_TEST(test_runtime_good)
         load_text("worker_id: 1\nblock_size: 16\nsources:\n"
                   "  - {endpoint: 'tcp://h:1000', replay_endpoint: 'tcp://h:2000', dp_size: 510}\n"
                   "  - {endpoint: 'tcp://[::1]:65535'}\n  - {endpoint: 'tcp://*:*', mode: bind}\n"
-                  "nats: {servers: ['nats://u:p@h', 'tls://[::1]:1/x', 'h:65535']}\n"
+                  "nats: {servers: ['nats://u:p@h', 'tls://[::1]:1/x', 'h:65535',\n"
+                  "                 'tls://h:', 'u:p@h:1']}\n"
                   "metrics: {listen: '[::1]:1'}\n");
     ck_assert_str_eq(r.errs, "");
     ck_assert_int_eq(r.rc, 0);

@@ -10,6 +10,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "mirror/index.h"
 #include "mirror/query.h"
 
@@ -361,6 +363,45 @@ START_TEST(closed_and_slow_loop)
 }
 END_TEST
 
+/* An error answer is one JSON object whose "error" is the message as it
+ * is: quotes (the parser's own "op: \"dump\", ..."), backslashes, control
+ * characters and slashes included. */
+START_TEST(error_answers)
+{
+    char err[256];
+    struct kvb_query_req r;
+    ck_assert_int_eq(kvb_query_parse_json("{\"op\":\"x\"}", 10, -1, &r, err, sizeof(err)), -EINVAL);
+    const char *msgs[] = {err, "a \\ backslash, a\ttab and a\nnewline",
+                          "unknown path: /v1/dump, /v1/events or /v1/match"};
+    for (size_t i = 0; i < sizeof(msgs) / sizeof(msgs[0]); i++) {
+        struct kvb_query_answer *a = NULL;
+        ck_assert_int_eq(kvb_query_error(NULL, 400, msgs[i], &a), 0);
+        ck_assert_int_eq(kvb_query_answer_status(a), 400);
+        int n;
+        char *text = all_lines(a, &n);
+        ck_assert_int_eq(n, 1);
+        struct json_object *o = json_tokener_parse(text), *e = NULL, *st = NULL;
+        ck_assert_msg(o != NULL, "not JSON: %s", text);
+        ck_assert(json_object_object_get_ex(o, "error", &e));
+        ck_assert(json_object_object_get_ex(o, "status", &st));
+        ck_assert_str_eq(json_object_get_string(e), msgs[i]);
+        ck_assert_int_eq(json_object_get_int(st), 400);
+        json_object_put(o);
+        free(text);
+        kvb_query_answer_free(&a);
+    }
+    /* the bytes of a plain message (README "Query API"): no slash escaped */
+    struct kvb_query_answer *a = NULL;
+    ck_assert_int_eq(kvb_query_error(NULL, 404, msgs[2], &a), 0);
+    int n;
+    char *text = all_lines(a, &n);
+    ck_assert_str_eq(text, "{\"error\":\"unknown path: /v1/dump, /v1/events or /v1/match\","
+                           "\"status\":404}\n");
+    free(text);
+    kvb_query_answer_free(&a);
+}
+END_TEST
+
 static Suite *query_suite(void)
 {
     Suite *s = suite_create("query");
@@ -371,6 +412,7 @@ static Suite *query_suite(void)
     tcase_add_test(tc, dump_events_match);
     tcase_add_test(tc, match_per_worker);
     tcase_add_test(tc, closed_and_slow_loop);
+    tcase_add_test(tc, error_answers);
     suite_add_tcase(s, tc);
     return s;
 }
