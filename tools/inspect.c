@@ -19,6 +19,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <json-c/json.h>
+
 #include "config.h"
 #include "convert.h"
 #include "decode.h"
@@ -31,6 +33,11 @@
 
 struct opts {
     bool decoded;
+    bool frames;           /* the arguments are frame sequences (--frames) */
+    uint64_t max_payload;  /* limits.max_payload_bytes (-c); 0: no limit */
+    uint32_t cfg_rank;     /* the stream's configured dp_rank: sources[0].dp_rank (-c) */
+    bool batch, residency; /* nats.batch, nats.residency_domain (-c) */
+    char *ns_copy;         /* cache_namespace, copied from the configuration */
     struct kvb_pipeline_cfg pcfg;
     struct kvb_mp_batcher *mp; /* --format dynamo-msgpack */
 };
@@ -208,6 +215,17 @@ static void print_decoded(uint64_t seq, const struct kvb_batch *b)
 
 /* ---- one batch through the chosen path ---------------------------------- */
 
+/* One batch of stream s through the daemon's rules and pipeline. */
+static int apply(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream *s, uint64_t seq,
+                 const uint8_t *buf, size_t len)
+{
+    int rc = o->max_payload && len > o->max_payload ? kvb_pipeline_reject(p, s, seq, "oversize")
+                                                    : kvb_pipeline_live(p, s, seq, buf, len);
+    if (rc >= 0 && o->mp) /* the daemon cuts a message at the end of each engine batch */
+        rc = kvb_mp_batcher_flush(o->mp, 0);
+    return rc;
+}
+
 static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream *s, uint64_t seq,
                 const char *path)
 {
@@ -226,18 +244,95 @@ static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream 
         else
             print_decoded(seq, &b);
         rc = 0;
-    } else {
-        rc = kvb_pipeline_live(p, s, seq, buf, len);
-        if (rc >= 0 && o->mp) /* the daemon cuts a message at the end of each engine batch */
-            rc = kvb_mp_batcher_flush(o->mp, 0);
-        if (rc < 0)
-            fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
+    } else if ((rc = apply(p, o, s, seq, buf, len)) < 0) {
+        fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
     }
     free(buf);
     return rc < 0 ? rc : 0;
 }
 
-/* ---- index.json: the few fields we need, scanned, not fully parsed ------- */
+/* ---- --frames: tests/fuzz/fuzz_frames.c's records ----------------------- */
+
+#define FRAMES_MAX_RECORDS 512
+#define FRAMES_OVERSIZE 65537 /* a rejected record, as kvsim --frames sends it */
+
+/* The record at d[*off..size): 1 with its seq (after *prev), payload and
+ * length; 2 for a reconfigure record (skipped: the configuration is -c's);
+ * 0 at the end.  A rejected record comes padded with zeros to
+ * FRAMES_OVERSIZE bytes in big. */
+static int next_record(const uint8_t *d, size_t size, size_t *off, uint64_t *prev, uint8_t *big,
+                       const uint8_t **payload, size_t *len)
+{
+    if (*off >= size)
+        return 0;
+    int8_t code = (int8_t)d[(*off)++];
+    bool reject = false;
+    if (code == 126) {
+        if (*off >= size)
+            return 0;
+        reject = true;
+        code = (int8_t)d[(*off)++];
+    }
+    if (code == 127) {
+        if (*off >= size)
+            return 0;
+        (*off)++;
+        return 2;
+    }
+    uint64_t seq = *prev + 1 + (uint64_t)(int64_t)code;
+    if (code == -128) {
+        if (size - *off < 8)
+            return 0;
+        seq = 0;
+        for (int i = 0; i < 8; i++)
+            seq = seq << 8 | d[(*off)++];
+    }
+    size_t n = 0;
+    if (size - *off >= 2) {
+        n = (size_t)d[*off] | (size_t)d[*off + 1] << 8;
+        *off += 2;
+    } else {
+        *off = size;
+    }
+    if (n > size - *off)
+        n = size - *off;
+    *payload = d + *off;
+    *len = n;
+    if (reject) {
+        memset(big, 0, FRAMES_OVERSIZE);
+        memcpy(big, d + *off, n);
+        *payload = big;
+        *len = FRAMES_OVERSIZE;
+    }
+    *off += n;
+    *prev = seq;
+    return 1;
+}
+
+/* A frame sequence as one stream (records 1..512, its first two bytes are
+ * the fuzz target's configuration: skipped). */
+static int run_frames(struct kvb_pipeline *p, const struct opts *o, const char *path)
+{
+    uint8_t *d = NULL, *big = malloc(FRAMES_OVERSIZE);
+    size_t size = 0, off = 2, len;
+    int rc = big ? read_file(path, &d, &size) : -ENOMEM;
+    struct kvb_stream s;
+    kvb_stream_init(&s, path, o->cfg_rank);
+    uint64_t prev = 0;
+    const uint8_t *payload;
+    for (int rec = 0, k; rc >= 0 && rec < FRAMES_MAX_RECORDS &&
+                         (k = next_record(d, size, &off, &prev, big, &payload, &len)) > 0;
+         rec++)
+        if (k == 1)
+            rc = apply(p, o, &s, prev, payload, len);
+    if (rc < 0)
+        fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
+    free(d);
+    free(big);
+    return rc < 0 ? rc : 0;
+}
+
+/* ---- index.json (json-c) ------------------------------------------------ */
 
 struct entry {
     uint64_t seq;
@@ -250,51 +345,51 @@ static int cmp_entry(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-static int parse_index(const char *text, struct entry **out, size_t *n_out)
+/* One element of "batches": {"seq": N, "file": "NAME"} (a name in the
+ * folder: no '/'). */
+static int parse_entry(json_object *b, struct entry *e)
 {
-    const char *p = strstr(text, "\"batches\"");
-    if (!p)
+    json_object *seq, *file;
+    if (!json_object_is_type(b, json_type_object) || !json_object_object_get_ex(b, "seq", &seq) ||
+        !json_object_object_get_ex(b, "file", &file) || !json_object_is_type(seq, json_type_int) ||
+        !json_object_is_type(file, json_type_string))
         return -EINVAL;
-    struct entry *v = NULL;
-    size_t n = 0, cap = 0;
-    while ((p = strchr(p, '{'))) {
-        const char *end = strchr(p, '}');
-        const char *s = strstr(p, "\"seq\"");
-        const char *f = strstr(p, "\"file\"");
-        if (!end || !s || !f || s > end || f > end)
-            break;
-        struct entry e;
-        s = strchr(s, ':');
-        f = strchr(f + 6, '"');
-        const char *fe = f ? strchr(f + 1, '"') : NULL;
-        if (!s || !f || !fe || (size_t)(fe - f - 1) >= sizeof(e.file))
-            goto bad;
-        errno = 0;
-        char *ep;
-        e.seq = strtoull(s + 1, &ep, 10);
-        if (errno || ep == s + 1)
-            goto bad;
-        memcpy(e.file, f + 1, (size_t)(fe - f - 1));
-        e.file[fe - f - 1] = '\0';
-        if (strchr(e.file, '/'))
-            goto bad;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 64;
-            struct entry *nv = realloc(v, cap * sizeof(*nv));
-            if (!nv)
-                goto bad;
-            v = nv;
-        }
-        v[n++] = e;
-        p = end + 1;
+    const char *name = json_object_get_string(file);
+    size_t n = (size_t)json_object_get_string_len(file);
+    errno = 0;
+    uint64_t v = json_object_get_uint64(seq);
+    if (errno || json_object_get_int64(seq) < 0 || n == 0 || n >= sizeof(e->file) ||
+        memchr(name, '/', n) || memchr(name, '\0', n))
+        return -EINVAL;
+    e->seq = v;
+    memcpy(e->file, name, n + 1);
+    return 0;
+}
+
+/* The batches of a capture index, sorted by seq. */
+static int parse_index(const char *text, size_t len, struct entry **out, size_t *n_out)
+{
+    json_tokener *tok = json_tokener_new();
+    json_object *root = tok ? json_tokener_parse_ex(tok, text, (int)len) : NULL, *batches;
+    bool ok = root && json_tokener_get_error(tok) == json_tokener_success &&
+              json_object_object_get_ex(root, "batches", &batches) &&
+              json_object_is_type(batches, json_type_array);
+    size_t n = ok ? json_object_array_length(batches) : 0;
+    struct entry *v = ok ? calloc(n ? n : 1, sizeof(*v)) : NULL;
+    int rc = v ? 0 : ok ? -ENOMEM : -EINVAL;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = parse_entry(json_object_array_get_idx(batches, i), &v[i]);
+    json_object_put(root);
+    if (tok)
+        json_tokener_free(tok);
+    if (rc < 0) {
+        free(v);
+        return rc;
     }
     qsort(v, n, sizeof(*v), cmp_entry);
     *out = v;
     *n_out = n;
     return 0;
-bad:
-    free(v);
-    return -EINVAL;
 }
 
 static int run_dir(struct kvb_pipeline *p, const struct opts *o, const char *dir)
@@ -310,17 +405,13 @@ static int run_dir(struct kvb_pipeline *p, const struct opts *o, const char *dir
         fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
         return rc;
     }
-    char *t = realloc(text, len + 1);
-    if (!t) {
-        free(text);
-        return -ENOMEM;
-    }
-    t[len] = '\0';
-    if ((rc = parse_index(t, &ents, &n)) < 0)
+    if (len > INT_MAX)
+        rc = -EFBIG;
+    else if ((rc = parse_index((const char *)text, len, &ents, &n)) < 0)
         fprintf(stderr, "kvbridge-inspect: %s: not a capture index\n", path);
-    free(t);
+    free(text);
     struct kvb_stream s;
-    kvb_stream_init(&s, dir, 0);
+    kvb_stream_init(&s, dir, o->cfg_rank);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, ents[i].file);
         rc = feed(p, o, &s, ents[i].seq, path);
@@ -333,6 +424,7 @@ static void usage(FILE *f)
 {
     fputs("usage: kvbridge-inspect [-c CONFIG] [--worker-id N] [--block-size N|auto]\n"
           "                        [--format F] [--decoded] CAPTURE_DIR|FILE.msgpack ...\n"
+          "       kvbridge-inspect [options] --frames FILE ...\n"
           "Prints one router event per line, exactly as kvbridge publishes it.\n"
           "  --format F          dynamo-json (default; or the config's nats.format):\n"
           "                      one JSON router event per line; dynamo-msgpack: one\n"
@@ -340,14 +432,19 @@ static void usage(FILE *f)
           "                      (publisher_id from a fixed seed, published_at 0: the\n"
           "                      daemon's are random per start and the wall clock);\n"
           "                      raw: each batch's KV-Seq, KV-DP-Rank and payload (hex)\n"
-          "  -c, --config FILE   take worker_id, block_size, lora_salt, forward_tiers\n"
-          "                      and limits from a kvbridge configuration file\n"
+          "  -c, --config FILE   take worker_id, block_size, lora_salt, forward_tiers,\n"
+          "                      limits and sources[0].dp_rank from a kvbridge\n"
+          "                      configuration file\n"
           "  --worker-id N       worker_id (default 0)\n"
           "  --block-size N|auto tokens per block (default auto)\n"
           "  --no-lora-salt      do not salt tokens_hash with lora_name\n"
           "  --decoded           print the decoded engine events instead\n"
+          "  --frames            each FILE is a frame sequence, one stream: the record\n"
+          "                      format of tests/fuzz/fuzz_frames.c (its first two\n"
+          "                      bytes skipped, a reconfigure record skipped, a rejected\n"
+          "                      record padded to 65537 bytes), as kvsim --frames sends it\n"
           "Without a config: worker_id 0, block_size auto, lora_salt on,\n"
-          "forward_tiers [device].\n",
+          "forward_tiers [device], no payload limit.\n",
           f);
 }
 
@@ -364,7 +461,14 @@ static int parse_u64(const char *s, uint64_t *v)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line, as given. */
+struct args {
+    const char *cfg_path, *worker, *bsize, *format;
+    bool no_salt;
+};
+
+/* 0, 1 (--help given: exit 0) or 2 (usage error). */
+static int parse_args(int argc, char **argv, struct args *a, struct opts *o)
 {
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -373,32 +477,21 @@ int main(int argc, char **argv)
         {"no-lora-salt", no_argument, NULL, 'L'},
         {"decoded", no_argument, NULL, 'd'},
         {"format", required_argument, NULL, 'f'},
+        {"frames", no_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    struct opts o = {
-        .decoded = false,
-        .pcfg = {.convert = {.worker_id = 0,
-                             .block_size = 0,
-                             .lora_salt = true,
-                             .forward_tiers = 1u << KVB_TIER_DEVICE},
-                 .limits = KVB_DECODE_LIMITS_DEFAULT,
-                 .format = KVB_FORMAT_DYNAMO_JSON},
-    };
-    const char *cfg_path = NULL, *worker = NULL, *bsize = NULL, *format = NULL;
-    bool batch = true, residency = true;
-    char *ns_copy = NULL;
-    bool no_salt = false;
     int c;
     while ((c = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'c': cfg_path = optarg; break;
-        case 'w': worker = optarg; break;
-        case 'b': bsize = optarg; break;
-        case 'L': no_salt = true; break;
-        case 'd': o.decoded = true; break;
-        case 'f': format = optarg; break;
-        case 'h': usage(stdout); return 0;
+        case 'c': a->cfg_path = optarg; break;
+        case 'w': a->worker = optarg; break;
+        case 'b': a->bsize = optarg; break;
+        case 'L': a->no_salt = true; break;
+        case 'd': o->decoded = true; break;
+        case 'f': a->format = optarg; break;
+        case 'F': o->frames = true; break;
+        case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
     }
@@ -406,79 +499,121 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (cfg_path) {
-        struct kvb_config *cfg = NULL;
-        if (kvb_config_load(cfg_path, &cfg, stderr) < 0)
-            return KVB_EX_CONFIG;
-        o.pcfg = kvb_pipeline_cfg_of(cfg);
-        /* borrowed from cfg, which goes next: keep a copy */
-        ns_copy = cfg->cache_namespace ? strdup(cfg->cache_namespace) : NULL;
-        o.pcfg.convert.cache_namespace = ns_copy;
-        batch = cfg->nats.batch;
-        residency = cfg->nats.residency_domain;
-        kvb_config_free(&cfg);
-    }
-    uint64_t v;
-    if (worker) {
-        if (parse_u64(worker, &v) < 0) {
-            fprintf(stderr, "kvbridge-inspect: bad --worker-id '%s'\n", worker);
-            return 2;
-        }
-        o.pcfg.convert.worker_id = v;
-    }
-    if (bsize) {
-        if (strcmp(bsize, "auto") == 0) {
-            o.pcfg.convert.block_size = 0;
-        } else if (parse_u64(bsize, &v) < 0 || v == 0 || v > UINT32_MAX) {
-            fprintf(stderr, "kvbridge-inspect: bad --block-size '%s'\n", bsize);
-            return 2;
-        } else {
-            o.pcfg.convert.block_size = (uint32_t)v;
-        }
-    }
-    if (no_salt)
-        o.pcfg.convert.lora_salt = false;
-    if (format) {
-        static const char *const names[] = {"dynamo-json", "dynamo-msgpack", "raw"};
-        int f = -1;
-        for (int k = 0; k < 3; k++)
-            if (strcmp(format, names[k]) == 0)
-                f = k;
-        if (f < 0) {
-            fprintf(stderr, "kvbridge-inspect: --format: dynamo-json, dynamo-msgpack or raw\n");
-            return 2;
-        }
-        o.pcfg.format = f;
-    }
-    if (o.pcfg.format == KVB_FORMAT_DYNAMO_MSGPACK) {
-        struct kvb_mp_batcher_cfg bc = {.batch = batch, .residency_domain = residency, .seed = 1};
-        if (kvb_mp_batcher_create(&bc, emit_envelope, NULL, &o.mp) < 0)
-            return 1;
-    }
+    return 0;
+}
 
+/* -c: what the daemon would take from the file. */
+static int load_config(const char *path, struct opts *o)
+{
+    struct kvb_config *cfg = NULL;
+    if (kvb_config_load(path, &cfg, stderr) < 0)
+        return -EINVAL;
+    o->pcfg = kvb_pipeline_cfg_of(cfg);
+    /* borrowed from cfg, which goes next: keep a copy */
+    o->ns_copy = cfg->cache_namespace ? strdup(cfg->cache_namespace) : NULL;
+    o->pcfg.convert.cache_namespace = o->ns_copy;
+    o->batch = cfg->nats.batch;
+    o->residency = cfg->nats.residency_domain;
+    o->max_payload = cfg->limits.max_payload_bytes;
+    o->cfg_rank = cfg->sources[0].dp_rank;
+    kvb_config_free(&cfg);
+    return 0;
+}
+
+/* The options that override the configuration; 0 or 2 (a bad value). */
+static int apply_args(const struct args *a, struct opts *o)
+{
+    uint64_t v;
+    if (a->worker && parse_u64(a->worker, &v) < 0) {
+        fprintf(stderr, "kvbridge-inspect: bad --worker-id '%s'\n", a->worker);
+        return 2;
+    }
+    if (a->worker)
+        o->pcfg.convert.worker_id = v;
+    if (a->bsize && strcmp(a->bsize, "auto") == 0) {
+        o->pcfg.convert.block_size = 0;
+    } else if (a->bsize) {
+        if (parse_u64(a->bsize, &v) < 0 || v == 0 || v > UINT32_MAX) {
+            fprintf(stderr, "kvbridge-inspect: bad --block-size '%s'\n", a->bsize);
+            return 2;
+        }
+        o->pcfg.convert.block_size = (uint32_t)v;
+    }
+    if (a->no_salt)
+        o->pcfg.convert.lora_salt = false;
+    if (!a->format)
+        return 0;
+    static const char *const names[] = {"dynamo-json", "dynamo-msgpack", "raw"};
+    for (int k = 0; k < 3; k++)
+        if (strcmp(a->format, names[k]) == 0) {
+            o->pcfg.format = k;
+            return 0;
+        }
+    fprintf(stderr, "kvbridge-inspect: --format: dynamo-json, dynamo-msgpack or raw\n");
+    return 2;
+}
+
+/* Every argument, in order: capture folders, frame sequences, or payload
+ * files (consecutive ones are one stream, seqs 0, 1, 2, ...). */
+static int run(struct kvb_pipeline *p, const struct opts *o, int argc, char **argv)
+{
+    struct kvb_stream files;
+    kvb_stream_init(&files, "files", o->cfg_rank);
+    uint64_t file_seq = 0;
+    int rc = 0;
+    for (int i = optind; rc == 0 && i < argc; i++) {
+        struct stat st;
+        if (o->frames)
+            rc = run_frames(p, o, argv[i]);
+        else if (stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode))
+            rc = run_dir(p, o, argv[i]);
+        else
+            rc = feed(p, o, &files, file_seq++, argv[i]);
+    }
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct args a = {0};
+    struct opts o = {
+        .pcfg = {.convert = {.worker_id = 0,
+                             .block_size = 0,
+                             .lora_salt = true,
+                             .forward_tiers = 1u << KVB_TIER_DEVICE},
+                 .limits = KVB_DECODE_LIMITS_DEFAULT,
+                 .format = KVB_FORMAT_DYNAMO_JSON},
+        .batch = true,
+        .residency = true,
+    };
+    int rc = parse_args(argc, argv, &a, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if (a.cfg_path && load_config(a.cfg_path, &o) < 0)
+        return KVB_EX_CONFIG;
+    if ((rc = apply_args(&a, &o)))
+        goto out;
+    rc = 1;
+    if (o.pcfg.format == KVB_FORMAT_DYNAMO_MSGPACK) {
+        struct kvb_mp_batcher_cfg bc = {
+            .batch = o.batch, .residency_domain = o.residency, .seed = 1};
+        if (kvb_mp_batcher_create(&bc, emit_envelope, NULL, &o.mp) < 0)
+            goto out;
+    }
     struct kvb_metrics m = {0};
     struct kvb_pipeline *p = NULL;
-    int rc = kvb_pipeline_create(&o.pcfg, &m, emit_line, &o, &p);
-    if (rc < 0) {
-        fprintf(stderr, "kvbridge-inspect: %s\n", strerror(-rc));
-        return 1;
+    int e = kvb_pipeline_create(&o.pcfg, &m, emit_line, &o, &p);
+    if (e < 0) {
+        fprintf(stderr, "kvbridge-inspect: %s\n", strerror(-e));
+        goto out;
     }
     if (o.pcfg.format == KVB_FORMAT_RAW)
         kvb_pipeline_set_raw(p, emit_raw, NULL);
-    struct kvb_stream files;
-    kvb_stream_init(&files, "files", 0);
-    uint64_t file_seq = 0;
-    for (int i = optind; rc == 0 && i < argc; i++) {
-        struct stat st;
-        if (stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode))
-            rc = run_dir(p, &o, argv[i]);
-        else
-            rc = feed(p, &o, &files, file_seq++, argv[i]);
-    }
+    e = run(p, &o, argc, argv);
     kvb_pipeline_destroy(&p);
+    rc = e < 0 || fflush(stdout) != 0 ? 1 : 0;
+out:
     kvb_mp_batcher_destroy(&o.mp);
-    free(ns_copy);
-    if (fflush(stdout) != 0)
-        rc = -EIO;
-    return rc < 0 ? 1 : 0;
+    free(o.ns_copy);
+    return rc;
 }
