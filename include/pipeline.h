@@ -69,22 +69,25 @@ int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
 int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                         const char *why);
 
-/* The pipeline's part alone, the cursor untouched (kvb_seq_ops.apply): start
- * barrier for a dp_rank new to the stream, decode, convert, emit; a batch
- * that does not decode publishes the malformed barrier. */
-int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                       const uint8_t *payload, size_t len);
+/* The pipeline's part alone, the stream read only (kvb_seq_ops.apply):
+ * decode, start barrier for a dp_rank new to the stream, convert, emit; a
+ * batch that does not decode publishes the malformed barrier; a 65th
+ * dp_rank on one stream is dropped.  *out: what it did, for the rules to
+ * record. */
+int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
+                       const uint8_t *payload, size_t len, struct kvb_applied *out);
 /* The malformed barrier for a batch that is not decoded (kvb_seq_ops.reject). */
-int kvb_pipeline_malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+int kvb_pipeline_malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
                            const char *why);
-/* apply/reject/barrier with this pipeline as ctx; request and cancel NULL. */
-struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p);
+/* The rules' kvb_seq_ops: kvb_pipeline_batch, kvb_pipeline_malformed and
+ * kvb_pipeline_barrier, with this pipeline as ctx. */
+struct kvb_seq_ops kvb_pipeline_seq_ops(struct kvb_pipeline *p);
 
 /* "cleared" for every dp_rank of the stream (the ranks seen so far, or its
  * configured rank if none), counted under cause (enum kvb_barrier_cause).
  * Every router event of a stream is for its worker (kvb_stream.worker, or
  * the configuration's when NULL). */
-int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause);
+int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int cause);
 
 /* "cleared" for one (worker_id, dp_rank), counted under cause (the
  * residency mirror's barrier: mirror.h).  May be called from inside the

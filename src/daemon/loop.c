@@ -183,7 +183,8 @@ static int open_source(struct kvb_daemon *d, const struct kvb_config *c,
                                       .zap = d->zap,
                                       .worker = &w,
                                       .topics = sc->topics,
-                                      .n_topics = sc->n_topics};
+                                      .n_topics = sc->n_topics,
+                                      .pipeline = d->pipe};
         rc = kvb_source_create(d->zctx, &p, &d->m, out);
         char who[64];
         if (sc->n_topics)
@@ -662,7 +663,7 @@ static void nats_loss_barrier(struct kvb_daemon *d)
     d->barrier_due = false;
     kvb_warn("main", "router events were lost on the NATS side: publishing barriers");
     for (size_t i = 0; i < d->n_src; i++)
-        kvb_source_barrier_all(d->src[i], d->pipe, KVB_BAR_NATS_LOST);
+        kvb_source_barrier_all(d->src[i], KVB_BAR_NATS_LOST);
     kvb_publish_flush(d->out);
 }
 
@@ -829,20 +830,19 @@ static int turn(struct kvb_daemon *d, zmq_pollitem_t *items, size_t cap)
         /* connection events first: a drop must be known before the
          * batches that came after it */
         if (items[5 + 3 * i].revents & ZMQ_POLLIN)
-            kvb_source_read_monitor(s, d->pipe);
-        if (items[4 + 3 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read_replay(s, d->pipe)) < 0)
+            kvb_source_read_monitor(s);
+        if (items[4 + 3 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read_replay(s)) < 0)
             kvb_err("replay", "%s: %s", kvb_source_name(s), strerror(-rc));
-        if (items[3 + 3 * i].revents & ZMQ_POLLIN &&
-            (rc = kvb_source_read(s, d->pipe, READ_BUDGET)) < 0)
+        if (items[3 + 3 * i].revents & ZMQ_POLLIN && (rc = kvb_source_read(s, READ_BUDGET)) < 0)
             kvb_err("source", "%s: %s", kvb_source_name(s), strerror(-rc));
         else if (items[3 + 3 * i].revents & ZMQ_POLLIN && rc > 0)
             kvb_engines_note_batch(d->eng, i, kvb_mono_ms());
         if (!hold) /* a replay's deadline does not run out while we hold back */
-            kvb_source_tick(s, d->pipe, kvb_mono_ms());
+            kvb_source_tick(s, kvb_mono_ms());
     }
     kvb_publish_flush(d->out); /* one message per pair and turn when events are few */
     if (items[ie].revents & ZMQ_POLLIN)
-        kvb_engines_on_ready(d->eng, d->src, d->n_src, d->pipe, kvb_mono_ms(), d->paused);
+        kvb_engines_on_ready(d->eng, d->src, d->n_src, kvb_mono_ms(), d->paused);
     nats_loss_barrier(d);
     update_gauges(d);
     kvb_stats_tick(d->stats, kvb_mono_ms());

@@ -44,14 +44,48 @@ bool kvb_stream_has_rank(const struct kvb_stream *s, uint32_t rank)
     return false;
 }
 
-int kvb_stream_add_rank(struct kvb_stream *s, uint32_t rank)
+void kvb_stream_set_labels(struct kvb_stream *s, const char *source, const char *topic)
 {
-    if (kvb_stream_has_rank(s, rank))
-        return 0;
-    if (s->n_ranks >= KVB_MAX_STREAM_RANKS)
-        return -ENOSPC;
-    s->ranks[s->n_ranks++] = rank;
-    return 0;
+    s->source = source;
+    s->topic = topic;
+}
+
+void kvb_stream_set_worker(struct kvb_stream *s, const struct kvb_worker_cfg *w) { s->worker = w; }
+
+void kvb_stream_resume(struct kvb_stream *s, uint64_t last, const uint32_t *ranks, uint32_t n)
+{
+    s->has_last = true;
+    s->last = last;
+    s->n_ranks = n < KVB_MAX_STREAM_RANKS ? n : KVB_MAX_STREAM_RANKS;
+    memcpy(s->ranks, ranks, s->n_ranks * sizeof(*ranks));
+}
+
+/* Remember rank; a stream that has KVB_MAX_STREAM_RANKS takes no other (the
+ * pipeline drops such a batch). */
+static void add_rank(struct kvb_stream *s, uint32_t rank)
+{
+    if (!kvb_stream_has_rank(s, rank) && s->n_ranks < KVB_MAX_STREAM_RANKS)
+        s->ranks[s->n_ranks++] = rank;
+}
+
+/* A barrier is for every rank of the stream: one that has seen none has
+ * its configured rank. */
+static void note_ranks(struct kvb_stream *s)
+{
+    if (s->n_ranks == 0)
+        add_rank(s, s->cfg_rank);
+}
+
+/* What the pipeline did with a batch. */
+static void record(struct kvb_stream *s, const struct kvb_applied *a)
+{
+    if (!a->decoded) { /* its malformed barrier */
+        note_ranks(s);
+        return;
+    }
+    s->batches++;
+    s->events += a->n_events;
+    add_rank(s, a->dp_rank);
 }
 
 /* The one write of the cursor. */
@@ -65,6 +99,7 @@ static void advance(struct kvb_stream *s, uint64_t seq)
 
 static int barrier(const struct kvb_seq_ops *ops, struct kvb_stream *s, int cause)
 {
+    note_ranks(s);
     return ops->barrier(ops->ctx, s, cause);
 }
 
@@ -90,13 +125,36 @@ static int live_rules(struct kvb_stream *s, struct kvb_metrics *m, const struct 
     }
 }
 
-int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
-                  const uint8_t *data, size_t len)
+/* Move the cursor to seq and apply the batch; *a (may be NULL) says what
+ * the pipeline did. */
+static int apply_batch(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
+                       const uint8_t *data, size_t len, struct kvb_applied *a)
 {
+    struct kvb_applied got = {0};
     advance(s, seq);
     s->last_hash = XXH3_64bits(data, len); /* proves continuity after a reconnect */
     s->has_hash = true;
-    return ops->apply(ops->ctx, s, seq, data, len);
+    int rc = ops->apply(ops->ctx, s, seq, data, len, &got);
+    record(s, &got);
+    if (a)
+        *a = got;
+    return rc;
+}
+
+/* Move the cursor to seq and reject the batch (not decoded). */
+static int reject_batch(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
+                        const char *why)
+{
+    advance(s, seq);
+    s->has_hash = false;
+    note_ranks(s);
+    return ops->reject(ops->ctx, s, seq, why);
+}
+
+int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
+                  const uint8_t *data, size_t len)
+{
+    return apply_batch(s, ops, seq, data, len, NULL);
 }
 
 int kvb_seq_live(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
@@ -115,8 +173,7 @@ int kvb_seq_reject(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb
     int n = live_rules(s, m, ops, seq);
     if (n < 0)
         return n;
-    advance(s, seq);
-    int rc = ops->reject(ops->ctx, s, seq, why);
+    int rc = reject_batch(s, ops, seq, why);
     return rc < 0 ? rc : n + rc;
 }
 
@@ -145,6 +202,7 @@ struct kvb_replay {
     char *name, *endpoint;
     struct kvb_metrics *m;
     struct kvb_seq_ops ops;
+    struct kvb_replay_io io; /* zeroed: no replay socket */
     struct kvb_ratelimit rl_oversize;
 
     bool active;
@@ -173,7 +231,8 @@ struct kvb_replay {
 };
 
 int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
-                      const struct kvb_seq_ops *ops, struct kvb_replay **out)
+                      const struct kvb_seq_ops *ops, const struct kvb_replay_io *io,
+                      struct kvb_replay **out)
 {
     struct kvb_replay *r = calloc(1, sizeof(*r));
     if (!r)
@@ -193,6 +252,8 @@ int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
         r->cfg.max_held_bytes = DEFAULT_HELD_BYTES;
     r->m = m;
     r->ops = *ops;
+    if (io)
+        r->io = *io;
     r->rl_oversize = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     *out = r;
     return 0;
@@ -297,8 +358,8 @@ static bool is_copy(const struct kvb_replay *r, uint64_t seq, const uint8_t *dat
 
 static void cancel(struct kvb_replay *r)
 {
-    if (r->ops.cancel)
-        r->ops.cancel(r->ops.ctx);
+    if (r->io.cancel)
+        r->io.cancel(r->io.ctx);
 }
 
 /* Ask the engine for every batch from r->want on.  The ROUTER's send
@@ -307,7 +368,7 @@ static void cancel(struct kvb_replay *r)
  * whole replay's end_ms. */
 static int send_request(struct kvb_replay *r, uint64_t now_ms)
 {
-    int rc = r->ops.request ? r->ops.request(r->ops.ctx, r->want) : -ENOTSUP;
+    int rc = r->io.request ? r->io.request(r->io.ctx, r->want) : -ENOTSUP;
     if (rc < 0)
         return rc;
     r->req_want = r->want;
@@ -381,15 +442,14 @@ static int restart(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, co
     return rc;
 }
 
-/* Apply (or reject) one batch whose seq is judged. */
+/* Apply (or reject) one batch whose seq is judged; *a (may be NULL): what
+ * the pipeline did with an applied one. */
 static int apply_one(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
-                     size_t len, bool reject)
+                     size_t len, bool reject, struct kvb_applied *a)
 {
     if (!reject)
-        return kvb_seq_apply(st, &r->ops, seq, data, len);
-    advance(st, seq);
-    st->has_hash = false;
-    return r->ops.reject(r->ops.ctx, st, seq, "payload above limits.max_payload_bytes");
+        return apply_batch(st, &r->ops, seq, data, len, a);
+    return reject_batch(st, &r->ops, seq, "payload above limits.max_payload_bytes");
 }
 
 /* One batch of stream st by the rules: a suspect stream proven or restarted,
@@ -479,7 +539,7 @@ static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const
         break;
     default: break;
     }
-    if ((rc = apply_one(r, st, seq, data, len, reject)) < 0)
+    if ((rc = apply_one(r, st, seq, data, len, reject, NULL)) < 0)
         return rc;
     return n + rc;
 }
@@ -540,7 +600,7 @@ static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms
         bool held = false;
         if (i == 0 && kvb_seq_classify(st, h[0].seq) != KVB_SEQ_BACK) {
             /* the batch the replay was for: its gap (or start) is dealt with */
-            rc = apply_one(r, st, h[0].seq, h[0].data, h[0].len, h[0].reject);
+            rc = apply_one(r, st, h[0].seq, h[0].data, h[0].len, h[0].reject, NULL);
         } else {
             rc = step(r, st, h[i].seq, h[i].data, h[i].len, h[i].reject, again, &held, now_ms);
         }
@@ -689,20 +749,19 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
     r->deadline_ms = now_ms + stall < r->end_ms ? now_ms + stall : r->end_ms;
     if (big) { /* in the engine's buffer, but not usable: a lost batch */
         r->lost = true;
-        if ((rc = apply_one(r, st, seq, NULL, 0, true)) < 0)
+        if ((rc = apply_one(r, st, seq, NULL, 0, true, NULL)) < 0)
             return rc;
         r->fresh = true; /* its malformed barrier */
         return n + rc;
     }
-    uint64_t decoded = st->batches;
     if (r->mode == RP_CHECK && r->copy_st == st)
         copies_add(r, seq, data, len);
-    if ((rc = apply_one(r, st, seq, data, len, false)) < 0)
+    struct kvb_applied a;
+    if ((rc = apply_one(r, st, seq, data, len, false, &a)) < 0)
         return rc;
-    /* the pipeline counts a batch it decoded; one it could not is a lost
-     * batch (it published the malformed barrier): the replay did not fill
-     * the gap */
-    if (st->batches == decoded)
+    /* a batch the pipeline could not decode is a lost batch (it published
+     * the malformed barrier): the replay did not fill the gap */
+    if (!a.decoded)
         r->lost = true;
     r->fresh = false;
     return n + rc;
@@ -858,6 +917,11 @@ int kvb_replay_check(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_m
              st->name, (unsigned long long)st->last,
              r->endpoint[0] ? "the replay request failed" : "there is no replay endpoint to ask");
     return barrier(&r->ops, st, KVB_BAR_GAP);
+}
+
+int kvb_replay_barrier(struct kvb_replay *r, struct kvb_stream *st, int cause)
+{
+    return barrier(&r->ops, st, cause);
 }
 
 void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms)

@@ -154,11 +154,11 @@ int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp
     return rc;
 }
 
-int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause)
+int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int cause)
 {
     use_stream(p, s);
-    if (s->n_ranks == 0)
-        kvb_stream_add_rank(s, s->cfg_rank); /* cannot fail on an empty list */
+    if (s->n_ranks == 0) /* nothing seen yet: its configured rank */
+        return cleared(p, s->cfg_rank, cause);
     int n = 0;
     for (uint32_t i = 0; i < s->n_ranks; i++) {
         int rc = cleared(p, s->ranks[i], cause);
@@ -169,7 +169,8 @@ int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause
     return n;
 }
 
-static int malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq, const char *why)
+static int malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
+                     const char *why)
 {
     kvb_inc(&p->m->malformed_messages_total[KVB_MAL_BATCH]);
     kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
@@ -178,8 +179,8 @@ static int malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
     return kvb_pipeline_barrier(p, s, KVB_BAR_MALFORMED);
 }
 
-int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                       const uint8_t *payload, size_t len)
+int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
+                       const uint8_t *payload, size_t len, struct kvb_applied *out)
 {
     struct kvb_batch b;
     int rc = kvb_decode_batch(p->dec, payload, len, &b);
@@ -187,11 +188,12 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
     p->last.decoded = rc == 0;
     p->last.ts = rc == 0 ? b.ts : 0;
     p->last.n_events = rc == 0 ? b.n_events : 0;
+    *out = (struct kvb_applied){.decoded = rc == 0};
     if (rc < 0)
         return malformed(p, s, seq, kvb_decode_strerror(rc));
-    s->batches++;
-    s->events += b.n_events;
     uint32_t rank = b.dp_rank.has ? (uint32_t)b.dp_rank.v : s->cfg_rank;
+    out->dp_rank = rank;
+    out->n_events = b.n_events;
     const struct kvb_worker_cfg *w = use_stream(p, s);
     int n = 0;
     /* A pair's first router event is a start barrier: a rank new to the
@@ -199,7 +201,7 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
      * reload starts its counters at 0, as a fresh start would). */
     bool known = kvb_stream_has_rank(s, rank);
     if (!known || !kvb_converter_has_counter(p->conv, w->worker_id, rank)) {
-        if (!known && kvb_stream_add_rank(s, rank) < 0) {
+        if (!known && s->n_ranks >= KVB_MAX_STREAM_RANKS) {
             /* a batch of a rank this stream cannot take: only that pair
              * lost something, and only if it published anything (through
              * another stream): never a barrier on every rank of the stream */
@@ -248,30 +250,31 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
     return n;
 }
 
-int kvb_pipeline_malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+int kvb_pipeline_malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
                            const char *why)
 {
     return malformed(p, s, seq, why);
 }
 
-/* ---- the sequence rules (replay.h) with the pipeline as their hands ----- */
+/* ---- the pipeline as the sequence rules' kvb_seq_ops (replay.h) --------- */
 
-static int op_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len)
+static int op_apply(void *ctx, const struct kvb_stream *s, uint64_t seq, const uint8_t *data,
+                    size_t len, struct kvb_applied *out)
 {
-    return kvb_pipeline_batch(ctx, s, seq, data, len);
+    return kvb_pipeline_batch(ctx, s, seq, data, len, out);
 }
 
-static int op_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *why)
+static int op_reject(void *ctx, const struct kvb_stream *s, uint64_t seq, const char *why)
 {
     return malformed(ctx, s, seq, why);
 }
 
-static int op_barrier(void *ctx, struct kvb_stream *s, int cause)
+static int op_barrier(void *ctx, const struct kvb_stream *s, int cause)
 {
     return kvb_pipeline_barrier(ctx, s, cause);
 }
 
-struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p)
+struct kvb_seq_ops kvb_pipeline_seq_ops(struct kvb_pipeline *p)
 {
     return (struct kvb_seq_ops){
         .ctx = p, .apply = op_apply, .reject = op_reject, .barrier = op_barrier};
@@ -280,20 +283,20 @@ struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p)
 int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                        const uint8_t *payload, size_t len)
 {
-    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
     return kvb_seq_apply(s, &ops, seq, payload, len);
 }
 
 int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
                       const uint8_t *payload, size_t len)
 {
-    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
     return kvb_seq_live(s, p->m, &ops, seq, payload, len);
 }
 
 int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq, const char *why)
 {
-    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
     return kvb_seq_reject(s, p->m, &ops, seq, why);
 }
 

@@ -75,6 +75,7 @@ static void net_open(struct net *n)
         .rcvhwm = 1000,
         .replay_timeout_ms = 3000,
         .max_payload_bytes = 1 << 20,
+        .pipeline = p,
     };
     ck_assert_int_eq(kvb_source_create(n->zctx, &sp, &m, &n->src), 0);
     /* the subscription reached the engine */
@@ -120,9 +121,9 @@ static void turn(struct net *n, int ms)
                             {kvb_source_monitor(n->src), 0, ZMQ_POLLIN, 0}};
     zmq_poll(it, it[1].socket ? 2 : 1, ms);
     if (it[1].socket && (it[1].revents & ZMQ_POLLIN))
-        kvb_source_read_monitor(n->src, p);
+        kvb_source_read_monitor(n->src);
     if (it[0].revents & ZMQ_POLLIN)
-        ck_assert_int_ge(kvb_source_read(n->src, p, 256), 0);
+        ck_assert_int_ge(kvb_source_read(n->src, 256), 0);
 }
 
 /* Until COND or 5 s. */
