@@ -1,8 +1,8 @@
 /* pipeline: decode -> convert -> encode -> emit for one batch of one stream.
- * The sequence rules (gap, restart, replay; docs/router-events.md section 6) are
- * replay.h's: kvb_pipeline_live/apply/reject are those rules with this
- * pipeline carrying them out (kvb_pipeline_ops()), shared by the daemon and
- * kvbridge-inspect, so both follow exactly the same rules.
+ * The sequence rules (gap, restart, replay; docs/router-events.md section 6)
+ * are replay.h's, and they call the pipeline (kvb_pipeline_seq_ops()) for
+ * each batch they apply or reject and each barrier: the daemon,
+ * kvbridge-inspect, the fuzz targets and the benches all go through them.
  *
  * Every router event is handed to the emit callback in order; the bytes are
  * valid only during the call.  They are the event's dynamo-json form when
@@ -52,23 +52,6 @@ void kvb_pipeline_set_raw(struct kvb_pipeline *p, kvb_raw_fn fn, void *ctx);
 /* Swap in a new configuration (SIGHUP); event_id counters are kept. */
 int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg);
 
-/* A live batch when no replay is possible: kvb_seq_live() (the gap or
- * restart barrier when needed, the cursor, then the batch).  Returns the
- * number of router events emitted, or a negative errno. */
-int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                      const uint8_t *payload, size_t len);
-
-/* Apply one batch whose seq the caller has already judged: kvb_seq_apply()
- * (sets s->last = seq), then kvb_pipeline_batch(). */
-int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                       const uint8_t *payload, size_t len);
-
-/* A batch with a valid seq that must not be decoded (its payload is above
- * limits.max_payload_bytes): the same sequence rules as kvb_pipeline_live(),
- * then the malformed barrier, as for a batch that does not decode. */
-int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                        const char *why);
-
 /* The pipeline's part alone, the stream read only (kvb_seq_ops.apply):
  * decode, start barrier for a dp_rank new to the stream, convert, emit; a
  * batch that does not decode publishes the malformed barrier; a 65th
@@ -95,7 +78,7 @@ int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int
  * negative errno. */
 int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause);
 
-/* What the last kvb_pipeline_apply() saw, for metrics. */
+/* What the last kvb_pipeline_batch() saw, for metrics. */
 struct kvb_batch_info {
     uint64_t serial; /* +1 per apply */
     bool decoded;

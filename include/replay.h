@@ -151,21 +151,6 @@ struct kvb_replay_io {
     void (*cancel)(void *ctx);
 };
 
-/* ---- one stream without a replay ---------------------------------------- */
-
-/* A live batch on a stream that is not being recovered: judge its seq, count
- * and log a gap or a restart and publish its barrier, move the cursor, then
- * apply the batch.  Returns the router events emitted, or a negative errno.
- * m: where gaps and restarts are counted. */
-int kvb_seq_live(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                 uint64_t seq, const uint8_t *data, size_t len);
-/* The same rules, then ops->reject instead of ops->apply. */
-int kvb_seq_reject(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                   uint64_t seq, const char *why);
-/* No rules: move the cursor to seq and apply the batch. */
-int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
-                  const uint8_t *data, size_t len);
-
 /* ---- a source's streams, with replay ------------------------------------ */
 
 struct kvb_replay_cfg {

@@ -1,6 +1,7 @@
 /* kvbridge-inspect: captured engine payloads -> router events, exactly as the
- * daemon would publish them (same pipeline, same sequence rules), one per
- * line on stdout.  With --decoded, the decoded engine events instead.
+ * daemon would publish them (the same sequence rules: a kvb_replay without a
+ * replay endpoint, fed as source.c feeds it; the same pipeline), one per line
+ * on stdout.  With --decoded, the decoded engine events instead.
  *
  *   kvbridge-inspect [-c CONFIG] [--worker-id N] [--block-size N|auto]
  *                    [--decoded] CAPTURE_DIR|FILE.msgpack ...
@@ -28,6 +29,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "pipeline.h"
+#include "replay.h"
 
 #define MAX_FILE_BYTES (256u << 20)
 
@@ -38,6 +40,9 @@ struct opts {
     uint32_t cfg_rank;     /* the stream's configured dp_rank: sources[0].dp_rank (-c) */
     bool batch, residency; /* nats.batch, nats.residency_domain (-c) */
     char *ns_copy;         /* cache_namespace, copied from the configuration */
+    /* The daemon's sequence rules, as for a source without a replay
+     * endpoint (kvb_replay_live(), as source.c calls it). */
+    struct kvb_replay *rules;
     struct kvb_pipeline_cfg pcfg;
     struct kvb_mp_batcher *mp; /* --format dynamo-msgpack */
 };
@@ -216,11 +221,10 @@ static void print_decoded(uint64_t seq, const struct kvb_batch *b)
 /* ---- one batch through the chosen path ---------------------------------- */
 
 /* One batch of stream s through the daemon's rules and pipeline. */
-static int apply(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream *s, uint64_t seq,
-                 const uint8_t *buf, size_t len)
+static int apply(const struct opts *o, struct kvb_stream *s, uint64_t seq, const uint8_t *buf,
+                 size_t len)
 {
-    int rc = o->max_payload && len > o->max_payload ? kvb_pipeline_reject(p, s, seq, "oversize")
-                                                    : kvb_pipeline_live(p, s, seq, buf, len);
+    int rc = kvb_replay_live(o->rules, s, seq, buf, len, 0);
     if (rc >= 0 && o->mp) /* the daemon cuts a message at the end of each engine batch */
         rc = kvb_mp_batcher_flush(o->mp, 0);
     return rc;
@@ -244,7 +248,7 @@ static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream 
         else
             print_decoded(seq, &b);
         rc = 0;
-    } else if ((rc = apply(p, o, s, seq, buf, len)) < 0) {
+    } else if ((rc = apply(o, s, seq, buf, len)) < 0) {
         fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
     }
     free(buf);
@@ -311,7 +315,7 @@ static int next_record(const uint8_t *d, size_t size, size_t *off, uint64_t *pre
 
 /* A frame sequence as one stream (records 1..512, its first two bytes are
  * the fuzz target's configuration: skipped). */
-static int run_frames(struct kvb_pipeline *p, const struct opts *o, const char *path)
+static int run_frames(const struct opts *o, const char *path)
 {
     uint8_t *d = NULL, *big = malloc(FRAMES_OVERSIZE);
     size_t size = 0, off = 2, len;
@@ -324,7 +328,7 @@ static int run_frames(struct kvb_pipeline *p, const struct opts *o, const char *
                          (k = next_record(d, size, &off, &prev, big, &payload, &len)) > 0;
          rec++)
         if (k == 1)
-            rc = apply(p, o, &s, prev, payload, len);
+            rc = apply(o, &s, prev, payload, len);
     if (rc < 0)
         fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
     free(d);
@@ -564,7 +568,7 @@ static int run(struct kvb_pipeline *p, const struct opts *o, int argc, char **ar
     for (int i = optind; rc == 0 && i < argc; i++) {
         struct stat st;
         if (o->frames)
-            rc = run_frames(p, o, argv[i]);
+            rc = run_frames(o, argv[i]);
         else if (stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode))
             rc = run_dir(p, o, argv[i]);
         else
@@ -609,7 +613,12 @@ int main(int argc, char **argv)
     }
     if (o.pcfg.format == KVB_FORMAT_RAW)
         kvb_pipeline_set_raw(p, emit_raw, NULL);
-    e = run(p, &o, argc, argv);
+    struct kvb_replay_cfg rcfg = {
+        .name = "kvbridge-inspect", .endpoint = "", .max_payload_bytes = o.max_payload};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
+    if ((e = kvb_replay_create(&rcfg, &m, &ops, NULL, &o.rules)) == 0)
+        e = run(p, &o, argc, argv);
+    kvb_replay_destroy(&o.rules);
     kvb_pipeline_destroy(&p);
     rc = e < 0 || fflush(stdout) != 0 ? 1 : 0;
 out:

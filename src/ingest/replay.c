@@ -95,34 +95,12 @@ static void advance(struct kvb_stream *s, uint64_t seq)
     s->last = seq;
 }
 
-/* ---- one stream without a replay ---------------------------------------- */
+/* ---- carrying the decisions out ----------------------------------------- */
 
 static int barrier(const struct kvb_seq_ops *ops, struct kvb_stream *s, int cause)
 {
     note_ranks(s);
     return ops->barrier(ops->ctx, s, cause);
-}
-
-/* The live rules: the gap or restart barrier a batch needs first. */
-static int live_rules(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                      uint64_t seq)
-{
-    switch (kvb_seq_classify(s, seq)) {
-    case KVB_SEQ_GAP:
-        kvb_inc(&m->seq_gaps_total[0]);
-        s->gaps++;
-        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source",
-                   "%s: seq gap: %llu missing before %llu, publishing barrier", s->name,
-                   (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
-        return barrier(ops, s, KVB_BAR_GAP);
-    case KVB_SEQ_BACK:
-        kvb_inc(&m->engine_restarts_total[0]);
-        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source",
-                   "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
-                   s->name, (unsigned long long)s->last, (unsigned long long)seq);
-        return barrier(ops, s, KVB_BAR_RESTART);
-    default: return 0;
-    }
 }
 
 /* Move the cursor to seq and apply the batch; *a (may be NULL) says what
@@ -149,32 +127,6 @@ static int reject_batch(struct kvb_stream *s, const struct kvb_seq_ops *ops, uin
     s->has_hash = false;
     note_ranks(s);
     return ops->reject(ops->ctx, s, seq, why);
-}
-
-int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
-                  const uint8_t *data, size_t len)
-{
-    return apply_batch(s, ops, seq, data, len, NULL);
-}
-
-int kvb_seq_live(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                 uint64_t seq, const uint8_t *data, size_t len)
-{
-    int n = live_rules(s, m, ops, seq);
-    if (n < 0)
-        return n;
-    int rc = kvb_seq_apply(s, ops, seq, data, len);
-    return rc < 0 ? rc : n + rc;
-}
-
-int kvb_seq_reject(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                   uint64_t seq, const char *why)
-{
-    int n = live_rules(s, m, ops, seq);
-    if (n < 0)
-        return n;
-    int rc = reject_batch(s, ops, seq, why);
-    return rc < 0 ? rc : n + rc;
 }
 
 /* ---- a source's streams, with replay ------------------------------------ */

@@ -280,26 +280,6 @@ struct kvb_seq_ops kvb_pipeline_seq_ops(struct kvb_pipeline *p)
         .ctx = p, .apply = op_apply, .reject = op_reject, .barrier = op_barrier};
 }
 
-int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                       const uint8_t *payload, size_t len)
-{
-    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
-    return kvb_seq_apply(s, &ops, seq, payload, len);
-}
-
-int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                      const uint8_t *payload, size_t len)
-{
-    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
-    return kvb_seq_live(s, p->m, &ops, seq, payload, len);
-}
-
-int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq, const char *why)
-{
-    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
-    return kvb_seq_reject(s, p->m, &ops, seq, why);
-}
-
 struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
 {
     struct kvb_pipeline_cfg p = {

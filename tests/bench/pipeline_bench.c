@@ -8,7 +8,8 @@
  * The batches are self-encoded (benchgen.c, shapes as kvsim), or read from a
  * capture of kvsim's stream (--capture).  One warm-up pass over the first
  * batches (start barrier, buffers grown), then run_measured() feeds every
- * batch P times through kvb_pipeline_live() with consecutive seqs.  Under
+ * batch P times through the daemon's sequence rules (kvb_replay_live(), no
+ * replay endpoint) and the pipeline, with consecutive seqs.  Under
  *   valgrind --tool=callgrind --collect-atstart=no --toggle-collect=run_measured
  * only run_measured() is counted: Ir / engine_events is the instruction cost
  * per event (tests/bench/callgrind.sh prints it).  Natively, ns_per_event is
@@ -70,6 +71,7 @@ static int emit_mp(void *ctx, const struct kvb_mp_msg *msg)
 
 struct run {
     struct kvb_pipeline *p;
+    struct kvb_replay *rules;
     struct kvb_stream st;
     struct sink *sink;
     uint64_t seq;
@@ -81,8 +83,8 @@ __attribute__((noinline)) static void feed(struct run *r, const struct bench_set
 {
     for (unsigned k = 0; k < passes; k++)
         for (size_t i = 0; i < set->n; i++) {
-            if (kvb_pipeline_live(r->p, &r->st, r->seq++, bench_set_data(set, i),
-                                  bench_set_len(set, i)) < 0)
+            if (kvb_replay_live(r->rules, &r->st, r->seq++, bench_set_data(set, i),
+                                bench_set_len(set, i), 0) < 0)
                 r->errors++;
             /* one message per engine batch */
             if (r->sink->mp && kvb_mp_batcher_flush(r->sink->mp, 1767225600000ULL) < 0)
@@ -230,6 +232,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "pipeline-bench: cannot create the pipeline\n");
         goto out;
     }
+    struct kvb_replay_cfg rcfg = {.name = "bench", .endpoint = ""};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(run.p);
+    if (kvb_replay_create(&rcfg, &m, &ops, NULL, &run.rules) < 0) {
+        fprintf(stderr, "pipeline-bench: cannot create the sequence rules\n");
+        goto out;
+    }
     kvb_stream_init(&run.st, "bench", 0);
 
     /* warm-up: the start barrier, the arena and the scratch buffers */
@@ -252,6 +260,7 @@ int main(int argc, char **argv)
            sink.msgs, sink.bytes, set.blob_len * passes, ev ? (double)(t1 - t0) / (double)ev : 0.0);
     rc = 0;
 out:
+    kvb_replay_destroy(&run.rules);
     kvb_pipeline_destroy(&run.p);
     kvb_mp_batcher_destroy(&sink.mp);
     bench_set_free(&set);

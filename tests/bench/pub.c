@@ -110,11 +110,20 @@ static int expectations(const struct bench_set *set, bool raw, uint32_t *msgs, u
     size_t plen = benchgen_empty(probe, sizeof(probe));
     if (kvb_pipeline_create(&cfg, &m, count_emit, &cnt, &p) < 0)
         return -ENOMEM;
+    /* the daemon's sequence rules, without a replay endpoint */
+    struct kvb_replay_cfg rcfg = {.name = "bench", .endpoint = ""};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
+    struct kvb_replay *r = NULL;
+    if (kvb_replay_create(&rcfg, &m, &ops, NULL, &r) < 0) {
+        kvb_pipeline_destroy(&p);
+        return -ENOMEM;
+    }
     kvb_stream_init(&st, "bench", 0);
-    kvb_pipeline_live(p, &st, 0, probe, plen); /* the start barrier */
+    kvb_replay_live(r, &st, 0, probe, plen, 0); /* the start barrier */
     for (size_t i = 0; i < set->n; i++) {
         cnt.n = 0;
-        if (kvb_pipeline_live(p, &st, i + 1, bench_set_data(set, i), bench_set_len(set, i)) < 0) {
+        if (kvb_replay_live(r, &st, i + 1, bench_set_data(set, i), bench_set_len(set, i), 0) < 0) {
+            kvb_replay_destroy(&r);
             kvb_pipeline_destroy(&p);
             return -EINVAL;
         }
@@ -125,6 +134,7 @@ static int expectations(const struct bench_set *set, bool raw, uint32_t *msgs, u
                         ? b.n_events
                         : 0;
     }
+    kvb_replay_destroy(&r);
     kvb_pipeline_destroy(&p);
     return 0;
 }

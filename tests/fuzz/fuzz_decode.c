@@ -6,9 +6,11 @@
  *   - the decoder alone: every string and bin view lies inside the payload,
  *     counts respect the limits, strings are valid UTF-8, and decoding the
  *     same payload again (arena reset) gives the same batch;
- *   - kvb_pipeline_apply() under two configurations (auto block size with
- *     every tier forwarded, default limits; block size 16, device tier only,
- *     small limits): every router event's JSON is exactly its kvb_rev, the
+ *   - the pipeline behind the daemon's sequence rules (kvb_replay_live() on
+ *     a fresh stream, no replay endpoint) under two configurations (auto
+ *     block size with every tier forwarded, default limits; block size 16,
+ *     device tier only, small limits): every router event's JSON is exactly
+ *     its kvb_rev, the
  *     event_ids of each dp_rank start at 0 with "cleared" and go up by 1, the
  *     return value is the number of events emitted, and a payload that does
  *     not decode publishes only the malformed barrier.
@@ -140,10 +142,14 @@ static void pipeline_checks(const uint8_t *data, size_t size, const struct kvb_p
     struct kvb_batch b;
     bool decodes = kvb_decode_batch(kvb_pipeline_decoder(p), data, size, &b) == 0;
 
+    struct kvb_replay_cfg rcfg = {.name = "fuzz", .endpoint = ""};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
+    struct kvb_replay *rules = NULL;
+    FUZZ_CHECK(kvb_replay_create(&rcfg, &m, &ops, NULL, &rules) == 0, "replay_create");
     struct kvb_stream s;
     kvb_stream_init(&s, "fuzz", 3);
-    int rc = kvb_pipeline_apply(p, &s, 42, data, size);
-    FUZZ_CHECK(rc >= 0, "pipeline_apply rc %d", rc);
+    int rc = kvb_replay_live(rules, &s, 42, data, size, 0);
+    FUZZ_CHECK(rc >= 0, "replay_live rc %d", rc);
     FUZZ_CHECK((unsigned)rc == c.emitted, "apply returned %d, emitted %u", rc, c.emitted);
     FUZZ_CHECK(s.has_last && s.last == 42, "stream seq not updated");
     if (!decodes) {
@@ -165,6 +171,7 @@ static void pipeline_checks(const uint8_t *data, size_t size, const struct kvb_p
                    b.n_events);
         FUZZ_CHECK(dropped + (c.emitted - 1) == seen, "published + dropped != received");
     }
+    kvb_replay_destroy(&rules);
     kvb_pipeline_destroy(&p);
 }
 

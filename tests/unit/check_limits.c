@@ -188,18 +188,28 @@ static void wb_batch(struct wb *w, uint32_t n_events)
 static struct kvb_metrics m;
 static struct sink_lines out;
 static struct kvb_pipeline *p;
+static struct kvb_replay *rules; /* the daemon's, without a replay endpoint */
 
 static void open_pipeline(const struct kvb_pipeline_cfg *c)
 {
     memset(&m, 0, sizeof(m));
     free(out.text);
     memset(&out, 0, sizeof(out));
+    kvb_replay_destroy(&rules);
     kvb_pipeline_destroy(&p);
     ck_assert_int_eq(kvb_pipeline_create(c, &m, collect_line, &out, &p), 0);
+    rules = test_rules(p, &m, 0);
+}
+
+/* One live batch through the daemon's rules. */
+static int feed(struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len)
+{
+    return kvb_replay_live(rules, s, seq, data, len, 0);
 }
 
 static void teardown(void)
 {
+    kvb_replay_destroy(&rules);
     kvb_pipeline_destroy(&p);
     free(out.text);
     memset(&out, 0, sizeof(out));
@@ -346,7 +356,7 @@ START_TEST(encode_widest_from_engine_batch)
     uint8_t *pl = wide_stored(n, &len);
     struct kvb_stream s;
     kvb_stream_init(&s, "wide", 0);
-    ck_assert_int_eq(kvb_pipeline_live(p, &s, 0, pl, len), 2); /* start barrier + stored */
+    ck_assert_int_eq(feed(&s, 0, pl, len), 2); /* start barrier + stored */
     free(pl);
     const char *line2 = strchr(out.text, '\n') + 1;
     size_t l2 = strlen(line2) - 1;
@@ -600,7 +610,7 @@ START_TEST(big_payload_bounded)
 
     struct peak pk;
     peak_start(&pk);
-    int rc = kvb_pipeline_live(p, &s, 0, pl, len);
+    int rc = feed(&s, 0, pl, len);
     size_t growth = peak_growth(&pk);
 
     fprintf(stderr, "limits: %-40s %9zu bytes: peak RSS +%zu KiB (%.1f x payload)%s\n", bc->name,
@@ -678,7 +688,7 @@ static void wb_stored(struct wb *w, uint32_t nh, uint32_t nt, unsigned nest)
 
 static int apply_wb(struct wb *w, struct kvb_stream *s, uint64_t seq)
 {
-    int rc = kvb_pipeline_live(p, s, seq, w->p, w->len);
+    int rc = feed(s, seq, w->p, w->len);
     free(w->p);
     memset(w, 0, sizeof(*w));
     return rc;
@@ -1254,7 +1264,7 @@ static void replay_decode(const char *path)
     free(pl);
     struct kvb_stream s;
     kvb_stream_init(&s, "regression", 0);
-    ck_assert_int_ge(kvb_pipeline_live(p, &s, 0, exact, len), 1);
+    ck_assert_int_ge(feed(&s, 0, exact, len), 1);
     free(exact);
 }
 

@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "pipeline.h"
+#include "replay.h"
 
 /* ---- msgpack building --------------------------------------------------- */
 
@@ -104,6 +105,20 @@ static inline struct kvb_pipeline_cfg test_pcfg(uint64_t worker, uint32_t bs)
         .format = KVB_FORMAT_DYNAMO_JSON,
     };
     return c;
+}
+
+/* The daemon's sequence rules for a source without a replay endpoint, in
+ * front of pipeline p: feed batches with kvb_replay_live(r, st, seq, data,
+ * len, 0), as the source does.  max_payload: limits.max_payload_bytes (0:
+ * none). */
+static inline struct kvb_replay *test_rules(struct kvb_pipeline *p, struct kvb_metrics *m,
+                                            uint64_t max_payload)
+{
+    struct kvb_replay_cfg c = {.name = "test", .endpoint = "", .max_payload_bytes = max_payload};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
+    struct kvb_replay *r = NULL;
+    ck_assert_int_eq(kvb_replay_create(&c, m, &ops, NULL, &r), 0);
+    return r;
 }
 
 /* The main() of every suite: run it, exit non-zero on any failure. */
