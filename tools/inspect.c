@@ -1,10 +1,12 @@
 /* kvbridge-inspect: captured engine payloads -> router events, exactly as the
  * daemon would publish them (the same sequence rules: a kvb_replay without a
- * replay endpoint, fed as source.c feeds it; the same pipeline), one per line
- * on stdout.  With --decoded, the decoded engine events instead.
+ * replay endpoint, fed as source.c feeds it; the same pipeline; the same
+ * publish stage, sink-less: its writer prints each message), one per line on
+ * stdout.  With --decoded, the decoded engine events instead.
  *
  *   kvbridge-inspect [-c CONFIG] [--worker-id N] [--block-size N|auto]
- *                    [--decoded] CAPTURE_DIR|FILE.msgpack ...
+ *                    [--format F] [--decoded] CAPTURE_DIR|FILE.msgpack ...
+ *   kvbridge-inspect [options] --frames FILE ...
  *
  * A capture folder holds index.json ({"topic":..,"batches":[{"seq":..,
  * "file":..}, ...]}) and the payload files; its batches are fed in seq order
@@ -25,26 +27,27 @@
 #include "config.h"
 #include "convert.h"
 #include "decode.h"
-#include "encode_msgpack.h"
 #include "log.h"
 #include "metrics.h"
 #include "pipeline.h"
+#include "publish.h"
 #include "replay.h"
 
 #define MAX_FILE_BYTES (256u << 20)
 
 struct opts {
     bool decoded;
-    bool frames;           /* the arguments are frame sequences (--frames) */
-    uint64_t max_payload;  /* limits.max_payload_bytes (-c); 0: no limit */
-    uint32_t cfg_rank;     /* the stream's configured dp_rank: sources[0].dp_rank (-c) */
-    bool batch, residency; /* nats.batch, nats.residency_domain (-c) */
-    char *ns_copy;         /* cache_namespace, copied from the configuration */
+    bool frames;            /* the arguments are frame sequences (--frames) */
+    uint64_t max_payload;   /* limits.max_payload_bytes (-c); 0: no limit */
+    uint32_t cfg_rank;      /* the stream's configured dp_rank: sources[0].dp_rank (-c) */
+    const char *source;     /* raw's KV-Source: sources[0].endpoint (-c), else the file */
+    struct kvb_config *cfg; /* -c, kept: the stages borrow its strings */
+    struct kvb_pipeline_cfg pcfg;
+    struct kvb_publish_cfg ucfg;
     /* The daemon's sequence rules, as for a source without a replay
      * endpoint (kvb_replay_live(), as source.c calls it). */
     struct kvb_replay *rules;
-    struct kvb_pipeline_cfg pcfg;
-    struct kvb_mp_batcher *mp; /* --format dynamo-msgpack */
+    struct kvb_publish *pub;
 };
 
 static void put_hex(const void *data, size_t len)
@@ -54,38 +57,32 @@ static void put_hex(const void *data, size_t len)
         printf("%02x", p[i]);
 }
 
-/* dynamo-json: the pipeline's bytes; dynamo-msgpack: into the batcher. */
-static int emit_line(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
-{
-    struct opts *o = ctx;
-    if (o->mp)
-        return kvb_mp_batcher_add(o->mp, rev, 0);
-    if (o->pcfg.format != KVB_FORMAT_DYNAMO_JSON)
-        return 0;
-    fwrite(data, 1, len, stdout);
-    fputc('\n', stdout);
-    return 0;
-}
+static void put_str(const struct kvb_str *s);
 
-/* One event-plane envelope per line, in hex. */
-static int emit_envelope(void *ctx, const struct kvb_mp_msg *msg)
+/* The publish stage's writer: each message as the daemon would hand it to
+ * NATS, one per line.  dynamo-json: the router event; dynamo-msgpack: the
+ * envelope in hex; raw: {"HEADER":"value",...,"payload":"hex"}. */
+static int write_msg(void *ctx, const struct kvb_publish_msg *msg)
 {
     (void)ctx;
-    put_hex(msg->data, msg->len);
+    if (msg->rev) {
+        fwrite(msg->data, 1, msg->len, stdout);
+    } else if (!msg->n_hdrs) {
+        put_hex(msg->data, msg->len);
+    } else {
+        putchar('{');
+        for (size_t i = 0; i < msg->n_hdrs; i++) {
+            put_str(&(struct kvb_str){msg->hdrs[2 * i], (uint32_t)strlen(msg->hdrs[2 * i])});
+            putchar(':');
+            const char *v = msg->hdrs[2 * i + 1];
+            put_str(&(struct kvb_str){v, (uint32_t)strlen(v)});
+            putchar(',');
+        }
+        fputs("\"payload\":\"", stdout);
+        put_hex(msg->data, msg->len);
+        fputs("\"}", stdout);
+    }
     fputc('\n', stdout);
-    return 0;
-}
-
-/* raw: the batch as kvbridge republishes it: headers, then the payload in hex. */
-static int emit_raw(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
-                    const uint8_t *payload, size_t len)
-{
-    (void)ctx;
-    (void)s;
-    printf("{\"KV-Seq\":\"%" PRIu64 "\",\"KV-DP-Rank\":\"%" PRIu32 "\",\"payload\":\"", seq,
-           dp_rank);
-    put_hex(payload, len);
-    fputs("\"}\n", stdout);
     return 0;
 }
 
@@ -224,10 +221,7 @@ static void print_decoded(uint64_t seq, const struct kvb_batch *b)
 static int apply(const struct opts *o, struct kvb_stream *s, uint64_t seq, const uint8_t *buf,
                  size_t len)
 {
-    int rc = kvb_replay_live(o->rules, s, seq, buf, len, 0);
-    if (rc >= 0 && o->mp) /* the daemon cuts a message at the end of each engine batch */
-        rc = kvb_mp_batcher_flush(o->mp, 0);
-    return rc;
+    return kvb_replay_live(o->rules, s, seq, buf, len, 0);
 }
 
 static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream *s, uint64_t seq,
@@ -320,8 +314,11 @@ static int run_frames(const struct opts *o, const char *path)
     uint8_t *d = NULL, *big = malloc(FRAMES_OVERSIZE);
     size_t size = 0, off = 2, len;
     int rc = big ? read_file(path, &d, &size) : -ENOMEM;
+    const char *base = strrchr(path, '/');
     struct kvb_stream s;
     kvb_stream_init(&s, path, o->cfg_rank);
+    /* the topic kvsim --frames sends it on */
+    kvb_stream_set_labels(&s, o->source ? o->source : path, base ? base + 1 : path);
     uint64_t prev = 0;
     const uint8_t *payload;
     for (int rec = 0, k; rc >= 0 && rec < FRAMES_MAX_RECORDS &&
@@ -370,11 +367,13 @@ static int parse_entry(json_object *b, struct entry *e)
     return 0;
 }
 
-/* The batches of a capture index, sorted by seq. */
-static int parse_index(const char *text, size_t len, struct entry **out, size_t *n_out)
+/* The batches of a capture index, sorted by seq, and its "topic" (the
+ * engine's topic frame; "" when none). */
+static int parse_index(const char *text, size_t len, struct entry **out, size_t *n_out, char *topic,
+                       size_t topic_cap)
 {
     json_tokener *tok = json_tokener_new();
-    json_object *root = tok ? json_tokener_parse_ex(tok, text, (int)len) : NULL, *batches;
+    json_object *root = tok ? json_tokener_parse_ex(tok, text, (int)len) : NULL, *batches, *t;
     bool ok = root && json_tokener_get_error(tok) == json_tokener_success &&
               json_object_object_get_ex(root, "batches", &batches) &&
               json_object_is_type(batches, json_type_array);
@@ -383,6 +382,9 @@ static int parse_index(const char *text, size_t len, struct entry **out, size_t 
     int rc = v ? 0 : ok ? -ENOMEM : -EINVAL;
     for (size_t i = 0; rc == 0 && i < n; i++)
         rc = parse_entry(json_object_array_get_idx(batches, i), &v[i]);
+    bool has_topic = ok && json_object_object_get_ex(root, "topic", &t) &&
+                     json_object_is_type(t, json_type_string);
+    snprintf(topic, topic_cap, "%s", has_topic ? json_object_get_string(t) : "");
     json_object_put(root);
     if (tok)
         json_tokener_free(tok);
@@ -398,7 +400,7 @@ static int parse_index(const char *text, size_t len, struct entry **out, size_t 
 
 static int run_dir(struct kvb_pipeline *p, const struct opts *o, const char *dir)
 {
-    char path[PATH_MAX];
+    char path[PATH_MAX], topic[256];
     uint8_t *text = NULL;
     size_t len = 0;
     struct entry *ents = NULL;
@@ -411,11 +413,12 @@ static int run_dir(struct kvb_pipeline *p, const struct opts *o, const char *dir
     }
     if (len > INT_MAX)
         rc = -EFBIG;
-    else if ((rc = parse_index((const char *)text, len, &ents, &n)) < 0)
+    else if ((rc = parse_index((const char *)text, len, &ents, &n, topic, sizeof(topic))) < 0)
         fprintf(stderr, "kvbridge-inspect: %s: not a capture index\n", path);
     free(text);
     struct kvb_stream s;
     kvb_stream_init(&s, dir, o->cfg_rank);
+    kvb_stream_set_labels(&s, o->source ? o->source : dir, topic);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, ents[i].file);
         rc = feed(p, o, &s, ents[i].seq, path);
@@ -435,7 +438,9 @@ static void usage(FILE *f)
           "                      event-plane envelope per line, in hex, cut per batch\n"
           "                      (publisher_id from a fixed seed, published_at 0: the\n"
           "                      daemon's are random per start and the wall clock);\n"
-          "                      raw: each batch's KV-Seq, KV-DP-Rank and payload (hex)\n"
+          "                      raw: each batch's headers (KV-Seq, KV-DP-Rank, KV-Topic,\n"
+          "                      KV-Source: -c's first source, else the file) and its\n"
+          "                      payload (hex)\n"
           "  -c, --config FILE   take worker_id, block_size, lora_salt, forward_tiers,\n"
           "                      limits and sources[0].dp_rank from a kvbridge\n"
           "                      configuration file\n"
@@ -506,21 +511,17 @@ static int parse_args(int argc, char **argv, struct args *a, struct opts *o)
     return 0;
 }
 
-/* -c: what the daemon would take from the file. */
+/* -c: what the daemon would take from the file (kept: the settings borrow
+ * its strings). */
 static int load_config(const char *path, struct opts *o)
 {
-    struct kvb_config *cfg = NULL;
-    if (kvb_config_load(path, &cfg, stderr) < 0)
+    if (kvb_config_load(path, &o->cfg, stderr) < 0)
         return -EINVAL;
-    o->pcfg = kvb_pipeline_cfg_of(cfg);
-    /* borrowed from cfg, which goes next: keep a copy */
-    o->ns_copy = cfg->cache_namespace ? strdup(cfg->cache_namespace) : NULL;
-    o->pcfg.convert.cache_namespace = o->ns_copy;
-    o->batch = cfg->nats.batch;
-    o->residency = cfg->nats.residency_domain;
-    o->max_payload = cfg->limits.max_payload_bytes;
-    o->cfg_rank = cfg->sources[0].dp_rank;
-    kvb_config_free(&cfg);
+    o->pcfg = kvb_pipeline_cfg_of(o->cfg);
+    o->ucfg = kvb_publish_cfg_of(o->cfg);
+    o->max_payload = o->cfg->limits.max_payload_bytes;
+    o->cfg_rank = o->cfg->sources[0].dp_rank;
+    o->source = o->cfg->sources[0].endpoint;
     return 0;
 }
 
@@ -550,7 +551,7 @@ static int apply_args(const struct args *a, struct opts *o)
     static const char *const names[] = {"dynamo-json", "dynamo-msgpack", "raw"};
     for (int k = 0; k < 3; k++)
         if (strcmp(a->format, names[k]) == 0) {
-            o->pcfg.format = k;
+            o->ucfg.format = k;
             return 0;
         }
     fprintf(stderr, "kvbridge-inspect: --format: dynamo-json, dynamo-msgpack or raw\n");
@@ -563,6 +564,7 @@ static int run(struct kvb_pipeline *p, const struct opts *o, int argc, char **ar
 {
     struct kvb_stream files;
     kvb_stream_init(&files, "files", o->cfg_rank);
+    kvb_stream_set_labels(&files, o->source ? o->source : "files", "");
     uint64_t file_seq = 0;
     int rc = 0;
     for (int i = optind; rc == 0 && i < argc; i++) {
@@ -574,6 +576,27 @@ static int run(struct kvb_pipeline *p, const struct opts *o, int argc, char **ar
         else
             rc = feed(p, o, &files, file_seq++, argv[i]);
     }
+    kvb_publish_flush(o->pub);
+    return rc;
+}
+
+/* The daemon's stages on the parsed options: publish (sink-less: to
+ * write_msg; publisher ids from seed 1, published_at 0), pipeline, rules. */
+static int build(struct opts *o, struct kvb_metrics *m, struct kvb_pipeline **p)
+{
+    struct kvb_publish_writer w = {.write = write_msg};
+    int rc = kvb_publish_create(&o->ucfg, m, 1, &o->pub);
+    if (rc == 0) {
+        kvb_publish_set_writer(o->pub, &w);
+        rc = kvb_pipeline_create(&o->pcfg, m, o->pub, p);
+    }
+    struct kvb_replay_cfg rcfg = {
+        .name = "kvbridge-inspect", .endpoint = "", .max_payload_bytes = o->max_payload};
+    struct kvb_seq_ops ops = rc == 0 ? kvb_pipeline_seq_ops(*p) : (struct kvb_seq_ops){0};
+    if (rc == 0)
+        rc = kvb_replay_create(&rcfg, m, &ops, NULL, &o->rules);
+    if (rc < 0)
+        fprintf(stderr, "kvbridge-inspect: %s\n", strerror(-rc));
     return rc;
 }
 
@@ -585,44 +608,29 @@ int main(int argc, char **argv)
                              .block_size = 0,
                              .lora_salt = true,
                              .forward_tiers = 1u << KVB_TIER_DEVICE},
-                 .limits = KVB_DECODE_LIMITS_DEFAULT,
-                 .format = KVB_FORMAT_DYNAMO_JSON},
-        .batch = true,
-        .residency = true,
+                 .limits = KVB_DECODE_LIMITS_DEFAULT},
+        .ucfg = {.format = KVB_FORMAT_DYNAMO_JSON,
+                 .subject = "namespace.{namespace}.component.{component}.kv_events",
+                 .namespace_ = "dynamo",
+                 .component = "backend",
+                 .endpoint = "generate",
+                 .batch = true,
+                 .residency_domain = true},
     };
     int rc = parse_args(argc, argv, &a, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
     if (a.cfg_path && load_config(a.cfg_path, &o) < 0)
         return KVB_EX_CONFIG;
-    if ((rc = apply_args(&a, &o)))
-        goto out;
-    rc = 1;
-    if (o.pcfg.format == KVB_FORMAT_DYNAMO_MSGPACK) {
-        struct kvb_mp_batcher_cfg bc = {
-            .batch = o.batch, .residency_domain = o.residency, .seed = 1};
-        if (kvb_mp_batcher_create(&bc, emit_envelope, NULL, &o.mp) < 0)
-            goto out;
-    }
     struct kvb_metrics m = {0};
     struct kvb_pipeline *p = NULL;
-    int e = kvb_pipeline_create(&o.pcfg, &m, emit_line, &o, &p);
-    if (e < 0) {
-        fprintf(stderr, "kvbridge-inspect: %s\n", strerror(-e));
-        goto out;
+    if ((rc = apply_args(&a, &o)) == 0) {
+        o.ucfg.worker_id = o.pcfg.convert.worker_id;
+        rc = build(&o, &m, &p) < 0 || run(p, &o, argc, argv) < 0 || fflush(stdout) != 0;
     }
-    if (o.pcfg.format == KVB_FORMAT_RAW)
-        kvb_pipeline_set_raw(p, emit_raw, NULL);
-    struct kvb_replay_cfg rcfg = {
-        .name = "kvbridge-inspect", .endpoint = "", .max_payload_bytes = o.max_payload};
-    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
-    if ((e = kvb_replay_create(&rcfg, &m, &ops, NULL, &o.rules)) == 0)
-        e = run(p, &o, argc, argv);
     kvb_replay_destroy(&o.rules);
     kvb_pipeline_destroy(&p);
-    rc = e < 0 || fflush(stdout) != 0 ? 1 : 0;
-out:
-    kvb_mp_batcher_destroy(&o.mp);
-    free(o.ns_copy);
+    kvb_publish_destroy(&o.pub);
+    kvb_config_free(&o.cfg);
     return rc;
 }

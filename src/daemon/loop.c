@@ -55,7 +55,7 @@ struct kvb_daemon {
     struct kvb_zap *zap; /* CURVE clients of bind-mode sources (zap.h) */
     struct kvb_pipeline *pipe;
     struct kvb_sink *sink;
-    struct kvb_publish *out;    /* nats.format: what emit() publishes (output.h) */
+    struct kvb_publish *out;    /* the publish stage: nats.format (publish.h) */
     struct kvb_discovery *disc; /* discovery.etcd: EventSource records; NULL when off */
     bool held_back;             /* discovery: a pair is not registered yet: do not read */
     struct kvb_http *http;
@@ -65,7 +65,6 @@ struct kvb_daemon {
     uint64_t heartbeat_ms;   /* loop wake-up period */
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
-    uint64_t emit_serial;     /* the engine batch emit() saw last (kvb_batch_info) */
     bool paused;              /* backpressure: NATS buffer too full to read more */
     uint64_t paused_since;    /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
     uint64_t held_since;      /* live batches held back behind replays since, 0: none */
@@ -86,37 +85,6 @@ struct kvb_daemon {
     bool stop;
     bool failed; /* stopping because of an error: exit 1 */
 };
-
-static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
-{
-    struct kvb_daemon *d = ctx;
-    /* dynamo-msgpack: one message per engine batch (the pipeline counts
-     * the batches it applies; barriers join the message they follow) */
-    uint64_t serial = kvb_pipeline_last_batch(d->pipe)->serial;
-    if (serial != d->emit_serial) {
-        d->emit_serial = serial;
-        kvb_publish_cut(d->out);
-    }
-    int rc = kvb_publish_event(d->out, rev, data, len); /* a failure: kvb_publish_take_loss() */
-    /* The mirror is full: "cleared" for the pair (it comes back here). */
-    if (kvb_mirror_apply(d->res, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED)
-        kvb_pipeline_cleared(d->pipe, rev->worker_id, rev->dp_rank, KVB_BAR_MIRROR_FULL);
-    return rc;
-}
-
-static int emit_raw(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
-                    const uint8_t *payload, size_t len)
-{
-    struct kvb_daemon *d = ctx;
-    struct kvb_raw_batch b = {s->source ? s->source : s->name,
-                              s->topic,
-                              seq,
-                              dp_rank,
-                              payload,
-                              len,
-                              s->worker ? s->worker->worker_id : d->cfg->worker_id};
-    return kvb_publish_raw(d->out, &b);
-}
 
 /* ActiveLoad messages (engine.h): core NATS, whatever the router events use. */
 static int publish_load(void *ctx, const char *subject, const void *data, size_t len)
@@ -586,7 +554,8 @@ static void reload(struct kvb_daemon *d)
         kvb_publish_set_sink(d->out, d->sink);
         kvb_mirror_attach(d->res, d->sink);
     }
-    if (kvb_publish_reconfigure(d->out, nc) < 0) /* validated by the config module */
+    struct kvb_publish_cfg uc = kvb_publish_cfg_of(nc);
+    if (kvb_publish_reconfigure(d->out, &uc) < 0) /* validated by the config module */
         kvb_err("main", "reload: subject template too long");
     if (!kvb_engines_cfg_equal(d->cfg, nc)) { /* else the running ones keep their state */
         struct kvb_engines *ne = NULL;
@@ -912,21 +881,22 @@ int kvb_daemon_run(struct kvb_config **pcfg)
     uint64_t seed = 0;
     if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed))
         seed = kvb_wall_ns() ^ ((uint64_t)getpid() << 32); /* publisher ids: new per start */
-    if ((rc = kvb_publish_create(d->cfg, &d->m, seed, &d->out)) < 0) {
+    struct kvb_publish_cfg uc = kvb_publish_cfg_of(d->cfg);
+    if ((rc = kvb_publish_create(&uc, &d->m, seed, &d->out)) < 0) {
         kvb_err("main", "subject template: %s", strerror(-rc));
         goto out;
     }
     struct kvb_pipeline_cfg pc = kvb_pipeline_cfg_of(d->cfg);
-    if ((rc = kvb_pipeline_create(&pc, &d->m, emit, d, &d->pipe)) < 0) {
+    if ((rc = kvb_pipeline_create(&pc, &d->m, d->out, &d->pipe)) < 0) {
         kvb_err("main", "pipeline: %s", strerror(-rc));
         goto out;
     }
-    kvb_pipeline_set_raw(d->pipe, emit_raw, d);
     kvb_converter_set_epoch(kvb_pipeline_converter(d->pipe), kvb_wall_ms());
     if ((rc = kvb_mirror_create(d->cfg, &d->m, d->wakefd, &d->res)) < 0) {
         kvb_err("main", "residency mirror: %s", strerror(-rc));
         goto out;
     }
+    kvb_publish_set_observer(d->out, kvb_mirror_observe, d->res);
     if ((rc = load_state(d)) < 0) {
         kvb_err("state", "%s", strerror(-rc));
         goto out;
@@ -948,7 +918,7 @@ int kvb_daemon_run(struct kvb_config **pcfg)
         kvb_warn("state", "residency mirror: cannot load (out of memory)");
     if (d->cfg->discovery.etcd.n_endpoints &&
         ((rc = kvb_discovery_create(d->cfg, &d->m, d->wakefd, &d->disc)) < 0 ||
-         (rc = kvb_publish_set_discovery(d->out, d->disc)) < 0)) {
+         (rc = kvb_publish_set_discovery(d->out, d->disc, d->cfg)) < 0)) {
         kvb_err("discovery", "cannot start: %s", strerror(-rc));
         goto out;
     }

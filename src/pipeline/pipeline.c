@@ -5,29 +5,22 @@
 #include <stdlib.h>
 
 #include "config.h"
-#include "encode.h"
 #include "log.h"
 
 struct kvb_pipeline {
     struct kvb_pipeline_cfg cfg;
     struct kvb_metrics *m;
-    kvb_emit_fn emit;
-    void *emit_ctx;
-    kvb_raw_fn raw;
-    void *raw_ctx;
+    struct kvb_publish *pub;
     struct kvb_decoder *dec;
     struct kvb_converter *conv;
-    struct kvb_encoder *enc;
     struct kvb_ratelimit rl_mismatch, rl_malformed;
     struct kvb_batch_info last;
     struct kvb_worker_cfg def; /* cfg.convert's worker: streams without their own */
-    struct kvb_worker_cfg cur; /* the converter's selected worker */
 };
 
 /* Convert for worker w from now on. */
 static void use(struct kvb_pipeline *p, const struct kvb_worker_cfg *w)
 {
-    p->cur = *w;
     kvb_converter_select(p->conv, w);
 }
 
@@ -39,8 +32,8 @@ static const struct kvb_worker_cfg *use_stream(struct kvb_pipeline *p, const str
     return w;
 }
 
-int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m, kvb_emit_fn emit,
-                        void *emit_ctx, struct kvb_pipeline **out)
+int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
+                        struct kvb_publish *pub, struct kvb_pipeline **out)
 {
     int rc = -ENOMEM;
     struct kvb_pipeline *p = calloc(1, sizeof(*p));
@@ -48,8 +41,7 @@ int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *
         goto fail;
     p->cfg = *cfg;
     p->m = m;
-    p->emit = emit;
-    p->emit_ctx = emit_ctx;
+    p->pub = pub;
     p->rl_mismatch = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
     p->rl_malformed = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     p->dec = kvb_decoder_create(&cfg->limits);
@@ -57,10 +49,7 @@ int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *
         goto fail;
     if ((rc = kvb_converter_create(&cfg->convert, m, &p->conv)) < 0)
         goto fail;
-    p->def = p->cur = kvb_convert_cfg_worker(&cfg->convert);
-    if (cfg->format == KVB_FORMAT_DYNAMO_JSON &&
-        (rc = kvb_encoder_create(cfg->format, &p->enc)) < 0)
-        goto fail;
+    p->def = kvb_convert_cfg_worker(&cfg->convert);
     *out = p;
     return 0;
 fail:
@@ -75,7 +64,6 @@ void kvb_pipeline_destroy(struct kvb_pipeline **pp)
     struct kvb_pipeline *p = *pp;
     kvb_decoder_destroy(&p->dec);
     kvb_converter_destroy(&p->conv);
-    kvb_encoder_destroy(&p->enc);
     free(p);
     *pp = NULL;
 }
@@ -83,28 +71,14 @@ void kvb_pipeline_destroy(struct kvb_pipeline **pp)
 int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg)
 {
     struct kvb_decoder *dec = kvb_decoder_create(&cfg->limits);
-    struct kvb_encoder *enc = NULL;
-    int rc = !dec                                    ? -ENOMEM
-             : cfg->format == KVB_FORMAT_DYNAMO_JSON ? kvb_encoder_create(cfg->format, &enc)
-                                                     : 0;
-    if (rc < 0) {
-        kvb_decoder_destroy(&dec);
-        return rc;
-    }
+    if (!dec)
+        return -ENOMEM;
     kvb_decoder_destroy(&p->dec);
-    kvb_encoder_destroy(&p->enc);
     p->dec = dec;
-    p->enc = enc;
     p->cfg = *cfg;
     kvb_converter_set_config(p->conv, &cfg->convert);
-    p->def = p->cur = kvb_convert_cfg_worker(&cfg->convert);
+    p->def = kvb_convert_cfg_worker(&cfg->convert);
     return 0;
-}
-
-void kvb_pipeline_set_raw(struct kvb_pipeline *p, kvb_raw_fn fn, void *ctx)
-{
-    p->raw = fn;
-    p->raw_ctx = ctx;
 }
 
 struct kvb_decoder *kvb_pipeline_decoder(struct kvb_pipeline *p) { return p->dec; }
@@ -114,14 +88,18 @@ const struct kvb_batch_info *kvb_pipeline_last_batch(const struct kvb_pipeline *
 }
 struct kvb_converter *kvb_pipeline_converter(struct kvb_pipeline *p) { return p->conv; }
 
+static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause);
+
+/* One router event to the publish stage: 1, or 2 with the "cleared" that
+ * the publish stage's observer asked for (the residency mirror could not
+ * take the event), published right after it: the consumers and the mirror
+ * empty the pair together.  The converter's worker is the event's. */
 static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
 {
-    const char *data = NULL;
-    size_t len = 0;
-    int rc = p->enc ? kvb_encode(p->enc, r, &data, &len) : 0; /* other formats: the caller's */
-    if (rc < 0)
-        return rc;
-    return p->emit(p->emit_ctx, r, data, len);
+    if (kvb_publish_event(p->pub, r) <= 0 || r->type == KVB_REVT_CLEARED)
+        return 1;
+    int rc = cleared(p, r->dp_rank, KVB_BAR_MIRROR_FULL);
+    return rc < 0 ? rc : 1 + rc;
 }
 
 static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
@@ -140,18 +118,15 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
     if (rc < 0)
         return rc;
     kvb_inc(&p->m->barriers_total[cause]);
-    rc = emit(p, &r);
-    return rc < 0 ? rc : 1;
+    return emit(p, &r);
 }
 
 int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause)
 {
-    struct kvb_worker_cfg was = p->cur, w = p->cur;
+    struct kvb_worker_cfg w = p->def;
     w.worker_id = worker_id; /* a "cleared" uses nothing else of the worker */
     use(p, &w);
-    int rc = cleared(p, dp_rank, cause);
-    use(p, &was); /* it may be called from inside emit, mid-batch */
-    return rc;
+    return cleared(p, dp_rank, cause);
 }
 
 int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int cause)
@@ -182,6 +157,7 @@ static int malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_
 int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
                        const uint8_t *payload, size_t len, struct kvb_applied *out)
 {
+    kvb_publish_cut(p->pub); /* one message per engine batch (dynamo-msgpack) */
     struct kvb_batch b;
     int rc = kvb_decode_batch(p->dec, payload, len, &b);
     p->last.serial++;
@@ -219,8 +195,10 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
         n += rc;
     }
     kvb_inc(&p->m->batches_received_total[0]);
-    if (p->raw && p->cfg.format == KVB_FORMAT_RAW) {
-        rc = p->raw(p->raw_ctx, s, seq, rank, payload, len);
+    if (kvb_publish_takes_batches(p->pub)) {
+        struct kvb_raw_batch rb = {
+            s->source ? s->source : s->name, s->topic, seq, rank, payload, len, w->worker_id};
+        rc = kvb_publish_raw(p->pub, &rb);
         return rc < 0 ? rc : n;
     }
     for (uint32_t i = 0; i < b.n_events; i++) {
@@ -245,7 +223,7 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
         }
         if ((rc = emit(p, &r)) < 0)
             return rc;
-        n++;
+        n += rc;
     }
     return n;
 }
@@ -290,7 +268,6 @@ struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
                     .cache_namespace = c->cache_namespace},
         .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
                    c->limits.max_tokens_per_event, c->limits.max_depth},
-        .format = c->nats.format,
     };
     return p;
 }

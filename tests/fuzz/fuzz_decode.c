@@ -32,10 +32,10 @@ struct ctx {
     unsigned emitted;
 };
 
-static int on_emit(void *vctx, const struct kvb_rev *rev, const char *data, size_t len)
+static int on_emit(void *vctx, const struct kvb_publish_msg *msg)
 {
     struct ctx *c = vctx;
-    check_emitted(&c->ids, rev, data, len, c->worker_id);
+    check_emitted(&c->ids, msg->rev, msg->data, msg->len, c->worker_id);
     c->emitted++;
     return 0;
 }
@@ -137,7 +137,8 @@ static void pipeline_checks(const uint8_t *data, size_t size, const struct kvb_p
     memset(&m, 0, sizeof(m));
     struct ctx c = {.worker_id = cfg->convert.worker_id};
     struct kvb_pipeline *p = NULL;
-    FUZZ_CHECK(kvb_pipeline_create(cfg, &m, on_emit, &c, &p) == 0, "pipeline_create");
+    struct kvb_publish *pub = NULL;
+    fuzz_pipeline(cfg, &m, on_emit, &c, &pub, &p);
 
     struct kvb_batch b;
     bool decodes = kvb_decode_batch(kvb_pipeline_decoder(p), data, size, &b) == 0;
@@ -173,6 +174,7 @@ static void pipeline_checks(const uint8_t *data, size_t size, const struct kvb_p
     }
     kvb_replay_destroy(&rules);
     kvb_pipeline_destroy(&p);
+    kvb_publish_destroy(&pub);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -190,7 +192,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     .lora_salt = true,
                     .forward_tiers = (1u << KVB_TIER__COUNT) - 1},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
     pipeline_checks(data, size, &a);
 
@@ -200,7 +201,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     .lora_salt = false,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = {.max_events = 8, .max_hashes = 8, .max_tokens = 128, .max_depth = 5},
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
     pipeline_checks(data, size, &b);
     return 0;

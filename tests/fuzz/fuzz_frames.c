@@ -73,10 +73,11 @@ struct ctx {
     size_t n_ev;
 };
 
-static int on_emit(void *vctx, const struct kvb_rev *rev, const char *data, size_t len)
+static int on_emit(void *vctx, const struct kvb_publish_msg *msg)
 {
     struct ctx *c = vctx;
-    check_emitted(&c->ids, rev, data, len, WORKER);
+    const struct kvb_rev *rev = msg->rev;
+    check_emitted(&c->ids, rev, msg->data, msg->len, WORKER);
     FUZZ_CHECK(c->n_ev < MAX_CALL_EVENTS, "too many router events for one batch");
     c->ev[c->n_ev++] = (struct emitted){rev->type, rev->dp_rank};
     return 0;
@@ -91,7 +92,6 @@ static struct kvb_pipeline_cfg make_cfg(uint8_t b)
                     .lora_salt = (b & 4) != 0,
                     .forward_tiers = (b & 8) ? (1u << KVB_TIER__COUNT) - 1 : 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
     if (b & 16)
         cfg.limits = (struct kvb_decode_limits){
@@ -148,7 +148,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&c, 0, sizeof(c));
     c.ev = evbuf;
     struct kvb_pipeline *p = NULL;
-    FUZZ_CHECK(kvb_pipeline_create(&cfg, &m, on_emit, &c, &p) == 0, "pipeline_create");
+    struct kvb_publish *pub = NULL;
+    fuzz_pipeline(&cfg, &m, on_emit, &c, &pub, &p);
     struct kvb_replay_cfg rcfg = {.name = "fuzz", .endpoint = "", .max_payload_bytes = MAX_PAYLOAD};
     struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
     struct kvb_replay *rules = NULL;
@@ -278,5 +279,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvb_decoder_destroy(&ref);
     kvb_replay_destroy(&rules);
     kvb_pipeline_destroy(&p);
+    kvb_publish_destroy(&pub);
     return 0;
 }

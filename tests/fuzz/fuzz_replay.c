@@ -100,6 +100,7 @@ struct fz {
     int reply[BUF_STEPS + 1];
     int n_reply, reply_pos, reply_stream;
     bool pending, drop_next, fail_next;
+    struct kvb_publish *pub;
     struct kvb_pipeline *p;
     struct kvb_replay *r;
     struct id_track ids;
@@ -237,10 +238,10 @@ static void op_cancel(void *ctx)
     F->pending = false;
 }
 
-static int on_emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
+static int on_emit(void *ctx, const struct kvb_publish_msg *msg)
 {
     (void)ctx;
-    check_emitted(&F->ids, rev, data, len, WORKER);
+    check_emitted(&F->ids, msg->rev, msg->data, msg->len, WORKER);
     F->emitted++;
     return 0;
 }
@@ -373,9 +374,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct kvb_pipeline_cfg cfg = {
         .convert = {.worker_id = WORKER, .block_size = 16, .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
-    FUZZ_CHECK(kvb_pipeline_create(&cfg, &m, on_emit, NULL, &F->p) == 0, "pipeline_create");
+    fuzz_pipeline(&cfg, &m, on_emit, NULL, &F->pub, &F->p);
     struct kvb_seq_ops ops = {NULL, op_apply, op_reject, op_barrier};
     struct kvb_replay_io io = {NULL, op_request, op_cancel};
     struct kvb_replay_cfg rc = {.name = "fuzz",
@@ -479,6 +479,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     kvb_replay_destroy(&F->r);
     kvb_pipeline_destroy(&F->p);
+    kvb_publish_destroy(&F->pub);
     msgpack_sbuffer_destroy(&F->sb);
     return 0;
 }

@@ -188,6 +188,7 @@ static void wb_batch(struct wb *w, uint32_t n_events)
 static struct kvb_metrics m;
 static struct sink_lines out;
 static struct kvb_pipeline *p;
+static struct kvb_publish *pub;
 static struct kvb_replay *rules; /* the daemon's, without a replay endpoint */
 
 static void open_pipeline(const struct kvb_pipeline_cfg *c)
@@ -196,8 +197,8 @@ static void open_pipeline(const struct kvb_pipeline_cfg *c)
     free(out.text);
     memset(&out, 0, sizeof(out));
     kvb_replay_destroy(&rules);
-    kvb_pipeline_destroy(&p);
-    ck_assert_int_eq(kvb_pipeline_create(c, &m, collect_line, &out, &p), 0);
+    test_pipeline_destroy(&pub, &p);
+    test_pipeline_create(c, &m, &out, &pub, &p);
     rules = test_rules(p, &m, 0);
 }
 
@@ -210,7 +211,7 @@ static int feed(struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t 
 static void teardown(void)
 {
     kvb_replay_destroy(&rules);
-    kvb_pipeline_destroy(&p);
+    test_pipeline_destroy(&pub, &p);
     free(out.text);
     memset(&out, 0, sizeof(out));
 }

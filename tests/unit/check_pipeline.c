@@ -12,6 +12,7 @@
 static struct kvb_metrics m;
 static struct sink_lines out;
 static struct kvb_pipeline *p;
+static struct kvb_publish *pub;
 static struct kvb_replay *rules; /* the daemon's, without a replay endpoint */
 
 static void setup(void)
@@ -19,14 +20,14 @@ static void setup(void)
     memset(&m, 0, sizeof(m));
     memset(&out, 0, sizeof(out));
     struct kvb_pipeline_cfg c = test_pcfg(W, 16);
-    ck_assert_int_eq(kvb_pipeline_create(&c, &m, collect_line, &out, &p), 0);
+    test_pipeline_create(&c, &m, &out, &pub, &p);
     rules = test_rules(p, &m, 0);
 }
 
 static void teardown(void)
 {
     kvb_replay_destroy(&rules);
-    kvb_pipeline_destroy(&p);
+    test_pipeline_destroy(&pub, &p);
     free(out.text);
 }
 

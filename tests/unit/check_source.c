@@ -27,6 +27,7 @@
 static struct kvb_metrics m;
 static struct sink_lines out;
 static struct kvb_pipeline *p;
+static struct kvb_publish *pub;
 
 struct net {
     void *zctx, *xpub;
@@ -55,7 +56,7 @@ static void net_open(struct net *n)
     free(out.text);
     memset(&out, 0, sizeof(out));
     struct kvb_pipeline_cfg c = test_pcfg(7, 16);
-    ck_assert_int_eq(kvb_pipeline_create(&c, &m, collect_line, &out, &p), 0);
+    test_pipeline_create(&c, &m, &out, &pub, &p);
     memset(n, 0, sizeof(*n));
     n->zctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(n->zctx);
@@ -95,7 +96,7 @@ static void net_close(struct net *n)
     if (n->xpub)
         zmq_close(n->xpub);
     zmq_ctx_term(n->zctx);
-    kvb_pipeline_destroy(&p);
+    test_pipeline_destroy(&pub, &p);
     free(out.text);
     memset(&out, 0, sizeof(out));
 }
