@@ -115,7 +115,7 @@ static void publish(struct net *n, uint64_t seq)
 }
 
 /* One turn of the daemon's loop for this source: poll, then the monitor
- * before the SUB (src/daemon/loop.c, turn()). */
+ * before the SUB (src/daemon/turn.c, read_sources()). */
 static void turn(struct net *n, int ms)
 {
     zmq_pollitem_t it[2] = {{kvb_source_sub(n->src), 0, ZMQ_POLLIN, 0},
