@@ -232,60 +232,67 @@ static int open_monitor(struct kvb_source *s)
 static int op_request(void *ctx, uint64_t from);
 static void op_cancel(void *ctx);
 
-int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
-                      struct kvb_source **out)
+/* The parameters, with copies of what they point to (p's pointers are the
+ * caller's); the rate limits. */
+static int copy_params(struct kvb_source *s, const struct kvb_source_params *p)
 {
-    int rc = -ENOMEM;
-    struct kvb_source *s = calloc(1, sizeof(*s));
-    if (!s)
-        goto fail;
     s->p = *p;
-    s->zctx = zctx;
-    s->m = m;
     s->rl_frames = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->rl_topics = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_expire = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_peers = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->p.topics = NULL;
     s->p.n_topics = 0;
     if (p->n_topics && !(s->topics = calloc(p->n_topics, sizeof *s->topics)))
-        goto fail;
+        return -ENOMEM;
     for (; s->p.n_topics < p->n_topics; s->p.n_topics++) {
         struct kvb_topic_cfg *t = &s->topics[s->p.n_topics];
         t->worker_id = p->topics[s->p.n_topics].worker_id;
         if (!(t->topic = strdup(p->topics[s->p.n_topics].topic)))
-            goto fail;
+            return -ENOMEM;
     }
     s->p.topics = s->topics;
     if (p->worker) {
         s->worker = *p->worker;
         s->p.worker = &s->worker;
     }
-    s->rl_expire = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
-    s->rl_peers = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     if (!s->p.max_peers)
         s->p.max_peers = 16;
     s->endpoint = strdup(p->endpoint);
     s->replay_endpoint = strdup(p->replay_endpoint ? p->replay_endpoint : "");
     s->topic = strdup(p->topic ? p->topic : "");
     if (!s->endpoint || !s->replay_endpoint || !s->topic)
-        goto fail;
+        return -ENOMEM;
     s->p.endpoint = s->endpoint;
     s->p.replay_endpoint = s->replay_endpoint;
     s->p.topic = s->topic;
-    s->p.resume = NULL;
+    s->p.resume = NULL; /* only read here: */
     s->p.curve = NULL;
     s->p.zap = NULL;
     snprintf(s->name, sizeof(s->name), "%s", s->endpoint);
-    for (size_t i = 0; p->resume && i < p->resume->n_streams; i++) {
-        const struct kvb_state_stream *e = &p->resume->streams[i];
+    return 0;
+}
+
+/* This source's streams of the saved state (find_stream resumes them). */
+static int copy_resume(struct kvb_source *s, const struct kvb_state *resume)
+{
+    for (size_t i = 0; resume && i < resume->n_streams; i++) {
+        const struct kvb_state_stream *e = &resume->streams[i];
         if (strcmp(e->source, s->name) != 0)
             continue;
         if (!s->resume && !(s->resume = kvb_state_new()))
-            goto fail;
-        if ((rc = kvb_state_add_entry(s->resume, e)) < 0)
-            goto fail;
-        rc = -ENOMEM;
+            return -ENOMEM;
+        int rc = kvb_state_add_entry(s->resume, e);
+        if (rc < 0)
+            return rc;
     }
+    return 0;
+}
 
+/* The sequence rules, handing batches to the pipeline and requests to this
+ * source's replay DEALER. */
+static int make_rules(struct kvb_source *s, const struct kvb_source_params *p)
+{
     /* Live batches held while a replay runs: at most rcvhwm (what the SUB
      * would have queued had kvbridge not read them), but room for
      * MIN_HELD_MSGS whatever rcvhwm is (a replay of a few seconds under a
@@ -301,15 +308,12 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
                                   .max_held_msgs = held};
     struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p->pipeline);
     struct kvb_replay_io io = {.ctx = s, .request = op_request, .cancel = op_cancel};
-    if ((rc = kvb_replay_create(&rcfg, m, &ops, &io, &s->rp)) < 0)
-        goto fail;
-    rc = -ENOMEM;
+    return kvb_replay_create(&rcfg, s->m, &ops, &io, &s->rp);
+}
 
-    s->sub = zmq_socket(zctx, ZMQ_SUB);
-    if (!s->sub) {
-        rc = zerr();
-        goto fail;
-    }
+/* The SUB's options, before its bind or connect. */
+static int set_sub_options(struct kvb_source *s, const struct kvb_source_params *p)
+{
     /* reconnect to an absent engine at once, then every reconnect_max_ms at
      * most (libzmq's timer, no busy loop): an engine that binds after
      * kvbridge, or restarts, is reached almost at once, and what it
@@ -335,24 +339,47 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         zmq_setsockopt(s->sub, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max)) < 0 ||
-        zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0) {
-        rc = zerr();
-        goto fail;
-    }
+        zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0)
+        return zerr();
+    return 0;
+}
+
+/* The SUB: options, CURVE, its connection monitor, then bind or connect. */
+static int open_sub(struct kvb_source *s, const struct kvb_source_params *p)
+{
+    int rc;
+    if (!(s->sub = zmq_socket(s->zctx, ZMQ_SUB)))
+        return zerr();
+    if ((rc = set_sub_options(s, p)) < 0)
+        return rc;
     if (p->curve && p->curve->enabled && (rc = setup_curve(s, p)) < 0) {
         kvb_err("source", "%s: cannot set up CURVE: %s", s->endpoint, strerror(-rc));
-        goto fail;
+        return rc;
     }
     if ((rc = open_monitor(s)) < 0)
-        goto fail;
+        return rc;
     rc =
         p->mode == KVB_MODE_BIND ? zmq_bind(s->sub, s->endpoint) : zmq_connect(s->sub, s->endpoint);
     if (rc < 0) {
         rc = zerr();
         kvb_err("source", "%s: cannot %s: %s", s->endpoint,
                 p->mode == KVB_MODE_BIND ? "bind" : "connect", zmq_strerror(-rc));
-        goto fail;
     }
+    return rc;
+}
+
+int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
+                      struct kvb_source **out)
+{
+    int rc = -ENOMEM;
+    struct kvb_source *s = calloc(1, sizeof(*s));
+    if (!s)
+        goto fail;
+    s->zctx = zctx;
+    s->m = m;
+    if ((rc = copy_params(s, p)) < 0 || (rc = copy_resume(s, p->resume)) < 0 ||
+        (rc = make_rules(s, p)) < 0 || (rc = open_sub(s, p)) < 0)
+        goto fail;
     *out = s;
     return 0;
 fail:
