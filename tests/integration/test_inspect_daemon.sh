@@ -20,6 +20,7 @@
 # batch) proves that everything before it has come through: one SUB, one
 # loop, one NATS connection, in order.
 source "$(dirname "$0")/lib.sh"
+cd "$ROOT"
 
 W0=1000          # case i: worker_id W0 + 1 + i
 CHUNK=60         # cases per kvbridge (a source takes 64 topics)
@@ -150,12 +151,14 @@ mkdir -p "$T/run"
 for fmt in dynamo-json dynamo-msgpack; do
   for g in $(find "$T/src" -type f -printf '%f\n' | sed 's/_.*//' | sort -u); do
     mapfile -t all < <(find "$T/src" -type f -name "${g}_*" | sort)
-    for ((k = 0; k < ${#all[@]}; k += CHUNK)); do
+    k=0
+    while [ "$k" -lt "${#all[@]}" ]; do
       chunk=()
       for c in "${all[@]:k:CHUNK}"; do
         b=$(basename "$c"); cp "$c" "$T/run/${b#*_}"; chunk+=("$T/run/${b#*_}")
       done
       run_chunk "$g" "$fmt" "${chunk[@]}"
+      k=$((k + CHUNK))
     done
   done
 done
