@@ -1,7 +1,9 @@
-/* loop: the daemon.  One thread owns every piece of state: zmq_poll over the
+/* daemon: the loop.  One thread owns every piece of state: zmq_poll over the
  * sources' sockets, a signalfd (SIGTERM, SIGINT, SIGHUP) and an eventfd that
  * nats.c's callbacks write to; no busy polling (the poll blocks until
- * something happens or a replay deadline passes).
+ * something happens or a replay deadline passes).  It schedules and takes no
+ * part in the data path (source -> rules -> pipeline -> publish -> sink).
+ * src/daemon/: start.c, turn.c, reload.c, stop.c, loop.c (daemon_priv.h).
  *
  * Ownership: kvb_daemon_run() takes ownership of *cfg (sets it to NULL) and
  * frees everything it built before returning.

@@ -44,7 +44,6 @@
 
 #include "config.h"
 #include "metrics.h"
-#include "pipeline.h"
 #include "source.h"
 
 #define KVB_LOAD_REPUBLISH_MS 10000u
@@ -70,9 +69,9 @@ int kvb_engines_fd(const struct kvb_engines *e);
 void kvb_engines_note_batch(struct kvb_engines *e, size_t src_index, uint64_t now_ms);
 
 /* The fd polled readable: take the results, update gauges, publish load,
- * judge liveness (not while `paused`), barrier through src[]/pipe. */
+ * judge liveness (not while `paused`), barrier through src[]. */
 void kvb_engines_on_ready(struct kvb_engines *e, struct kvb_source **src, size_t n_src,
-                          struct kvb_pipeline *pipe, uint64_t now_ms, bool paused);
+                          uint64_t now_ms, bool paused);
 
 /* True when configurations A and B give the same engines (entries, their
  * dp_size and dp_rank, engine maps, and what the load messages are built

@@ -6,13 +6,14 @@
  * query hub (query.h) that the HTTP server and the NATS request subject
  * (query.subject) hand their requests to.
  *
- * The loop feeds it every router event it publishes, after the same filters
- * and barriers (kvb_mirror_apply()), so the mirror equals, by
- * construction, what a correct consumer holds.  Memory is bounded by
- * limits.max_resident_blocks: a store past it returns -ENOSPC, counted in
- * mirror_overflows_total and logged as an error; the caller must then
- * publish a "cleared" barrier for that pair (cause mirror_full), which empties
- * the pair here too: never a silent divergence.
+ * It observes every router event the publish stage hands on, after the same
+ * filters and barriers (kvb_mirror_observe(), the publish stage's observer),
+ * so the mirror equals, by construction, what a correct consumer holds.
+ * Memory is bounded by limits.max_resident_blocks: a store past it is
+ * refused, counted in mirror_overflows_total and logged as an error; the
+ * pipeline then publishes a "cleared" barrier for that pair (cause
+ * mirror_full) right after it, which empties the pair here too: never a
+ * silent divergence.
  *
  * Threads: everything here is the loop thread's, except what query.h says of
  * the hub.  Ownership: kvb_mirror_create() returns an object freed by
@@ -45,6 +46,9 @@ void kvb_mirror_reconfigure(struct kvb_mirror *r, const struct kvb_config *c);
 /* One router event, as published.  0, or -ENOSPC when a barrier is due for
  * (rev->worker_id, rev->dp_rank) (the mirror is full or out of memory). */
 int kvb_mirror_apply(struct kvb_mirror *r, const struct kvb_rev *rev);
+/* kvb_mirror_apply() as the publish stage's observer (publish.h; ctx: the
+ * mirror): 1 when the pair needs its "cleared", else 0. */
+int kvb_mirror_observe(void *ctx, const struct kvb_rev *rev);
 
 /* Answer the queued queries (after the loop's wake fd fired). */
 void kvb_mirror_serve(struct kvb_mirror *r);

@@ -1,15 +1,19 @@
-/* pipeline: decode -> convert -> encode -> emit for one batch of one stream.
- * The sequence rules (gap, restart, replay; docs/router-events.md section 6) are
- * replay.h's: kvb_pipeline_live/apply/reject are those rules with this
- * pipeline carrying them out (kvb_pipeline_ops()), shared by the daemon and
- * kvbridge-inspect, so both follow exactly the same rules.
+/* pipeline: decode -> convert for one batch of one stream, and the router
+ * events handed on to the publish stage (publish.h), in order.  The
+ * sequence rules (gap, restart, replay; docs/router-events.md section 6) are
+ * replay.h's, and they call the pipeline (kvb_pipeline_seq_ops()) for each
+ * batch they apply or reject and each barrier: the daemon, kvbridge-inspect,
+ * the fuzz targets and the benches all go through them.
  *
- * Every router event is handed to the emit callback in order; the bytes are
- * valid only during the call.  They are the event's dynamo-json form when
- * format is KVB_FORMAT_DYNAMO_JSON, else NULL and 0: the caller encodes
- * (src/publish/publish.c).  Ownership: the pipeline owns its decoder,
- * converter and encoder; kvb_pipeline_destroy(&p) frees them (accepts NULL).
- * The metrics struct is the caller's and must outlive the pipeline.
+ * The data path runs one way: rules -> pipeline -> publish stage (which owns
+ * the format: encode, batch, raw) -> sink or writer.  When the publish
+ * stage's observer (the residency mirror) lost its view of a pair, the
+ * pipeline publishes the pair's "cleared" (cause mirror_full) right after
+ * the event: nothing calls back into the pipeline.
+ *
+ * Ownership: the pipeline owns its decoder and converter;
+ * kvb_pipeline_destroy(&p) frees them (accepts NULL).  The metrics struct
+ * and the publish stage are the caller's and must outlive the pipeline.
  */
 #ifndef KVB_PIPELINE_H
 #define KVB_PIPELINE_H
@@ -20,18 +24,12 @@
 #include "convert.h"
 #include "decode.h"
 #include "metrics.h"
+#include "publish.h"
 #include "replay.h"
-
-typedef int (*kvb_emit_fn)(void *ctx, const struct kvb_rev *rev, const char *data, size_t len);
-/* nats.format raw: a batch that decoded, handed over unchanged (instead of
- * its router events) with its stream, seq and dp_rank. */
-typedef int (*kvb_raw_fn)(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
-                          const uint8_t *payload, size_t len);
 
 struct kvb_pipeline_cfg {
     struct kvb_convert_cfg convert;
     struct kvb_decode_limits limits;
-    int format; /* enum kvb_format */
 };
 
 struct kvb_pipeline;
@@ -41,58 +39,42 @@ struct kvb_config;
  * that the daemon and kvbridge-inspect share. */
 struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c);
 
-int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m, kvb_emit_fn emit,
-                        void *emit_ctx, struct kvb_pipeline **out);
+/* pub: where the router events go (borrowed).  When it takes engine
+ * batches (kvb_publish_takes_batches(): nats.format raw), a batch that
+ * decodes goes to kvb_publish_raw() instead of being converted. */
+int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
+                        struct kvb_publish *pub, struct kvb_pipeline **out);
 void kvb_pipeline_destroy(struct kvb_pipeline **p);
-
-/* Format raw: hand each batch to fn instead of converting it (barriers are
- * still emitted, for the caller to ignore). */
-void kvb_pipeline_set_raw(struct kvb_pipeline *p, kvb_raw_fn fn, void *ctx);
 
 /* Swap in a new configuration (SIGHUP); event_id counters are kept. */
 int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg);
 
-/* A live batch when no replay is possible: kvb_seq_live() (the gap or
- * restart barrier when needed, the cursor, then the batch).  Returns the
- * number of router events emitted, or a negative errno. */
-int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                      const uint8_t *payload, size_t len);
-
-/* Apply one batch whose seq the caller has already judged: kvb_seq_apply()
- * (sets s->last = seq), then kvb_pipeline_batch(). */
-int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                       const uint8_t *payload, size_t len);
-
-/* A batch with a valid seq that must not be decoded (its payload is above
- * limits.max_payload_bytes): the same sequence rules as kvb_pipeline_live(),
- * then the malformed barrier, as for a batch that does not decode. */
-int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                        const char *why);
-
-/* The pipeline's part alone, the cursor untouched (kvb_seq_ops.apply): start
- * barrier for a dp_rank new to the stream, decode, convert, emit; a batch
- * that does not decode publishes the malformed barrier. */
-int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                       const uint8_t *payload, size_t len);
+/* The pipeline's part alone, the stream read only (kvb_seq_ops.apply): the
+ * publish stage's batch boundary (kvb_publish_cut), decode, start barrier
+ * for a dp_rank new to the stream, convert, publish; a batch that does not
+ * decode publishes the malformed barrier; a 65th dp_rank on one stream is
+ * dropped.  *out: what it did, for the rules to record. */
+int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
+                       const uint8_t *payload, size_t len, struct kvb_applied *out);
 /* The malformed barrier for a batch that is not decoded (kvb_seq_ops.reject). */
-int kvb_pipeline_malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+int kvb_pipeline_malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
                            const char *why);
-/* apply/reject/barrier with this pipeline as ctx; request and cancel NULL. */
-struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p);
+/* The rules' kvb_seq_ops: kvb_pipeline_batch, kvb_pipeline_malformed and
+ * kvb_pipeline_barrier, with this pipeline as ctx. */
+struct kvb_seq_ops kvb_pipeline_seq_ops(struct kvb_pipeline *p);
 
 /* "cleared" for every dp_rank of the stream (the ranks seen so far, or its
  * configured rank if none), counted under cause (enum kvb_barrier_cause).
  * Every router event of a stream is for its worker (kvb_stream.worker, or
  * the configuration's when NULL). */
-int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause);
+int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int cause);
 
-/* "cleared" for one (worker_id, dp_rank), counted under cause (the
- * residency mirror's barrier: mirror.h).  May be called from inside the
- * emit callback: the event being emitted is published by then.  1 or a
- * negative errno. */
+/* "cleared" for one (worker_id, dp_rank), counted under cause (at start,
+ * the pairs the saved residency mirror cannot vouch for).  1, 0 when
+ * redundant, or a negative errno. */
 int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause);
 
-/* What the last kvb_pipeline_apply() saw, for metrics. */
+/* What the last kvb_pipeline_batch() saw, for metrics. */
 struct kvb_batch_info {
     uint64_t serial; /* +1 per apply */
     bool decoded;

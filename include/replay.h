@@ -8,17 +8,21 @@
  * write of a stream's cursor (kvb_stream.last).
  *
  * Pure: no sockets, no clock reads (the time is passed in as now_ms,
- * CLOCK_MONOTONIC milliseconds).  The module decides; its caller carries the
- * decisions out through the kvb_seq_ops callbacks, which the module calls
- * synchronously and in order: apply a batch, reject one, publish a barrier,
- * request a replay from seq N, cancel the request in flight.  Holding a live
- * batch is the module's own business (it keeps a copy).  The source
- * (source.c) owns the sockets and the frames; the pipeline (pipeline.c) owns
- * decode -> convert -> encode -> emit and the dp_ranks of a stream.
+ * CLOCK_MONOTONIC milliseconds).  The module decides, and calls
+ * synchronously and in order the pipeline (kvb_seq_ops: apply a batch,
+ * reject one, publish a barrier) and the replay socket's owner
+ * (kvb_replay_io: request a replay from seq N, cancel the request in
+ * flight).  Holding a live batch is the module's own business (it keeps a
+ * copy).  The source (source.c) owns the sockets and the frames; the
+ * pipeline (pipeline.c) owns decode -> convert -> publish.  The daemon,
+ * kvbridge-inspect, the fuzz targets and the benches all feed batches
+ * through kvb_replay_live(): one set of rules (a replay state without an
+ * endpoint where no replay socket exists).
  *
- * Writers of struct kvb_stream: the cursor (has_last, last, has_hash,
- * last_hash), suspect and gaps only here; n_ranks/ranks, batches and events
- * only the pipeline.
+ * struct kvb_stream is written here only: the cursor, suspect and gaps by
+ * the rules; the dp_ranks, batches and events from what the pipeline
+ * reports of each batch (struct kvb_applied); name, labels, worker and a
+ * resumed cursor through the kvb_stream_* setters.
  *
  * Restarts and reconnects (issue 12): a seq that goes back is a restart
  * (barrier) unless it repeats the last batch byte for byte (a duplicate,
@@ -34,7 +38,8 @@
  *
  * Ownership: kvb_replay_create() returns a replay state that owns the live
  * batches it holds; kvb_replay_destroy(&r) frees them (accepts NULL).  The
- * metrics, the streams handed to it and the ops' ctx must outlive it.  One
+ * metrics, the streams handed to it and the ctx of ops and io must outlive
+ * it.  One
  * caller thread (the loop).
  */
 #ifndef KVB_REPLAY_H
@@ -54,23 +59,23 @@
 struct kvb_worker_cfg; /* convert.h */
 
 /* One engine stream: one (source endpoint, topic) pair.  Plain data, the
- * caller owns it (nothing to free). */
+ * caller owns it (nothing to free).  Written by this module only (the
+ * kvb_stream_* functions below and the rules); everyone else reads it. */
 struct kvb_stream {
     const char *name; /* for logs; not owned */
-    /* The worker its router events are for (set by its owner; not owned):
-     * NULL = the pipeline's configured worker. */
+    /* The worker its router events are for (kvb_stream_set_worker; not
+     * owned): NULL = the pipeline's configured worker. */
     const struct kvb_worker_cfg *worker;
     const char *source, *topic; /* raw format headers (KV-Source, KV-Topic); not
-                                 * owned, NULL when the owner set none */
+                                 * owned, NULL when none (kvb_stream_set_labels) */
     uint32_t cfg_rank;          /* the source's configured dp_rank */
     bool has_last;
     uint64_t last;    /* last seq applied */
     uint32_t n_ranks; /* dp_ranks seen (and started) on this stream */
     uint32_t ranks[KVB_MAX_STREAM_RANKS];
-    uint64_t batches; /* batches applied (live or replayed) */
+    uint64_t batches; /* batches applied (live or replayed) that decoded */
     uint64_t events;  /* engine events in them */
     uint64_t gaps;    /* sequence gaps seen */
-    /* the module's: */
     bool has_hash;
     uint64_t last_hash; /* XXH3 of the last applied batch's payload */
     bool suspect;       /* the engine's connection dropped since the last batch */
@@ -92,51 +97,59 @@ enum kvb_seq_verdict {
 };
 
 void kvb_stream_init(struct kvb_stream *s, const char *name, uint32_t cfg_rank);
+/* The raw format's KV-Source and KV-Topic of its batches (not copied). */
+void kvb_stream_set_labels(struct kvb_stream *s, const char *source, const char *topic);
+/* The worker its router events are for from the next batch on (not
+ * copied; NULL: the pipeline's). */
+void kvb_stream_set_worker(struct kvb_stream *s, const struct kvb_worker_cfg *w);
+/* A stream persisted by a previous run (state.dir): it goes on after seq
+ * last with these dp_ranks (at most KVB_MAX_STREAM_RANKS are taken). */
+void kvb_stream_resume(struct kvb_stream *s, uint64_t last, const uint32_t *ranks, uint32_t n);
 int kvb_seq_classify(const struct kvb_stream *s, uint64_t seq);
 /* Number of seqs missing before seq (valid for KVB_SEQ_GAP). */
 uint64_t kvb_seq_missing(const struct kvb_stream *s, uint64_t seq);
 bool kvb_stream_has_rank(const struct kvb_stream *s, uint32_t rank);
-/* Remember rank; -ENOSPC when the stream already has KVB_MAX_STREAM_RANKS. */
-int kvb_stream_add_rank(struct kvb_stream *s, uint32_t rank);
 
-/* How decisions are carried out.  Each returns the number of router events
- * it emitted (>= 0) or a negative errno, except cancel. */
+/* What applying one batch did, as the pipeline reports it (the module then
+ * records it in the stream). */
+struct kvb_applied {
+    bool decoded;      /* else the pipeline published the malformed barrier */
+    uint32_t dp_rank;  /* decoded: the batch's dp_rank (its own or cfg_rank) */
+    uint32_t n_events; /* decoded: its engine events */
+};
+
+/* How the module's decisions about the data are carried out (the pipeline:
+ * kvb_pipeline_seq_ops()).  The stream is read-only to them: the module
+ * has already moved the cursor, and records what they report.  Each
+ * returns the number of router events it emitted (>= 0) or a negative
+ * errno. */
 struct kvb_seq_ops {
     void *ctx;
     /* Decode, convert and emit one batch whose seq is judged (a batch that
-     * does not decode publishes the malformed barrier).  Never touches the
-     * cursor: the module has already moved it to seq.  Counts the batch in
-     * s->batches when it decoded (a replayed batch that did not is a loss:
-     * the replay is then not "filled"). */
-    int (*apply)(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len);
+     * does not decode publishes the malformed barrier); *out says what it
+     * did (a replayed batch that did not decode is a loss: the replay is
+     * then not "filled"). */
+    int (*apply)(void *ctx, const struct kvb_stream *s, uint64_t seq, const uint8_t *data,
+                 size_t len, struct kvb_applied *out);
     /* A batch that must not be decoded (above limits.max_payload_bytes):
-     * the malformed barrier.  The cursor is already at seq. */
-    int (*reject)(void *ctx, struct kvb_stream *s, uint64_t seq, const char *why);
-    /* "cleared" for every dp_rank of the stream, counted under cause
-     * (enum kvb_barrier_cause). */
-    int (*barrier)(void *ctx, struct kvb_stream *s, int cause);
-    /* Ask the engine's replay socket for every batch from seq `from` on:
-     * 0 once sent, or a negative errno.  NULL without a replay endpoint. */
-    int (*request)(void *ctx, uint64_t from);
-    /* Forget the request in flight: late replies to it must not reach the
-     * next one.  NULL without a replay endpoint. */
-    void (*cancel)(void *ctx);
+     * the malformed barrier. */
+    int (*reject)(void *ctx, const struct kvb_stream *s, uint64_t seq, const char *why);
+    /* "cleared" for every dp_rank of the stream (it has at least its
+     * configured one), counted under cause (enum kvb_barrier_cause). */
+    int (*barrier)(void *ctx, const struct kvb_stream *s, int cause);
 };
 
-/* ---- one stream without a replay ---------------------------------------- */
-
-/* A live batch on a stream that is not being recovered: judge its seq, count
- * and log a gap or a restart and publish its barrier, move the cursor, then
- * apply the batch.  Returns the router events emitted, or a negative errno.
- * m: where gaps and restarts are counted. */
-int kvb_seq_live(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                 uint64_t seq, const uint8_t *data, size_t len);
-/* The same rules, then ops->reject instead of ops->apply. */
-int kvb_seq_reject(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                   uint64_t seq, const char *why);
-/* No rules: move the cursor to seq and apply the batch. */
-int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
-                  const uint8_t *data, size_t len);
+/* The engine's replay socket, for the module's requests (the source owns
+ * it).  Without a replay endpoint there is none. */
+struct kvb_replay_io {
+    void *ctx;
+    /* Ask for every batch from seq `from` on: 0 once sent, or a negative
+     * errno. */
+    int (*request)(void *ctx, uint64_t from);
+    /* Forget the request in flight: late replies to it must not reach the
+     * next one. */
+    void (*cancel)(void *ctx);
+};
 
 /* ---- a source's streams, with replay ------------------------------------ */
 
@@ -151,8 +164,11 @@ struct kvb_replay_cfg {
 
 struct kvb_replay;
 
+/* ops: where the batches go; io: the replay socket (NULL: none, as without
+ * an endpoint).  Both copied. */
 int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
-                      const struct kvb_seq_ops *ops, struct kvb_replay **out);
+                      const struct kvb_seq_ops *ops, const struct kvb_replay_io *io,
+                      struct kvb_replay **out);
 void kvb_replay_destroy(struct kvb_replay **r);
 
 /* A live batch of stream st (frames already checked).  Returns the router
@@ -190,6 +206,10 @@ void kvb_replay_postpone(struct kvb_replay *r, uint64_t ms);
  * Returns the router events emitted, -EBUSY while a replay runs (ask again
  * later), or a negative errno. */
 int kvb_replay_check(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms);
+/* "cleared" for every dp_rank of stream st, counted under cause (NATS lost
+ * router events, the engine is gone): the router forgets the stream; its
+ * cursor stays.  Returns the router events emitted. */
+int kvb_replay_barrier(struct kvb_replay *r, struct kvb_stream *st, int cause);
 /* A replay is in flight (its replies are wanted). */
 bool kvb_replay_active(const struct kvb_replay *r);
 /* Live batches held back while the replay runs. */

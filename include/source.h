@@ -4,8 +4,9 @@
  * docs/router-events.md section 6).
  *
  * The loop thread owns every source and is the only caller.  A source hands
- * each batch, in order, to the pipeline it is given; it never publishes by
- * itself.
+ * each batch, in order, to the sequence rules (replay.h), which hand it to
+ * the pipeline it was created with; it never publishes by itself.  It owns
+ * the streams and only reads them (the rules write them).
  *
  * Ownership: kvb_source_create() returns a source that owns its sockets, its
  * streams and any held batches; kvb_source_destroy(&s) closes and frees them
@@ -65,6 +66,9 @@ struct kvb_source_params {
     const struct kvb_worker_cfg *worker;
     const struct kvb_topic_cfg *topics;
     size_t n_topics;
+    /* Where the batches go (kvb_pipeline_seq_ops()); borrowed, must
+     * outlive the source. */
+    struct kvb_pipeline *pipeline;
 };
 
 /* Expand a dp_size source entry: endpoint i of n gets port + i.  Writes a
@@ -87,20 +91,20 @@ void *kvb_source_monitor(struct kvb_source *s);
  * The batches the SUB still held when the drop was read came before it:
  * kvb_source_read() reads those first and applies the drop after them
  * (kvb_source_monitor() is NULL meanwhile). */
-int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p);
+int kvb_source_read_monitor(struct kvb_source *s);
 const char *kvb_source_name(const struct kvb_source *s);
 
 /* Read up to `budget` live messages without blocking and push them through
  * the pipeline.  Returns messages read, or a negative errno on a fatal error. */
-int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget);
+int kvb_source_read(struct kvb_source *s, int budget);
 
 /* Read replay replies without blocking (at most a few hundred per call). */
-int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p);
+int kvb_source_read_replay(struct kvb_source *s);
 
 /* Milliseconds until this source needs kvb_source_tick() (replay deadline),
  * or -1.  now_ms: CLOCK_MONOTONIC. */
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms);
-void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms);
+void kvb_source_tick(struct kvb_source *s, uint64_t now_ms);
 /* The loop held back (read nothing) for MS milliseconds and reads again from
  * now_ms: a replay in flight gets that much more time (kvb_replay_postpone),
  * and the SUB's queue is watched as it drains.  When it held at least
@@ -122,7 +126,7 @@ size_t kvb_source_held(const struct kvb_source *s);
 bool kvb_source_busy(const struct kvb_source *s);
 
 /* "cleared" for every dp_rank of every stream of this source. */
-int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause);
+int kvb_source_barrier_all(struct kvb_source *s, int cause);
 
 /* Last seq per stream, for metrics: calls fn for each stream. */
 void kvb_source_foreach_stream(const struct kvb_source *s,

@@ -51,6 +51,8 @@ struct kvb_state *kvb_state_new(void);
 int kvb_state_add_counter(struct kvb_state *s, const struct kvb_id_counter *c);
 int kvb_state_add_stream(struct kvb_state *s, const char *source, const char *topic,
                          const struct kvb_stream *st);
+/* A copy of an entry of another state. */
+int kvb_state_add_entry(struct kvb_state *s, const struct kvb_state_stream *e);
 const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s, const char *source,
                                                      const char *topic);
 

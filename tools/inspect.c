@@ -1,9 +1,12 @@
 /* kvbridge-inspect: captured engine payloads -> router events, exactly as the
- * daemon would publish them (same pipeline, same sequence rules), one per
- * line on stdout.  With --decoded, the decoded engine events instead.
+ * daemon would publish them (the same sequence rules: a kvb_replay without a
+ * replay endpoint, fed as source.c feeds it; the same pipeline; the same
+ * publish stage, sink-less: its writer prints each message), one per line on
+ * stdout.  With --decoded, the decoded engine events instead.
  *
  *   kvbridge-inspect [-c CONFIG] [--worker-id N] [--block-size N|auto]
- *                    [--decoded] CAPTURE_DIR|FILE.msgpack ...
+ *                    [--format F] [--decoded] CAPTURE_DIR|FILE.msgpack ...
+ *   kvbridge-inspect [options] --frames FILE ...
  *
  * A capture folder holds index.json ({"topic":..,"batches":[{"seq":..,
  * "file":..}, ...]}) and the payload files; its batches are fed in seq order
@@ -19,20 +22,32 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <json-c/json.h>
+
 #include "config.h"
 #include "convert.h"
 #include "decode.h"
-#include "encode_msgpack.h"
 #include "log.h"
 #include "metrics.h"
 #include "pipeline.h"
+#include "publish.h"
+#include "replay.h"
 
 #define MAX_FILE_BYTES (256u << 20)
 
 struct opts {
     bool decoded;
+    bool frames;            /* the arguments are frame sequences (--frames) */
+    uint64_t max_payload;   /* limits.max_payload_bytes (-c); 0: no limit */
+    uint32_t cfg_rank;      /* the stream's configured dp_rank: sources[0].dp_rank (-c) */
+    const char *source;     /* raw's KV-Source: sources[0].endpoint (-c), else the file */
+    struct kvb_config *cfg; /* -c, kept: the stages borrow its strings */
     struct kvb_pipeline_cfg pcfg;
-    struct kvb_mp_batcher *mp; /* --format dynamo-msgpack */
+    struct kvb_publish_cfg ucfg;
+    /* The daemon's sequence rules, as for a source without a replay
+     * endpoint (kvb_replay_live(), as source.c calls it). */
+    struct kvb_replay *rules;
+    struct kvb_publish *pub;
 };
 
 static void put_hex(const void *data, size_t len)
@@ -42,38 +57,32 @@ static void put_hex(const void *data, size_t len)
         printf("%02x", p[i]);
 }
 
-/* dynamo-json: the pipeline's bytes; dynamo-msgpack: into the batcher. */
-static int emit_line(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
-{
-    struct opts *o = ctx;
-    if (o->mp)
-        return kvb_mp_batcher_add(o->mp, rev, 0);
-    if (o->pcfg.format != KVB_FORMAT_DYNAMO_JSON)
-        return 0;
-    fwrite(data, 1, len, stdout);
-    fputc('\n', stdout);
-    return 0;
-}
+static void put_str(const struct kvb_str *s);
 
-/* One event-plane envelope per line, in hex. */
-static int emit_envelope(void *ctx, const struct kvb_mp_msg *msg)
+/* The publish stage's writer: each message as the daemon would hand it to
+ * NATS, one per line.  dynamo-json: the router event; dynamo-msgpack: the
+ * envelope in hex; raw: {"HEADER":"value",...,"payload":"hex"}. */
+static int write_msg(void *ctx, const struct kvb_publish_msg *msg)
 {
     (void)ctx;
-    put_hex(msg->data, msg->len);
+    if (msg->rev) {
+        fwrite(msg->data, 1, msg->len, stdout);
+    } else if (!msg->n_hdrs) {
+        put_hex(msg->data, msg->len);
+    } else {
+        putchar('{');
+        for (size_t i = 0; i < msg->n_hdrs; i++) {
+            put_str(&(struct kvb_str){msg->hdrs[2 * i], (uint32_t)strlen(msg->hdrs[2 * i])});
+            putchar(':');
+            const char *v = msg->hdrs[2 * i + 1];
+            put_str(&(struct kvb_str){v, (uint32_t)strlen(v)});
+            putchar(',');
+        }
+        fputs("\"payload\":\"", stdout);
+        put_hex(msg->data, msg->len);
+        fputs("\"}", stdout);
+    }
     fputc('\n', stdout);
-    return 0;
-}
-
-/* raw: the batch as kvbridge republishes it: headers, then the payload in hex. */
-static int emit_raw(void *ctx, const struct kvb_stream *s, uint64_t seq, uint32_t dp_rank,
-                    const uint8_t *payload, size_t len)
-{
-    (void)ctx;
-    (void)s;
-    printf("{\"KV-Seq\":\"%" PRIu64 "\",\"KV-DP-Rank\":\"%" PRIu32 "\",\"payload\":\"", seq,
-           dp_rank);
-    put_hex(payload, len);
-    fputs("\"}\n", stdout);
     return 0;
 }
 
@@ -208,6 +217,13 @@ static void print_decoded(uint64_t seq, const struct kvb_batch *b)
 
 /* ---- one batch through the chosen path ---------------------------------- */
 
+/* One batch of stream s through the daemon's rules and pipeline. */
+static int apply(const struct opts *o, struct kvb_stream *s, uint64_t seq, const uint8_t *buf,
+                 size_t len)
+{
+    return kvb_replay_live(o->rules, s, seq, buf, len, 0);
+}
+
 static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream *s, uint64_t seq,
                 const char *path)
 {
@@ -226,18 +242,98 @@ static int feed(struct kvb_pipeline *p, const struct opts *o, struct kvb_stream 
         else
             print_decoded(seq, &b);
         rc = 0;
-    } else {
-        rc = kvb_pipeline_live(p, s, seq, buf, len);
-        if (rc >= 0 && o->mp) /* the daemon cuts a message at the end of each engine batch */
-            rc = kvb_mp_batcher_flush(o->mp, 0);
-        if (rc < 0)
-            fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
+    } else if ((rc = apply(o, s, seq, buf, len)) < 0) {
+        fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
     }
     free(buf);
     return rc < 0 ? rc : 0;
 }
 
-/* ---- index.json: the few fields we need, scanned, not fully parsed ------- */
+/* ---- --frames: tests/fuzz/fuzz_frames.c's records ----------------------- */
+
+#define FRAMES_MAX_RECORDS 512
+#define FRAMES_OVERSIZE 65537 /* a rejected record, as kvsim --frames sends it */
+
+/* The record at d[*off..size): 1 with its seq (after *prev), payload and
+ * length; 2 for a reconfigure record (skipped: the configuration is -c's);
+ * 0 at the end.  A rejected record comes padded with zeros to
+ * FRAMES_OVERSIZE bytes in big. */
+static int next_record(const uint8_t *d, size_t size, size_t *off, uint64_t *prev, uint8_t *big,
+                       const uint8_t **payload, size_t *len)
+{
+    if (*off >= size)
+        return 0;
+    int8_t code = (int8_t)d[(*off)++];
+    bool reject = false;
+    if (code == 126) {
+        if (*off >= size)
+            return 0;
+        reject = true;
+        code = (int8_t)d[(*off)++];
+    }
+    if (code == 127) {
+        if (*off >= size)
+            return 0;
+        (*off)++;
+        return 2;
+    }
+    uint64_t seq = *prev + 1 + (uint64_t)(int64_t)code;
+    if (code == -128) {
+        if (size - *off < 8)
+            return 0;
+        seq = 0;
+        for (int i = 0; i < 8; i++)
+            seq = seq << 8 | d[(*off)++];
+    }
+    size_t n = 0;
+    if (size - *off >= 2) {
+        n = (size_t)d[*off] | (size_t)d[*off + 1] << 8;
+        *off += 2;
+    } else {
+        *off = size;
+    }
+    if (n > size - *off)
+        n = size - *off;
+    *payload = d + *off;
+    *len = n;
+    if (reject) {
+        memset(big, 0, FRAMES_OVERSIZE);
+        memcpy(big, d + *off, n);
+        *payload = big;
+        *len = FRAMES_OVERSIZE;
+    }
+    *off += n;
+    *prev = seq;
+    return 1;
+}
+
+/* A frame sequence as one stream (records 1..512, its first two bytes are
+ * the fuzz target's configuration: skipped). */
+static int run_frames(const struct opts *o, const char *path)
+{
+    uint8_t *d = NULL, *big = malloc(FRAMES_OVERSIZE);
+    size_t size = 0, off = 2, len;
+    int rc = big ? read_file(path, &d, &size) : -ENOMEM;
+    const char *base = strrchr(path, '/');
+    struct kvb_stream s;
+    kvb_stream_init(&s, path, o->cfg_rank);
+    /* the topic kvsim --frames sends it on */
+    kvb_stream_set_labels(&s, o->source ? o->source : path, base ? base + 1 : path);
+    uint64_t prev = 0;
+    const uint8_t *payload;
+    for (int rec = 0, k; rc >= 0 && rec < FRAMES_MAX_RECORDS &&
+                         (k = next_record(d, size, &off, &prev, big, &payload, &len)) > 0;
+         rec++)
+        if (k == 1)
+            rc = apply(o, &s, prev, payload, len);
+    if (rc < 0)
+        fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
+    free(d);
+    free(big);
+    return rc < 0 ? rc : 0;
+}
+
+/* ---- index.json (json-c) ------------------------------------------------ */
 
 struct entry {
     uint64_t seq;
@@ -250,56 +346,61 @@ static int cmp_entry(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-static int parse_index(const char *text, struct entry **out, size_t *n_out)
+/* One element of "batches": {"seq": N, "file": "NAME"} (a name in the
+ * folder: no '/'). */
+static int parse_entry(json_object *b, struct entry *e)
 {
-    const char *p = strstr(text, "\"batches\"");
-    if (!p)
+    json_object *seq, *file;
+    if (!json_object_is_type(b, json_type_object) || !json_object_object_get_ex(b, "seq", &seq) ||
+        !json_object_object_get_ex(b, "file", &file) || !json_object_is_type(seq, json_type_int) ||
+        !json_object_is_type(file, json_type_string))
         return -EINVAL;
-    struct entry *v = NULL;
-    size_t n = 0, cap = 0;
-    while ((p = strchr(p, '{'))) {
-        const char *end = strchr(p, '}');
-        const char *s = strstr(p, "\"seq\"");
-        const char *f = strstr(p, "\"file\"");
-        if (!end || !s || !f || s > end || f > end)
-            break;
-        struct entry e;
-        s = strchr(s, ':');
-        f = strchr(f + 6, '"');
-        const char *fe = f ? strchr(f + 1, '"') : NULL;
-        if (!s || !f || !fe || (size_t)(fe - f - 1) >= sizeof(e.file))
-            goto bad;
-        errno = 0;
-        char *ep;
-        e.seq = strtoull(s + 1, &ep, 10);
-        if (errno || ep == s + 1)
-            goto bad;
-        memcpy(e.file, f + 1, (size_t)(fe - f - 1));
-        e.file[fe - f - 1] = '\0';
-        if (strchr(e.file, '/'))
-            goto bad;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 64;
-            struct entry *nv = realloc(v, cap * sizeof(*nv));
-            if (!nv)
-                goto bad;
-            v = nv;
-        }
-        v[n++] = e;
-        p = end + 1;
+    const char *name = json_object_get_string(file);
+    size_t n = (size_t)json_object_get_string_len(file);
+    errno = 0;
+    uint64_t v = json_object_get_uint64(seq);
+    if (errno || json_object_get_int64(seq) < 0 || n == 0 || n >= sizeof(e->file) ||
+        memchr(name, '/', n) || memchr(name, '\0', n))
+        return -EINVAL;
+    e->seq = v;
+    memcpy(e->file, name, n + 1);
+    return 0;
+}
+
+/* The batches of a capture index, sorted by seq, and its "topic" (the
+ * engine's topic frame; "" when none). */
+static int parse_index(const char *text, size_t len, struct entry **out, size_t *n_out, char *topic,
+                       size_t topic_cap)
+{
+    json_tokener *tok = json_tokener_new();
+    json_object *root = tok ? json_tokener_parse_ex(tok, text, (int)len) : NULL, *batches, *t;
+    bool ok = root && json_tokener_get_error(tok) == json_tokener_success &&
+              json_object_object_get_ex(root, "batches", &batches) &&
+              json_object_is_type(batches, json_type_array);
+    size_t n = ok ? json_object_array_length(batches) : 0;
+    struct entry *v = ok ? calloc(n ? n : 1, sizeof(*v)) : NULL;
+    int rc = v ? 0 : ok ? -ENOMEM : -EINVAL;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = parse_entry(json_object_array_get_idx(batches, i), &v[i]);
+    bool has_topic = ok && json_object_object_get_ex(root, "topic", &t) &&
+                     json_object_is_type(t, json_type_string);
+    snprintf(topic, topic_cap, "%s", has_topic ? json_object_get_string(t) : "");
+    json_object_put(root);
+    if (tok)
+        json_tokener_free(tok);
+    if (rc < 0) {
+        free(v);
+        return rc;
     }
     qsort(v, n, sizeof(*v), cmp_entry);
     *out = v;
     *n_out = n;
     return 0;
-bad:
-    free(v);
-    return -EINVAL;
 }
 
 static int run_dir(struct kvb_pipeline *p, const struct opts *o, const char *dir)
 {
-    char path[PATH_MAX];
+    char path[PATH_MAX], topic[256];
     uint8_t *text = NULL;
     size_t len = 0;
     struct entry *ents = NULL;
@@ -310,17 +411,14 @@ static int run_dir(struct kvb_pipeline *p, const struct opts *o, const char *dir
         fprintf(stderr, "kvbridge-inspect: %s: %s\n", path, strerror(-rc));
         return rc;
     }
-    char *t = realloc(text, len + 1);
-    if (!t) {
-        free(text);
-        return -ENOMEM;
-    }
-    t[len] = '\0';
-    if ((rc = parse_index(t, &ents, &n)) < 0)
+    if (len > INT_MAX)
+        rc = -EFBIG;
+    else if ((rc = parse_index((const char *)text, len, &ents, &n, topic, sizeof(topic))) < 0)
         fprintf(stderr, "kvbridge-inspect: %s: not a capture index\n", path);
-    free(t);
+    free(text);
     struct kvb_stream s;
-    kvb_stream_init(&s, dir, 0);
+    kvb_stream_init(&s, dir, o->cfg_rank);
+    kvb_stream_set_labels(&s, o->source ? o->source : dir, topic);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, ents[i].file);
         rc = feed(p, o, &s, ents[i].seq, path);
@@ -333,21 +431,29 @@ static void usage(FILE *f)
 {
     fputs("usage: kvbridge-inspect [-c CONFIG] [--worker-id N] [--block-size N|auto]\n"
           "                        [--format F] [--decoded] CAPTURE_DIR|FILE.msgpack ...\n"
+          "       kvbridge-inspect [options] --frames FILE ...\n"
           "Prints one router event per line, exactly as kvbridge publishes it.\n"
           "  --format F          dynamo-json (default; or the config's nats.format):\n"
           "                      one JSON router event per line; dynamo-msgpack: one\n"
           "                      event-plane envelope per line, in hex, cut per batch\n"
           "                      (publisher_id from a fixed seed, published_at 0: the\n"
           "                      daemon's are random per start and the wall clock);\n"
-          "                      raw: each batch's KV-Seq, KV-DP-Rank and payload (hex)\n"
-          "  -c, --config FILE   take worker_id, block_size, lora_salt, forward_tiers\n"
-          "                      and limits from a kvbridge configuration file\n"
+          "                      raw: each batch's headers (KV-Seq, KV-DP-Rank, KV-Topic,\n"
+          "                      KV-Source: -c's first source, else the file) and its\n"
+          "                      payload (hex)\n"
+          "  -c, --config FILE   take worker_id, block_size, lora_salt, forward_tiers,\n"
+          "                      limits and sources[0].dp_rank from a kvbridge\n"
+          "                      configuration file\n"
           "  --worker-id N       worker_id (default 0)\n"
           "  --block-size N|auto tokens per block (default auto)\n"
           "  --no-lora-salt      do not salt tokens_hash with lora_name\n"
           "  --decoded           print the decoded engine events instead\n"
+          "  --frames            each FILE is a frame sequence, one stream: the record\n"
+          "                      format of tests/fuzz/fuzz_frames.c (its first two\n"
+          "                      bytes skipped, a reconfigure record skipped, a rejected\n"
+          "                      record padded to 65537 bytes), as kvsim --frames sends it\n"
           "Without a config: worker_id 0, block_size auto, lora_salt on,\n"
-          "forward_tiers [device].\n",
+          "forward_tiers [device], no payload limit.\n",
           f);
 }
 
@@ -364,7 +470,14 @@ static int parse_u64(const char *s, uint64_t *v)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line, as given. */
+struct args {
+    const char *cfg_path, *worker, *bsize, *format;
+    bool no_salt;
+};
+
+/* 0, 1 (--help given: exit 0) or 2 (usage error). */
+static int parse_args(int argc, char **argv, struct args *a, struct opts *o)
 {
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -373,32 +486,21 @@ int main(int argc, char **argv)
         {"no-lora-salt", no_argument, NULL, 'L'},
         {"decoded", no_argument, NULL, 'd'},
         {"format", required_argument, NULL, 'f'},
+        {"frames", no_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    struct opts o = {
-        .decoded = false,
-        .pcfg = {.convert = {.worker_id = 0,
-                             .block_size = 0,
-                             .lora_salt = true,
-                             .forward_tiers = 1u << KVB_TIER_DEVICE},
-                 .limits = KVB_DECODE_LIMITS_DEFAULT,
-                 .format = KVB_FORMAT_DYNAMO_JSON},
-    };
-    const char *cfg_path = NULL, *worker = NULL, *bsize = NULL, *format = NULL;
-    bool batch = true, residency = true;
-    char *ns_copy = NULL;
-    bool no_salt = false;
     int c;
     while ((c = getopt_long(argc, argv, "c:h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'c': cfg_path = optarg; break;
-        case 'w': worker = optarg; break;
-        case 'b': bsize = optarg; break;
-        case 'L': no_salt = true; break;
-        case 'd': o.decoded = true; break;
-        case 'f': format = optarg; break;
-        case 'h': usage(stdout); return 0;
+        case 'c': a->cfg_path = optarg; break;
+        case 'w': a->worker = optarg; break;
+        case 'b': a->bsize = optarg; break;
+        case 'L': a->no_salt = true; break;
+        case 'd': o->decoded = true; break;
+        case 'f': a->format = optarg; break;
+        case 'F': o->frames = true; break;
+        case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
     }
@@ -406,79 +508,129 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (cfg_path) {
-        struct kvb_config *cfg = NULL;
-        if (kvb_config_load(cfg_path, &cfg, stderr) < 0)
-            return KVB_EX_CONFIG;
-        o.pcfg = kvb_pipeline_cfg_of(cfg);
-        /* borrowed from cfg, which goes next: keep a copy */
-        ns_copy = cfg->cache_namespace ? strdup(cfg->cache_namespace) : NULL;
-        o.pcfg.convert.cache_namespace = ns_copy;
-        batch = cfg->nats.batch;
-        residency = cfg->nats.residency_domain;
-        kvb_config_free(&cfg);
-    }
-    uint64_t v;
-    if (worker) {
-        if (parse_u64(worker, &v) < 0) {
-            fprintf(stderr, "kvbridge-inspect: bad --worker-id '%s'\n", worker);
-            return 2;
-        }
-        o.pcfg.convert.worker_id = v;
-    }
-    if (bsize) {
-        if (strcmp(bsize, "auto") == 0) {
-            o.pcfg.convert.block_size = 0;
-        } else if (parse_u64(bsize, &v) < 0 || v == 0 || v > UINT32_MAX) {
-            fprintf(stderr, "kvbridge-inspect: bad --block-size '%s'\n", bsize);
-            return 2;
-        } else {
-            o.pcfg.convert.block_size = (uint32_t)v;
-        }
-    }
-    if (no_salt)
-        o.pcfg.convert.lora_salt = false;
-    if (format) {
-        static const char *const names[] = {"dynamo-json", "dynamo-msgpack", "raw"};
-        int f = -1;
-        for (int k = 0; k < 3; k++)
-            if (strcmp(format, names[k]) == 0)
-                f = k;
-        if (f < 0) {
-            fprintf(stderr, "kvbridge-inspect: --format: dynamo-json, dynamo-msgpack or raw\n");
-            return 2;
-        }
-        o.pcfg.format = f;
-    }
-    if (o.pcfg.format == KVB_FORMAT_DYNAMO_MSGPACK) {
-        struct kvb_mp_batcher_cfg bc = {.batch = batch, .residency_domain = residency, .seed = 1};
-        if (kvb_mp_batcher_create(&bc, emit_envelope, NULL, &o.mp) < 0)
-            return 1;
-    }
+    return 0;
+}
 
-    struct kvb_metrics m = {0};
-    struct kvb_pipeline *p = NULL;
-    int rc = kvb_pipeline_create(&o.pcfg, &m, emit_line, &o, &p);
-    if (rc < 0) {
-        fprintf(stderr, "kvbridge-inspect: %s\n", strerror(-rc));
-        return 1;
+/* -c: what the daemon would take from the file (kept: the settings borrow
+ * its strings). */
+static int load_config(const char *path, struct opts *o)
+{
+    if (kvb_config_load(path, &o->cfg, stderr) < 0)
+        return -EINVAL;
+    o->pcfg = kvb_pipeline_cfg_of(o->cfg);
+    o->ucfg = kvb_publish_cfg_of(o->cfg);
+    o->max_payload = o->cfg->limits.max_payload_bytes;
+    o->cfg_rank = o->cfg->sources[0].dp_rank;
+    o->source = o->cfg->sources[0].endpoint;
+    return 0;
+}
+
+/* The options that override the configuration; 0 or 2 (a bad value). */
+static int apply_args(const struct args *a, struct opts *o)
+{
+    uint64_t v;
+    if (a->worker && parse_u64(a->worker, &v) < 0) {
+        fprintf(stderr, "kvbridge-inspect: bad --worker-id '%s'\n", a->worker);
+        return 2;
     }
-    if (o.pcfg.format == KVB_FORMAT_RAW)
-        kvb_pipeline_set_raw(p, emit_raw, NULL);
+    if (a->worker)
+        o->pcfg.convert.worker_id = v;
+    if (a->bsize && strcmp(a->bsize, "auto") == 0) {
+        o->pcfg.convert.block_size = 0;
+    } else if (a->bsize) {
+        if (parse_u64(a->bsize, &v) < 0 || v == 0 || v > UINT32_MAX) {
+            fprintf(stderr, "kvbridge-inspect: bad --block-size '%s'\n", a->bsize);
+            return 2;
+        }
+        o->pcfg.convert.block_size = (uint32_t)v;
+    }
+    if (a->no_salt)
+        o->pcfg.convert.lora_salt = false;
+    if (!a->format)
+        return 0;
+    static const char *const names[] = {"dynamo-json", "dynamo-msgpack", "raw"};
+    for (int k = 0; k < 3; k++)
+        if (strcmp(a->format, names[k]) == 0) {
+            o->ucfg.format = k;
+            return 0;
+        }
+    fprintf(stderr, "kvbridge-inspect: --format: dynamo-json, dynamo-msgpack or raw\n");
+    return 2;
+}
+
+/* Every argument, in order: capture folders, frame sequences, or payload
+ * files (consecutive ones are one stream, seqs 0, 1, 2, ...). */
+static int run(struct kvb_pipeline *p, const struct opts *o, int argc, char **argv)
+{
     struct kvb_stream files;
-    kvb_stream_init(&files, "files", 0);
+    kvb_stream_init(&files, "files", o->cfg_rank);
+    kvb_stream_set_labels(&files, o->source ? o->source : "files", "");
     uint64_t file_seq = 0;
+    int rc = 0;
     for (int i = optind; rc == 0 && i < argc; i++) {
         struct stat st;
-        if (stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode))
-            rc = run_dir(p, &o, argv[i]);
+        if (o->frames)
+            rc = run_frames(o, argv[i]);
+        else if (stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode))
+            rc = run_dir(p, o, argv[i]);
         else
-            rc = feed(p, &o, &files, file_seq++, argv[i]);
+            rc = feed(p, o, &files, file_seq++, argv[i]);
     }
+    kvb_publish_flush(o->pub);
+    return rc;
+}
+
+/* The daemon's stages on the parsed options: publish (sink-less: to
+ * write_msg; publisher ids from seed 1, published_at 0), pipeline, rules. */
+static int build(struct opts *o, struct kvb_metrics *m, struct kvb_pipeline **p)
+{
+    struct kvb_publish_writer w = {.write = write_msg};
+    int rc = kvb_publish_create(&o->ucfg, m, 1, &o->pub);
+    if (rc == 0) {
+        kvb_publish_set_writer(o->pub, &w);
+        rc = kvb_pipeline_create(&o->pcfg, m, o->pub, p);
+    }
+    struct kvb_replay_cfg rcfg = {
+        .name = "kvbridge-inspect", .endpoint = "", .max_payload_bytes = o->max_payload};
+    struct kvb_seq_ops ops = rc == 0 ? kvb_pipeline_seq_ops(*p) : (struct kvb_seq_ops){0};
+    if (rc == 0)
+        rc = kvb_replay_create(&rcfg, m, &ops, NULL, &o->rules);
+    if (rc < 0)
+        fprintf(stderr, "kvbridge-inspect: %s\n", strerror(-rc));
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct args a = {0};
+    struct opts o = {
+        .pcfg = {.convert = {.worker_id = 0,
+                             .block_size = 0,
+                             .lora_salt = true,
+                             .forward_tiers = 1u << KVB_TIER_DEVICE},
+                 .limits = KVB_DECODE_LIMITS_DEFAULT},
+        .ucfg = {.format = KVB_FORMAT_DYNAMO_JSON,
+                 .subject = "namespace.{namespace}.component.{component}.kv_events",
+                 .namespace_ = "dynamo",
+                 .component = "backend",
+                 .endpoint = "generate",
+                 .batch = true,
+                 .residency_domain = true},
+    };
+    int rc = parse_args(argc, argv, &a, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if (a.cfg_path && load_config(a.cfg_path, &o) < 0)
+        return KVB_EX_CONFIG;
+    struct kvb_metrics m = {0};
+    struct kvb_pipeline *p = NULL;
+    if ((rc = apply_args(&a, &o)) == 0) {
+        o.ucfg.worker_id = o.pcfg.convert.worker_id;
+        rc = build(&o, &m, &p) < 0 || run(p, &o, argc, argv) < 0 || fflush(stdout) != 0;
+    }
+    kvb_replay_destroy(&o.rules);
     kvb_pipeline_destroy(&p);
-    kvb_mp_batcher_destroy(&o.mp);
-    free(ns_copy);
-    if (fflush(stdout) != 0)
-        rc = -EIO;
-    return rc < 0 ? 1 : 0;
+    kvb_publish_destroy(&o.pub);
+    kvb_config_free(&o.cfg);
+    return rc;
 }

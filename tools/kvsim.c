@@ -352,6 +352,8 @@ struct opts {
     uint64_t mark_after;
     const char *mark_file;
     const char *hold_file;
+    const char **frames; /* --frames FILE, in order */
+    size_t n_frames;
 };
 
 struct slot {
@@ -2026,6 +2028,167 @@ static void http_poll_cmd(struct sim *s)
 
 /* -------------------------------------------------------------- lifecycle */
 
+/* ------------------------------------------------------ --frames: exact input */
+
+/* tests/fuzz/fuzz_frames.c's record format (bytes 0 and 1 configure the fuzz
+ * target: the daemon's configuration says the same here); a rejected record
+ * goes out padded with zeros to FRAMES_OVERSIZE bytes, above a
+ * limits.max_payload_bytes of 65536, which no other record (at most 65535
+ * bytes) reaches. */
+#define FRAMES_MAX_RECORDS 512
+#define FRAMES_OVERSIZE 65537
+#define FRAMES_MAX_FILE (64u << 20)
+#define FRAMES_SUB_WAIT_MS 30000
+
+static int frames_load(const char *path, unsigned char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -errno;
+    unsigned char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 65536;
+            buf = xrealloc(buf, cap);
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0 || n > FRAMES_MAX_FILE)
+            break;
+    }
+    int rc = ferror(f) ? -EIO : n > FRAMES_MAX_FILE ? -EFBIG : 0;
+    fclose(f);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static int frames_send_one(void *pub, const char *topic, uint64_t seq, const void *data, size_t len)
+{
+    unsigned char sb[8];
+    put_be64(sb, seq);
+    if (zmq_send(pub, topic, strlen(topic), ZMQ_SNDMORE) < 0 ||
+        zmq_send(pub, sb, 8, ZMQ_SNDMORE) < 0 || zmq_send(pub, data, len, 0) < 0)
+        return -zmq_errno();
+    return 0;
+}
+
+/* Every record of d[0..size) on TOPIC, in order; the records published. */
+static long frames_publish(void *pub, const char *topic, const unsigned char *d, size_t size)
+{
+    static unsigned char big[FRAMES_OVERSIZE];
+    size_t off = 2;
+    uint64_t prev = 0;
+    long n = 0;
+    for (int rec = 0; rec < FRAMES_MAX_RECORDS && off < size; rec++) {
+        int8_t code = (int8_t)d[off++];
+        bool reject = false;
+        if (code == 126) {
+            if (off >= size)
+                break;
+            reject = true;
+            code = (int8_t)d[off++];
+        }
+        if (code == 127) { /* reconfigure: the daemon's configuration is fixed */
+            if (off >= size)
+                break;
+            off++;
+            continue;
+        }
+        uint64_t seq;
+        if (code == -128) {
+            if (size - off < 8)
+                break;
+            seq = get_be64(d + off);
+            off += 8;
+        } else {
+            seq = prev + 1 + (uint64_t)(int64_t)code;
+        }
+        size_t len = 0;
+        if (size - off >= 2) {
+            len = (size_t)d[off] | (size_t)d[off + 1] << 8;
+            off += 2;
+        } else {
+            off = size;
+        }
+        if (len > size - off)
+            len = size - off;
+        const void *payload = d + off;
+        if (reject) {
+            memset(big, 0, sizeof big);
+            memcpy(big, d + off, len);
+            payload = big;
+        }
+        off += len;
+        int rc = frames_send_one(pub, topic, seq, payload, reject ? sizeof big : len);
+        if (rc < 0)
+            return rc;
+        prev = seq;
+        n++;
+    }
+    return n;
+}
+
+/* --frames: an XPUB (no high-water mark: nothing dropped) that waits for the
+ * first subscription, so that no record is lost to a slow joiner. */
+static int run_frames(const struct opts *o)
+{
+    int rc = 1, zero = 0, linger = FLUSH_MS;
+    void *ctx = zmq_ctx_new(), *pub = ctx ? zmq_socket(ctx, ZMQ_XPUB) : NULL;
+    if (!pub || zmq_setsockopt(pub, ZMQ_SNDHWM, &zero, sizeof zero) < 0 ||
+        (o->connect ? zmq_connect(pub, o->endpoint) : zmq_bind(pub, o->endpoint)) < 0) {
+        fprintf(stderr, "kvsim: %s: %s\n", o->endpoint, zmq_strerror(zmq_errno()));
+        goto out;
+    }
+    catch_stop_signals();
+    zmq_pollitem_t it = {pub, 0, ZMQ_POLLIN, 0};
+    int64_t end = now_ms() + FRAMES_SUB_WAIT_MS;
+    while (!stop_flag && now_ms() < end && zmq_poll(&it, 1, 100) <= 0)
+        ;
+    char sub[256];
+    if (!(it.revents & ZMQ_POLLIN) || zmq_recv(pub, sub, sizeof sub, 0) < 1 || sub[0] != 1) {
+        fprintf(stderr, "kvsim: --frames: no subscriber within %d ms\n", FRAMES_SUB_WAIT_MS);
+        goto out;
+    }
+    long total = 0;
+    for (size_t i = 0; i < o->n_frames; i++) {
+        unsigned char *d = NULL;
+        size_t len = 0;
+        const char *base = strrchr(o->frames[i], '/');
+        char topic[512];
+        snprintf(topic, sizeof topic, "%s%s", o->topic, base ? base + 1 : o->frames[i]);
+        int e = frames_load(o->frames[i], &d, &len);
+        long n = e < 0 ? e : frames_publish(pub, topic, d, len);
+        free(d);
+        if (n < 0) {
+            fprintf(stderr, "kvsim: %s: %s\n", o->frames[i], strerror((int)-n));
+            goto out;
+        }
+        total += n;
+    }
+    fprintf(stderr, "kvsim: --frames: %ld records from %zu file(s) published\n", total,
+            o->n_frames);
+    int64_t until = now_ms() + o->linger_ms;
+    while (!stop_flag && now_ms() < until)
+        pause_ms(20);
+    rc = 0;
+out:
+    if (pub) {
+        if (stop_flag || rc)
+            linger = 0;
+        zmq_setsockopt(pub, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_close(pub);
+    }
+    if (ctx)
+        zmq_ctx_term(ctx);
+    return rc;
+}
+
 /* The TOOL_CALL options (the others only store their value). */
 enum {
     OPT_HELP = 1,
@@ -2036,6 +2199,7 @@ enum {
     OPT_SEQLIST, /* the field: a struct seqlist */
     OPT_RESTART,
     OPT_BLIP_AT,
+    OPT_FRAMES,
 };
 
 /* The values of the TOOL_CHOICE options, in the order of their enums. */
@@ -2174,6 +2338,15 @@ static const struct tool_opt options[] = {
      .max = 1000000000,
      .help = "KV blocks of the simulated cache (default --cache-blocks)"},
     {.help = ""},
+    {.help = "Exact input:"},
+    {.name = "frames", .arg = "FILE", .kind = TOOL_CALL, .id = OPT_FRAMES,
+     .help = "(repeatable) publish exactly the (seq, payload) records of\n"
+              "FILE (tests/fuzz/fuzz_frames.c's format: seqs that gap, go\n"
+              "back, repeat; a rejected record padded to 65537 bytes; a\n"
+              "reconfigure record skipped) on topic --topic + FILE's base\n"
+              "name, file after file, once a subscriber has subscribed;\n"
+              "then --linger and exit.  No generator, no replay, no faults"},
+    {.help = ""},
     {.help = "Output:"},
     {.name = "record", .arg = "FILE", .kind = TOOL_STR, F(record),
      .help = "JSON line per batch: {\"seq\",\"rank\",\"live\",\"replay\",\n"
@@ -2295,6 +2468,10 @@ static int call_option(const struct tool_opt *r, const char *arg, void *base)
             return bad_value(r, arg);
         *(r->id == OPT_RESTART ? &o->restart : &o->blip) = true;
         *(r->id == OPT_RESTART ? &o->restart_at : &o->blip_at) = v;
+        return 0;
+    case OPT_FRAMES:
+        o->frames = xrealloc(o->frames, (o->n_frames + 1) * sizeof *o->frames);
+        o->frames[o->n_frames++] = arg;
         return 0;
     default: return bad_value(r, arg);
     }
@@ -2590,6 +2767,11 @@ int main(int argc, char **argv)
     opts_defaults(&sim.o);
     if (parse_args(argc, argv, &sim.o))
         goto out;
+    if (sim.o.n_frames) {
+        rc = run_frames(&sim.o);
+        free(sim.o.frames);
+        goto out;
+    }
     sim_init(&sim);
     if (sim_open(&sim))
         goto out;

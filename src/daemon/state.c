@@ -57,21 +57,27 @@ int kvb_state_add_counter(struct kvb_state *s, const struct kvb_id_counter *c)
     return 0;
 }
 
+int kvb_state_add_entry(struct kvb_state *s, const struct kvb_state_stream *e)
+{
+    if (grow((void **)&s->streams, &s->cap_streams, s->n_streams, sizeof(*s->streams)) < 0)
+        return -ENOMEM;
+    s->streams[s->n_streams++] = *e;
+    return 0;
+}
+
 int kvb_state_add_stream(struct kvb_state *s, const char *source, const char *topic,
                          const struct kvb_stream *st)
 {
-    if (strlen(source) >= sizeof(s->streams->source) || strlen(topic) >= sizeof(s->streams->topic))
+    struct kvb_state_stream e;
+    if (strlen(source) >= sizeof(e.source) || strlen(topic) >= sizeof(e.topic))
         return -ENAMETOOLONG;
-    if (grow((void **)&s->streams, &s->cap_streams, s->n_streams, sizeof(*s->streams)) < 0)
-        return -ENOMEM;
-    struct kvb_state_stream *e = &s->streams[s->n_streams++];
-    memset(e, 0, sizeof(*e));
-    strcpy(e->source, source);
-    strcpy(e->topic, topic);
-    e->last = st->last;
-    e->n_ranks = st->n_ranks;
-    memcpy(e->ranks, st->ranks, st->n_ranks * sizeof(uint32_t));
-    return 0;
+    memset(&e, 0, sizeof(e));
+    strcpy(e.source, source);
+    strcpy(e.topic, topic);
+    e.last = st->last;
+    e.n_ranks = st->n_ranks;
+    memcpy(e.ranks, st->ranks, st->n_ranks * sizeof(uint32_t));
+    return kvb_state_add_entry(s, &e);
 }
 
 const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s, const char *source,

@@ -298,7 +298,7 @@ static void set_gone(struct kvb_engines *x, struct eng *e, bool gone)
 }
 
 static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_result *res,
-                  struct kvb_source **src, size_t n_src, struct kvb_pipeline *pipe, uint64_t now_ms)
+                  struct kvb_source **src, size_t n_src, uint64_t now_ms)
 {
     struct kvb_live_input in = kvb_live_input_of(res, e->last_batch_ms, now_ms, e->dead_after_ms);
     switch (kvb_liveness_judge(&e->live, &in)) {
@@ -311,7 +311,7 @@ static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_
         kvb_inc(&x->m->engine_gone_total[0]);
         set_gone(x, e, true);
         for (size_t k = e->first; k < e->first + e->dp_size && k < n_src; k++) {
-            int rc = src[k] ? kvb_source_barrier_all(src[k], pipe, KVB_BAR_ENGINE_GONE) : 0;
+            int rc = src[k] ? kvb_source_barrier_all(src[k], KVB_BAR_ENGINE_GONE) : 0;
             if (rc < 0)
                 kvb_err(STAGE, "%s: barrier: %s", e->name, strerror(-rc));
         }
@@ -327,7 +327,7 @@ static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_
 }
 
 void kvb_engines_on_ready(struct kvb_engines *x, struct kvb_source **src, size_t n_src,
-                          struct kvb_pipeline *pipe, uint64_t now_ms, bool paused)
+                          uint64_t now_ms, bool paused)
 {
     if (!x || !x->scrape)
         return;
@@ -348,7 +348,7 @@ void kvb_engines_on_ready(struct kvb_engines *x, struct kvb_source **src, size_t
         take_load(x, e, res, now_ms);
         if (paused) /* our silence, not the engine's: a batch may be waiting */
             e->last_batch_ms = now_ms;
-        judge(x, e, res, src, n_src, pipe, now_ms);
+        judge(x, e, res, src, n_src, now_ms);
     }
 }
 

@@ -44,14 +44,48 @@ bool kvb_stream_has_rank(const struct kvb_stream *s, uint32_t rank)
     return false;
 }
 
-int kvb_stream_add_rank(struct kvb_stream *s, uint32_t rank)
+void kvb_stream_set_labels(struct kvb_stream *s, const char *source, const char *topic)
 {
-    if (kvb_stream_has_rank(s, rank))
-        return 0;
-    if (s->n_ranks >= KVB_MAX_STREAM_RANKS)
-        return -ENOSPC;
-    s->ranks[s->n_ranks++] = rank;
-    return 0;
+    s->source = source;
+    s->topic = topic;
+}
+
+void kvb_stream_set_worker(struct kvb_stream *s, const struct kvb_worker_cfg *w) { s->worker = w; }
+
+void kvb_stream_resume(struct kvb_stream *s, uint64_t last, const uint32_t *ranks, uint32_t n)
+{
+    s->has_last = true;
+    s->last = last;
+    s->n_ranks = n < KVB_MAX_STREAM_RANKS ? n : KVB_MAX_STREAM_RANKS;
+    memcpy(s->ranks, ranks, s->n_ranks * sizeof(*ranks));
+}
+
+/* Remember rank; a stream that has KVB_MAX_STREAM_RANKS takes no other (the
+ * pipeline drops such a batch). */
+static void add_rank(struct kvb_stream *s, uint32_t rank)
+{
+    if (!kvb_stream_has_rank(s, rank) && s->n_ranks < KVB_MAX_STREAM_RANKS)
+        s->ranks[s->n_ranks++] = rank;
+}
+
+/* A barrier is for every rank of the stream: one that has seen none has
+ * its configured rank. */
+static void note_ranks(struct kvb_stream *s)
+{
+    if (s->n_ranks == 0)
+        add_rank(s, s->cfg_rank);
+}
+
+/* What the pipeline did with a batch. */
+static void record(struct kvb_stream *s, const struct kvb_applied *a)
+{
+    if (!a->decoded) { /* its malformed barrier */
+        note_ranks(s);
+        return;
+    }
+    s->batches++;
+    s->events += a->n_events;
+    add_rank(s, a->dp_rank);
 }
 
 /* The one write of the cursor. */
@@ -61,63 +95,38 @@ static void advance(struct kvb_stream *s, uint64_t seq)
     s->last = seq;
 }
 
-/* ---- one stream without a replay ---------------------------------------- */
+/* ---- carrying the decisions out ----------------------------------------- */
 
 static int barrier(const struct kvb_seq_ops *ops, struct kvb_stream *s, int cause)
 {
+    note_ranks(s);
     return ops->barrier(ops->ctx, s, cause);
 }
 
-/* The live rules: the gap or restart barrier a batch needs first. */
-static int live_rules(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                      uint64_t seq)
+/* Move the cursor to seq and apply the batch; *a (may be NULL) says what
+ * the pipeline did. */
+static int apply_batch(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
+                       const uint8_t *data, size_t len, struct kvb_applied *a)
 {
-    switch (kvb_seq_classify(s, seq)) {
-    case KVB_SEQ_GAP:
-        kvb_inc(&m->seq_gaps_total[0]);
-        s->gaps++;
-        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source",
-                   "%s: seq gap: %llu missing before %llu, publishing barrier", s->name,
-                   (unsigned long long)kvb_seq_missing(s, seq), (unsigned long long)seq);
-        return barrier(ops, s, KVB_BAR_GAP);
-    case KVB_SEQ_BACK:
-        kvb_inc(&m->engine_restarts_total[0]);
-        kvb_log_rl(&s->rl, KVB_LOG_WARN, "source",
-                   "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
-                   s->name, (unsigned long long)s->last, (unsigned long long)seq);
-        return barrier(ops, s, KVB_BAR_RESTART);
-    default: return 0;
-    }
-}
-
-int kvb_seq_apply(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
-                  const uint8_t *data, size_t len)
-{
+    struct kvb_applied got = {0};
     advance(s, seq);
     s->last_hash = XXH3_64bits(data, len); /* proves continuity after a reconnect */
     s->has_hash = true;
-    return ops->apply(ops->ctx, s, seq, data, len);
+    int rc = ops->apply(ops->ctx, s, seq, data, len, &got);
+    record(s, &got);
+    if (a)
+        *a = got;
+    return rc;
 }
 
-int kvb_seq_live(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                 uint64_t seq, const uint8_t *data, size_t len)
+/* Move the cursor to seq and reject the batch (not decoded). */
+static int reject_batch(struct kvb_stream *s, const struct kvb_seq_ops *ops, uint64_t seq,
+                        const char *why)
 {
-    int n = live_rules(s, m, ops, seq);
-    if (n < 0)
-        return n;
-    int rc = kvb_seq_apply(s, ops, seq, data, len);
-    return rc < 0 ? rc : n + rc;
-}
-
-int kvb_seq_reject(struct kvb_stream *s, struct kvb_metrics *m, const struct kvb_seq_ops *ops,
-                   uint64_t seq, const char *why)
-{
-    int n = live_rules(s, m, ops, seq);
-    if (n < 0)
-        return n;
     advance(s, seq);
-    int rc = ops->reject(ops->ctx, s, seq, why);
-    return rc < 0 ? rc : n + rc;
+    s->has_hash = false;
+    note_ranks(s);
+    return ops->reject(ops->ctx, s, seq, why);
 }
 
 /* ---- a source's streams, with replay ------------------------------------ */
@@ -145,6 +154,7 @@ struct kvb_replay {
     char *name, *endpoint;
     struct kvb_metrics *m;
     struct kvb_seq_ops ops;
+    struct kvb_replay_io io; /* zeroed: no replay socket */
     struct kvb_ratelimit rl_oversize;
 
     bool active;
@@ -173,7 +183,8 @@ struct kvb_replay {
 };
 
 int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
-                      const struct kvb_seq_ops *ops, struct kvb_replay **out)
+                      const struct kvb_seq_ops *ops, const struct kvb_replay_io *io,
+                      struct kvb_replay **out)
 {
     struct kvb_replay *r = calloc(1, sizeof(*r));
     if (!r)
@@ -193,6 +204,8 @@ int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
         r->cfg.max_held_bytes = DEFAULT_HELD_BYTES;
     r->m = m;
     r->ops = *ops;
+    if (io)
+        r->io = *io;
     r->rl_oversize = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     *out = r;
     return 0;
@@ -297,8 +310,8 @@ static bool is_copy(const struct kvb_replay *r, uint64_t seq, const uint8_t *dat
 
 static void cancel(struct kvb_replay *r)
 {
-    if (r->ops.cancel)
-        r->ops.cancel(r->ops.ctx);
+    if (r->io.cancel)
+        r->io.cancel(r->io.ctx);
 }
 
 /* Ask the engine for every batch from r->want on.  The ROUTER's send
@@ -307,7 +320,7 @@ static void cancel(struct kvb_replay *r)
  * whole replay's end_ms. */
 static int send_request(struct kvb_replay *r, uint64_t now_ms)
 {
-    int rc = r->ops.request ? r->ops.request(r->ops.ctx, r->want) : -ENOTSUP;
+    int rc = r->io.request ? r->io.request(r->io.ctx, r->want) : -ENOTSUP;
     if (rc < 0)
         return rc;
     r->req_want = r->want;
@@ -381,15 +394,103 @@ static int restart(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, co
     return rc;
 }
 
-/* Apply (or reject) one batch whose seq is judged. */
+/* Apply (or reject) one batch whose seq is judged; *a (may be NULL): what
+ * the pipeline did with an applied one. */
 static int apply_one(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
-                     size_t len, bool reject)
+                     size_t len, bool reject, struct kvb_applied *a)
 {
     if (!reject)
-        return kvb_seq_apply(st, &r->ops, seq, data, len);
-    advance(st, seq);
-    st->has_hash = false;
-    return r->ops.reject(r->ops.ctx, st, seq, "payload above limits.max_payload_bytes");
+        return apply_batch(st, &r->ops, seq, data, len, a);
+    return reject_batch(st, &r->ops, seq, "payload above limits.max_payload_bytes");
+}
+
+/* Hold the batch behind the replay just started; when it cannot be held,
+ * the replay is given up (not active, its request cancelled). */
+static bool hold_behind(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
+                        bool reject)
+{
+    if ((reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0)
+        return true;
+    r->active = false;
+    cancel(r);
+    return false;
+}
+
+/* The stream's connection dropped since its last batch: a new incarnation
+ * unless the engine still holds our last batch, the same bytes (a proof
+ * under way when `can`: the batch is held, *held set).  Else the restart
+ * barrier, unless the seq went back (the rules that follow say restart
+ * then).  Returns the router events emitted. */
+static int prove_or_restart(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
+                            const uint8_t *data, size_t len, bool reject, bool can, bool *held,
+                            uint64_t now_ms)
+{
+    if (can && st->has_hash && kvb_seq_classify(st, seq) != KVB_SEQ_BACK &&
+        start_replay(r, st, RP_PROVE, st->last, seq, now_ms) == 0) {
+        st->suspect = false; /* the proof is under way */
+        if ((*held = hold_behind(r, seq, data, len, reject)))
+            return 0;
+        /* cannot hold: no proof */
+    }
+    if (kvb_seq_classify(st, seq) == KVB_SEQ_BACK) /* (serial: 0 follows 2^64-1) */
+        return 0;
+    return restart(r, st, seq,
+                   r->endpoint[0] ? "cannot be proven to continue the stream"
+                                  : "continuity cannot be proven without a replay endpoint");
+}
+
+/* The last batch again, byte for byte: a duplicate, dropped. */
+static bool duplicate(struct kvb_stream *st, uint64_t seq, const uint8_t *data, size_t len,
+                      bool reject)
+{
+    if (seq != st->last || reject || !st->has_hash || XXH3_64bits(data, len) != st->last_hash)
+        return false;
+    kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+               "%s: seq %llu again, the same batch: duplicate dropped", st->name,
+               (unsigned long long)seq);
+    return true;
+}
+
+/* A new stream (or a new incarnation) whose first seq is above 0: ask the
+ * engine for what it still holds before it (when `can`); true when the batch
+ * is held behind that replay. */
+static bool start_held(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
+                       const uint8_t *data, size_t len, bool reject, bool can, uint64_t now_ms)
+{
+    return can && seq > 0 && seq != UINT64_MAX &&
+           start_replay(r, st, RP_START, 0, seq, now_ms) == 0 &&
+           hold_behind(r, seq, data, len, reject);
+}
+
+/* A gap before seq: counted; replayed when `can` (the batch then held, *held
+ * set), else its barrier.  Returns the router events emitted. */
+static int gap(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
+               size_t len, bool reject, bool can, bool *held, uint64_t now_ms)
+{
+    kvb_inc(&r->m->seq_gaps_total[0]);
+    st->gaps++;
+    if (!can) {
+        kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+                   "%s: seq gap: %llu missing before %llu, publishing barrier", st->name,
+                   (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
+        return barrier(&r->ops, st, KVB_BAR_GAP);
+    }
+    kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+               "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
+               (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
+    int rc = start_replay(r, st, RP_GAP, st->last + 1, seq, now_ms);
+    if (rc == 0 &&
+        (rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
+        *held = true;
+        return 0;
+    }
+    kvb_warn("replay", "%s: cannot request replay: %s", st->name, strerror(-rc));
+    if (r->active) {
+        r->active = false;
+        cancel(r);
+    }
+    kvb_inc(&r->m->replays_failed_total[0]);
+    return barrier(&r->ops, st, KVB_BAR_GAP);
 }
 
 /* One batch of stream st by the rules: a suspect stream proven or restarted,
@@ -402,84 +503,33 @@ static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const
     int n = 0, rc;
     bool can = may_replay && r->endpoint[0] && !r->active;
     *held = false;
-    if (st->suspect && st->has_last) {
-        /* the connection dropped since the last batch: a new incarnation
-         * unless the engine still holds our last batch, the same bytes */
-        if (can && st->has_hash && kvb_seq_classify(st, seq) != KVB_SEQ_BACK &&
-            start_replay(r, st, RP_PROVE, st->last, seq, now_ms) == 0) {
-            st->suspect = false; /* the proof is under way */
-            if ((rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
-                *held = true;
-                return 0;
-            }
-            r->active = false; /* cannot hold: no proof */
-            cancel(r);
-        }
-        if (kvb_seq_classify(st, seq) != KVB_SEQ_BACK) { /* (serial: 0 follows 2^64-1) */
-            if ((rc = restart(r, st, seq,
-                              r->endpoint[0] ? "cannot be proven to continue the stream"
-                                             : "continuity cannot be proven without a "
-                                               "replay endpoint")) < 0)
-                return rc;
-            n += rc;
-        }
-    }
+    if (st->suspect && st->has_last &&
+        ((n = prove_or_restart(r, st, seq, data, len, reject, can, held, now_ms)) < 0 || *held))
+        return n;
     st->suspect = false;
     switch (kvb_seq_classify(st, seq)) {
     case KVB_SEQ_BACK:
-        if (seq == st->last && !reject && st->has_hash && XXH3_64bits(data, len) == st->last_hash) {
-            kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
-                       "%s: seq %llu again, the same batch: duplicate dropped", st->name,
-                       (unsigned long long)seq);
+        if (duplicate(st, seq, data, len, reject))
             return n;
-        }
         if ((rc = restart(r, st, seq, NULL)) < 0)
             return rc;
         n += rc;
         /* the first batch of a new incarnation */
         __attribute__((fallthrough));
     case KVB_SEQ_FIRST:
-        if (can && seq > 0 && seq != UINT64_MAX &&
-            start_replay(r, st, RP_START, 0, seq, now_ms) == 0) {
-            if ((rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
-                *held = true;
-                return n;
-            }
-            r->active = false;
-            cancel(r);
-        }
+        if ((*held = start_held(r, st, seq, data, len, reject, can, now_ms)))
+            return n;
         break;
     case KVB_SEQ_GAP:
-        kvb_inc(&r->m->seq_gaps_total[0]);
-        st->gaps++;
-        if (can) {
-            kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
-                       "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
-                       (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
-            rc = start_replay(r, st, RP_GAP, st->last + 1, seq, now_ms);
-            if (rc == 0 &&
-                (rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
-                *held = true;
-                return n;
-            }
-            kvb_warn("replay", "%s: cannot request replay: %s", st->name, strerror(-rc));
-            if (r->active) {
-                r->active = false;
-                cancel(r);
-            }
-            kvb_inc(&r->m->replays_failed_total[0]);
-        } else {
-            kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
-                       "%s: seq gap: %llu missing before %llu, publishing barrier", st->name,
-                       (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
-        }
-        if ((rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
+        if ((rc = gap(r, st, seq, data, len, reject, can, held, now_ms)) < 0)
             return rc;
         n += rc;
+        if (*held)
+            return n;
         break;
     default: break;
     }
-    if ((rc = apply_one(r, st, seq, data, len, reject)) < 0)
+    if ((rc = apply_one(r, st, seq, data, len, reject, NULL)) < 0)
         return rc;
     return n + rc;
 }
@@ -540,7 +590,7 @@ static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms
         bool held = false;
         if (i == 0 && kvb_seq_classify(st, h[0].seq) != KVB_SEQ_BACK) {
             /* the batch the replay was for: its gap (or start) is dealt with */
-            rc = apply_one(r, st, h[0].seq, h[0].data, h[0].len, h[0].reject);
+            rc = apply_one(r, st, h[0].seq, h[0].data, h[0].len, h[0].reject, NULL);
         } else {
             rc = step(r, st, h[i].seq, h[i].data, h[i].len, h[i].reject, again, &held, now_ms);
         }
@@ -613,31 +663,108 @@ static bool cut_ask_again(struct kvb_replay *r, uint64_t now_ms)
     return true;
 }
 
+/* Replies are flowing: a stall of REPLAY_STALL_MS (at most the timeout)
+ * means the reply was cut. */
+static void flowing(struct kvb_replay *r, uint64_t now_ms)
+{
+    uint64_t stall = r->cfg.timeout_ms < REPLAY_STALL_MS ? r->cfg.timeout_ms : REPLAY_STALL_MS;
+    r->deadline_ms = now_ms + stall < r->end_ms ? now_ms + stall : r->end_ms;
+}
+
+/* RP_PROVE: the engine's batch at our last seq, the same bytes or not. */
+static int proof_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
+                       bool big, uint64_t now_ms)
+{
+    struct kvb_stream *st = r->st;
+    if (seq - r->want >= r->until - r->want)
+        return 0; /* not what was asked */
+    if (seq != r->want || big || XXH3_64bits(data, len) != st->last_hash)
+        return proof_failed(r, r->until,
+                            seq != r->want ? "the engine no longer holds our last seq"
+                                           : "the engine's batch at our last seq differs",
+                            now_ms);
+    kvb_info("replay", "%s: engine reconnected: seq %llu is the same batch, the stream continues",
+             st->name, (unsigned long long)seq);
+    r->mode = RP_GAP;
+    r->want = seq + 1;
+    r->got_reply = true;
+    flowing(r, now_ms);
+    return 0;
+}
+
+/* A reply at seq after the one wanted.  Mid-reply: the ROUTER's HWM dropped
+ * some, asked again.  The first reply of a check: maybe still on its way,
+ * asked again once the stream is quiet (believed the second time).  Else
+ * the engine's buffer no longer holds them: lost, a barrier (unless one
+ * already covers them).  *done: the reply is dealt with (the value
+ * returned is the call's); else the router events emitted so far. */
+static int later_than_asked(struct kvb_replay *r, uint64_t seq, uint64_t now_ms, bool *done)
+{
+    struct kvb_stream *st = r->st;
+    *done = true;
+    if (r->got_reply && r->rounds < REPLAY_MAX_ROUNDS) {
+        r->rounds++;
+        cancel(r);
+        if (send_request(r, now_ms) == 0)
+            return 0;
+        return finish_replay(r, "request failed", now_ms);
+    }
+    if (r->mode == RP_CHECK && !(st->check_again && st->ahead_at == st->last)) {
+        st->check_again = true;
+        st->ahead_at = st->last;
+        kvb_info("replay",
+                 "%s: the engine's buffer starts at %llu, not %llu: the rest may "
+                 "still be on its way; asking again once the stream is quiet",
+                 st->name, (unsigned long long)seq, (unsigned long long)r->want);
+        cancel(r);
+        r->active = false;
+        r->st = NULL;
+        r->copy_st = NULL;
+        return 0;
+    }
+    *done = false;
+    st->check_again = false;
+    r->lost = true;
+    if (r->fresh)
+        return 0;
+    kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier", st->name,
+             (unsigned long long)seq, (unsigned long long)r->want);
+    return barrier(&r->ops, st, KVB_BAR_GAP);
+}
+
+/* A replied batch the replay wants, applied (an oversize one rejected). */
+static int apply_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
+                       bool big)
+{
+    struct kvb_stream *st = r->st;
+    int rc;
+    if (big) { /* in the engine's buffer, but not usable: a lost batch */
+        r->lost = true;
+        if ((rc = apply_one(r, st, seq, NULL, 0, true, NULL)) < 0)
+            return rc;
+        r->fresh = true; /* its malformed barrier */
+        return rc;
+    }
+    if (r->mode == RP_CHECK && r->copy_st == st)
+        copies_add(r, seq, data, len);
+    struct kvb_applied a;
+    if ((rc = apply_one(r, st, seq, data, len, false, &a)) < 0)
+        return rc;
+    /* a batch the pipeline could not decode is a lost batch (it published
+     * the malformed barrier): the replay did not fill the gap */
+    if (!a.decoded)
+        r->lost = true;
+    r->fresh = false;
+    return rc;
+}
+
 static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *data, size_t len,
                           uint64_t now_ms)
 {
-    struct kvb_stream *st = r->st;
     int n = 0, rc;
-    bool big = oversize(r, len);
-    if (r->mode == RP_PROVE) {
-        if (seq - r->want >= r->until - r->want)
-            return 0; /* not what was asked */
-        if (seq != r->want || big || XXH3_64bits(data, len) != st->last_hash)
-            return proof_failed(r, r->until,
-                                seq != r->want ? "the engine no longer holds our last seq"
-                                               : "the engine's batch at our last seq differs",
-                                now_ms);
-        kvb_info("replay",
-                 "%s: engine reconnected: seq %llu is the same batch, the stream "
-                 "continues",
-                 st->name, (unsigned long long)seq);
-        r->mode = RP_GAP;
-        r->want = seq + 1;
-        r->got_reply = true;
-        uint64_t stall = r->cfg.timeout_ms < REPLAY_STALL_MS ? r->cfg.timeout_ms : REPLAY_STALL_MS;
-        r->deadline_ms = now_ms + stall < r->end_ms ? now_ms + stall : r->end_ms;
-        return 0;
-    }
+    bool big = oversize(r, len), done;
+    if (r->mode == RP_PROVE)
+        return proof_reply(r, seq, data, len, big, now_ms);
     if (seq == r->until) { /* the engine is at our held batch: the rest is later */
         if (cut_ask_again(r, now_ms))
             return 0;
@@ -647,64 +774,13 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
         return 0; /* already applied, or live batches we hold */
     if (r->mode == RP_START && r->until - seq > (uint64_t)INT64_MAX)
         return 0; /* after until in serial arithmetic: the stream wrapped */
-    if (seq != r->want) {
-        if (r->got_reply && r->rounds < REPLAY_MAX_ROUNDS) {
-            /* a hole in the middle of a reply: the ROUTER's HWM dropped
-             * some; the engine still has them, ask again from want */
-            r->rounds++;
-            cancel(r);
-            if (send_request(r, now_ms) == 0)
-                return 0;
-            return finish_replay(r, "request failed", now_ms);
-        }
-        /* the first reply starts later than asked: the engine's buffer no
-         * longer holds the beginning of the (rest of the) range */
-        if (r->mode == RP_CHECK && !(st->check_again && st->ahead_at == st->last)) {
-            /* or they are still on their way: believed the second time */
-            st->check_again = true;
-            st->ahead_at = st->last;
-            kvb_info("replay",
-                     "%s: the engine's buffer starts at %llu, not %llu: the rest may "
-                     "still be on its way; asking again once the stream is quiet",
-                     st->name, (unsigned long long)seq, (unsigned long long)r->want);
-            cancel(r);
-            r->active = false;
-            r->st = NULL;
-            r->copy_st = NULL;
-            return 0;
-        }
-        st->check_again = false;
-        r->lost = true;
-        if (!r->fresh) {
-            kvb_warn("replay", "%s: engine's replay starts at %llu, not %llu: publishing barrier",
-                     st->name, (unsigned long long)seq, (unsigned long long)r->want);
-            if ((n = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
-                return n;
-        }
-    }
+    if (seq != r->want && ((n = later_than_asked(r, seq, now_ms, &done)) < 0 || done))
+        return n;
     r->got_reply = true;
     r->want = seq + 1;
-    /* replies are flowing: a stall of this long means the reply was cut */
-    uint64_t stall = r->cfg.timeout_ms < REPLAY_STALL_MS ? r->cfg.timeout_ms : REPLAY_STALL_MS;
-    r->deadline_ms = now_ms + stall < r->end_ms ? now_ms + stall : r->end_ms;
-    if (big) { /* in the engine's buffer, but not usable: a lost batch */
-        r->lost = true;
-        if ((rc = apply_one(r, st, seq, NULL, 0, true)) < 0)
-            return rc;
-        r->fresh = true; /* its malformed barrier */
-        return n + rc;
-    }
-    uint64_t decoded = st->batches;
-    if (r->mode == RP_CHECK && r->copy_st == st)
-        copies_add(r, seq, data, len);
-    if ((rc = apply_one(r, st, seq, data, len, false)) < 0)
+    flowing(r, now_ms);
+    if ((rc = apply_reply(r, seq, data, len, big)) < 0)
         return rc;
-    /* the pipeline counts a batch it decoded; one it could not is a lost
-     * batch (it published the malformed barrier): the replay did not fill
-     * the gap */
-    if (st->batches == decoded)
-        r->lost = true;
-    r->fresh = false;
     return n + rc;
 }
 
@@ -858,6 +934,11 @@ int kvb_replay_check(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_m
              st->name, (unsigned long long)st->last,
              r->endpoint[0] ? "the replay request failed" : "there is no replay endpoint to ask");
     return barrier(&r->ops, st, KVB_BAR_GAP);
+}
+
+int kvb_replay_barrier(struct kvb_replay *r, struct kvb_stream *st, int cause)
+{
+    return barrier(&r->ops, st, cause);
 }
 
 void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms)

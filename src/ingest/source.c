@@ -57,8 +57,7 @@ struct kvb_source {
     struct kvb_metrics *m;
     struct stream *streams[MAX_STREAMS];
     size_t n_streams;
-    struct kvb_replay *rp;     /* the sequence and replay rules (replay.h) */
-    struct kvb_pipeline *pipe; /* during an entry point: the ops' pipeline */
+    struct kvb_replay *rp; /* the sequence and replay rules (replay.h) */
     struct kvb_ratelimit rl_frames, rl_expire, rl_peers;
     long peers; /* bind mode: connections accepted and not yet gone */
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
@@ -103,12 +102,12 @@ static bool topic_worker(const struct kvb_source *s, const void *topic, size_t n
 static void stream_worker(const struct kvb_source *s, struct stream *st)
 {
     if (!s->p.worker) {
-        st->st.worker = NULL; /* the pipeline's */
+        kvb_stream_set_worker(&st->st, NULL); /* the pipeline's */
         return;
     }
     st->w = *s->p.worker;
     topic_worker(s, st->topic, st->topic_len, &st->w.worker_id); /* else: never read */
-    st->st.worker = &st->w;
+    kvb_stream_set_worker(&st->st, &st->w);
 }
 
 void kvb_source_set_worker(struct kvb_source *s, const struct kvb_worker_cfg *w)
@@ -232,67 +231,68 @@ static int open_monitor(struct kvb_source *s)
 
 static int op_request(void *ctx, uint64_t from);
 static void op_cancel(void *ctx);
-static int op_apply(void *ctx, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
-                    size_t len);
-static int op_reject(void *ctx, struct kvb_stream *st, uint64_t seq, const char *why);
-static int op_barrier(void *ctx, struct kvb_stream *st, int cause);
 
-int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
-                      struct kvb_source **out)
+/* The parameters, with copies of what they point to (p's pointers are the
+ * caller's); the rate limits. */
+static int copy_params(struct kvb_source *s, const struct kvb_source_params *p)
 {
-    int rc = -ENOMEM;
-    struct kvb_source *s = calloc(1, sizeof(*s));
-    if (!s)
-        goto fail;
     s->p = *p;
-    s->zctx = zctx;
-    s->m = m;
     s->rl_frames = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->rl_topics = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_expire = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_peers = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->p.topics = NULL;
     s->p.n_topics = 0;
     if (p->n_topics && !(s->topics = calloc(p->n_topics, sizeof *s->topics)))
-        goto fail;
+        return -ENOMEM;
     for (; s->p.n_topics < p->n_topics; s->p.n_topics++) {
         struct kvb_topic_cfg *t = &s->topics[s->p.n_topics];
         t->worker_id = p->topics[s->p.n_topics].worker_id;
         if (!(t->topic = strdup(p->topics[s->p.n_topics].topic)))
-            goto fail;
+            return -ENOMEM;
     }
     s->p.topics = s->topics;
     if (p->worker) {
         s->worker = *p->worker;
         s->p.worker = &s->worker;
     }
-    s->rl_expire = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
-    s->rl_peers = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     if (!s->p.max_peers)
         s->p.max_peers = 16;
     s->endpoint = strdup(p->endpoint);
     s->replay_endpoint = strdup(p->replay_endpoint ? p->replay_endpoint : "");
     s->topic = strdup(p->topic ? p->topic : "");
     if (!s->endpoint || !s->replay_endpoint || !s->topic)
-        goto fail;
+        return -ENOMEM;
     s->p.endpoint = s->endpoint;
     s->p.replay_endpoint = s->replay_endpoint;
     s->p.topic = s->topic;
-    s->p.resume = NULL;
+    s->p.resume = NULL; /* only read here: */
     s->p.curve = NULL;
     s->p.zap = NULL;
     snprintf(s->name, sizeof(s->name), "%s", s->endpoint);
-    for (size_t i = 0; p->resume && i < p->resume->n_streams; i++) {
-        const struct kvb_state_stream *e = &p->resume->streams[i];
+    return 0;
+}
+
+/* This source's streams of the saved state (find_stream resumes them). */
+static int copy_resume(struct kvb_source *s, const struct kvb_state *resume)
+{
+    for (size_t i = 0; resume && i < resume->n_streams; i++) {
+        const struct kvb_state_stream *e = &resume->streams[i];
         if (strcmp(e->source, s->name) != 0)
             continue;
         if (!s->resume && !(s->resume = kvb_state_new()))
-            goto fail;
-        struct kvb_stream st = {.has_last = true, .last = e->last, .n_ranks = e->n_ranks};
-        memcpy(st.ranks, e->ranks, sizeof(st.ranks));
-        if ((rc = kvb_state_add_stream(s->resume, e->source, e->topic, &st)) < 0)
-            goto fail;
-        rc = -ENOMEM;
+            return -ENOMEM;
+        int rc = kvb_state_add_entry(s->resume, e);
+        if (rc < 0)
+            return rc;
     }
+    return 0;
+}
 
+/* The sequence rules, handing batches to the pipeline and requests to this
+ * source's replay DEALER. */
+static int make_rules(struct kvb_source *s, const struct kvb_source_params *p)
+{
     /* Live batches held while a replay runs: at most rcvhwm (what the SUB
      * would have queued had kvbridge not read them), but room for
      * MIN_HELD_MSGS whatever rcvhwm is (a replay of a few seconds under a
@@ -306,21 +306,14 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
                                   .timeout_ms = p->replay_timeout_ms,
                                   .max_payload_bytes = p->max_payload_bytes,
                                   .max_held_msgs = held};
-    struct kvb_seq_ops ops = {.ctx = s,
-                              .apply = op_apply,
-                              .reject = op_reject,
-                              .barrier = op_barrier,
-                              .request = op_request,
-                              .cancel = op_cancel};
-    if ((rc = kvb_replay_create(&rcfg, m, &ops, &s->rp)) < 0)
-        goto fail;
-    rc = -ENOMEM;
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p->pipeline);
+    struct kvb_replay_io io = {.ctx = s, .request = op_request, .cancel = op_cancel};
+    return kvb_replay_create(&rcfg, s->m, &ops, &io, &s->rp);
+}
 
-    s->sub = zmq_socket(zctx, ZMQ_SUB);
-    if (!s->sub) {
-        rc = zerr();
-        goto fail;
-    }
+/* The SUB's options, before its bind or connect. */
+static int set_sub_options(struct kvb_source *s, const struct kvb_source_params *p)
+{
     /* reconnect to an absent engine at once, then every reconnect_max_ms at
      * most (libzmq's timer, no busy loop): an engine that binds after
      * kvbridge, or restarts, is reached almost at once, and what it
@@ -346,24 +339,47 @@ int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_
         zmq_setsockopt(s->sub, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl)) < 0 ||
         zmq_setsockopt(s->sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max)) < 0 ||
-        zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0) {
-        rc = zerr();
-        goto fail;
-    }
+        zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic)) < 0)
+        return zerr();
+    return 0;
+}
+
+/* The SUB: options, CURVE, its connection monitor, then bind or connect. */
+static int open_sub(struct kvb_source *s, const struct kvb_source_params *p)
+{
+    int rc;
+    if (!(s->sub = zmq_socket(s->zctx, ZMQ_SUB)))
+        return zerr();
+    if ((rc = set_sub_options(s, p)) < 0)
+        return rc;
     if (p->curve && p->curve->enabled && (rc = setup_curve(s, p)) < 0) {
         kvb_err("source", "%s: cannot set up CURVE: %s", s->endpoint, strerror(-rc));
-        goto fail;
+        return rc;
     }
     if ((rc = open_monitor(s)) < 0)
-        goto fail;
+        return rc;
     rc =
         p->mode == KVB_MODE_BIND ? zmq_bind(s->sub, s->endpoint) : zmq_connect(s->sub, s->endpoint);
     if (rc < 0) {
         rc = zerr();
         kvb_err("source", "%s: cannot %s: %s", s->endpoint,
                 p->mode == KVB_MODE_BIND ? "bind" : "connect", zmq_strerror(-rc));
-        goto fail;
     }
+    return rc;
+}
+
+int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
+                      struct kvb_source **out)
+{
+    int rc = -ENOMEM;
+    struct kvb_source *s = calloc(1, sizeof(*s));
+    if (!s)
+        goto fail;
+    s->zctx = zctx;
+    s->m = m;
+    if ((rc = copy_params(s, p)) < 0 || (rc = copy_resume(s, p->resume)) < 0 ||
+        (rc = make_rules(s, p)) < 0 || (rc = open_sub(s, p)) < 0)
+        goto fail;
     *out = s;
     return 0;
 fail:
@@ -477,14 +493,10 @@ static struct stream *find_stream(struct kvb_source *s, const void *topic, size_
         snprintf(st->name, sizeof(st->name), "%s", s->name);
     kvb_stream_init(&st->st, st->name, s->p.dp_rank);
     stream_worker(s, st);
-    st->st.source = s->name;
-    st->st.topic = st->topic;
+    kvb_stream_set_labels(&st->st, s->name, st->topic);
     const struct kvb_state_stream *saved = kvb_state_find_stream(s->resume, s->name, st->topic);
     if (saved) { /* resume: no start barrier, a gap goes to replay */
-        st->st.has_last = true;
-        st->st.last = saved->last;
-        st->st.n_ranks = saved->n_ranks;
-        memcpy(st->st.ranks, saved->ranks, sizeof(st->st.ranks));
+        kvb_stream_resume(&st->st, saved->last, saved->ranks, saved->n_ranks);
         kvb_info("source", "%s: resuming after seq %llu", st->name,
                  (unsigned long long)saved->last);
         /* once: the same topic after its stream expired is a new stream */
@@ -538,7 +550,7 @@ static void close_frames(zmq_msg_t *frames, int n, int max)
 
 /* ---- the replay socket, for the rules in replay.c ----------------------- */
 
-/* ops.request: ask the engine for every batch from `from` on (a DEALER,
+/* io.request: ask the engine for every batch from `from` on (a DEALER,
  * opened on first use). */
 static int op_request(void *ctx, uint64_t from)
 {
@@ -574,26 +586,8 @@ static int op_request(void *ctx, uint64_t from)
     return 0;
 }
 
-/* ops.cancel: late replies of a request must not reach the next one. */
+/* io.cancel: late replies of a request must not reach the next one. */
 static void op_cancel(void *ctx) { close_dealer(ctx); }
-
-static int op_apply(void *ctx, struct kvb_stream *st, uint64_t seq, const uint8_t *data, size_t len)
-{
-    struct kvb_source *s = ctx;
-    return kvb_pipeline_batch(s->pipe, st, seq, data, len);
-}
-
-static int op_reject(void *ctx, struct kvb_stream *st, uint64_t seq, const char *why)
-{
-    struct kvb_source *s = ctx;
-    return kvb_pipeline_malformed(s->pipe, st, seq, why);
-}
-
-static int op_barrier(void *ctx, struct kvb_stream *st, int cause)
-{
-    struct kvb_source *s = ctx;
-    return kvb_pipeline_barrier(s->pipe, st, cause);
-}
 
 /* The topic frame of a new-layout reply is the stream's being recovered. */
 static bool replay_topic_ok(struct kvb_source *s, zmq_msg_t *topic)
@@ -687,8 +681,8 @@ static void drained(struct kvb_source *s)
 
 /* ---- live messages ------------------------------------------------------ */
 
-/* Per-stream series: copied from the streams (which the pipeline and the
- * replay code keep) after each entry point, live or replay. */
+/* Per-stream series: copied from the streams (which the rules keep) after
+ * each entry point, live or replay. */
 static void sync_slots(struct kvb_source *s)
 {
     for (size_t i = 0; i < s->n_streams; i++) {
@@ -704,10 +698,9 @@ static void sync_slots(struct kvb_source *s)
 
 /* Latency metrics for one live message applied now (not held for a
  * replay): its processing time and its delay from the engine's timestamp. */
-static void observe(struct kvb_source *s, struct kvb_pipeline *p, uint64_t serial_before,
-                    uint64_t t0)
+static void observe(struct kvb_source *s, uint64_t serial_before, uint64_t t0)
 {
-    const struct kvb_batch_info *b = kvb_pipeline_last_batch(p);
+    const struct kvb_batch_info *b = kvb_pipeline_last_batch(s->p.pipeline);
     if (b->serial == serial_before)
         return;
     KVB_OBSERVE(s->m, batch_processing_seconds, kvb_mono_ns() - t0);
@@ -718,7 +711,7 @@ static void observe(struct kvb_source *s, struct kvb_pipeline *p, uint64_t seria
     }
 }
 
-static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
+static int read_live(struct kvb_source *s, int budget)
 {
     zmq_msg_t f[3];
     int got = 0;
@@ -782,10 +775,10 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
             uint64_t seq = be64(zmq_msg_data(&f[1]));
             if (s->p.mode == KVB_MODE_BIND)
                 st->peer_fd = fd;
-            uint64_t serial = kvb_pipeline_last_batch(p)->serial, t0 = kvb_mono_ns();
+            uint64_t serial = kvb_pipeline_last_batch(s->p.pipeline)->serial, t0 = kvb_mono_ns();
             rc =
                 kvb_replay_live(s->rp, &st->st, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), now);
-            observe(s, p, serial, t0);
+            observe(s, serial, t0);
         }
         close_frames(f, n, 3);
         if (rc < 0)
@@ -797,21 +790,19 @@ static int read_live(struct kvb_source *s, struct kvb_pipeline *p, int budget)
 
 /* ---- entry points: the work, then the per-stream metrics ---------------- */
 
-static int read_before_drop(struct kvb_source *s, struct kvb_pipeline *p, int budget);
+static int read_before_drop(struct kvb_source *s, int budget);
 
-int kvb_source_read(struct kvb_source *s, struct kvb_pipeline *p, int budget)
+int kvb_source_read(struct kvb_source *s, int budget)
 {
-    s->pipe = p;
-    int got = read_before_drop(s, p, budget), rc = got;
-    if (got >= 0 && got < budget && (rc = read_live(s, p, budget - got)) >= 0)
+    int got = read_before_drop(s, budget), rc = got;
+    if (got >= 0 && got < budget && (rc = read_live(s, budget - got)) >= 0)
         rc += got;
     sync_slots(s);
     return rc;
 }
 
-int kvb_source_read_replay(struct kvb_source *s, struct kvb_pipeline *p)
+int kvb_source_read_replay(struct kvb_source *s)
 {
-    s->pipe = p;
     uint64_t t0 = kvb_mono_ns();
     int rc = read_replay(s, READ_REPLAY_BUDGET);
     /* Applying and publishing the replies is our time, not the engine's:
@@ -858,9 +849,8 @@ static void check_quiet(struct kvb_source *s, uint64_t now_ms)
     }
 }
 
-void kvb_source_tick(struct kvb_source *s, struct kvb_pipeline *p, uint64_t now_ms)
+void kvb_source_tick(struct kvb_source *s, uint64_t now_ms)
 {
-    s->pipe = p;
     int rc = kvb_replay_tick(s->rp, now_ms);
     if (rc < 0)
         kvb_err("replay", "%s: %s", s->name, strerror(-rc));
@@ -954,11 +944,11 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
 /* The batches queued before a drop: read one at a time until the SUB is
  * empty or the monitor has news (a new connection's batches may follow
  * it), then the drop.  Returns messages read, or a negative errno. */
-static int read_before_drop(struct kvb_source *s, struct kvb_pipeline *p, int budget)
+static int read_before_drop(struct kvb_source *s, int budget)
 {
     int got = 0;
     while (s->drop_due && got < budget) {
-        int n = has_input(s->mon) || !has_input(s->sub) ? 0 : read_live(s, p, 1);
+        int n = has_input(s->mon) || !has_input(s->sub) ? 0 : read_live(s, 1);
         if (n < 0)
             return n;
         if (n == 0) {
@@ -971,9 +961,8 @@ static int read_before_drop(struct kvb_source *s, struct kvb_pipeline *p, int bu
     return got;
 }
 
-int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p)
+int kvb_source_read_monitor(struct kvb_source *s)
 {
-    s->pipe = p;
     int got = 0;
     zmq_msg_t f[2];
     for (int n; !s->drop_due && (n = recv_multipart(s->mon, f, 2)) > 0; got++) {
@@ -996,13 +985,13 @@ int kvb_source_read_monitor(struct kvb_source *s, struct kvb_pipeline *p)
     return got;
 }
 
-int kvb_source_barrier_all(struct kvb_source *s, struct kvb_pipeline *p, int cause)
+int kvb_source_barrier_all(struct kvb_source *s, int cause)
 {
     int n = 0;
     for (size_t i = 0; i < s->n_streams; i++) {
         if (!s->streams[i]->st.has_last)
             continue;
-        int rc = kvb_pipeline_barrier(p, &s->streams[i]->st, cause);
+        int rc = kvb_replay_barrier(s->rp, &s->streams[i]->st, cause);
         if (rc < 0)
             return rc;
         n += rc;

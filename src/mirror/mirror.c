@@ -117,6 +117,11 @@ int kvb_mirror_apply(struct kvb_mirror *r, const struct kvb_rev *rev)
     return -ENOSPC;
 }
 
+int kvb_mirror_observe(void *ctx, const struct kvb_rev *rev)
+{
+    return kvb_mirror_apply(ctx, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED;
+}
+
 void kvb_mirror_serve(struct kvb_mirror *r)
 {
     if (!r)

@@ -5,29 +5,22 @@
 #include <stdlib.h>
 
 #include "config.h"
-#include "encode.h"
 #include "log.h"
 
 struct kvb_pipeline {
     struct kvb_pipeline_cfg cfg;
     struct kvb_metrics *m;
-    kvb_emit_fn emit;
-    void *emit_ctx;
-    kvb_raw_fn raw;
-    void *raw_ctx;
+    struct kvb_publish *pub;
     struct kvb_decoder *dec;
     struct kvb_converter *conv;
-    struct kvb_encoder *enc;
     struct kvb_ratelimit rl_mismatch, rl_malformed;
     struct kvb_batch_info last;
     struct kvb_worker_cfg def; /* cfg.convert's worker: streams without their own */
-    struct kvb_worker_cfg cur; /* the converter's selected worker */
 };
 
 /* Convert for worker w from now on. */
 static void use(struct kvb_pipeline *p, const struct kvb_worker_cfg *w)
 {
-    p->cur = *w;
     kvb_converter_select(p->conv, w);
 }
 
@@ -39,8 +32,8 @@ static const struct kvb_worker_cfg *use_stream(struct kvb_pipeline *p, const str
     return w;
 }
 
-int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m, kvb_emit_fn emit,
-                        void *emit_ctx, struct kvb_pipeline **out)
+int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
+                        struct kvb_publish *pub, struct kvb_pipeline **out)
 {
     int rc = -ENOMEM;
     struct kvb_pipeline *p = calloc(1, sizeof(*p));
@@ -48,8 +41,7 @@ int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *
         goto fail;
     p->cfg = *cfg;
     p->m = m;
-    p->emit = emit;
-    p->emit_ctx = emit_ctx;
+    p->pub = pub;
     p->rl_mismatch = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
     p->rl_malformed = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     p->dec = kvb_decoder_create(&cfg->limits);
@@ -57,10 +49,7 @@ int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *
         goto fail;
     if ((rc = kvb_converter_create(&cfg->convert, m, &p->conv)) < 0)
         goto fail;
-    p->def = p->cur = kvb_convert_cfg_worker(&cfg->convert);
-    if (cfg->format == KVB_FORMAT_DYNAMO_JSON &&
-        (rc = kvb_encoder_create(cfg->format, &p->enc)) < 0)
-        goto fail;
+    p->def = kvb_convert_cfg_worker(&cfg->convert);
     *out = p;
     return 0;
 fail:
@@ -75,7 +64,6 @@ void kvb_pipeline_destroy(struct kvb_pipeline **pp)
     struct kvb_pipeline *p = *pp;
     kvb_decoder_destroy(&p->dec);
     kvb_converter_destroy(&p->conv);
-    kvb_encoder_destroy(&p->enc);
     free(p);
     *pp = NULL;
 }
@@ -83,28 +71,14 @@ void kvb_pipeline_destroy(struct kvb_pipeline **pp)
 int kvb_pipeline_reconfigure(struct kvb_pipeline *p, const struct kvb_pipeline_cfg *cfg)
 {
     struct kvb_decoder *dec = kvb_decoder_create(&cfg->limits);
-    struct kvb_encoder *enc = NULL;
-    int rc = !dec                                    ? -ENOMEM
-             : cfg->format == KVB_FORMAT_DYNAMO_JSON ? kvb_encoder_create(cfg->format, &enc)
-                                                     : 0;
-    if (rc < 0) {
-        kvb_decoder_destroy(&dec);
-        return rc;
-    }
+    if (!dec)
+        return -ENOMEM;
     kvb_decoder_destroy(&p->dec);
-    kvb_encoder_destroy(&p->enc);
     p->dec = dec;
-    p->enc = enc;
     p->cfg = *cfg;
     kvb_converter_set_config(p->conv, &cfg->convert);
-    p->def = p->cur = kvb_convert_cfg_worker(&cfg->convert);
+    p->def = kvb_convert_cfg_worker(&cfg->convert);
     return 0;
-}
-
-void kvb_pipeline_set_raw(struct kvb_pipeline *p, kvb_raw_fn fn, void *ctx)
-{
-    p->raw = fn;
-    p->raw_ctx = ctx;
 }
 
 struct kvb_decoder *kvb_pipeline_decoder(struct kvb_pipeline *p) { return p->dec; }
@@ -114,14 +88,18 @@ const struct kvb_batch_info *kvb_pipeline_last_batch(const struct kvb_pipeline *
 }
 struct kvb_converter *kvb_pipeline_converter(struct kvb_pipeline *p) { return p->conv; }
 
+static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause);
+
+/* One router event to the publish stage: 1, or 2 with the "cleared" that
+ * the publish stage's observer asked for (the residency mirror could not
+ * take the event), published right after it: the consumers and the mirror
+ * empty the pair together.  The converter's worker is the event's. */
 static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
 {
-    const char *data = NULL;
-    size_t len = 0;
-    int rc = p->enc ? kvb_encode(p->enc, r, &data, &len) : 0; /* other formats: the caller's */
-    if (rc < 0)
-        return rc;
-    return p->emit(p->emit_ctx, r, data, len);
+    if (kvb_publish_event(p->pub, r) <= 0 || r->type == KVB_REVT_CLEARED)
+        return 1;
+    int rc = cleared(p, r->dp_rank, KVB_BAR_MIRROR_FULL);
+    return rc < 0 ? rc : 1 + rc;
 }
 
 static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
@@ -140,25 +118,22 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
     if (rc < 0)
         return rc;
     kvb_inc(&p->m->barriers_total[cause]);
-    rc = emit(p, &r);
-    return rc < 0 ? rc : 1;
+    return emit(p, &r);
 }
 
 int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause)
 {
-    struct kvb_worker_cfg was = p->cur, w = p->cur;
+    struct kvb_worker_cfg w = p->def;
     w.worker_id = worker_id; /* a "cleared" uses nothing else of the worker */
     use(p, &w);
-    int rc = cleared(p, dp_rank, cause);
-    use(p, &was); /* it may be called from inside emit, mid-batch */
-    return rc;
+    return cleared(p, dp_rank, cause);
 }
 
-int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause)
+int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int cause)
 {
     use_stream(p, s);
-    if (s->n_ranks == 0)
-        kvb_stream_add_rank(s, s->cfg_rank); /* cannot fail on an empty list */
+    if (s->n_ranks == 0) /* nothing seen yet: its configured rank */
+        return cleared(p, s->cfg_rank, cause);
     int n = 0;
     for (uint32_t i = 0; i < s->n_ranks; i++) {
         int rc = cleared(p, s->ranks[i], cause);
@@ -169,7 +144,8 @@ int kvb_pipeline_barrier(struct kvb_pipeline *p, struct kvb_stream *s, int cause
     return n;
 }
 
-static int malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq, const char *why)
+static int malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
+                     const char *why)
 {
     kvb_inc(&p->m->malformed_messages_total[KVB_MAL_BATCH]);
     kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
@@ -178,20 +154,22 @@ static int malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
     return kvb_pipeline_barrier(p, s, KVB_BAR_MALFORMED);
 }
 
-int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                       const uint8_t *payload, size_t len)
+int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
+                       const uint8_t *payload, size_t len, struct kvb_applied *out)
 {
+    kvb_publish_cut(p->pub); /* one message per engine batch (dynamo-msgpack) */
     struct kvb_batch b;
     int rc = kvb_decode_batch(p->dec, payload, len, &b);
     p->last.serial++;
     p->last.decoded = rc == 0;
     p->last.ts = rc == 0 ? b.ts : 0;
     p->last.n_events = rc == 0 ? b.n_events : 0;
+    *out = (struct kvb_applied){.decoded = rc == 0};
     if (rc < 0)
         return malformed(p, s, seq, kvb_decode_strerror(rc));
-    s->batches++;
-    s->events += b.n_events;
     uint32_t rank = b.dp_rank.has ? (uint32_t)b.dp_rank.v : s->cfg_rank;
+    out->dp_rank = rank;
+    out->n_events = b.n_events;
     const struct kvb_worker_cfg *w = use_stream(p, s);
     int n = 0;
     /* A pair's first router event is a start barrier: a rank new to the
@@ -199,7 +177,7 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
      * reload starts its counters at 0, as a fresh start would). */
     bool known = kvb_stream_has_rank(s, rank);
     if (!known || !kvb_converter_has_counter(p->conv, w->worker_id, rank)) {
-        if (!known && kvb_stream_add_rank(s, rank) < 0) {
+        if (!known && s->n_ranks >= KVB_MAX_STREAM_RANKS) {
             /* a batch of a rank this stream cannot take: only that pair
              * lost something, and only if it published anything (through
              * another stream): never a barrier on every rank of the stream */
@@ -217,8 +195,10 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
         n += rc;
     }
     kvb_inc(&p->m->batches_received_total[0]);
-    if (p->raw && p->cfg.format == KVB_FORMAT_RAW) {
-        rc = p->raw(p->raw_ctx, s, seq, rank, payload, len);
+    if (kvb_publish_takes_batches(p->pub)) {
+        struct kvb_raw_batch rb = {
+            s->source ? s->source : s->name, s->topic, seq, rank, payload, len, w->worker_id};
+        rc = kvb_publish_raw(p->pub, &rb);
         return rc < 0 ? rc : n;
     }
     for (uint32_t i = 0; i < b.n_events; i++) {
@@ -243,58 +223,39 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t se
         }
         if ((rc = emit(p, &r)) < 0)
             return rc;
-        n++;
+        n += rc;
     }
     return n;
 }
 
-int kvb_pipeline_malformed(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
+int kvb_pipeline_malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
                            const char *why)
 {
     return malformed(p, s, seq, why);
 }
 
-/* ---- the sequence rules (replay.h) with the pipeline as their hands ----- */
+/* ---- the pipeline as the sequence rules' kvb_seq_ops (replay.h) --------- */
 
-static int op_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len)
+static int op_apply(void *ctx, const struct kvb_stream *s, uint64_t seq, const uint8_t *data,
+                    size_t len, struct kvb_applied *out)
 {
-    return kvb_pipeline_batch(ctx, s, seq, data, len);
+    return kvb_pipeline_batch(ctx, s, seq, data, len, out);
 }
 
-static int op_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *why)
+static int op_reject(void *ctx, const struct kvb_stream *s, uint64_t seq, const char *why)
 {
     return malformed(ctx, s, seq, why);
 }
 
-static int op_barrier(void *ctx, struct kvb_stream *s, int cause)
+static int op_barrier(void *ctx, const struct kvb_stream *s, int cause)
 {
     return kvb_pipeline_barrier(ctx, s, cause);
 }
 
-struct kvb_seq_ops kvb_pipeline_ops(struct kvb_pipeline *p)
+struct kvb_seq_ops kvb_pipeline_seq_ops(struct kvb_pipeline *p)
 {
     return (struct kvb_seq_ops){
         .ctx = p, .apply = op_apply, .reject = op_reject, .barrier = op_barrier};
-}
-
-int kvb_pipeline_apply(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                       const uint8_t *payload, size_t len)
-{
-    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
-    return kvb_seq_apply(s, &ops, seq, payload, len);
-}
-
-int kvb_pipeline_live(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq,
-                      const uint8_t *payload, size_t len)
-{
-    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
-    return kvb_seq_live(s, p->m, &ops, seq, payload, len);
-}
-
-int kvb_pipeline_reject(struct kvb_pipeline *p, struct kvb_stream *s, uint64_t seq, const char *why)
-{
-    struct kvb_seq_ops ops = kvb_pipeline_ops(p);
-    return kvb_seq_reject(s, p->m, &ops, seq, why);
 }
 
 struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
@@ -307,7 +268,6 @@ struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
                     .cache_namespace = c->cache_namespace},
         .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
                    c->limits.max_tokens_per_event, c->limits.max_depth},
-        .format = c->nats.format,
     };
     return p;
 }

@@ -1,4 +1,4 @@
-/* output: see include/publish.h. */
+/* publish: the publish stage.  See include/publish.h. */
 #include "publish.h"
 
 #include <errno.h>
@@ -10,6 +10,7 @@
 #include "clock.h"
 #include "config.h"
 #include "discovery.h"
+#include "encode.h"
 #include "encode_msgpack.h"
 #include "log.h"
 #include "metrics.h"
@@ -35,11 +36,15 @@ struct held {
 };
 
 struct kvb_publish {
-    const struct kvb_config *cfg;
+    struct kvb_publish_cfg cfg;
     struct kvb_metrics *m;
     struct kvb_sink *sink;
+    struct kvb_publish_writer writer; /* .write set: sink-less */
+    kvb_publish_observer_fn observe;
+    void *observe_ctx;
     struct kvb_discovery *disc;
-    struct kvb_mp_batcher *mp;
+    struct kvb_mp_batcher *mp; /* dynamo-msgpack */
+    struct kvb_encoder *enc;   /* dynamo-json */
     int format;
     bool jetstream;
     bool per_pair; /* the template has {worker_id} or {dp_rank} */
@@ -58,29 +63,42 @@ struct kvb_publish {
 
 static int expand(struct kvb_publish *o, uint64_t worker, uint32_t rank, char *out)
 {
-    const struct kvb_config *c = o->cfg;
-    struct kvb_subject_vals v = {c->nats.namespace_, c->nats.component, c->nats.endpoint, worker,
-                                 rank};
+    const struct kvb_publish_cfg *c = &o->cfg;
+    struct kvb_subject_vals v = {c->namespace_, c->component, c->endpoint, worker, rank};
     unsigned flags = o->format == KVB_FORMAT_DYNAMO_JSON ? 0 : KVB_SUBJECT_PCT;
-    int rc = kvb_subject_expand_vals(c->nats.subject, &v, flags, out, SUBJECT_MAX);
+    int rc = kvb_subject_expand_vals(c->subject, &v, flags, out, SUBJECT_MAX);
     return rc < 0 ? rc : 0;
 }
 
 static int prepare(struct kvb_publish *o)
 {
-    const struct kvb_config *c = o->cfg;
+    const struct kvb_publish_cfg *c = &o->cfg;
     o->n_cache = o->next_evict = 0;
-    o->jetstream = c->nats.jetstream.enabled;
+    o->jetstream = c->js_subject != NULL;
     if (o->jetstream) { /* one subject, resolved by the config module */
-        const char *js = c->nats.jetstream.subject_name;
         o->per_pair = false;
-        if (!js || strlen(js) >= sizeof(o->subject))
+        if (strlen(c->js_subject) >= sizeof(o->subject))
             return -ENAMETOOLONG;
-        strcpy(o->subject, js);
+        strcpy(o->subject, c->js_subject);
         return 0;
     }
-    o->per_pair = strstr(c->nats.subject, "{dp_rank}") || strstr(c->nats.subject, "{worker_id}");
+    o->per_pair = strstr(c->subject, "{dp_rank}") || strstr(c->subject, "{worker_id}");
     return expand(o, c->worker_id, 0, o->subject);
+}
+
+struct kvb_publish_cfg kvb_publish_cfg_of(const struct kvb_config *c)
+{
+    return (struct kvb_publish_cfg){
+        .format = c->nats.format,
+        .subject = c->nats.subject,
+        .namespace_ = c->nats.namespace_,
+        .component = c->nats.component,
+        .endpoint = c->nats.endpoint,
+        .worker_id = c->worker_id,
+        .js_subject = c->nats.jetstream.enabled ? c->nats.jetstream.subject_name : NULL,
+        .batch = c->nats.batch,
+        .residency_domain = c->nats.residency_domain,
+    };
 }
 
 static const char *subject_for(struct kvb_publish *o, uint64_t worker, uint32_t rank)
@@ -106,6 +124,32 @@ static const char *subject_for(struct kvb_publish *o, uint64_t worker, uint32_t 
 const char *kvb_publish_subject(struct kvb_publish *o) { return o->subject; }
 
 /* ---- publishing --------------------------------------------------------- */
+
+/* The clock of published_at: a writer's fixed time, else the wall clock. */
+static uint64_t now_ms(const struct kvb_publish *o)
+{
+    return o->writer.write ? o->writer.now_ms : kvb_wall_ms();
+}
+
+/* One message to the writer or the sink. */
+static int send_msg(struct kvb_publish *o, const struct kvb_publish_msg *msg)
+{
+    if (o->writer.write)
+        return o->writer.write(o->writer.ctx, msg);
+    if (msg->msg_id)
+        return kvb_sink_publish_id(o->sink, msg->subject, msg->data, msg->len, msg->msg_id);
+    if (msg->n_hdrs)
+        return kvb_sink_publish_hdrs(o->sink, msg->subject, msg->data, msg->len, msg->hdrs,
+                                     msg->n_hdrs);
+    return kvb_sink_publish(o->sink, msg->subject, msg->data, msg->len);
+}
+
+/* A plain message (no headers, no id). */
+static int send_plain(struct kvb_publish *o, const char *subject, const void *data, size_t len)
+{
+    struct kvb_publish_msg msg = {.subject = subject, .data = data, .len = len};
+    return send_msg(o, &msg);
+}
 
 static void failed(struct kvb_publish *o, int rc, const char *what, uint64_t a, uint64_t b)
 {
@@ -166,7 +210,7 @@ static void release_held(struct kvb_publish *o)
             o->held[k++] = *h;
             continue;
         }
-        int rc = kvb_sink_publish(o->sink, h->subject, h->data, h->len);
+        int rc = send_plain(o, h->subject, h->data, h->len);
         if (rc < 0)
             failed(o, rc, "held message of dp_rank", h->dp_rank, h->dp_rank);
         else
@@ -199,7 +243,7 @@ static int emit_mp(void *ctx, const struct kvb_mp_msg *msg)
             return 0;
         }
     }
-    int rc = kvb_sink_publish(o->sink, subj, msg->data, msg->len);
+    int rc = send_plain(o, subj, msg->data, msg->len);
     if (rc < 0)
         failed(o, rc, "event_id", msg->first_event_id, msg->last_event_id);
     else
@@ -207,31 +251,39 @@ static int emit_mp(void *ctx, const struct kvb_mp_msg *msg)
     return 0; /* counted by the sink; the stream goes on */
 }
 
-int kvb_publish_event(struct kvb_publish *o, const struct kvb_rev *r, const char *json, size_t len)
+/* dynamo-json: the event's own message. */
+static void publish_json(struct kvb_publish *o, const struct kvb_rev *r)
 {
-    if (o->format == KVB_FORMAT_DYNAMO_MSGPACK) {
-        if (!kvb_mp_batcher_pending(o->mp)) /* one clock read per message, not per event */
-            o->now_ms = kvb_wall_ms();
-        int rc = kvb_mp_batcher_add(o->mp, r, o->now_ms);
-        if (rc < 0)
-            failed(o, rc, "event_id", r->event_id, r->event_id);
-        return 0;
-    }
-    if (o->format != KVB_FORMAT_DYNAMO_JSON)
-        return 0; /* raw: the engine's batches go out as they are */
     char id[KVB_MSG_ID_MAX];
-    const char *subj = subject_for(o, r->worker_id, r->dp_rank);
-    int rc = !subj          ? -EINVAL
-             : o->jetstream ? kvb_sink_publish_id(o->sink, subj, json, len,
-                                                  kvb_subject_msg_id(id, r->worker_id, r->dp_rank,
-                                                                     r->epoch, r->event_id))
-                            : kvb_sink_publish(o->sink, subj, json, len);
+    struct kvb_publish_msg msg = {.subject = subject_for(o, r->worker_id, r->dp_rank), .rev = r};
+    const char *data = NULL;
+    int rc = msg.subject ? kvb_encode(o->enc, r, &data, &msg.len) : -EINVAL;
+    msg.data = data;
+    if (rc == 0 && o->jetstream)
+        msg.msg_id = kvb_subject_msg_id(id, r->worker_id, r->dp_rank, r->epoch, r->event_id);
+    if (rc == 0)
+        rc = send_msg(o, &msg);
     if (rc < 0)
         failed(o, rc, "event_id", r->event_id, r->event_id);
     else
         kvb_inc(&o->m->messages_published_total[KVB_FMT_DYNAMO_JSON]);
-    return 0;
 }
+
+int kvb_publish_event(struct kvb_publish *o, const struct kvb_rev *r)
+{
+    if (o->format == KVB_FORMAT_DYNAMO_JSON) {
+        publish_json(o, r);
+    } else if (o->format == KVB_FORMAT_DYNAMO_MSGPACK) {
+        if (!kvb_mp_batcher_pending(o->mp)) /* one clock read per message, not per event */
+            o->now_ms = now_ms(o);
+        int rc = kvb_mp_batcher_add(o->mp, r, o->now_ms);
+        if (rc < 0)
+            failed(o, rc, "event_id", r->event_id, r->event_id);
+    } /* raw: the engine's batches go out as they are */
+    return o->observe ? o->observe(o->observe_ctx, r) : 0;
+}
+
+bool kvb_publish_takes_batches(const struct kvb_publish *o) { return o->format == KVB_FORMAT_RAW; }
 
 int kvb_publish_raw(struct kvb_publish *o, const struct kvb_raw_batch *b)
 {
@@ -252,8 +304,12 @@ int kvb_publish_raw(struct kvb_publish *o, const struct kvb_raw_batch *b)
         hdrs[2 * n] = "KV-Source";
         hdrs[2 * n++ + 1] = b->source;
     }
-    const char *subj = subject_for(o, b->worker_id, b->dp_rank);
-    int rc = subj ? kvb_sink_publish_hdrs(o->sink, subj, b->payload, b->len, hdrs, n) : -EINVAL;
+    struct kvb_publish_msg msg = {.subject = subject_for(o, b->worker_id, b->dp_rank),
+                                  .data = b->payload,
+                                  .len = b->len,
+                                  .hdrs = hdrs,
+                                  .n_hdrs = n};
+    int rc = msg.subject ? send_msg(o, &msg) : -EINVAL;
     if (rc < 0)
         failed(o, rc, "engine seq", b->seq, b->seq);
     else
@@ -275,7 +331,7 @@ int kvb_publish_cut(struct kvb_publish *o)
 int kvb_publish_flush(struct kvb_publish *o)
 {
     if (o->mp) {
-        int rc = kvb_mp_batcher_flush(o->mp, kvb_wall_ms());
+        int rc = kvb_mp_batcher_flush(o->mp, now_ms(o));
         if (rc < 0)
             failed(o, rc, "batch", 0, 0);
     }
@@ -303,27 +359,28 @@ bool kvb_publish_registered(const struct kvb_publish *o)
 
 /* ---- life cycle --------------------------------------------------------- */
 
-int kvb_publish_create(const struct kvb_config *cfg, struct kvb_metrics *m, uint64_t publisher_seed,
-                       struct kvb_publish **out)
+int kvb_publish_create(const struct kvb_publish_cfg *cfg, struct kvb_metrics *m,
+                       uint64_t publisher_seed, struct kvb_publish **out)
 {
     struct kvb_publish *o = calloc(1, sizeof(*o));
     int rc = -ENOMEM;
     if (!o)
         return rc;
-    o->cfg = cfg;
+    o->cfg = *cfg;
     o->m = m;
-    o->format = cfg->nats.format;
+    o->format = cfg->format;
     o->rl_publish = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     o->rl_held = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
     if ((rc = prepare(o)) < 0)
         goto fail;
     if (o->format == KVB_FORMAT_DYNAMO_MSGPACK) {
-        struct kvb_mp_batcher_cfg bc = {.batch = cfg->nats.batch,
-                                        .residency_domain = cfg->nats.residency_domain,
-                                        .seed = publisher_seed};
+        struct kvb_mp_batcher_cfg bc = {
+            .batch = cfg->batch, .residency_domain = cfg->residency_domain, .seed = publisher_seed};
         if ((rc = kvb_mp_batcher_create(&bc, emit_mp, o, &o->mp)) < 0)
             goto fail;
     }
+    if (o->format == KVB_FORMAT_DYNAMO_JSON && (rc = kvb_encoder_create(o->format, &o->enc)) < 0)
+        goto fail;
     *out = o;
     return 0;
 fail:
@@ -337,6 +394,7 @@ void kvb_publish_destroy(struct kvb_publish **po)
         return;
     struct kvb_publish *o = *po;
     kvb_mp_batcher_destroy(&o->mp);
+    kvb_encoder_destroy(&o->enc);
     for (size_t i = 0; i < o->n_held; i++) {
         free(o->held[i].subject);
         free(o->held[i].data);
@@ -346,20 +404,35 @@ void kvb_publish_destroy(struct kvb_publish **po)
     *po = NULL;
 }
 
-int kvb_publish_reconfigure(struct kvb_publish *o, const struct kvb_config *cfg)
+int kvb_publish_reconfigure(struct kvb_publish *o, const struct kvb_publish_cfg *cfg)
 {
-    o->cfg = cfg; /* the caller frees the old one next */
+    struct kvb_publish_cfg was = o->cfg;
+    o->cfg = *cfg; /* the caller frees the old strings next */
+    o->cfg.format = was.format;
+    o->cfg.batch = was.batch;
+    o->cfg.residency_domain = was.residency_domain;
     return prepare(o);
 }
 
 void kvb_publish_set_sink(struct kvb_publish *o, struct kvb_sink *s) { o->sink = s; }
 
-int kvb_publish_set_discovery(struct kvb_publish *o, struct kvb_discovery *d)
+void kvb_publish_set_writer(struct kvb_publish *o, const struct kvb_publish_writer *w)
+{
+    o->writer = *w;
+}
+
+void kvb_publish_set_observer(struct kvb_publish *o, kvb_publish_observer_fn fn, void *ctx)
+{
+    o->observe = fn;
+    o->observe_ctx = ctx;
+}
+
+int kvb_publish_set_discovery(struct kvb_publish *o, struct kvb_discovery *d,
+                              const struct kvb_config *c)
 {
     o->disc = d;
     if (!d || !o->mp)
         return 0;
-    const struct kvb_config *c = o->cfg;
     for (size_t i = 0; i < c->n_sources; i++) {
         const struct kvb_source_cfg *sc = &c->sources[i];
         /* the source's worker, or each worker of its topics map */

@@ -1,5 +1,6 @@
 /* pipeline-bench: the pure pipeline (decode -> convert -> encode) in process,
- * over pre-encoded batches, with an emit callback that only sums lengths.
+ * over pre-encoded batches, behind the daemon's sequence rules and in front
+ * of its publish stage without a sink (a writer that only sums lengths).
  *
  *   pipeline-bench --mix decode|prefill|realistic [--capture FILE]
  *                  [--format dynamo-json|dynamo-msgpack]
@@ -8,16 +9,18 @@
  * The batches are self-encoded (benchgen.c, shapes as kvsim), or read from a
  * capture of kvsim's stream (--capture).  One warm-up pass over the first
  * batches (start barrier, buffers grown), then run_measured() feeds every
- * batch P times through kvb_pipeline_live() with consecutive seqs.  Under
+ * batch P times through the daemon's sequence rules (kvb_replay_live(), no
+ * replay endpoint) and the pipeline, with consecutive seqs.  Under
  *   valgrind --tool=callgrind --collect-atstart=no --toggle-collect=run_measured
  * only run_measured() is counted: Ir / engine_events is the instruction cost
  * per event (tests/bench/callgrind.sh prints it).  Natively, ns_per_event is
  * the wall time per engine event.
  *
- * --format dynamo-msgpack: the router events go through the event-plane
- * batcher (encode_msgpack.h, batch: true, residency_domain as the daemon's
- * default) and a message is cut at the end of every engine batch, as the
- * daemon does; out_bytes and msgs are then the envelopes'.
+ * The router events go to the daemon's publish stage (publish.h), sink-less:
+ * its writer only sums the messages' lengths.  --format dynamo-msgpack: the
+ * event-plane batcher (batch: true, residency_domain as the daemon's
+ * default), a message cut at every engine batch, as the daemon does;
+ * out_bytes and msgs are then the envelopes'.
  *
  * Prints one line:
  *   mix=M format=F source=S batches=N engine_events=E router_events=R
@@ -36,31 +39,17 @@
 #include "bench.h"
 #include "config.h"
 #include "decode.h"
-#include "encode_msgpack.h"
 #include "metrics.h"
 #include "pipeline.h"
+#include "publish.h"
 #include "replay.h"
 
 struct sink {
-    uint64_t revs, msgs, bytes;
-    struct kvb_mp_batcher *mp; /* dynamo-msgpack */
+    uint64_t msgs, bytes;
 };
 
-/* The pipeline's emit: dynamo-json sums the encoded lengths, dynamo-msgpack
- * hands the event to the batcher (as src/publish/publish.c does). */
-static int emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
-{
-    struct sink *k = ctx;
-    k->revs++;
-    if (k->mp)
-        return kvb_mp_batcher_add(k->mp, rev, 1767225600000ULL);
-    (void)data;
-    k->msgs++;
-    k->bytes += len;
-    return 0;
-}
-
-static int emit_mp(void *ctx, const struct kvb_mp_msg *msg)
+/* The publish stage's writer: messages and their bytes. */
+static int write_msg(void *ctx, const struct kvb_publish_msg *msg)
 {
     struct sink *k = ctx;
     k->msgs++;
@@ -68,8 +57,19 @@ static int emit_mp(void *ctx, const struct kvb_mp_msg *msg)
     return 0;
 }
 
+/* Router events published so far (the converter's counter). */
+static uint64_t revs_of(const struct kvb_metrics *m)
+{
+    uint64_t n = 0;
+    for (int t = 0; t < KVB_REVT__COUNT; t++)
+        n += kvb_get(&m->router_events_published_total[t]);
+    return n;
+}
+
 struct run {
+    struct kvb_publish *pub;
     struct kvb_pipeline *p;
+    struct kvb_replay *rules;
     struct kvb_stream st;
     struct sink *sink;
     uint64_t seq;
@@ -81,13 +81,11 @@ __attribute__((noinline)) static void feed(struct run *r, const struct bench_set
 {
     for (unsigned k = 0; k < passes; k++)
         for (size_t i = 0; i < set->n; i++) {
-            if (kvb_pipeline_live(r->p, &r->st, r->seq++, bench_set_data(set, i),
-                                  bench_set_len(set, i)) < 0)
-                r->errors++;
-            /* one message per engine batch */
-            if (r->sink->mp && kvb_mp_batcher_flush(r->sink->mp, 1767225600000ULL) < 0)
+            if (kvb_replay_live(r->rules, &r->st, r->seq++, bench_set_data(set, i),
+                                bench_set_len(set, i), 0) < 0)
                 r->errors++;
         }
+    kvb_publish_flush(r->pub); /* the last batch's message */
 }
 
 /* The measured region: keep it a real function (callgrind toggles on it). */
@@ -217,17 +215,28 @@ int main(int argc, char **argv)
                     .lora_salt = true,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = fmt,
     };
-    if (fmt == KVB_FORMAT_DYNAMO_MSGPACK) {
-        struct kvb_mp_batcher_cfg bc = {.batch = true, .residency_domain = true, .seed = 1};
-        if (kvb_mp_batcher_create(&bc, emit_mp, &sink, &sink.mp) < 0) {
-            fprintf(stderr, "pipeline-bench: cannot create the batcher\n");
-            goto out;
-        }
+    struct kvb_publish_cfg uc = {.format = fmt,
+                                 .subject = "bench",
+                                 .namespace_ = "",
+                                 .component = "",
+                                 .endpoint = "",
+                                 .batch = true,
+                                 .residency_domain = true};
+    struct kvb_publish_writer w = {.write = write_msg, .ctx = &sink, .now_ms = 1767225600000ULL};
+    if (kvb_publish_create(&uc, &m, 1, &run.pub) < 0) {
+        fprintf(stderr, "pipeline-bench: cannot create the publish stage\n");
+        goto out;
     }
-    if (kvb_pipeline_create(&cfg, &m, emit, &sink, &run.p) < 0) {
+    kvb_publish_set_writer(run.pub, &w);
+    if (kvb_pipeline_create(&cfg, &m, run.pub, &run.p) < 0) {
         fprintf(stderr, "pipeline-bench: cannot create the pipeline\n");
+        goto out;
+    }
+    struct kvb_replay_cfg rcfg = {.name = "bench", .endpoint = ""};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(run.p);
+    if (kvb_replay_create(&rcfg, &m, &ops, NULL, &run.rules) < 0) {
+        fprintf(stderr, "pipeline-bench: cannot create the sequence rules\n");
         goto out;
     }
     kvb_stream_init(&run.st, "bench", 0);
@@ -236,7 +245,8 @@ int main(int argc, char **argv)
     struct bench_set warm = set;
     warm.n = set.n < 2000 ? set.n : 2000;
     feed(&run, &warm, 1);
-    sink.revs = sink.msgs = sink.bytes = 0;
+    sink.msgs = sink.bytes = 0;
+    uint64_t revs0 = revs_of(&m);
 
     uint64_t ev = engine_events(&set) * passes;
     int64_t t0 = bench_now_ns();
@@ -248,12 +258,14 @@ int main(int argc, char **argv)
     }
     printf("mix=%s format=%s source=%s batches=%zu engine_events=%" PRIu64 " router_events=%" PRIu64
            " msgs=%" PRIu64 " out_bytes=%" PRIu64 " in_bytes=%zu ns_per_event=%.1f\n",
-           mix, format, capture ? "kvsim-capture" : "self-encoded", set.n * passes, ev, sink.revs,
-           sink.msgs, sink.bytes, set.blob_len * passes, ev ? (double)(t1 - t0) / (double)ev : 0.0);
+           mix, format, capture ? "kvsim-capture" : "self-encoded", set.n * passes, ev,
+           revs_of(&m) - revs0, sink.msgs, sink.bytes, set.blob_len * passes,
+           ev ? (double)(t1 - t0) / (double)ev : 0.0);
     rc = 0;
 out:
+    kvb_replay_destroy(&run.rules);
     kvb_pipeline_destroy(&run.p);
-    kvb_mp_batcher_destroy(&sink.mp);
+    kvb_publish_destroy(&run.pub);
     bench_set_free(&set);
     return rc;
 }

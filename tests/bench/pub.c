@@ -58,6 +58,7 @@
 #include "decode.h"
 #include "metrics.h"
 #include "pipeline.h"
+#include "publish.h"
 #include "replay.h"
 
 static volatile sig_atomic_t stop_flag;
@@ -82,11 +83,10 @@ struct opts {
 struct counter {
     uint64_t n;
 };
-static int count_emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
+/* The publish stage's writer (dynamo-json: one message per router event). */
+static int count_msg(void *ctx, const struct kvb_publish_msg *msg)
 {
-    (void)rev;
-    (void)data;
-    (void)len;
+    (void)msg;
     ((struct counter *)ctx)->n++;
     return 0;
 }
@@ -103,20 +103,38 @@ static int expectations(const struct bench_set *set, bool raw, uint32_t *msgs, u
                     .lora_salt = true,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
+    struct kvb_publish_cfg uc = {.format = KVB_FORMAT_DYNAMO_JSON,
+                                 .subject = "bench",
+                                 .namespace_ = "",
+                                 .component = "",
+                                 .endpoint = ""};
+    struct kvb_publish_writer w = {.write = count_msg, .ctx = &cnt};
     struct kvb_stream st;
     uint8_t probe[16];
     size_t plen = benchgen_empty(probe, sizeof(probe));
-    if (kvb_pipeline_create(&cfg, &m, count_emit, &cnt, &p) < 0)
-        return -ENOMEM;
+    struct kvb_publish *pub = NULL;
+    struct kvb_replay *r = NULL;
+    struct kvb_replay_cfg rcfg = {.name = "bench", .endpoint = ""};
+    struct kvb_seq_ops ops;
+    int rc = kvb_publish_create(&uc, &m, 1, &pub);
+    if (rc == 0) {
+        kvb_publish_set_writer(pub, &w);
+        rc = kvb_pipeline_create(&cfg, &m, pub, &p);
+    }
+    if (rc == 0) { /* the daemon's sequence rules, without a replay endpoint */
+        ops = kvb_pipeline_seq_ops(p);
+        rc = kvb_replay_create(&rcfg, &m, &ops, NULL, &r);
+    }
+    if (rc < 0)
+        goto out;
     kvb_stream_init(&st, "bench", 0);
-    kvb_pipeline_live(p, &st, 0, probe, plen); /* the start barrier */
-    for (size_t i = 0; i < set->n; i++) {
+    kvb_replay_live(r, &st, 0, probe, plen, 0); /* the start barrier */
+    for (size_t i = 0; rc == 0 && i < set->n; i++) {
         cnt.n = 0;
-        if (kvb_pipeline_live(p, &st, i + 1, bench_set_data(set, i), bench_set_len(set, i)) < 0) {
-            kvb_pipeline_destroy(&p);
-            return -EINVAL;
+        if (kvb_replay_live(r, &st, i + 1, bench_set_data(set, i), bench_set_len(set, i), 0) < 0) {
+            rc = -EINVAL;
+            break;
         }
         msgs[i] = raw ? 1 : (uint32_t)cnt.n;
         struct kvb_batch b;
@@ -125,8 +143,11 @@ static int expectations(const struct bench_set *set, bool raw, uint32_t *msgs, u
                         ? b.n_events
                         : 0;
     }
+out:
+    kvb_replay_destroy(&r);
     kvb_pipeline_destroy(&p);
-    return 0;
+    kvb_publish_destroy(&pub);
+    return rc;
 }
 
 /* ---- /proc -------------------------------------------------------------- */

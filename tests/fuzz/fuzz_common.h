@@ -15,8 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "convert.h"
 #include "metrics.h"
+#include "pipeline.h"
+#include "publish.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -185,6 +188,23 @@ static inline void check_emitted(struct id_track *t, const struct kvb_rev *r, co
     FUZZ_CHECK(why == NULL, "router event JSON does not match its event (%s): %.*s", why,
                (int)(len > 400 ? 400 : len), data);
     id_track_check(t, r);
+}
+
+/* The pipeline on the daemon's publish stage, sink-less (dynamo-json):
+ * every message goes to write(ctx, msg), msg->rev its router event. */
+static inline void fuzz_pipeline(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *m,
+                                 int (*write)(void *, const struct kvb_publish_msg *), void *ctx,
+                                 struct kvb_publish **pub, struct kvb_pipeline **p)
+{
+    struct kvb_publish_cfg uc = {.format = KVB_FORMAT_DYNAMO_JSON,
+                                 .subject = "fuzz",
+                                 .namespace_ = "",
+                                 .component = "",
+                                 .endpoint = ""};
+    FUZZ_CHECK(kvb_publish_create(&uc, m, 1, pub) == 0, "publish_create");
+    struct kvb_publish_writer w = {.write = write, .ctx = ctx};
+    kvb_publish_set_writer(*pub, &w);
+    FUZZ_CHECK(kvb_pipeline_create(cfg, m, *pub, p) == 0, "pipeline_create");
 }
 
 #endif

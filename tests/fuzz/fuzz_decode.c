@@ -6,9 +6,11 @@
  *   - the decoder alone: every string and bin view lies inside the payload,
  *     counts respect the limits, strings are valid UTF-8, and decoding the
  *     same payload again (arena reset) gives the same batch;
- *   - kvb_pipeline_apply() under two configurations (auto block size with
- *     every tier forwarded, default limits; block size 16, device tier only,
- *     small limits): every router event's JSON is exactly its kvb_rev, the
+ *   - the pipeline behind the daemon's sequence rules (kvb_replay_live() on
+ *     a fresh stream, no replay endpoint) under two configurations (auto
+ *     block size with every tier forwarded, default limits; block size 16,
+ *     device tier only, small limits): every router event's JSON is exactly
+ *     its kvb_rev, the
  *     event_ids of each dp_rank start at 0 with "cleared" and go up by 1, the
  *     return value is the number of events emitted, and a payload that does
  *     not decode publishes only the malformed barrier.
@@ -30,10 +32,10 @@ struct ctx {
     unsigned emitted;
 };
 
-static int on_emit(void *vctx, const struct kvb_rev *rev, const char *data, size_t len)
+static int on_emit(void *vctx, const struct kvb_publish_msg *msg)
 {
     struct ctx *c = vctx;
-    check_emitted(&c->ids, rev, data, len, c->worker_id);
+    check_emitted(&c->ids, msg->rev, msg->data, msg->len, c->worker_id);
     c->emitted++;
     return 0;
 }
@@ -135,15 +137,20 @@ static void pipeline_checks(const uint8_t *data, size_t size, const struct kvb_p
     memset(&m, 0, sizeof(m));
     struct ctx c = {.worker_id = cfg->convert.worker_id};
     struct kvb_pipeline *p = NULL;
-    FUZZ_CHECK(kvb_pipeline_create(cfg, &m, on_emit, &c, &p) == 0, "pipeline_create");
+    struct kvb_publish *pub = NULL;
+    fuzz_pipeline(cfg, &m, on_emit, &c, &pub, &p);
 
     struct kvb_batch b;
     bool decodes = kvb_decode_batch(kvb_pipeline_decoder(p), data, size, &b) == 0;
 
+    struct kvb_replay_cfg rcfg = {.name = "fuzz", .endpoint = ""};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
+    struct kvb_replay *rules = NULL;
+    FUZZ_CHECK(kvb_replay_create(&rcfg, &m, &ops, NULL, &rules) == 0, "replay_create");
     struct kvb_stream s;
     kvb_stream_init(&s, "fuzz", 3);
-    int rc = kvb_pipeline_apply(p, &s, 42, data, size);
-    FUZZ_CHECK(rc >= 0, "pipeline_apply rc %d", rc);
+    int rc = kvb_replay_live(rules, &s, 42, data, size, 0);
+    FUZZ_CHECK(rc >= 0, "replay_live rc %d", rc);
     FUZZ_CHECK((unsigned)rc == c.emitted, "apply returned %d, emitted %u", rc, c.emitted);
     FUZZ_CHECK(s.has_last && s.last == 42, "stream seq not updated");
     if (!decodes) {
@@ -165,7 +172,9 @@ static void pipeline_checks(const uint8_t *data, size_t size, const struct kvb_p
                    b.n_events);
         FUZZ_CHECK(dropped + (c.emitted - 1) == seen, "published + dropped != received");
     }
+    kvb_replay_destroy(&rules);
     kvb_pipeline_destroy(&p);
+    kvb_publish_destroy(&pub);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -183,7 +192,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     .lora_salt = true,
                     .forward_tiers = (1u << KVB_TIER__COUNT) - 1},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
     pipeline_checks(data, size, &a);
 
@@ -193,7 +201,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     .lora_salt = false,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = {.max_events = 8, .max_hashes = 8, .max_tokens = 128, .max_depth = 5},
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
     pipeline_checks(data, size, &b);
     return 0;

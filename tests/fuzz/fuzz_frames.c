@@ -1,6 +1,7 @@
 /* libFuzzer target: the frame and sequence layer.  A sequence of (seq,
- * payload) pairs goes through kvb_pipeline_live() on one small stream, as
- * the daemon does for a source without a replay endpoint.
+ * payload) pairs goes through the daemon's sequence rules (kvb_replay_live()
+ * of a kvb_replay without a replay endpoint, as source.c feeds it) and the
+ * pipeline on one small stream.
  *
  * Input:
  *   byte 0      configuration: bits 0-1 block size (auto, 1, 16, 4), bit 2
@@ -10,18 +11,24 @@
  *   records     code (1 byte, int8), then:
  *                 -128: 8 bytes big-endian absolute seq, then as below
  *                  127: reconfigure: 1 byte configuration as byte 0, no payload
- *                  126: the next record goes to kvb_pipeline_reject() (a
- *                       payload above max_payload_bytes) instead
+ *                  126: the next record is rejected: its payload, padded
+ *                       with zeros to 65537 bytes, is above the rules'
+ *                       max_payload_bytes (65536, which no other record
+ *                       reaches)
  *                 else: seq = previous seq + 1 + code (wrapping)
  *               then length (2 bytes little-endian, cut to what is left) and
  *               that many payload bytes
- *   (tests/fuzz/mkseeds.sh builds seeds from the captures in tests/data/.)
+ *   (tests/fuzz/mkseeds.sh builds seeds from the captures in tests/data/;
+ *   kvsim --frames and kvbridge-inspect --frames read the same format.)
  *
  * Invariants, checked in the emit callback and after every call:
  *   - each router event's JSON is exactly its kvb_rev (fuzz_common.h);
  *   - event_id per dp_rank starts at 0 with "cleared" and goes up by 1;
- *   - a seq that is not last+1 (gap, or back: a restart) is answered first by
- *     one "cleared" per dp_rank the stream had seen (or its configured rank);
+ *   - the last seq again with the same bytes as the last batch applied (not
+ *     rejected) is a duplicate: dropped, nothing published;
+ *   - else a seq that is not last+1 (gap, or back: a restart) is answered
+ *     first by one "cleared" per dp_rank the stream had seen (or its
+ *     configured rank);
  *   - a payload that does not decode, or is rejected, publishes exactly one
  *     "cleared" per dp_rank of the stream and nothing else;
  *   - a payload that decodes publishes only for its dp_rank, starting with a
@@ -45,6 +52,8 @@
 
 #define WORKER 11
 #define MAX_RECORDS 512
+#define MAX_PAYLOAD 65536
+#define OVERSIZE (MAX_PAYLOAD + 1)
 #define MAX_CALL_EVENTS (KVB_MAX_STREAM_RANKS * 2 + 65536 + 8)
 
 struct emitted {
@@ -64,10 +73,11 @@ struct ctx {
     size_t n_ev;
 };
 
-static int on_emit(void *vctx, const struct kvb_rev *rev, const char *data, size_t len)
+static int on_emit(void *vctx, const struct kvb_publish_msg *msg)
 {
     struct ctx *c = vctx;
-    check_emitted(&c->ids, rev, data, len, WORKER);
+    const struct kvb_rev *rev = msg->rev;
+    check_emitted(&c->ids, rev, msg->data, msg->len, WORKER);
     FUZZ_CHECK(c->n_ev < MAX_CALL_EVENTS, "too many router events for one batch");
     c->ev[c->n_ev++] = (struct emitted){rev->type, rev->dp_rank};
     return 0;
@@ -82,7 +92,6 @@ static struct kvb_pipeline_cfg make_cfg(uint8_t b)
                     .lora_salt = (b & 4) != 0,
                     .forward_tiers = (b & 8) ? (1u << KVB_TIER__COUNT) - 1 : 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
     if (b & 16)
         cfg.limits = (struct kvb_decode_limits){
@@ -139,7 +148,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&c, 0, sizeof(c));
     c.ev = evbuf;
     struct kvb_pipeline *p = NULL;
-    FUZZ_CHECK(kvb_pipeline_create(&cfg, &m, on_emit, &c, &p) == 0, "pipeline_create");
+    struct kvb_publish *pub = NULL;
+    fuzz_pipeline(&cfg, &m, on_emit, &c, &pub, &p);
+    struct kvb_replay_cfg rcfg = {.name = "fuzz", .endpoint = "", .max_payload_bytes = MAX_PAYLOAD};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
+    struct kvb_replay *rules = NULL;
+    FUZZ_CHECK(kvb_replay_create(&rcfg, &m, &ops, NULL, &rules) == 0, "replay_create");
     /* an independent decoder, to know what the pipeline's will say */
     struct kvb_decoder *ref = kvb_decoder_create(&cfg.limits);
     FUZZ_CHECK(ref != NULL, "decoder_create");
@@ -147,6 +161,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct kvb_stream s;
     kvb_stream_init(&s, "fuzz", cfg_rank);
     uint64_t prev = 0;
+    /* the last batch applied, unless it was rejected: what a duplicate repeats */
+    static uint8_t last[MAX_PAYLOAD];
+    size_t last_len = 0;
+    bool has_last = false;
 
     for (int rec = 0; rec < MAX_RECORDS && off < size; rec++) {
         int8_t code = (int8_t)data[off++];
@@ -187,8 +205,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (len > size - off)
             len = size - off;
         /* the payload in its own exact-size buffer, so that ASan sees any
-         * read past its end */
-        uint8_t *payload = malloc(len ? len : 1);
+         * read past its end; a rejected one padded above the limit */
+        size_t plen = reject ? OVERSIZE : len;
+        uint8_t *payload = calloc(1, plen ? plen : 1);
         FUZZ_CHECK(payload != NULL, "malloc");
         memcpy(payload, data + off, len);
         off += len;
@@ -204,14 +223,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (uint32_t i = 0; i < old_n; i++)
             known |= old_ranks[i] == rank;
 
+        bool dup = verdict == KVB_SEQ_BACK && seq == s.last && !reject && has_last &&
+                   len == last_len && memcmp(payload, last, len) == 0;
+
         c.n_ev = 0;
-        int rc = reject ? kvb_pipeline_reject(p, &s, seq, "fuzz")
-                        : kvb_pipeline_live(p, &s, seq, payload, len);
-        FUZZ_CHECK(rc >= 0, "kvb_pipeline_%s rc %d", reject ? "reject" : "live", rc);
+        int rc = kvb_replay_live(rules, &s, seq, payload, plen, 0);
+        FUZZ_CHECK(rc >= 0, "kvb_replay_live rc %d", rc);
         FUZZ_CHECK((size_t)rc == c.n_ev, "returned %d, emitted %zu", rc, c.n_ev);
         FUZZ_CHECK(s.has_last && s.last == seq, "stream last %llu, want %llu",
                    (unsigned long long)s.last, (unsigned long long)seq);
         FUZZ_CHECK(s.n_ranks >= 1 && s.n_ranks <= KVB_MAX_STREAM_RANKS, "n_ranks %u", s.n_ranks);
+        if (dup) {
+            FUZZ_CHECK(c.n_ev == 0, "duplicate of seq %llu: %zu events", (unsigned long long)seq,
+                       c.n_ev);
+            free(payload);
+            prev = seq;
+            continue;
+        }
+        has_last = !reject;
+        last_len = len;
+        memcpy(last, payload, reject ? 0 : len);
 
         size_t k = 0;
         if (verdict == KVB_SEQ_GAP || verdict == KVB_SEQ_BACK) {
@@ -246,6 +277,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         prev = seq;
     }
     kvb_decoder_destroy(&ref);
+    kvb_replay_destroy(&rules);
     kvb_pipeline_destroy(&p);
+    kvb_publish_destroy(&pub);
     return 0;
 }

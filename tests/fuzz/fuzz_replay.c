@@ -100,6 +100,7 @@ struct fz {
     int reply[BUF_STEPS + 1];
     int n_reply, reply_pos, reply_stream;
     bool pending, drop_next, fail_next;
+    struct kvb_publish *pub;
     struct kvb_pipeline *p;
     struct kvb_replay *r;
     struct id_track ids;
@@ -122,7 +123,7 @@ static int batch_id(const uint8_t *data, size_t len)
     return (int)id;
 }
 
-static void applied(struct kvb_stream *s, uint64_t seq, int id)
+static void applied(const struct kvb_stream *s, uint64_t seq, int id)
 {
     int k = stream_of(s);
     struct batch *b = &F->b[id];
@@ -158,7 +159,8 @@ static void applied(struct kvb_stream *s, uint64_t seq, int id)
         fprintf(stderr, "applied: stream %d id %d seq %llu\n", k, id, (unsigned long long)seq);
 }
 
-static int op_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *d, size_t len)
+static int op_apply(void *ctx, const struct kvb_stream *s, uint64_t seq, const uint8_t *d,
+                    size_t len, struct kvb_applied *out)
 {
     (void)ctx;
     int id = batch_id(d, len);
@@ -167,10 +169,10 @@ static int op_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t
         F->barrier_since[stream_of(s)] = true;
         F->seg[stream_of(s)]++;
     }
-    return kvb_pipeline_batch(F->p, s, seq, d, len);
+    return kvb_pipeline_batch(F->p, s, seq, d, len, out);
 }
 
-static int op_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *why)
+static int op_reject(void *ctx, const struct kvb_stream *s, uint64_t seq, const char *why)
 {
     (void)ctx;
     /* only oversize batches are rejected: find it by seq on this stream */
@@ -194,7 +196,7 @@ static int op_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *
     return kvb_pipeline_malformed(F->p, s, seq, why);
 }
 
-static int op_barrier(void *ctx, struct kvb_stream *s, int cause)
+static int op_barrier(void *ctx, const struct kvb_stream *s, int cause)
 {
     (void)ctx;
     if (getenv("KVB_FUZZ_LOG"))
@@ -236,10 +238,10 @@ static void op_cancel(void *ctx)
     F->pending = false;
 }
 
-static int on_emit(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
+static int on_emit(void *ctx, const struct kvb_publish_msg *msg)
 {
     (void)ctx;
-    check_emitted(&F->ids, rev, data, len, WORKER);
+    check_emitted(&F->ids, msg->rev, msg->data, msg->len, WORKER);
     F->emitted++;
     return 0;
 }
@@ -372,16 +374,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct kvb_pipeline_cfg cfg = {
         .convert = {.worker_id = WORKER, .block_size = 16, .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
-    FUZZ_CHECK(kvb_pipeline_create(&cfg, &m, on_emit, NULL, &F->p) == 0, "pipeline_create");
-    struct kvb_seq_ops ops = {NULL, op_apply, op_reject, op_barrier, op_request, op_cancel};
+    fuzz_pipeline(&cfg, &m, on_emit, NULL, &F->pub, &F->p);
+    struct kvb_seq_ops ops = {NULL, op_apply, op_reject, op_barrier};
+    struct kvb_replay_io io = {NULL, op_request, op_cancel};
     struct kvb_replay_cfg rc = {.name = "fuzz",
                                 .endpoint = "tcp://engine:1",
                                 .timeout_ms = TIMEOUT_MS,
                                 .max_payload_bytes = MAX_PAYLOAD,
                                 .max_held_msgs = MAX_HELD};
-    FUZZ_CHECK(kvb_replay_create(&rc, &m, &ops, &F->r) == 0, "replay_create");
+    FUZZ_CHECK(kvb_replay_create(&rc, &m, &ops, &io, &F->r) == 0, "replay_create");
     static const char *names[NSTREAMS] = {"s0", "s1"};
     for (int k = 0; k < NSTREAMS; k++) {
         kvb_stream_init(&F->st[k], names[k], (uint32_t)k);
@@ -477,6 +479,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     kvb_replay_destroy(&F->r);
     kvb_pipeline_destroy(&F->p);
+    kvb_publish_destroy(&F->pub);
     msgpack_sbuffer_destroy(&F->sb);
     return 0;
 }

@@ -4,7 +4,9 @@
 #   OUT/fuzz_decode   every tests/data/*/*.msgpack payload
 #   OUT/fuzz_frames   each capture folder as one record sequence (see
 #                     fuzz_frames.c for the format): in order, with a gap,
-#                     going back (restart), with a garbage batch, reconfigured
+#                     going back (restart), with a garbage batch, reconfigured,
+#                     a batch repeated (the same bytes: a duplicate; others:
+#                     a restart)
 #   OUT/fuzz_config   tests/data/config/*.yaml and conf/kvbridge.yaml
 #   OUT/fuzz_promtext tests/data/metrics/*.txt (engine /metrics pages, edge cases)
 #   OUT/fuzz_replay   op sequences (see fuzz_replay.c): in order, gaps filled,
@@ -50,6 +52,12 @@ for dir in "$ROOT"/tests/data/*/; do
   { byte 8; byte 0; i=0; for f in "${files[@]}"; do
       i=$((i + 1)); case $i in 3) byte 126; record 0 "$f" ;; 7) byte 126; record 2 "$f" ;; *) record 0 "$f" ;; esac
     done; } >"$OUT/fuzz_frames/$d-reject"
+  # the 3rd batch sent twice (a duplicate), then the 7th at the 6th's seq
+  # (another batch at the same seq: a restart)
+  { byte 8; byte 0; i=0; for f in "${files[@]}"; do
+      i=$((i + 1)); record 0 "$f"; [ $i = 3 ] && record 255 "$f"
+      [ $i = 6 ] && { record 255 "${files[6]}"; }
+    done; } >"$OUT/fuzz_frames/$d-repeat"
   # absolute seq near the 64-bit wrap
   { byte 8; byte 0; byte 128; printf '\xff\xff\xff\xff\xff\xff\xff\xfe'
     n=$(stat -c %s "${files[0]}"); byte $((n & 255)); byte $((n >> 8)); cat "${files[0]}"

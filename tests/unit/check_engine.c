@@ -137,7 +137,7 @@ static void run_until(struct kvb_engines *e, struct kvb_metrics *m, struct sent 
             kvb_engines_note_batch(e, 0, now);
         struct pollfd p = {kvb_engines_fd(e), POLLIN, 0};
         if (poll(&p, 1, 20) > 0)
-            kvb_engines_on_ready(e, NULL, 0, NULL, kvb_mono_ms(), false);
+            kvb_engines_on_ready(e, NULL, 0, kvb_mono_ms(), false);
     }
 }
 
@@ -188,7 +188,7 @@ START_TEST(test_load_messages)
     while (kvb_mono_ms() < until) {
         struct pollfd p = {kvb_engines_fd(e), POLLIN, 0};
         if (poll(&p, 1, 20) > 0)
-            kvb_engines_on_ready(e, NULL, 0, NULL, kvb_mono_ms(), false);
+            kvb_engines_on_ready(e, NULL, 0, kvb_mono_ms(), false);
     }
     ck_assert_int_eq(s.n, n);
     ck_assert_uint_eq(kvb_get(&m->load_messages_published_total[0]), (uint64_t)n);
@@ -220,7 +220,7 @@ START_TEST(test_gone_once_and_back)
     while (kvb_get(&m->engine_scrape_failures_total[0]) < t + 10) {
         struct pollfd p = {kvb_engines_fd(e), POLLIN, 0};
         if (poll(&p, 1, 50) > 0)
-            kvb_engines_on_ready(e, NULL, 0, NULL, kvb_mono_ms(), false);
+            kvb_engines_on_ready(e, NULL, 0, kvb_mono_ms(), false);
     }
     ck_assert_uint_eq(kvb_get(&m->engine_gone_total[0]), 1);
     ck_assert_uint_eq(kvb_get(&m->engines_gone[0]), 1);
@@ -233,7 +233,7 @@ START_TEST(test_gone_once_and_back)
     while (kvb_get(&m->engines_gone[0]) != 0) {
         struct pollfd p = {kvb_engines_fd(e), POLLIN, 0};
         if (poll(&p, 1, 50) > 0)
-            kvb_engines_on_ready(e, NULL, 0, NULL, kvb_mono_ms(), false);
+            kvb_engines_on_ready(e, NULL, 0, kvb_mono_ms(), false);
     }
     ck_assert_uint_eq(kvb_get(&sl->gone), 0);
     kvb_engines_destroy(&e);
@@ -253,7 +253,7 @@ START_TEST(test_no_url_no_engine)
     ck_assert_uint_eq(kvb_engines_count(e), 0);
     ck_assert_int_eq(kvb_engines_fd(e), -1);
     kvb_engines_note_batch(e, 5, 1); /* out of range: ignored */
-    kvb_engines_on_ready(e, NULL, 0, NULL, 1, false);
+    kvb_engines_on_ready(e, NULL, 0, 1, false);
     ck_assert(kvb_engines_cfg_equal(c, c));
     kvb_engines_destroy(&e);
     kvb_config_free(&c);

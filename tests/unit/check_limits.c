@@ -188,19 +188,30 @@ static void wb_batch(struct wb *w, uint32_t n_events)
 static struct kvb_metrics m;
 static struct sink_lines out;
 static struct kvb_pipeline *p;
+static struct kvb_publish *pub;
+static struct kvb_replay *rules; /* the daemon's, without a replay endpoint */
 
 static void open_pipeline(const struct kvb_pipeline_cfg *c)
 {
     memset(&m, 0, sizeof(m));
     free(out.text);
     memset(&out, 0, sizeof(out));
-    kvb_pipeline_destroy(&p);
-    ck_assert_int_eq(kvb_pipeline_create(c, &m, collect_line, &out, &p), 0);
+    kvb_replay_destroy(&rules);
+    test_pipeline_destroy(&pub, &p);
+    test_pipeline_create(c, &m, &out, &pub, &p);
+    rules = test_rules(p, &m, 0);
+}
+
+/* One live batch through the daemon's rules. */
+static int feed(struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len)
+{
+    return kvb_replay_live(rules, s, seq, data, len, 0);
 }
 
 static void teardown(void)
 {
-    kvb_pipeline_destroy(&p);
+    kvb_replay_destroy(&rules);
+    test_pipeline_destroy(&pub, &p);
     free(out.text);
     memset(&out, 0, sizeof(out));
 }
@@ -346,7 +357,7 @@ START_TEST(encode_widest_from_engine_batch)
     uint8_t *pl = wide_stored(n, &len);
     struct kvb_stream s;
     kvb_stream_init(&s, "wide", 0);
-    ck_assert_int_eq(kvb_pipeline_live(p, &s, 0, pl, len), 2); /* start barrier + stored */
+    ck_assert_int_eq(feed(&s, 0, pl, len), 2); /* start barrier + stored */
     free(pl);
     const char *line2 = strchr(out.text, '\n') + 1;
     size_t l2 = strlen(line2) - 1;
@@ -600,7 +611,7 @@ START_TEST(big_payload_bounded)
 
     struct peak pk;
     peak_start(&pk);
-    int rc = kvb_pipeline_live(p, &s, 0, pl, len);
+    int rc = feed(&s, 0, pl, len);
     size_t growth = peak_growth(&pk);
 
     fprintf(stderr, "limits: %-40s %9zu bytes: peak RSS +%zu KiB (%.1f x payload)%s\n", bc->name,
@@ -678,7 +689,7 @@ static void wb_stored(struct wb *w, uint32_t nh, uint32_t nt, unsigned nest)
 
 static int apply_wb(struct wb *w, struct kvb_stream *s, uint64_t seq)
 {
-    int rc = kvb_pipeline_live(p, s, seq, w->p, w->len);
+    int rc = feed(s, seq, w->p, w->len);
     free(w->p);
     memset(w, 0, sizeof(*w));
     return rc;
@@ -849,6 +860,7 @@ static void net_open(struct net *n, int mode, bool with_replay)
         .rcvhwm = 10000,
         .replay_timeout_ms = 3000,
         .max_payload_bytes = MAXPAY,
+        .pipeline = p,
     };
     ck_assert_int_eq(kvb_source_create(n->zctx, &sp, &m, &n->src), 0);
     if (mode == KVB_MODE_BIND) {
@@ -908,10 +920,10 @@ static void pump(struct net *n, int ms, unsigned until)
                                 {kvb_source_replay(n->src), 0, ZMQ_POLLIN, 0}};
         int nit = it[1].socket ? 2 : 1;
         zmq_poll(it, nit, 20);
-        ck_assert_int_ge(kvb_source_read(n->src, p, 100), 0);
+        ck_assert_int_ge(kvb_source_read(n->src, 100), 0);
         if (kvb_source_replay(n->src))
-            ck_assert_int_ge(kvb_source_read_replay(n->src, p), 0);
-        kvb_source_tick(n->src, p, kvb_mono_ms());
+            ck_assert_int_ge(kvb_source_read_replay(n->src), 0);
+        kvb_source_tick(n->src, kvb_mono_ms());
     }
 }
 
@@ -1253,7 +1265,7 @@ static void replay_decode(const char *path)
     free(pl);
     struct kvb_stream s;
     kvb_stream_init(&s, "regression", 0);
-    ck_assert_int_ge(kvb_pipeline_live(p, &s, 0, exact, len), 1);
+    ck_assert_int_ge(feed(&s, 0, exact, len), 1);
     free(exact);
 }
 
@@ -1361,9 +1373,9 @@ START_TEST(drop_after_queued_batches_no_barrier)
         if (zmq_poll(&it, 1, 50) > 0)
             break;
     }
-    usleep(100 * 1000);                /* let the monitor report everything it has */
-    kvb_source_read_monitor(n.src, p); /* the loop's order: events first */
-    ck_assert_int_ge(kvb_source_read(n.src, p, 100), 0);
+    usleep(100 * 1000);             /* let the monitor report everything it has */
+    kvb_source_read_monitor(n.src); /* the loop's order: events first */
+    ck_assert_int_ge(kvb_source_read(n.src, 100), 0);
     ck_assert_uint_eq(out.n, 7); /* barrier + seq 0 + seqs 1..5 */
     ck_assert_uint_eq(count_str(out.text, "\"cleared\""), 1);
     free(small);

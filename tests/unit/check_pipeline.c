@@ -12,19 +12,28 @@
 static struct kvb_metrics m;
 static struct sink_lines out;
 static struct kvb_pipeline *p;
+static struct kvb_publish *pub;
+static struct kvb_replay *rules; /* the daemon's, without a replay endpoint */
 
 static void setup(void)
 {
     memset(&m, 0, sizeof(m));
     memset(&out, 0, sizeof(out));
     struct kvb_pipeline_cfg c = test_pcfg(W, 16);
-    ck_assert_int_eq(kvb_pipeline_create(&c, &m, collect_line, &out, &p), 0);
+    test_pipeline_create(&c, &m, &out, &pub, &p);
+    rules = test_rules(p, &m, 0);
 }
 
 static void teardown(void)
 {
-    kvb_pipeline_destroy(&p);
+    kvb_replay_destroy(&rules);
+    test_pipeline_destroy(&pub, &p);
     free(out.text);
+}
+
+static int feed(struct kvb_stream *s, uint64_t seq, const uint8_t *data, size_t len)
+{
+    return kvb_replay_live(rules, s, seq, data, len, 0);
 }
 
 /* ---- goldens ------------------------------------------------------------ */
@@ -49,7 +58,7 @@ START_TEST(captures_match_expected)
         ck_assert_uint_eq(seq, n);
         snprintf(path, sizeof(path), "tests/data/%s/%06u.msgpack", cap, n);
         uint8_t *payload = read_all(path, &len);
-        ck_assert_int_ge(kvb_pipeline_live(p, &s, seq, payload, len), 0);
+        ck_assert_int_ge(feed(&s, seq, payload, len), 0);
         free(payload);
         n++;
     }
@@ -94,7 +103,7 @@ static int live(struct kvb_stream *s, uint64_t seq, int n_stores, int rank)
 {
     struct mp mb;
     batch(&mb, n_stores, rank);
-    int rc = kvb_pipeline_live(p, s, seq, mp_data(&mb), mb.sb.size);
+    int rc = feed(s, seq, mp_data(&mb), mb.sb.size);
     mp_free(&mb);
     return rc;
 }
@@ -175,7 +184,7 @@ START_TEST(malformed_batch_is_a_lost_batch)
     kvb_stream_init(&s, "t", 3);
     /* first batch malformed: barrier for the configured rank */
     static const uint8_t junk[] = {0xc1, 0x00};
-    ck_assert_int_eq(kvb_pipeline_live(p, &s, 7, junk, sizeof(junk)), 1);
+    ck_assert_int_eq(feed(&s, 7, junk, sizeof(junk)), 1);
     ck_assert(line_is(0, "{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":3}"));
     ck_assert_uint_eq(s.last, 7);
     /* next one good: no second start barrier, no gap */
@@ -183,7 +192,7 @@ START_TEST(malformed_batch_is_a_lost_batch)
     ck_assert(line_is(1, "{\"event_id\":1,\"data\":{\"stored\""));
     /* another malformed one mid-stream */
     static const uint8_t wrong_envelope[] = {0x92, 0x00, 0x80};
-    ck_assert_int_eq(kvb_pipeline_live(p, &s, 9, wrong_envelope, sizeof(wrong_envelope)), 1);
+    ck_assert_int_eq(feed(&s, 9, wrong_envelope, sizeof(wrong_envelope)), 1);
     ck_assert(line_is(2, "{\"event_id\":2,\"data\":\"cleared\",\"dp_rank\":3}"));
     ck_assert_int_eq(live(&s, 10, 1, -1), 1);
     ck_assert_uint_eq(kvb_get(&m.malformed_messages_total[KVB_MAL_BATCH]), 2);
@@ -249,15 +258,15 @@ START_TEST(redundant_barriers_not_published)
         ck_assert_int_eq(live(&s, (uint64_t)r, 1, r), 2);
     static const uint8_t junk[] = {0xc1, 0x00};
     /* the first bad batch: one barrier per rank; the next 99: none */
-    ck_assert_int_eq(kvb_pipeline_live(p, &s, 4, junk, sizeof(junk)), 4);
+    ck_assert_int_eq(feed(&s, 4, junk, sizeof(junk)), 4);
     for (uint64_t q = 5; q < 104; q++)
-        ck_assert_int_eq(kvb_pipeline_live(p, &s, q, junk, sizeof(junk)), 0);
+        ck_assert_int_eq(feed(&s, q, junk, sizeof(junk)), 0);
     ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]), 4);
     ck_assert_uint_eq(kvb_get(&m.barriers_redundant_total[0]), 99 * 4);
     ck_assert_uint_eq(kvb_get(&m.malformed_messages_total[KVB_MAL_BATCH]), 100);
     /* rank 2 publishes again: the next bad batch clears rank 2 only */
     ck_assert_int_eq(live(&s, 104, 1, 2), 1);
-    ck_assert_int_eq(kvb_pipeline_live(p, &s, 105, junk, sizeof(junk)), 1);
+    ck_assert_int_eq(feed(&s, 105, junk, sizeof(junk)), 1);
     ck_assert(strstr(line(out.n - 1), "\"cleared\",\"dp_rank\":2}") != NULL);
     /* a gap right after: redundant too */
     ck_assert_int_eq(live(&s, 200, 0, 2), 0);
@@ -295,7 +304,7 @@ START_TEST(event_ids_contiguous_through_filters)
     mp_str(&mb, "AllBlocksCleared");
     msgpack_pack_int(&mb.pk, 0);
     for (uint64_t q = 0; q < 3; q++)
-        ck_assert_int_ge(kvb_pipeline_live(p, &s, q, mp_data(&mb), mb.sb.size), 2);
+        ck_assert_int_ge(feed(&s, q, mp_data(&mb), mb.sb.size), 2);
     mp_free(&mb);
     /* 1 start barrier + 3 x 2 events = ids 0..6 */
     ck_assert_uint_eq(out.n, 7);

@@ -1,7 +1,8 @@
-/* Unit tests for the output module without a NATS server: subjects per
+/* Unit tests for the publish stage without a NATS server: subjects per
  * format ({endpoint}, percent-encoding for dynamo-msgpack only, the
- * endpoint-scoped default), and that a publish that fails is reported as a
- * loss (the loop then publishes barriers).  Publishing through a live sink is
+ * endpoint-scoped default), that a publish that fails is reported as a
+ * loss (the loop then publishes barriers), and that a writer (sink-less)
+ * receives exactly what the sink would, the observer each event.  Publishing through a live sink is
  * covered by the integration tests (make integration-msgpack,
  * test_daemon_raw.sh, test_discovery_etcd.sh). */
 #include <check.h>
@@ -36,12 +37,19 @@ static struct kvb_config *load(const char *nats_extra, const char *top_extra)
     return c;
 }
 
+static struct kvb_publish *create(const struct kvb_config *c, struct kvb_metrics *m)
+{
+    struct kvb_publish_cfg uc = kvb_publish_cfg_of(c);
+    struct kvb_publish *o = NULL;
+    ck_assert_int_eq(kvb_publish_create(&uc, m, 1, &o), 0);
+    return o;
+}
+
 static void subject_is(const char *nats_extra, const char *want)
 {
     struct kvb_config *c = load(nats_extra, "");
     struct kvb_metrics *m = calloc(1, sizeof(*m));
-    struct kvb_publish *o = NULL;
-    ck_assert_int_eq(kvb_publish_create(c, m, 1, &o), 0);
+    struct kvb_publish *o = create(c, m);
     ck_assert_str_eq(kvb_publish_subject(o), want);
     kvb_publish_destroy(&o);
     ck_assert_ptr_null(o);
@@ -72,12 +80,11 @@ START_TEST(failed_publish_is_a_loss)
         struct kvb_config *c = load(formats[k], "cache_namespace: ns1");
         ck_assert_str_eq(c->cache_namespace, "ns1");
         struct kvb_metrics *m = calloc(1, sizeof(*m));
-        struct kvb_publish *o = NULL;
-        ck_assert_int_eq(kvb_publish_create(c, m, 1, &o), 0);
+        struct kvb_publish *o = create(c, m);
         /* no sink: every publish fails */
         struct kvb_rev r = {.type = KVB_REVT_CLEARED, .worker_id = 7, .event_id = 0};
         ck_assert(!kvb_publish_take_loss(o));
-        ck_assert_int_eq(kvb_publish_event(o, &r, "{}", 2), 0);
+        ck_assert_int_eq(kvb_publish_event(o, &r), 0);
         ck_assert_int_eq(kvb_publish_flush(o), 0);
         ck_assert(kvb_publish_take_loss(o));
         ck_assert(!kvb_publish_take_loss(o)); /* once per loss */
@@ -93,7 +100,7 @@ START_TEST(failed_publish_is_a_loss)
 }
 END_TEST
 
-/* kvb_publish_cut() (the loop: the end of an engine batch) sends the
+/* kvb_publish_cut() (the pipeline: an engine batch starts) sends the
  * pending dynamo-msgpack message at once, without a flush; for dynamo-json
  * (a message per event, sent by kvb_publish_event) it has nothing to do.
  * Without a sink the publish fails: the loss shows that it was attempted. */
@@ -103,10 +110,9 @@ START_TEST(cut_sends_the_pending_message)
     for (int k = 0; k < 2; k++) {
         struct kvb_config *c = load(formats[k], "");
         struct kvb_metrics *m = calloc(1, sizeof(*m));
-        struct kvb_publish *o = NULL;
-        ck_assert_int_eq(kvb_publish_create(c, m, 1, &o), 0);
+        struct kvb_publish *o = create(c, m);
         struct kvb_rev r = {.type = KVB_REVT_CLEARED, .worker_id = 7, .event_id = 0};
-        ck_assert_int_eq(kvb_publish_event(o, &r, "{}", 2), 0);
+        ck_assert_int_eq(kvb_publish_event(o, &r), 0);
         /* dynamo-msgpack holds the event; dynamo-json tried to publish it */
         ck_assert(kvb_publish_take_loss(o) == (k == 1));
         ck_assert_int_eq(kvb_publish_cut(o), 0);
@@ -114,6 +120,86 @@ START_TEST(cut_sends_the_pending_message)
         ck_assert_int_eq(kvb_publish_cut(o), 0); /* nothing pending any more */
         ck_assert_int_eq(kvb_publish_flush(o), 0);
         ck_assert(!kvb_publish_take_loss(o));
+        kvb_publish_destroy(&o);
+        free(m);
+        kvb_config_free(&c);
+    }
+}
+END_TEST
+
+/* What a writer receives, per format. */
+struct got {
+    char subject[128], msg_id[64], hdrs[256];
+    size_t len;
+    unsigned n;
+    bool rev;
+};
+
+static int write_msg(void *ctx, const struct kvb_publish_msg *msg)
+{
+    struct got *g = ctx;
+    g->n++;
+    snprintf(g->subject, sizeof(g->subject), "%s", msg->subject);
+    snprintf(g->msg_id, sizeof(g->msg_id), "%s", msg->msg_id ? msg->msg_id : "");
+    g->hdrs[0] = 0;
+    for (size_t i = 0; i < 2 * msg->n_hdrs; i++) {
+        strcat(g->hdrs, msg->hdrs[i]);
+        strcat(g->hdrs, i % 2 ? ";" : "=");
+    }
+    g->len = msg->len;
+    g->rev = msg->rev != NULL;
+    return 0;
+}
+
+static unsigned observed;
+static int observe(void *ctx, const struct kvb_rev *rev)
+{
+    (void)ctx;
+    observed++;
+    return rev->type == KVB_REVT_STORED; /* "the pair needs a cleared" */
+}
+
+START_TEST(writer_gets_what_the_sink_would)
+{
+    static const char *const formats[] = {"  jetstream: {enabled: true}",
+                                          "  format: dynamo-msgpack", "  format: raw"};
+    for (int k = 0; k < 3; k++) {
+        struct kvb_config *c = load(formats[k], "");
+        struct kvb_metrics *m = calloc(1, sizeof(*m));
+        struct kvb_publish *o = create(c, m);
+        struct got g = {0};
+        struct kvb_publish_writer w = {.write = write_msg, .ctx = &g, .now_ms = 0};
+        kvb_publish_set_writer(o, &w);
+        observed = 0;
+        kvb_publish_set_observer(o, observe, NULL);
+        struct kvb_rev r = {.type = KVB_REVT_CLEARED, .worker_id = 7, .dp_rank = 2, .epoch = 5};
+        ck_assert_int_eq(kvb_publish_event(o, &r), 0);
+        ck_assert_uint_eq(observed, 1);
+        ck_assert_int_eq(kvb_publish_flush(o), 0);
+        ck_assert(!kvb_publish_take_loss(o));
+        ck_assert(kvb_publish_takes_batches(o) == (k == 2));
+        if (k == 0) { /* one message per event, its JetStream id */
+            ck_assert_uint_eq(g.n, 1);
+            ck_assert(g.rev);
+            ck_assert_str_eq(g.subject, c->nats.jetstream.subject_name);
+            ck_assert_str_eq(g.msg_id, "7.2.5.0");
+            ck_assert_uint_eq(kvb_get(&m->messages_published_total[KVB_FMT_DYNAMO_JSON]), 1);
+        } else if (k == 1) { /* the envelope, at the flush */
+            ck_assert_uint_eq(g.n, 1);
+            ck_assert(!g.rev);
+            ck_assert_str_eq(g.msg_id, "");
+            ck_assert_uint_eq(kvb_get(&m->messages_published_total[KVB_FMT_DYNAMO_MSGPACK]), 1);
+        } else { /* raw: router events are not published, batches are */
+            ck_assert_uint_eq(g.n, 0);
+            struct kvb_raw_batch b = {"tcp://e:1", "kv", 9, 2, "xyz", 3, 7};
+            ck_assert_int_eq(kvb_publish_raw(o, &b), 0);
+            ck_assert_uint_eq(g.n, 1);
+            ck_assert_uint_eq(g.len, 3);
+            ck_assert_str_eq(g.hdrs, "KV-Seq=9;KV-DP-Rank=2;KV-Topic=kv;KV-Source=tcp://e:1;");
+        }
+        /* the observer's answer is the caller's: the pipeline publishes the cleared */
+        r.type = KVB_REVT_STORED;
+        ck_assert_int_eq(kvb_publish_event(o, &r), 1);
         kvb_publish_destroy(&o);
         free(m);
         kvb_config_free(&c);
@@ -152,6 +238,7 @@ static Suite *output_suite(void)
     tcase_add_test(tc, failed_publish_is_a_loss);
     tcase_add_test(tc, format_combinations_refused);
     tcase_add_test(tc, cut_sends_the_pending_message);
+    tcase_add_test(tc, writer_gets_what_the_sink_would);
     suite_add_tcase(su, tc);
     return su;
 }

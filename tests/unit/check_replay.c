@@ -29,20 +29,22 @@ static void add(const char *fmt, unsigned long long v)
 /* A payload of one byte 0xc1 (never valid msgpack) does not "decode". */
 static const uint8_t junk[1] = {0xc1};
 
-static int t_apply(void *ctx, struct kvb_stream *s, uint64_t seq, const uint8_t *d, size_t len)
+static int t_apply(void *ctx, const struct kvb_stream *s, uint64_t seq, const uint8_t *d,
+                   size_t len, struct kvb_applied *out)
 {
     (void)ctx;
     ck_assert(s->has_last && s->last == seq); /* the cursor moves first */
-    if (len == 1 && d[0] == 0xc1) { /* as the pipeline: the malformed barrier, not counted */
+    if (len == 1 && d[0] == 0xc1) { /* as the pipeline: the malformed barrier, not decoded */
+        *out = (struct kvb_applied){.decoded = false};
         add("M%llu ", seq);
         return 1;
     }
-    s->batches++; /* as the pipeline: a batch that decoded */
+    *out = (struct kvb_applied){.decoded = true, .dp_rank = s->cfg_rank, .n_events = 1};
     add("A%llu ", seq);
     return 1;
 }
 
-static int t_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *why)
+static int t_reject(void *ctx, const struct kvb_stream *s, uint64_t seq, const char *why)
 {
     (void)ctx;
     (void)why;
@@ -51,7 +53,7 @@ static int t_reject(void *ctx, struct kvb_stream *s, uint64_t seq, const char *w
     return 1;
 }
 
-static int t_barrier(void *ctx, struct kvb_stream *s, int cause)
+static int t_barrier(void *ctx, const struct kvb_stream *s, int cause)
 {
     (void)ctx;
     (void)s;
@@ -80,7 +82,8 @@ static void t_cancel(void *ctx)
     strcat(trace, "C ");
 }
 
-static const struct kvb_seq_ops ops = {NULL, t_apply, t_reject, t_barrier, t_request, t_cancel};
+static const struct kvb_seq_ops ops = {NULL, t_apply, t_reject, t_barrier};
+static const struct kvb_replay_io io = {NULL, t_request, t_cancel};
 static struct kvb_replay *r;
 static struct kvb_stream st, other;
 static const uint8_t pl[4] = {1, 2, 3, 4};
@@ -95,7 +98,7 @@ static void setup_with(const char *endpoint, size_t max_held, uint64_t max_paylo
                                .timeout_ms = 1000,
                                .max_payload_bytes = max_payload,
                                .max_held_msgs = max_held};
-    ck_assert_int_eq(kvb_replay_create(&c, &m, &ops, &r), 0);
+    ck_assert_int_eq(kvb_replay_create(&c, &m, &ops, &io, &r), 0);
     kvb_stream_init(&st, "st", 0);
     kvb_stream_init(&other, "other", 1);
 }

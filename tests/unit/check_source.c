@@ -27,6 +27,7 @@
 static struct kvb_metrics m;
 static struct sink_lines out;
 static struct kvb_pipeline *p;
+static struct kvb_publish *pub;
 
 struct net {
     void *zctx, *xpub;
@@ -55,7 +56,7 @@ static void net_open(struct net *n)
     free(out.text);
     memset(&out, 0, sizeof(out));
     struct kvb_pipeline_cfg c = test_pcfg(7, 16);
-    ck_assert_int_eq(kvb_pipeline_create(&c, &m, collect_line, &out, &p), 0);
+    test_pipeline_create(&c, &m, &out, &pub, &p);
     memset(n, 0, sizeof(*n));
     n->zctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(n->zctx);
@@ -75,6 +76,7 @@ static void net_open(struct net *n)
         .rcvhwm = 1000,
         .replay_timeout_ms = 3000,
         .max_payload_bytes = 1 << 20,
+        .pipeline = p,
     };
     ck_assert_int_eq(kvb_source_create(n->zctx, &sp, &m, &n->src), 0);
     /* the subscription reached the engine */
@@ -94,7 +96,7 @@ static void net_close(struct net *n)
     if (n->xpub)
         zmq_close(n->xpub);
     zmq_ctx_term(n->zctx);
-    kvb_pipeline_destroy(&p);
+    test_pipeline_destroy(&pub, &p);
     free(out.text);
     memset(&out, 0, sizeof(out));
 }
@@ -113,16 +115,16 @@ static void publish(struct net *n, uint64_t seq)
 }
 
 /* One turn of the daemon's loop for this source: poll, then the monitor
- * before the SUB (src/daemon/loop.c, turn()). */
+ * before the SUB (src/daemon/turn.c, read_sources()). */
 static void turn(struct net *n, int ms)
 {
     zmq_pollitem_t it[2] = {{kvb_source_sub(n->src), 0, ZMQ_POLLIN, 0},
                             {kvb_source_monitor(n->src), 0, ZMQ_POLLIN, 0}};
     zmq_poll(it, it[1].socket ? 2 : 1, ms);
     if (it[1].socket && (it[1].revents & ZMQ_POLLIN))
-        kvb_source_read_monitor(n->src, p);
+        kvb_source_read_monitor(n->src);
     if (it[0].revents & ZMQ_POLLIN)
-        ck_assert_int_ge(kvb_source_read(n->src, p, 256), 0);
+        ck_assert_int_ge(kvb_source_read(n->src, 256), 0);
 }
 
 /* Until COND or 5 s. */

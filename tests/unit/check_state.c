@@ -47,10 +47,7 @@ START_TEST(round_trip)
     ck_assert_int_eq(kvb_state_add_counter(s, &c2), 0);
     struct kvb_stream st;
     kvb_stream_init(&st, "x", 0);
-    st.has_last = true;
-    st.last = UINT64_MAX - 1;
-    kvb_stream_add_rank(&st, 0);
-    kvb_stream_add_rank(&st, 5);
+    kvb_stream_resume(&st, UINT64_MAX - 1, (const uint32_t[]){0, 5}, 2);
     ck_assert_int_eq(kvb_state_add_stream(s, "tcp://127.0.0.1:5557", "", &st), 0);
     st.last = 9;
     st.n_ranks = 0;

@@ -1,5 +1,6 @@
 /* Shared helpers for the unit tests: msgpack building, file reading, and a
- * pipeline whose emitted router events are collected as text lines. */
+ * pipeline whose router events are collected as text lines (a publish stage
+ * without a sink, dynamo-json, writing to collect_msg). */
 #ifndef KVB_TESTUTIL_H
 #define KVB_TESTUTIL_H
 
@@ -11,6 +12,8 @@
 
 #include "config.h"
 #include "pipeline.h"
+#include "publish.h"
+#include "replay.h"
 
 /* ---- msgpack building --------------------------------------------------- */
 
@@ -76,10 +79,12 @@ struct sink_lines {
     uint64_t last_id[16];
 };
 
-static inline int collect_line(void *ctx, const struct kvb_rev *rev, const char *data, size_t len)
+/* The publish stage's writer: each message's bytes, a line. */
+static inline int collect_msg(void *ctx, const struct kvb_publish_msg *msg)
 {
-    (void)rev;
     struct sink_lines *s = ctx;
+    size_t len = msg->len;
+    const char *data = msg->data;
     if (s->len + len + 2 > s->cap) {
         s->cap = (s->len + len + 2) * 2;
         s->text = realloc(s->text, s->cap);
@@ -101,9 +106,46 @@ static inline struct kvb_pipeline_cfg test_pcfg(uint64_t worker, uint32_t bs)
                     .lora_salt = true,
                     .forward_tiers = 1u << KVB_TIER_DEVICE},
         .limits = KVB_DECODE_LIMITS_DEFAULT,
-        .format = KVB_FORMAT_DYNAMO_JSON,
     };
     return c;
+}
+
+/* A pipeline on a publish stage (dynamo-json) that writes every message as a
+ * line to out; free with test_pipeline_destroy(). */
+static inline void test_pipeline_create(const struct kvb_pipeline_cfg *c, struct kvb_metrics *m,
+                                        struct sink_lines *out, struct kvb_publish **pub,
+                                        struct kvb_pipeline **p)
+{
+    struct kvb_publish_cfg uc = {.format = KVB_FORMAT_DYNAMO_JSON,
+                                 .subject = "kv_events",
+                                 .namespace_ = "",
+                                 .component = "",
+                                 .endpoint = "",
+                                 .worker_id = c->convert.worker_id};
+    ck_assert_int_eq(kvb_publish_create(&uc, m, 1, pub), 0);
+    struct kvb_publish_writer w = {.write = collect_msg, .ctx = out};
+    kvb_publish_set_writer(*pub, &w);
+    ck_assert_int_eq(kvb_pipeline_create(c, m, *pub, p), 0);
+}
+
+static inline void test_pipeline_destroy(struct kvb_publish **pub, struct kvb_pipeline **p)
+{
+    kvb_pipeline_destroy(p);
+    kvb_publish_destroy(pub);
+}
+
+/* The daemon's sequence rules for a source without a replay endpoint, in
+ * front of pipeline p: feed batches with kvb_replay_live(r, st, seq, data,
+ * len, 0), as the source does.  max_payload: limits.max_payload_bytes (0:
+ * none). */
+static inline struct kvb_replay *test_rules(struct kvb_pipeline *p, struct kvb_metrics *m,
+                                            uint64_t max_payload)
+{
+    struct kvb_replay_cfg c = {.name = "test", .endpoint = "", .max_payload_bytes = max_payload};
+    struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p);
+    struct kvb_replay *r = NULL;
+    ck_assert_int_eq(kvb_replay_create(&c, m, &ops, NULL, &r), 0);
+    return r;
 }
 
 /* The main() of every suite: run it, exit non-zero on any failure. */

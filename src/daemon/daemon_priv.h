@@ -1,0 +1,179 @@
+/* daemon_priv.h: the daemon's state and the steps of its life, shared by
+ * the files of src/daemon/ (not outside it):
+ *   loop.c    kvb_daemon_run(): start, turns until stopped, stop; the
+ *             sources a configuration asks for; the cursors saved to
+ *             state.dir
+ *   start.c   everything built in order, each failure with its exit code
+ *   turn.c    one turn of the loop: poll, read, tick, flush, gauges
+ *   reload.c  SIGHUP: a new configuration, committed whole or not at all
+ *   stop.c    the drain at shutdown, and freeing everything
+ * The loop thread owns all of it.  The data path is not the daemon's: a
+ * turn reads the sources, whose batches go through the rules, the pipeline
+ * and the publish stage to the sink.
+ */
+#ifndef KVB_DAEMON_PRIV_H
+#define KVB_DAEMON_PRIV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <zmq.h>
+
+#include "config.h"
+#include "log.h"
+#include "metrics.h"
+
+#define READ_BUDGET 256     /* live messages per source per turn: fairness */
+#define HEARTBEAT_MS 1000   /* the loop turns at least this often (healthz, watchdog) */
+#define PAUSED_POLL_MS 20   /* re-check the NATS buffer this often while paused */
+#define STATE_SAVE_MS 1000  /* state.dir: save at most this often (and at shutdown) */
+#define READY_GRACE_MS 1000 /* held back or paused longer than this: not ready */
+#define TRIM_CALM_MS 2000   /* a backlog gone this long: give its memory back */
+
+struct kvb_zap;
+struct kvb_pipeline;
+struct kvb_sink;
+struct kvb_publish;
+struct kvb_discovery;
+struct kvb_http;
+struct kvb_mirror;
+struct kvb_engines;
+struct kvb_stats;
+struct kvb_state;
+struct kvb_source;
+struct kvb_worker_cfg;
+
+/* Where a running source comes from: its sources[] entry (in the config
+ * that built it) and its offset in that entry's dp_size expansion.  A reload
+ * keeps a source whose entry did not change, as nginx keeps a listener. */
+struct src_origin {
+    const struct kvb_source_cfg *sc;
+    uint32_t r;
+};
+
+/* The poll items of a turn, by name: the fixed ones, then per source i the
+ * three at kvb_daemon_src_item(items, i, kind). */
+enum kvb_daemon_poll {
+    KVB_POLL_SIGNAL,  /* the signalfd */
+    KVB_POLL_WAKE,    /* the eventfd nats.c's callbacks and the query hub write */
+    KVB_POLL_ZAP,     /* the ZAP handler's socket */
+    KVB_POLL_ENGINES, /* the engines' scrape results */
+    KVB_POLL__FIXED
+};
+enum kvb_daemon_src_poll {
+    KVB_POLL_SUB,     /* live batches */
+    KVB_POLL_REPLAY,  /* replay replies (while a replay runs) */
+    KVB_POLL_MONITOR, /* the SUB's connection events */
+    KVB_POLL__PER_SOURCE
+};
+
+struct kvb_daemon {
+    struct kvb_config *cfg;
+    struct kvb_metrics m;
+    void *zctx;
+    struct kvb_zap *zap; /* CURVE clients of bind-mode sources (zap.h) */
+    struct kvb_pipeline *pipe;
+    struct kvb_sink *sink;
+    struct kvb_publish *out;    /* the publish stage: nats.format (publish.h) */
+    struct kvb_discovery *disc; /* discovery.etcd: EventSource records; NULL when off */
+    bool held_back;             /* discovery: a pair is not registered yet: do not read */
+    struct kvb_http *http;
+    struct kvb_mirror *res;  /* the residency mirror and its queries */
+    struct kvb_engines *eng; /* sources[].engine: load and liveness (engine.h) */
+    struct kvb_stats *stats; /* log.stats_interval_s (stats.h) */
+    uint64_t heartbeat_ms;   /* loop wake-up period */
+    uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
+    uint64_t last_watchdog;
+    bool paused;              /* backpressure: NATS buffer too full to read more */
+    uint64_t paused_since;    /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
+    uint64_t held_since;      /* live batches held back behind replays since, 0: none */
+    uint64_t hold_since;      /* monotonic ms: holding back (paused or discovery) since */
+    bool trim_due;            /* a backlog was queued: trim once it is gone */
+    uint64_t calm_since;      /* ... and nothing has been queued up since (0: not yet) */
+    bool barrier_due;         /* router events were lost on the NATS side */
+    uint64_t losses_seen;     /* kvb_sink_losses() already answered with a barrier */
+    struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
+    uint64_t last_save_ms, saved_batches;
+    bool save_failing; /* state.dir: the last save failed */
+    uint64_t save_fail_since, save_fails;
+    struct kvb_ratelimit save_rl;
+    struct kvb_source **src;
+    struct src_origin *src_from; /* parallel to src: the entry each came from */
+    size_t n_src;
+    zmq_pollitem_t *items; /* the poll set (turn.c), room for cap_items */
+    size_t cap_items;
+    int sigfd, wakefd;
+    bool stop;
+    bool failed; /* stopping because of an error: exit 1 */
+};
+
+/* ---- start.c ------------------------------------------------------------ */
+
+/* Build everything d->cfg asks for and tell systemd READY=1.  0, or the
+ * process exit code to stop with (docs/configuration.md section 4). */
+int kvb_daemon_start(struct kvb_daemon *d);
+
+/* ---- turn.c ------------------------------------------------------------- */
+
+/* One turn: poll (blocking until something happens or a deadline), then
+ * the signals, the wake fd, the sources, the engines, the flush, the NATS
+ * loss barriers, the gauges and the state save.  0, or a negative errno
+ * when the poll itself fails. */
+int kvb_daemon_turn(struct kvb_daemon *d);
+/* Read the wake eventfd empty. */
+void kvb_daemon_drain_wake(struct kvb_daemon *d);
+
+/* ---- reload.c ----------------------------------------------------------- */
+
+/* SIGHUP: load the file again; everything changes or nothing does. */
+void kvb_daemon_reload(struct kvb_daemon *d);
+
+/* ---- stop.c ------------------------------------------------------------- */
+
+/* Stop reading, flush what was read (waiting for NATS at most
+ * nats.flush_timeout_ms), save the cursors.  Returns the exit code. */
+int kvb_daemon_stop(struct kvb_daemon *d);
+/* Free everything (a half-built daemon too) and d itself. */
+void kvb_daemon_free(struct kvb_daemon *d);
+
+/* ---- loop.c: sources ---------------------------------------------------- */
+
+/* The worker a sources[] entry's router events are for (issue 17). */
+struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc);
+/* WORKER_ID is one that configuration C publishes for. */
+bool kvb_daemon_configured_worker(const struct kvb_config *c, uint64_t worker_id);
+/* Open source r of entry sc of configuration c. */
+int kvb_daemon_open_source(struct kvb_daemon *d, const struct kvb_config *c,
+                           const struct kvb_source_cfg *sc, uint32_t r, struct kvb_source **out);
+/* Close every non-NULL source of v[0..n) and free the arrays. */
+void kvb_daemon_destroy_sources(struct kvb_source ***v, struct src_origin **from, size_t *n);
+/* The sources of configuration c, into fresh arrays.  With `reuse`, a source
+ * whose entry is unchanged is moved over from the running ones (d->src[k]
+ * becomes NULL, lent[i] = k + 1, so that kvb_daemon_lend_back() can undo
+ * it); the others are opened.  On failure everything this call opened is
+ * closed and every moved source is given back. */
+int kvb_daemon_build_sources(struct kvb_daemon *d, const struct kvb_config *c, bool reuse,
+                             struct kvb_source ***out, struct src_origin **from_out, size_t *n_out,
+                             size_t **lent_out);
+void kvb_daemon_lend_back(struct kvb_daemon *d, struct kvb_source **v, const size_t *lent,
+                          size_t n);
+/* ActiveLoad messages (engine.h): core NATS, whatever the router events use. */
+int kvb_daemon_publish_load(void *ctx, const char *subject, const void *data, size_t len);
+
+/* ---- loop.c: state (state.dir) ------------------------------------------ */
+
+/* Everything the pipeline has applied so far: counters and stream cursors. */
+struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d);
+/* Save the cursors (at most every STATE_SAVE_MS unless force), once NATS
+ * confirmed everything published so far. */
+void kvb_daemon_save_state(struct kvb_daemon *d, bool force);
+/* The saver thread's outcome, once it is known. */
+void kvb_daemon_save_done(struct kvb_daemon *d);
+/* state.dir: the saved cursors and event_id counters, into d->resume and
+ * the converter. */
+int kvb_daemon_load_state(struct kvb_daemon *d);
+/* A pair the saved mirror cannot vouch for: "cleared" (kvb_mirror_load). */
+void kvb_daemon_mirror_barrier(void *ctx, uint64_t worker_id, uint32_t dp_rank);
+
+#endif
