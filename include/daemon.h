@@ -3,7 +3,8 @@
  * nats.c's callbacks write to; no busy polling (the poll blocks until
  * something happens or a replay deadline passes).  It schedules and takes no
  * part in the data path (source -> rules -> pipeline -> publish -> sink).
- * src/daemon/: start.c, turn.c, reload.c, stop.c, loop.c (daemon_priv.h).
+ * src/daemon/: loop.c, start.c, turn.c, reload.c, stop.c, sources.c, save.c
+ * (daemon_priv.h).
  *
  * Ownership: kvb_daemon_run() takes ownership of *cfg (sets it to NULL) and
  * frees everything it built before returning.

@@ -1,12 +1,14 @@
 /* daemon_priv.h: the daemon's state and the steps of its life, shared by
  * the files of src/daemon/ (not outside it):
- *   loop.c    kvb_daemon_run(): start, turns until stopped, stop; the
- *             sources a configuration asks for; the cursors saved to
- *             state.dir
+ *   loop.c    kvb_daemon_run(): start, turns until stopped, stop
  *   start.c   everything built in order, each failure with its exit code
  *   turn.c    one turn of the loop: poll, read, tick, flush, gauges
  *   reload.c  SIGHUP: a new configuration, committed whole or not at all
  *   stop.c    the drain at shutdown, and freeing everything
+ *   sources.c the sources a configuration asks for (the steps above share it)
+ *   save.c    the cursors (and the mirror) saved to state.dir, loaded at start
+ * The calls between these files run one way: loop.c -> start/turn/reload/
+ * stop -> sources/save (make lint-graph).
  * The loop thread owns all of it.  The data path is not the daemon's: a
  * turn reads the sources, whose batches go through the rules, the pipeline
  * and the publish stage to the sink.
@@ -137,7 +139,7 @@ int kvb_daemon_stop(struct kvb_daemon *d);
 /* Free everything (a half-built daemon too) and d itself. */
 void kvb_daemon_free(struct kvb_daemon *d);
 
-/* ---- loop.c: sources ---------------------------------------------------- */
+/* ---- sources.c ---------------------------------------------------------- */
 
 /* The worker a sources[] entry's router events are for (issue 17). */
 struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc);
@@ -161,7 +163,7 @@ void kvb_daemon_lend_back(struct kvb_daemon *d, struct kvb_source **v, const siz
 /* ActiveLoad messages (engine.h): core NATS, whatever the router events use. */
 int kvb_daemon_publish_load(void *ctx, const char *subject, const void *data, size_t len);
 
-/* ---- loop.c: state (state.dir) ------------------------------------------ */
+/* ---- save.c: state (state.dir) ------------------------------------------ */
 
 /* Everything the pipeline has applied so far: counters and stream cursors. */
 struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d);
