@@ -63,6 +63,36 @@ void kvb_index_destroy(struct kvb_index **m);
  * published: a consumer asking for events after an older id gets it). */
 int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev);
 
+/* A router event recorded without being applied: it becomes the pair's
+ * last and goes to its ring, the blocks stay as they are (a repair's own
+ * events, whose blocks the mirror holds already).  0 or -ENOMEM. */
+int kvb_index_record(struct kvb_index *m, const struct kvb_rev *rev);
+
+/* Repairs (docs/router-events.md section 6, "Repairs").  Consumers lost
+ * router events of a pair and were sent a "cleared" for it (the caller
+ * records it with kvb_index_record()): the mirror keeps the pair's blocks
+ * and marks every one of them missing, i.e. held by the engine but not by
+ * the consumers, until kvb_index_repair_next() hands it out to be published
+ * again.  From then on kvb_index_apply() keeps the marks true to what a
+ * consumer does with each event: a store whose parent is missing is dropped
+ * by the consumers, so its blocks are missing too; a store they take makes
+ * its blocks held; a remove or a "cleared" takes missing blocks away with
+ * the others.  0 or -ENOMEM. */
+int kvb_index_repair_begin(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank);
+/* The next stored event of a repair, over every pair: a missing block and
+ * its missing ancestors, from the topmost one down (parents before
+ * children), at most max_blocks, with parent_hash the block's parent when
+ * consumers hold it (else none: its parent is gone, or a cycle); its blocks
+ * count as held from now on.  event_id and epoch are the caller's to set
+ * (kvb_convert_stamp).  1 and *out (valid until the next call), 0 when no
+ * block is missing, -EAGAIN when `scan` entries were looked at without
+ * finding one (call again later), -ENOMEM. */
+int kvb_index_repair_next(struct kvb_index *m, uint32_t max_blocks, uint32_t scan,
+                          struct kvb_rev *out);
+/* Missing blocks of a pair, and over every pair. */
+uint64_t kvb_index_missing(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank);
+uint64_t kvb_index_missing_total(const struct kvb_index *m);
+
 /* After a load (the blocks applied as stored events): the pair's last
  * event_id is `last`, its ring empty (events_since() before it: -ESTALE). */
 int kvb_index_set_last(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t last);
