@@ -729,6 +729,15 @@ static void check_publish(struct ctx *c, struct kvb_config *cfg, struct mark *m)
                "dynamo-json; use dynamo-json, or core NATS",
                kvb_cfg_opts[kvb_cfg_opt_index("nats.format")].values[f]);
     }
+    const struct mark *mr = &m[kvb_cfg_opt_index("nats.resync_on_reconnect")];
+    if (cfg->nats.resync_on_reconnect && cfg->nats.jetstream.enabled && !mr->bad && !mj->bad)
+        err_at(c, mr->line, mr->col,
+               "nats.resync_on_reconnect: for core NATS only: JetStream sends again "
+               "what the stream did not acknowledge");
+    if (cfg->nats.resync_on_reconnect && cfg->limits.max_resident_blocks == 0 && !mr->bad)
+        err_at(c, mr->line, mr->col,
+               "nats.resync_on_reconnect: needs the residency mirror "
+               "(limits.max_resident_blocks is 0)");
     if (cfg->discovery.etcd.n_endpoints && f != KVB_FORMAT_DYNAMO_MSGPACK && !md->bad)
         err_at(c, md->line, md->col,
                "discovery.etcd.endpoints: discovery registers "

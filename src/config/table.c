@@ -318,6 +318,24 @@ static const struct opt opts[] = {
      .help = "How long to drain pending messages to NATS at shutdown, in "
              "milliseconds."},
 
+    {.key = "nats.resync_on_reconnect", .type = T_BOOL,
+     .off = TOP(nats.resync_on_reconnect, bool), .def = "false", .flags = R,
+     .help = "Core NATS: after every reconnection, a \"cleared\" for each (worker_id, "
+             "dp_rank) followed by its resident blocks from the residency mirror (cause "
+             "nats_reconnect), as after a counted loss: what a dying server had in "
+             "flight is lost without a trace, and the router then still ends with the "
+             "engine's view. Paced by nats.repair_bytes_per_s. Needs the mirror "
+             "(limits.max_resident_blocks > 0); refused with nats.jetstream.enabled "
+             "(JetStream sends again what it did not acknowledge)."},
+    {.key = "nats.repair_bytes_per_s", .type = T_U64,
+     .off = TOP(nats.repair_bytes_per_s, uint64_t), .def = "8388608", .min = 4096,
+     .max = UINT32_MAX, .flags = R,
+     .help = "Pace of repairs: after router events were lost on the NATS side (and "
+             "with nats.resync_on_reconnect after a reconnection), the resident blocks "
+             "of each pair are published again, at most this many bytes per second "
+             "(bursts of one second's worth), while the engines are read as usual, so "
+             "that a flapping server cannot flood the router. 8 MiB by default."},
+
     {.key = "nats.tls.enabled", .type = T_BOOL, .off = TOP(nats.tls.enabled, bool),
      .def = "false", .flags = R | C,
      .help = "Connect with TLS (also on when a server URL is tls://)."},

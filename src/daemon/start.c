@@ -156,6 +156,7 @@ int kvb_daemon_start(struct kvb_daemon *d)
     int rc;
     kvb_log_set_level(d->cfg->log.level);
     d->save_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(60000, 1);
+    d->repair_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
     if ((rc = setup_fds(d)) < 0) {
         kvb_err("main", "signals: %s", strerror(-rc));
         return 1;
