@@ -778,6 +778,92 @@ int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_
     return 0;
 }
 
+/* ---- the ring, copied (persistence) ---------------------------------------- */
+
+struct kvb_index_ring {
+    uint64_t worker;
+    uint32_t rank;
+    struct rec *recs; /* oldest first; off into words */
+    uint32_t n, next;
+    uint64_t *words;
+};
+
+int kvb_index_ring_copy(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                        struct kvb_index_ring **out)
+{
+    const struct pair *p = pair_get(m, worker_id, dp_rank);
+    struct kvb_index_ring *r = calloc(1, sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    r->worker = worker_id;
+    r->rank = dp_rank;
+    if (p && p->count) {
+        uint32_t nrec = p->n_words / WORDS_PER_EVENT;
+        r->recs = malloc((size_t)p->count * sizeof(*r->recs));
+        r->words = malloc((size_t)(p->w_used ? p->w_used : 1) * sizeof(*r->words));
+        if (!r->recs || !r->words) {
+            kvb_index_ring_free(&r);
+            return -ENOMEM;
+        }
+        uint32_t w = 0;
+        for (uint32_t i = 0; i < p->count; i++) {
+            struct rec rc = p->recs[(p->head + i) % nrec];
+            for (uint32_t k = 0; k < rc.n_words; k++)
+                r->words[w + k] = p->words[(rc.off + k) % p->n_words];
+            rc.off = w;
+            w += rc.n_words;
+            r->recs[r->n++] = rc;
+        }
+    }
+    *out = r;
+    return 0;
+}
+
+void kvb_index_ring_free(struct kvb_index_ring **pr)
+{
+    struct kvb_index_ring *r = pr ? *pr : NULL;
+    if (!r)
+        return;
+    free(r->recs);
+    free(r->words);
+    free(r);
+    *pr = NULL;
+}
+
+uint32_t kvb_index_ring_count(const struct kvb_index_ring *r) { return r->n; }
+
+int kvb_index_ring_next(struct kvb_index_ring *r, struct kvb_rev *out)
+{
+    if (r->next >= r->n)
+        return 0;
+    const struct rec *rc = &r->recs[r->next++];
+    *out = (struct kvb_rev){.type = rc->type,
+                            .tier = rc->tier,
+                            .dp_rank = r->rank,
+                            .worker_id = r->worker,
+                            .event_id = rc->event_id,
+                            .epoch = rc->epoch,
+                            .has_parent = rc->has_parent,
+                            .parent = rc->parent,
+                            .n = rc->n};
+    if (rc->type == KVB_REVT_STORED) /* (block, tokens) pairs: a kvb_block each */
+        out->blocks = (const struct kvb_block *)(r->words + rc->off);
+    else if (rc->type == KVB_REVT_REMOVED)
+        out->hashes = r->words + rc->off;
+    return 1;
+}
+
+int kvb_index_mark(struct kvb_index *m, const struct kvb_rev *rev, bool missing)
+{
+    struct space *s = space_get(m, rev->worker_id, rev->dp_rank, rev->tier);
+    for (uint32_t i = 0; s && rev->type == KVB_REVT_STORED && i < rev->n; i++) {
+        int64_t at = find_block(s, rev->blocks[i].block_hash);
+        if (at >= 0)
+            set_missing(m, s, (uint32_t)at, missing);
+    }
+    return 0;
+}
+
 /* ---- snapshots (dumps) ------------------------------------------------------- */
 
 struct snap_tier {
@@ -802,6 +888,7 @@ struct kvb_index_snap {
     uint32_t n_stack;
     struct kvb_block *out;
     uint32_t out_cap;
+    bool out_missing; /* the last chain's blocks are missing */
 };
 
 int kvb_index_snapshot(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
@@ -851,6 +938,7 @@ void kvb_index_snap_free(struct kvb_index_snap **ps)
 }
 
 uint64_t kvb_index_snap_event_id(const struct kvb_index_snap *s) { return s->last; }
+bool kvb_index_snap_missing(const struct kvb_index_snap *s) { return s->out_missing; }
 bool kvb_index_snap_has_events(const struct kvb_index_snap *s) { return s->has_last; }
 
 uint64_t kvb_index_snap_blocks(const struct kvb_index_snap *s)
@@ -1000,7 +1088,9 @@ int kvb_index_snap_next(struct kvb_index_snap *s, uint32_t max_blocks, struct kv
                                 .parent = first->parent,
                                 .blocks = s->out};
         uint32_t n = 0;
-        while (at >= 0 && n < max_blocks) {
+        s->out_missing = first->missing != 0;
+        /* one chain, one mark: consumers lack all of its blocks or none */
+        while (at >= 0 && n < max_blocks && (st->e[at].missing != 0) == s->out_missing) {
             st->done[at] = 1;
             s->out[n++] = (struct kvb_block){st->e[at].block, st->e[at].tokens};
             int64_t c = next_child(st, st->e[at].block);

@@ -145,4 +145,24 @@ uint64_t kvb_index_snap_blocks(const struct kvb_index_snap *s);
  * last_event_id.  1 and *out (valid until the next call), or 0 at the end. */
 int kvb_index_snap_next(struct kvb_index_snap *s, uint32_t max_blocks, struct kvb_rev *out);
 
+/* The blocks of the last chain kvb_index_snap_next() returned are missing
+ * (consumers lack them: a repair is to publish them); a chain never mixes
+ * missing blocks with held ones. */
+bool kvb_index_snap_missing(const struct kvb_index_snap *s);
+/* After a load: rev's blocks are missing (or held), as saved. */
+int kvb_index_mark(struct kvb_index *m, const struct kvb_rev *rev, bool missing);
+
+/* A copy of a pair's ring of recent events (persistence): taking it copies
+ * the records and their words on the loop thread; reading it, on any
+ * thread.  kvb_index_ring_next(): 1 and *out (the pointers valid until the
+ * copy is freed), oldest first, or 0 at the end.  Restoring is
+ * kvb_index_record() of each event, oldest first, after kvb_index_set_last().
+ * Freed by kvb_index_ring_free(&r) (accepts NULL). */
+struct kvb_index_ring;
+int kvb_index_ring_copy(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                        struct kvb_index_ring **out);
+uint32_t kvb_index_ring_count(const struct kvb_index_ring *r);
+int kvb_index_ring_next(struct kvb_index_ring *r, struct kvb_rev *out);
+void kvb_index_ring_free(struct kvb_index_ring **r);
+
 #endif
