@@ -742,12 +742,23 @@ int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_
         return -ENOENT;
     if (since >= p->last)
         return 0;
-    if (since + 1 < p->ring_from)
+    return kvb_index_events_from(m, worker_id, dp_rank, since + 1, fn, ctx);
+}
+
+int kvb_index_events_from(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t from,
+                          int (*fn)(void *ctx, const struct kvb_rev *rev), void *ctx)
+{
+    const struct pair *p = pair_get(m, worker_id, dp_rank);
+    if (!p || !p->has_last)
+        return -ENOENT;
+    if (from > p->last)
+        return 0;
+    if (from < p->ring_from)
         return -ESTALE;
     uint32_t nrec = p->n_words / WORDS_PER_EVENT;
     for (uint32_t i = 0; i < p->count; i++) {
         const struct rec *r = &p->recs[(p->head + i) % nrec];
-        if (r->event_id <= since)
+        if (r->event_id < from)
             continue;
         struct kvb_rev rev = {.type = r->type,
                               .tier = r->tier,

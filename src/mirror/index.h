@@ -128,6 +128,11 @@ int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_
                            uint64_t since, int (*fn)(void *ctx, const struct kvb_rev *rev),
                            void *ctx);
 
+/* The same, from event_id `from` on (inclusive; from 0 is the whole ring):
+ * -ESTALE when the ring no longer holds `from`. */
+int kvb_index_events_from(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t from,
+                          int (*fn)(void *ctx, const struct kvb_rev *rev), void *ctx);
+
 /* A dump's consistent copy of one pair: every resident block of every tier
  * as of last_event_id.  Taking it copies the pair's entries (one memcpy of
  * 32 bytes per block) on the loop thread; ordering them for the dump happens
