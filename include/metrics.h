@@ -68,7 +68,8 @@
 
 /* Query operations (query.h); "invalid": requests refused before the loop. */
 #define KVB_QUERY_OPS(X)                                                       \
-    X(DUMP, "dump") X(EVENTS, "events") X(MATCH, "match") X(INVALID, "invalid")
+    X(DUMP, "dump") X(EVENTS, "events") X(MATCH, "match")                      \
+    X(RECOVER, "recover") X(INVALID, "invalid")
 /* nats.format values, as label values. */
 #define KVB_FORMATS(X)                                                         \
     X(DYNAMO_JSON, "dynamo-json") X(DYNAMO_MSGPACK, "dynamo-msgpack") X(RAW, "raw")
