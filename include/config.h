@@ -183,6 +183,13 @@ struct kvb_config {
             size_t n_endpoints;
             uint32_t lease_ttl_s;
         } etcd;
+        /* Dynamo's recovery query (include/recovery.h) */
+        struct {
+            bool enabled;
+            int request_plane; /* enum kvb_recovery_plane: nats, tcp */
+            char *listen;      /* the TCP request plane: HOST:PORT */
+            char *advertise;   /* what routers connect to: HOST[:PORT]; "" = listen's */
+        } recovery;
     } discovery;
 
     struct {

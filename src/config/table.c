@@ -21,6 +21,7 @@ static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "ra
 static const char *const level_values[] = {"error", "warn", "info", "debug", NULL};
 static const char *const retention_values[] = {"limits", "interest", "workqueue", NULL};
 static const char *const engine_kind_values[] = {"vllm", "sglang", NULL}; /* engine/load.h */
+static const char *const plane_values[] = {"nats", "tcp", NULL};          /* recovery.h */
 #define TIER_NAME(s, str) [KVB_TIER_##s] = str,
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
@@ -433,6 +434,33 @@ static const struct opt opts[] = {
      .off = TOP(discovery.etcd.lease_ttl_s, uint32_t), .def = "10", .min = 2, .max = 3600,
      .help = "TTL of the etcd lease the records are put under, in seconds; kvbridge "
              "keeps it alive (every third of it) and revokes it at a clean stop."},
+
+    {.key = "discovery.recovery.enabled", .type = T_BOOL,
+     .off = TOP(discovery.recovery.enabled, bool), .def = "false",
+     .help = "Answer Dynamo's KV recovery query for each (worker_id, dp_rank), as a Dynamo "
+             "worker's local indexer does: the EventSource records then carry a "
+             "recovery_target, and a router that starts late, restarts or sees a hole asks "
+             "kvbridge for the pair's state (the recent events from the mirror's ring, or a "
+             "dump of its blocks) instead of starting from nothing "
+             "(docs/dynamo-event-plane.md section 9). Needs discovery.etcd.endpoints and "
+             "the residency mirror."},
+    {.key = "discovery.recovery.request_plane", .type = T_ENUM,
+     .off = TOP(discovery.recovery.request_plane, int), .def = "tcp", .values = plane_values,
+     .help = "How routers send their recovery queries, as they were started: tcp (Dynamo's "
+             "default, DYN_REQUEST_PLANE=tcp: kvbridge listens on "
+             "discovery.recovery.listen) or nats (DYN_REQUEST_PLANE=nats: request/reply on "
+             "kvbridge's NATS connection). Answers always go back over TCP to the router "
+             "(DYN_RESPONSE_PLANE=tcp; QUIC is not served)."},
+    {.key = "discovery.recovery.listen", .type = T_STR,
+     .off = TOP(discovery.recovery.listen, char *), .def = "", .check = check_listen,
+     .help = "The TCP request plane: HOST:PORT kvbridge listens on for recovery queries "
+             "(a numeric IPv4 or [IPv6] address; 0.0.0.0 for every interface). Required with "
+             "request_plane tcp."},
+    {.key = "discovery.recovery.advertise", .type = T_STR,
+     .off = TOP(discovery.recovery.advertise, char *), .def = "", .check = check_host,
+     .help = "The TCP request plane: the HOST[:PORT] routers connect to, as the records "
+             "advertise it (the port: listen's when left out); \"\" = the listen address, "
+             "which must then not be a wildcard."},
 
     {.key = "metrics.listen", .type = T_STR, .off = TOP(metrics.listen, char *),
      .def = "127.0.0.1:9464", .check = check_listen,

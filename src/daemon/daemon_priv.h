@@ -41,6 +41,7 @@ struct kvb_publish;
 struct kvb_discovery;
 struct kvb_http;
 struct kvb_mirror;
+struct kvb_recovery;
 struct kvb_engines;
 struct kvb_stats;
 struct kvb_state;
@@ -82,11 +83,12 @@ struct kvb_daemon {
     struct kvb_discovery *disc; /* discovery.etcd: EventSource records; NULL when off */
     bool held_back;             /* discovery: a pair is not registered yet: do not read */
     struct kvb_http *http;
-    struct kvb_mirror *res;  /* the residency mirror and its queries */
-    struct kvb_engines *eng; /* sources[].engine: load and liveness (engine.h) */
-    struct kvb_stats *stats; /* log.stats_interval_s (stats.h) */
-    uint64_t heartbeat_ms;   /* loop wake-up period */
-    uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
+    struct kvb_mirror *res;   /* the residency mirror and its queries */
+    struct kvb_recovery *rec; /* discovery.recovery: Dynamo's recovery query; NULL when off */
+    struct kvb_engines *eng;  /* sources[].engine: load and liveness (engine.h) */
+    struct kvb_stats *stats;  /* log.stats_interval_s (stats.h) */
+    uint64_t heartbeat_ms;    /* loop wake-up period */
+    uint64_t watchdog_ms;     /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
     bool paused;              /* backpressure: NATS buffer too full to read more */
     uint64_t paused_since;    /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
