@@ -26,8 +26,10 @@ static struct kvb_index *mk(uint64_t max_blocks, uint32_t recent)
 
 static uint64_t next_id;
 
-static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, uint64_t parent,
-                 const uint64_t *hashes, const uint64_t *tokens, uint32_t n)
+/* A store into m, and into `also` (a consumer) when given. */
+static int store_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank, int tier,
+                      bool has_parent, uint64_t parent, const uint64_t *hashes,
+                      const uint64_t *tokens, uint32_t n)
 {
     struct kvb_block b[64];
     for (uint32_t i = 0; i < n; i++)
@@ -41,13 +43,22 @@ static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, 
                         .parent = parent,
                         .blocks = b,
                         .n = n};
+    if (also)
+        ck_assert_int_eq(kvb_index_apply(also, &r), 0);
     int rc = kvb_index_apply(m, &r);
     if (rc == 0)
         next_id++;
     return rc;
 }
 
-static void removed(struct kvb_index *m, uint32_t rank, int tier, const uint64_t *h, uint32_t n)
+static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, uint64_t parent,
+                 const uint64_t *hashes, const uint64_t *tokens, uint32_t n)
+{
+    return store_also(m, NULL, rank, tier, has_parent, parent, hashes, tokens, n);
+}
+
+static void removed_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank, int tier,
+                         const uint64_t *h, uint32_t n)
 {
     struct kvb_rev r = {.type = KVB_REVT_REMOVED,
                         .tier = (uint8_t)tier,
@@ -56,15 +67,26 @@ static void removed(struct kvb_index *m, uint32_t rank, int tier, const uint64_t
                         .event_id = next_id++,
                         .hashes = h,
                         .n = n};
+    if (also)
+        ck_assert_int_eq(kvb_index_apply(also, &r), 0);
     ck_assert_int_eq(kvb_index_apply(m, &r), 0);
 }
 
-static void cleared(struct kvb_index *m, uint32_t rank)
+static void removed(struct kvb_index *m, uint32_t rank, int tier, const uint64_t *h, uint32_t n)
+{
+    removed_also(m, NULL, rank, tier, h, n);
+}
+
+static void cleared_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank)
 {
     struct kvb_rev r = {
         .type = KVB_REVT_CLEARED, .dp_rank = rank, .worker_id = W, .event_id = next_id++};
+    if (also)
+        ck_assert_int_eq(kvb_index_apply(also, &r), 0);
     ck_assert_int_eq(kvb_index_apply(m, &r), 0);
 }
+
+static void cleared(struct kvb_index *m, uint32_t rank) { cleared_also(m, NULL, rank); }
 
 START_TEST(store_match_remove)
 {
@@ -502,6 +524,19 @@ START_TEST(repair_publishes_the_tree)
 }
 END_TEST
 
+/* The consumers lost (W, rank): the repair's "cleared" to c, its start in m. */
+static void lose(struct kvb_index *m, struct kvb_index *c, uint32_t rank)
+{
+    struct kvb_rev r = {.type = KVB_REVT_CLEARED,
+                        .dp_rank = rank,
+                        .worker_id = W,
+                        .event_id = next_id++,
+                        .repair = true};
+    ck_assert_int_eq(kvb_index_apply(c, &r), 0);
+    ck_assert_int_eq(kvb_index_repair_begin(m, W, rank), 0);
+    ck_assert_int_eq(kvb_index_record(m, &r), 0);
+}
+
 /* Live events during a repair, in any order with its own: the consumer
  * (which got the "cleared" and then everything published after it) ends
  * with exactly the mirror's blocks.  A random walk. */
@@ -526,63 +561,19 @@ START_TEST(repair_with_live_events)
                         t[i] = rnd(3) ? 1000 + h[i] * 7 : 5000 + h[i]; /* changed tokens */
                     }
                     bool hp = rnd(4) != 0;
-                    uint64_t parent = 1 + rnd(200);
-                    uint64_t id = next_id;
-                    int rc = store(m, rank, tier, hp, parent, h, t, n);
-                    ck_assert_int_eq(rc, 0);
-                    struct kvb_block b[4];
-                    for (uint32_t i = 0; i < n; i++)
-                        b[i] = (struct kvb_block){h[i], t[i]};
-                    struct kvb_rev r = {.type = KVB_REVT_STORED,
-                                        .tier = (uint8_t)tier,
-                                        .dp_rank = rank,
-                                        .worker_id = W,
-                                        .event_id = id,
-                                        .has_parent = hp,
-                                        .parent = parent,
-                                        .blocks = b,
-                                        .n = n};
-                    ck_assert_int_eq(kvb_index_apply(c, &r), 0);
+                    ck_assert_int_eq(store_also(m, c, rank, tier, hp, 1 + rnd(200), h, t, n), 0);
                 } else if (k < 97) {
                     uint64_t h[2] = {1 + rnd(200), 1 + rnd(200)};
-                    struct kvb_rev r = {.type = KVB_REVT_REMOVED,
-                                        .tier = (uint8_t)tier,
-                                        .dp_rank = rank,
-                                        .worker_id = W,
-                                        .event_id = next_id,
-                                        .hashes = h,
-                                        .n = 2};
-                    removed(m, rank, tier, h, 2);
-                    ck_assert_int_eq(kvb_index_apply(c, &r), 0);
+                    removed_also(m, c, rank, tier, h, 2);
                 } else if (k < 99 || !phase) {
-                    struct kvb_rev r = {.type = KVB_REVT_CLEARED,
-                                        .dp_rank = rank,
-                                        .worker_id = W,
-                                        .event_id = next_id};
-                    cleared(m, rank);
-                    ck_assert_int_eq(kvb_index_apply(c, &r), 0);
+                    cleared_also(m, c, rank);
                 } else { /* the consumers lost the pair: a repair (again) */
-                    struct kvb_rev r = {.type = KVB_REVT_CLEARED,
-                                        .dp_rank = rank,
-                                        .worker_id = W,
-                                        .event_id = next_id++,
-                                        .repair = true};
-                    ck_assert_int_eq(kvb_index_apply(c, &r), 0);
-                    ck_assert_int_eq(kvb_index_repair_begin(m, W, rank), 0);
-                    ck_assert_int_eq(kvb_index_record(m, &r), 0);
+                    lose(m, c, rank);
                 }
             }
             if (!phase) /* the loss: both pairs */
-                for (uint32_t rank = 0; rank < 2; rank++) {
-                    struct kvb_rev r = {.type = KVB_REVT_CLEARED,
-                                        .dp_rank = rank,
-                                        .worker_id = W,
-                                        .event_id = next_id++,
-                                        .repair = true};
-                    ck_assert_int_eq(kvb_index_apply(c, &r), 0);
-                    ck_assert_int_eq(kvb_index_repair_begin(m, W, rank), 0);
-                    ck_assert_int_eq(kvb_index_record(m, &r), 0);
-                }
+                for (uint32_t rank = 0; rank < 2; rank++)
+                    lose(m, c, rank);
         }
         while (repair_into(m, c, 3))
             ;
