@@ -68,7 +68,8 @@ struct kvb_recovery {
     int lfd, stopfd; /* the TCP request plane; -1: none */
     pthread_t tcp;
     bool tcp_started;
-    struct kvb_ratelimit rl;
+    struct kvb_ratelimit rl_in;  /* refusals: the request plane's thread */
+    struct kvb_ratelimit rl_out; /* undelivered answers: the worker thread */
 };
 
 static void count(struct kvb_recovery *r, int result)
@@ -167,8 +168,8 @@ static int intake(struct kvb_recovery *r, uint64_t w, uint32_t rank, const void 
     return -1;
 refused:
     count(r, KVB_RES_REFUSED);
-    kvb_log_rl(&r->rl, KVB_LOG_WARN, "recovery", "worker_id %" PRIu64 " dp_rank %" PRIu32 ": %s", w,
-               rank, why);
+    kvb_log_rl(&r->rl_in, KVB_LOG_WARN, "recovery", "worker_id %" PRIu64 " dp_rank %" PRIu32 ": %s",
+               w, rank, why);
     return -1;
 }
 
@@ -568,7 +569,7 @@ static void serve(struct kvb_recovery *r, const struct job *j)
     }
     if (rc < 0) {
         count(r, KVB_RES_UNDELIVERED);
-        kvb_log_rl(&r->rl, KVB_LOG_WARN, "recovery",
+        kvb_log_rl(&r->rl_out, KVB_LOG_WARN, "recovery",
                    "worker_id %" PRIu64 " dp_rank %" PRIu32 ": answer to %s (%s) not delivered: %s",
                    j->worker, j->rank, j->ctl.address, j->ctl.transport, strerror(-rc));
     } else {
@@ -799,7 +800,8 @@ int kvb_recovery_create(const struct kvb_config *c, struct kvb_metrics *m, struc
     r->m = m;
     r->hub = hub;
     r->residency_domain = c->nats.residency_domain;
-    r->rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    r->rl_in = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    r->rl_out = r->rl_in;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->t.plane = c->discovery.recovery.request_plane;
