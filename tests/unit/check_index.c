@@ -57,6 +57,18 @@ static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, 
     return store_also(m, NULL, rank, tier, has_parent, parent, hashes, tokens, n);
 }
 
+/* A cycle, 5000 -> 5001 -> 5000, on rank 0 tier 0 (a re-store rewrote
+ * 5000's parent), every block's tokens_hash tokens. */
+static void store_cycle(struct kvb_index *m, uint64_t tokens)
+{
+    uint64_t h[1] = {5000}, t[1] = {tokens};
+    ck_assert_int_eq(store(m, 0, 0, false, 0, h, t, 1), 0);
+    h[0] = 5001;
+    ck_assert_int_eq(store(m, 0, 0, true, 5000, h, t, 1), 0);
+    h[0] = 5000;
+    ck_assert_int_eq(store(m, 0, 0, true, 5001, h, t, 1), 0);
+}
+
 static void removed_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank, int tier,
                          const uint64_t *h, uint32_t n)
 {
@@ -387,13 +399,7 @@ START_TEST(dump_order_and_cycles)
             ck_assert_int_eq(store(m, 0, 0, true, i, h, t, 1), 0);
         }
     }
-    /* a cycle: 5000 -> 5001 -> 5000 (a re-store rewrote 5000's parent) */
-    h[0] = 5000;
-    ck_assert_int_eq(store(m, 0, 0, false, 0, h, t, 1), 0);
-    h[0] = 5001;
-    ck_assert_int_eq(store(m, 0, 0, true, 5000, h, t, 1), 0);
-    h[0] = 5000;
-    ck_assert_int_eq(store(m, 0, 0, true, 5001, h, t, 1), 0);
+    store_cycle(m, 1000);
     ck_assert_uint_eq(kvb_index_blocks(m, 0), 1102);
     struct kvb_index *d = mk(100000, 0);
     dump_into(m, 0, d, 64);
@@ -593,12 +599,7 @@ START_TEST(repair_cycles_and_long_chains)
     next_id = 0;
     struct kvb_index *m = mk(100000, 0), *c = mk(100000, 0);
     uint64_t h[1], t[1] = {1};
-    h[0] = 5000;
-    ck_assert_int_eq(store(m, 0, 0, false, 0, h, t, 1), 0);
-    h[0] = 5001;
-    ck_assert_int_eq(store(m, 0, 0, true, 5000, h, t, 1), 0);
-    h[0] = 5000;
-    ck_assert_int_eq(store(m, 0, 0, true, 5001, h, t, 1), 0);
+    store_cycle(m, 1);
     for (uint64_t i = 1; i <= 1000; i++) {
         h[0] = i;
         ck_assert_int_eq(store(m, 0, 0, i > 1, i - 1, h, t, 1), 0);
