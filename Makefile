@@ -98,7 +98,7 @@ tools-selftest: $(ORACLE)
 MSGPACK_ITEST := $(addprefix tests/integration/,test_daemon_gaps.sh test_daemon_replay.sh \
                    test_daemon_restart.sh test_daemon_dp.sh test_daemon_nats_down.sh \
                    test_rel_jetstream.sh test_daemon_malformed.sh test_daemon_encodings.sh \
-                   test_daemon_idle.sh test_discovery_etcd.sh)
+                   test_daemon_idle.sh test_discovery_etcd.sh test_rel_repair.sh)
 
 integration-msgpack: $(PROGS)
 	@set -e; for t in $(MSGPACK_ITEST); do echo "== $$t (dynamo-msgpack)"; \

@@ -140,6 +140,10 @@ struct kvb_config {
         uint32_t reconnect_wait_ms;      /* first backoff step */
         uint32_t reconnect_wait_max_ms;  /* backoff ceiling */
         uint32_t flush_timeout_ms;       /* drain at shutdown */
+        /* Repairs (docs/router-events.md section 6): every reconnection of
+         * core NATS repaired like a loss; and the pace of every repair. */
+        bool resync_on_reconnect;
+        uint64_t repair_bytes_per_s;
         struct {
             bool enabled;      /* also true when a server URL is tls:// */
             char *ca;          /* CA file (PEM); "" = the system trust store */
@@ -179,6 +183,13 @@ struct kvb_config {
             size_t n_endpoints;
             uint32_t lease_ttl_s;
         } etcd;
+        /* Dynamo's recovery query (include/recovery.h) */
+        struct {
+            bool enabled;
+            int request_plane; /* enum kvb_recovery_plane: nats, tcp */
+            char *listen;      /* the TCP request plane: HOST:PORT */
+            char *advertise;   /* what routers connect to: HOST[:PORT]; "" = listen's */
+        } recovery;
     } discovery;
 
     struct {

@@ -69,6 +69,11 @@ struct kvb_rev {
     const uint64_t *mm_hashes;
     const uint32_t *mm_off; /* n + 1 entries */
     uint32_t n_mm;
+    /* Published from the residency mirror to repair what consumers lost
+     * (docs/router-events.md section 6): a "cleared" that starts a repair,
+     * or a stored event of the pair's resident blocks.  The mirror records
+     * it without applying it: its own view is already the engine's. */
+    bool repair;
 };
 
 struct kvb_converter;
@@ -99,6 +104,12 @@ int kvb_convert_event(struct kvb_converter *c, const struct kvb_event *ev, uint3
 
 /* A "cleared" router event for dp_rank (barriers).  Returns 1, or -ENOSPC. */
 int kvb_convert_cleared(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev *out);
+
+/* A router event made elsewhere (a repair's stored event, from the residency
+ * mirror) takes the next event_id of (the selected worker, dp_rank): sets
+ * its worker_id, dp_rank, event_id and epoch, counts it as published, and
+ * clears its repair flag.  Returns 1, or -ENOSPC (too many counters). */
+int kvb_convert_stamp(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev *r);
 
 /* What this run published for (worker_id, dp_rank): nothing yet
  * (KVB_PAIR_NONE), a "cleared" last (KVB_PAIR_CLEAN: the router holds nothing

@@ -43,9 +43,15 @@ struct kvb_discovery;
 #define KVB_DISCOVERY_MAX_PAIRS 4096
 
 /* Start the thread (it connects in the background: etcd may be away).
+ * rt (copied; NULL: none): the recovery endpoint every pair gets (recovery.h,
+ * docs/dynamo-event-plane.md section 9): its Instance record
+ *   v1/instances/{ns}/{comp}/worker_kv_query_source_{publisher_id:x}/{instance_id:x}
+ * is put before the pair's EventSource record, which names the same
+ * Instance as metadata.recovery_target.
  * 0, -EINVAL (no etcd endpoint configured), -ENOMEM, or a pthread error. */
+struct kvb_recovery_target;
 int kvb_discovery_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wake_fd,
-                         struct kvb_discovery **out);
+                         const struct kvb_recovery_target *rt, struct kvb_discovery **out);
 
 /* Stop and free: waits for a request in flight (at most 3 s), then revokes
  * the lease (at most 2 s more). */
@@ -65,8 +71,18 @@ bool kvb_discovery_all_registered(struct kvb_discovery *d);
 /* The record's key into OUT (CAP bytes).  Length, or -ENAMETOOLONG. */
 int kvb_discovery_key(const char *ns, const char *comp, const char *ep, uint64_t publisher_id,
                       char *out, size_t cap);
-/* The record's JSON (malloc'd; the caller frees), or NULL when out of memory. */
+/* The record's JSON (malloc'd; the caller frees), or NULL when out of memory;
+ * _rt: with metadata.recovery_target (rt NULL: without). */
 char *kvb_discovery_value(const char *ns, const char *comp, const char *ep, uint64_t publisher_id,
                           uint64_t worker_id, uint32_t dp_rank);
+char *kvb_discovery_value_rt(const char *ns, const char *comp, const char *ep,
+                             uint64_t publisher_id, uint64_t worker_id, uint32_t dp_rank,
+                             const struct kvb_recovery_target *rt);
+/* The recovery endpoint's Instance record: its key (length, or
+ * -ENAMETOOLONG) and its JSON (malloc'd, or NULL). */
+int kvb_discovery_instance_key(const struct kvb_recovery_target *rt, uint64_t publisher_id,
+                               char *out, size_t cap);
+char *kvb_discovery_instance_value(const struct kvb_recovery_target *rt, uint64_t publisher_id,
+                                   uint64_t worker_id, uint32_t dp_rank);
 
 #endif

@@ -50,7 +50,12 @@
 #define KVB_BARRIER_CAUSES(X)                                                  \
     X(START, "start") X(GAP, "gap") X(RESTART, "restart")                      \
     X(MALFORMED, "malformed_batch") X(NATS_LOST, "nats_lost")                 \
-    X(MIRROR_FULL, "mirror_full") X(ENGINE_GONE, "engine_gone")
+    X(MIRROR_FULL, "mirror_full") X(ENGINE_GONE, "engine_gone")              \
+    X(NATS_RECONNECT, "nats_reconnect")
+
+/* docs/router-events.md section 6, "Repairs": why a pair was repaired. */
+#define KVB_REPAIR_CAUSES(X)                                                   \
+    X(NATS_LOST, "nats_lost") X(NATS_RECONNECT, "nats_reconnect")
 
 #define KVB_TIERS(X)                                                           \
     X(DEVICE, "device") X(HOST_PINNED, "host_pinned") X(DISK, "disk")          \
@@ -63,10 +68,18 @@
 
 /* Query operations (query.h); "invalid": requests refused before the loop. */
 #define KVB_QUERY_OPS(X)                                                       \
-    X(DUMP, "dump") X(EVENTS, "events") X(MATCH, "match") X(INVALID, "invalid")
+    X(DUMP, "dump") X(EVENTS, "events") X(MATCH, "match")                      \
+    X(RECOVER, "recover") X(INVALID, "invalid")
 /* nats.format values, as label values. */
 #define KVB_FORMATS(X)                                                         \
     X(DYNAMO_JSON, "dynamo-json") X(DYNAMO_MSGPACK, "dynamo-msgpack") X(RAW, "raw")
+
+/* docs/dynamo-event-plane.md section 9: how a recovery query ended. */
+#define KVB_RECOVERY_RESULTS(X)                                                \
+    X(EVENTS, "events") X(TREE_DUMP, "tree_dump") X(TOO_NEW, "too_new")        \
+    X(INVALID_RANGE, "invalid_range") X(ERROR, "error")                        \
+    X(TREE_DUMP_FAILED, "tree_dump_failed") X(REFUSED, "refused")              \
+    X(OVERLOADED, "overloaded") X(UNDELIVERED, "undelivered")
 
 #define KVB_NO_LABEL(X) X(ALL, "")
 
@@ -164,6 +177,12 @@
       "Stores refused past limits.max_resident_blocks (a barrier follows)")    \
     X(counter, mirror_orphans_total, "", KVB_NO_LABEL,                         \
       "Stores the mirror dropped for an unknown parent, as an indexer does")   \
+    X(counter, repairs_total, "cause", KVB_REPAIR_CAUSES,                      \
+      "Pairs repaired from the residency mirror after a loss on the NATS side (a \"cleared\", then the resident blocks), by cause") \
+    X(counter, repaired_blocks_total, "", KVB_NO_LABEL,                        \
+      "Resident blocks published again by repairs")                            \
+    X(gauge, repair_missing_blocks, "", KVB_NO_LABEL,                          \
+      "Resident blocks that repairs have yet to publish (the consumers lack them)") \
     X(counter, queries_total, "op", KVB_QUERY_OPS,                             \
       "Queries answered (HTTP and NATS), by operation")                        \
     X(counter, query_bytes_total, "op", KVB_QUERY_OPS,                         \
@@ -177,7 +196,11 @@
     X(counter, discovery_registrations_total, "", KVB_NO_LABEL,                \
       "EventSource records put in etcd (again after a lost lease)")            \
     X(counter, discovery_etcd_errors_total, "", KVB_NO_LABEL,                  \
-      "etcd requests that failed (unreachable, refused, lease lost)")
+      "etcd requests that failed (unreachable, refused, lease lost)")          \
+    X(counter, recovery_requests_total, "result", KVB_RECOVERY_RESULTS,        \
+      "Dynamo recovery queries, by how they ended (the answer sent, refused, or not delivered)") \
+    X(counter, recovery_response_bytes_total, "", KVB_NO_LABEL,                \
+      "Bytes of recovery answers delivered to routers")
 
 /* Histograms: name, help, bucket list.  Buckets are upper bounds in
  * nanoseconds, exposed in seconds; +Inf is implicit. */
@@ -231,6 +254,8 @@
 #define KVB_JSF_ITEM(s, str) KVB_JSF_##s,
 #define KVB_QOP_ITEM(s, str) KVB_QOP_##s,
 #define KVB_FMT_ITEM(s, str) KVB_FMT_##s,
+#define KVB_REP_ITEM(s, str) KVB_REP_##s,
+#define KVB_RES_ITEM(s, str) KVB_RES_##s,
 enum kvb_drop_reason { KVB_DROP_REASONS(KVB_DROP_ITEM) KVB_DROP__COUNT };
 enum kvb_evt_label { KVB_EVENT_TYPES(KVB_EVT_ITEM) KVB_EVT__COUNT };
 enum kvb_revt_label { KVB_REV_TYPES(KVB_REVT_ITEM) KVB_REVT__COUNT };
@@ -241,6 +266,8 @@ enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };
 enum kvb_js_ack_failure { KVB_JS_ACK_FAILURES(KVB_JSF_ITEM) KVB_JSF__COUNT };
 enum kvb_qop_label { KVB_QUERY_OPS(KVB_QOP_ITEM) KVB_QOP__COUNT };
 enum kvb_fmt_label { KVB_FORMATS(KVB_FMT_ITEM) KVB_FMT__COUNT };
+enum kvb_repair_cause { KVB_REPAIR_CAUSES(KVB_REP_ITEM) KVB_REP__COUNT };
+enum kvb_recovery_result { KVB_RECOVERY_RESULTS(KVB_RES_ITEM) KVB_RES__COUNT };
 
 #define KVB_COUNT_OF(list) (0 list(KVB_COUNT_ONE))
 #define KVB_COUNT_ONE(s, str) +1

@@ -50,10 +50,26 @@ int kvb_mirror_apply(struct kvb_mirror *r, const struct kvb_rev *rev);
  * mirror): 1 when the pair needs its "cleared", else 0. */
 int kvb_mirror_observe(void *ctx, const struct kvb_rev *rev);
 
+/* Repairs (docs/router-events.md section 6, "Repairs").  A router event
+ * marked kvb_rev.repair is recorded (the pair's last event, its ring), not
+ * applied: a "cleared" marks every resident block of its pair missing (held
+ * by the engine, no longer by the consumers), a stored event is blocks the
+ * mirror holds already.  Live events keep the marks true
+ * (kvb_index_repair_begin()).  The mirror is on (repairs possible). */
+bool kvb_mirror_on(const struct kvb_mirror *r);
+/* Blocks the consumers lack, over every pair. */
+uint64_t kvb_mirror_missing(const struct kvb_mirror *r);
+/* The next stored event a repair publishes (kvb_index_repair_next(): parents
+ * before children, at most max_blocks; event_id unset): 1 and *out, valid
+ * until the next call; 0 when nothing is missing, or -EAGAIN (looked at
+ * many blocks without finding one: call again on a later turn), -ENOMEM. */
+int kvb_mirror_repair_next(struct kvb_mirror *r, uint32_t max_blocks, struct kvb_rev *out);
+
 /* Answer the queued queries (after the loop's wake fd fired). */
 void kvb_mirror_serve(struct kvb_mirror *r);
 
-/* Gauges: mirror_resident_blocks{tier}, mirror_bytes, mirror_orphans_total. */
+/* Gauges: mirror_resident_blocks{tier}, mirror_bytes, mirror_orphans_total,
+ * repair_missing_blocks. */
 void kvb_mirror_gauges(struct kvb_mirror *r);
 /* The result of the last asynchronous save (kvb_mirror_save() without
  * wait) once it is known: *done set, and 0 or a negative errno. */

@@ -74,6 +74,19 @@ int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int
  * redundant, or a negative errno. */
 int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause);
 
+/* Repairs (docs/router-events.md section 6, "Repairs"): router events of
+ * (worker_id, dp_rank) were lost on the NATS side, and the residency mirror
+ * still holds the pair.  repair_cleared publishes the pair's "cleared"
+ * marked as a repair (kvb_rev.repair: consumers forget the pair, the mirror
+ * keeps it and marks its blocks missing); repair_stored publishes one
+ * stored event of those blocks (from kvb_mirror_repair_next(): tier,
+ * blocks, parent), which takes the pair's next event_id.  Neither is ever
+ * redundant.  1 (or 2 with a mirror_full barrier after it), or a negative
+ * errno. */
+int kvb_pipeline_repair_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank,
+                                int cause);
+int kvb_pipeline_repair_stored(struct kvb_pipeline *p, const struct kvb_rev *rev);
+
 /* What the last kvb_pipeline_batch() saw, for metrics. */
 struct kvb_batch_info {
     uint64_t serial; /* +1 per apply */

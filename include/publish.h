@@ -141,6 +141,9 @@ int kvb_publish_cut(struct kvb_publish *o);
  * whose pair got registered.  0. */
 int kvb_publish_flush(struct kvb_publish *o);
 
+/* Bytes of the messages handed to the sink (or the writer) so far. */
+uint64_t kvb_publish_bytes(const struct kvb_publish *o);
+
 /* True once per loss since the last call: a publish failed or held
  * messages were dropped (the caller publishes barriers). */
 bool kvb_publish_take_loss(struct kvb_publish *o);

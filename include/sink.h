@@ -119,18 +119,23 @@ void kvb_sink_defer_writes(struct kvb_sink *s);
  * due.  Owner thread only; flush and destroy call it themselves. */
 void kvb_sink_service(struct kvb_sink *s);
 
-/* Serve requests (core NATS request/reply) on subject: fn runs on nats.c's
- * delivery thread of the subscription, with the natsConnection * and the
- * natsMsg * (typed void here so that this header does not need nats.h);
- * fn owns the message (natsMsg_Destroy) and publishes its replies on that
- * connection itself.  The subscription is made again on every new
- * connection the sink opens.  0, or a negative errno when the subscription
- * failed now (it is tried again on the next connection).  Owner thread. */
+/* Serve requests (core NATS request/reply) on subject (wildcards allowed):
+ * fn runs on nats.c's delivery thread of the subscription, with the
+ * natsConnection * and the natsMsg * (typed void here so that this header
+ * does not need nats.h); fn owns the message (natsMsg_Destroy) and
+ * publishes its replies on that connection itself.  Up to
+ * KVB_SINK_SERVE_MAX subjects at once (the query API, the recovery query);
+ * serving a subject already served replaces its fn.  The subscriptions are
+ * made again on every new connection the sink opens.  0, -ENOSPC (every
+ * slot taken), or a negative errno when the subscription failed now (it is
+ * tried again on the next connection).  Owner thread. */
+#define KVB_SINK_SERVE_MAX 4
 typedef void (*kvb_sink_request_fn)(void *closure, void *nats_conn, void *nats_msg);
 int kvb_sink_serve(struct kvb_sink *s, const char *subject, kvb_sink_request_fn fn, void *closure);
-/* Stop serving: no new call of fn starts after it returns; one running may
- * still end (kvb_sink_serving() says when none is left).  destroy does it
- * too, and waits up to a few seconds for the callbacks.  Owner thread. */
+/* Stop serving every subject: no new call of a fn starts after it returns;
+ * one running may still end (kvb_sink_serving() says when none is left).
+ * destroy does it too, and waits up to a few seconds for the callbacks.
+ * Owner thread. */
 void kvb_sink_unserve(struct kvb_sink *s);
 bool kvb_sink_serving(const struct kvb_sink *s);
 

@@ -288,6 +288,7 @@ struct opts {
     long cut_ms;
     bool has_worker; /* --worker W: only that worker's events count */
     uint64_t worker;
+    long reconnect_ms; /* --reconnect-wait: 0 = nats.c's default */
 };
 
 struct stats {
@@ -1483,8 +1484,10 @@ static void compare_with_record(struct tail *t)
 
 /* ----------------------------------------------------------------- NATS */
 
-static natsConnection *connect_nats(const char *url)
+/* The server of o (--server), reconnecting as --reconnect-wait says. */
+static natsConnection *connect_nats(const struct opts *o)
 {
+    const char *url = o->server;
     natsOptions *opts = NULL;
     natsConnection *nc = NULL;
     natsStatus s = natsOptions_Create(&opts);
@@ -1495,6 +1498,11 @@ static natsConnection *connect_nats(const char *url)
         s = natsOptions_SetName(opts, "kvtail");
     if (s == NATS_OK)
         s = natsOptions_SetTimeout(opts, 3000);
+    if (s == NATS_OK && o->reconnect_ms) { /* try again this often, forever */
+        s = natsOptions_SetReconnectWait(opts, o->reconnect_ms);
+        if (s == NATS_OK)
+            s = natsOptions_SetMaxReconnect(opts, -1);
+    }
     if (s == NATS_OK)
         s = natsConnection_Connect(&nc, opts);
     if (s != NATS_OK) {
@@ -1528,7 +1536,7 @@ static int do_publish(const struct opts *o)
         fprintf(stderr, "kvtail: --publish takes dynamo-json or dynamo-msgpack (hex) lines\n");
         goto out;
     }
-    nc = connect_nats(o->server);
+    nc = connect_nats(o);
     if (!nc)
         goto out;
     while (!stop_flag && (n = read_line(f, &line, &cap)) >= 0) {
@@ -1612,7 +1620,7 @@ static void summary_line(void *ctx, const char *line, size_t len)
 
 static int do_query_once(const struct opts *o)
 {
-    natsConnection *nc = connect_nats(o->server);
+    natsConnection *nc = connect_nats(o);
     struct summary m;
     char *req = NULL;
     size_t cap = 0;
@@ -1708,6 +1716,10 @@ static const struct tool_opt options[] = {
      .max = 86400000ULL * 365, .bad = BAD_NUMBER,
      .help = "exit when idle MS after the last message, or after MS\n"
               "if none arrives (default 0 = never)"},
+    {.name = "reconnect-wait", .arg = "MS", .kind = TOOL_U64, F(reconnect_ms), .min = 1,
+     .max = 3600000, .bad = BAD_NUMBER,
+     .help = "after losing the server, try to reconnect every MS,\n"
+              "forever (default: nats.c's 2 s, 60 times)"},
     {.name = "quiet", .short_name = 'q', .kind = TOOL_FLAG, F(quiet),
      .help = "do not print messages"},
     {.name = "check", .kind = TOOL_FLAG, F(check),
@@ -2112,7 +2124,7 @@ int main(int argc, char **argv)
     if (!t.o.quiet && isatty(STDOUT_FILENO))
         setvbuf(stdout, NULL, _IOLBF, 0);
 
-    nc = connect_nats(t.o.server);
+    nc = connect_nats(&t.o);
     t.nc = nc;
     if (!nc || get_ready(&t, &sub) < 0)
         goto out;

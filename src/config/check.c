@@ -729,6 +729,15 @@ static void check_publish(struct ctx *c, struct kvb_config *cfg, struct mark *m)
                "dynamo-json; use dynamo-json, or core NATS",
                kvb_cfg_opts[kvb_cfg_opt_index("nats.format")].values[f]);
     }
+    const struct mark *mr = &m[kvb_cfg_opt_index("nats.resync_on_reconnect")];
+    if (cfg->nats.resync_on_reconnect && cfg->nats.jetstream.enabled && !mr->bad && !mj->bad)
+        err_at(c, mr->line, mr->col,
+               "nats.resync_on_reconnect: for core NATS only: JetStream sends again "
+               "what the stream did not acknowledge");
+    if (cfg->nats.resync_on_reconnect && cfg->limits.max_resident_blocks == 0 && !mr->bad)
+        err_at(c, mr->line, mr->col,
+               "nats.resync_on_reconnect: needs the residency mirror "
+               "(limits.max_resident_blocks is 0)");
     if (cfg->discovery.etcd.n_endpoints && f != KVB_FORMAT_DYNAMO_MSGPACK && !md->bad)
         err_at(c, md->line, md->col,
                "discovery.etcd.endpoints: discovery registers "
@@ -744,8 +753,42 @@ static void check_publish(struct ctx *c, struct kvb_config *cfg, struct mark *m)
     }
 }
 
+/* discovery.recovery: what answering Dynamo's recovery query needs. */
+static void check_recovery(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
+{
+    const struct mark *me = &m[kvb_cfg_opt_index("discovery.recovery.enabled")];
+    const struct mark *ml = &m[kvb_cfg_opt_index("discovery.recovery.listen")];
+    const struct mark *ma = &m[kvb_cfg_opt_index("discovery.recovery.advertise")];
+    bool enabled = cfg->discovery.recovery.enabled;
+    const char *listen = cfg->discovery.recovery.listen;
+    const char *advertise = cfg->discovery.recovery.advertise;
+    if (!enabled || me->bad)
+        return;
+    if (!cfg->discovery.etcd.n_endpoints)
+        err_at(c, me->line, me->col,
+               "discovery.recovery.enabled: needs discovery.etcd.endpoints (the EventSource "
+               "records carry the recovery target)");
+    if (!cfg->limits.max_resident_blocks)
+        err_at(c, me->line, me->col,
+               "discovery.recovery.enabled: needs the residency mirror "
+               "(limits.max_resident_blocks is 0)");
+    if (cfg->discovery.recovery.request_plane != 1 || ml->bad) /* 1: tcp (recovery.h) */
+        return;
+    if (!listen[0]) {
+        err_at(c, me->line, me->col,
+               "discovery.recovery.listen: required with request_plane tcp (HOST:PORT)");
+        return;
+    }
+    bool wildcard = strncmp(listen, "0.0.0.0:", 8) == 0 || strncmp(listen, "[::]:", 5) == 0;
+    if (wildcard && !advertise[0] && !ma->bad)
+        err_at(c, ml->line, ml->col,
+               "discovery.recovery.advertise: required when discovery.recovery.listen is a "
+               "wildcard address (the records must name one routers can reach)");
+}
+
 void kvb_cfg_check_config(struct ctx *c, struct kvb_config *cfg, struct mark *m)
 {
+    check_recovery(c, cfg, m);
     check_publish(c, cfg, m);
     check_worker_id_file(c, cfg, m);
     check_socket_count(c, cfg, m);

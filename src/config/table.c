@@ -21,6 +21,7 @@ static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "ra
 static const char *const level_values[] = {"error", "warn", "info", "debug", NULL};
 static const char *const retention_values[] = {"limits", "interest", "workqueue", NULL};
 static const char *const engine_kind_values[] = {"vllm", "sglang", NULL}; /* engine/load.h */
+static const char *const plane_values[] = {"nats", "tcp", NULL};          /* recovery.h */
 #define TIER_NAME(s, str) [KVB_TIER_##s] = str,
 static const char *const tier_values[] = {KVB_TIERS(TIER_NAME) NULL};
 
@@ -318,6 +319,24 @@ static const struct opt opts[] = {
      .help = "How long to drain pending messages to NATS at shutdown, in "
              "milliseconds."},
 
+    {.key = "nats.resync_on_reconnect", .type = T_BOOL,
+     .off = TOP(nats.resync_on_reconnect, bool), .def = "false", .flags = R,
+     .help = "Core NATS: after every reconnection, a \"cleared\" for each (worker_id, "
+             "dp_rank) followed by its resident blocks from the residency mirror (cause "
+             "nats_reconnect), as after a counted loss: what a dying server had in "
+             "flight is lost without a trace, and the router then still ends with the "
+             "engine's view. Paced by nats.repair_bytes_per_s. Needs the mirror "
+             "(limits.max_resident_blocks > 0); refused with nats.jetstream.enabled "
+             "(JetStream sends again what it did not acknowledge)."},
+    {.key = "nats.repair_bytes_per_s", .type = T_U64,
+     .off = TOP(nats.repair_bytes_per_s, uint64_t), .def = "8388608", .min = 4096,
+     .max = UINT32_MAX, .flags = R,
+     .help = "Pace of repairs: after router events were lost on the NATS side (and "
+             "with nats.resync_on_reconnect after a reconnection), the resident blocks "
+             "of each pair are published again, at most this many bytes per second "
+             "(bursts of one second's worth), while the engines are read as usual, so "
+             "that a flapping server cannot flood the router. 8 MiB by default."},
+
     {.key = "nats.tls.enabled", .type = T_BOOL, .off = TOP(nats.tls.enabled, bool),
      .def = "false", .flags = R | C,
      .help = "Connect with TLS (also on when a server URL is tls://)."},
@@ -415,6 +434,33 @@ static const struct opt opts[] = {
      .off = TOP(discovery.etcd.lease_ttl_s, uint32_t), .def = "10", .min = 2, .max = 3600,
      .help = "TTL of the etcd lease the records are put under, in seconds; kvbridge "
              "keeps it alive (every third of it) and revokes it at a clean stop."},
+
+    {.key = "discovery.recovery.enabled", .type = T_BOOL,
+     .off = TOP(discovery.recovery.enabled, bool), .def = "false",
+     .help = "Answer Dynamo's KV recovery query for each (worker_id, dp_rank), as a Dynamo "
+             "worker's local indexer does: the EventSource records then carry a "
+             "recovery_target, and a router that starts late, restarts or sees a hole asks "
+             "kvbridge for the pair's state (the recent events from the mirror's ring, or a "
+             "dump of its blocks) instead of starting from nothing "
+             "(docs/dynamo-event-plane.md section 9). Needs discovery.etcd.endpoints and "
+             "the residency mirror."},
+    {.key = "discovery.recovery.request_plane", .type = T_ENUM,
+     .off = TOP(discovery.recovery.request_plane, int), .def = "tcp", .values = plane_values,
+     .help = "How routers send their recovery queries, as they were started: tcp (Dynamo's "
+             "default, DYN_REQUEST_PLANE=tcp: kvbridge listens on "
+             "discovery.recovery.listen) or nats (DYN_REQUEST_PLANE=nats: request/reply on "
+             "kvbridge's NATS connection). Answers always go back over TCP to the router "
+             "(DYN_RESPONSE_PLANE=tcp; QUIC is not served)."},
+    {.key = "discovery.recovery.listen", .type = T_STR,
+     .off = TOP(discovery.recovery.listen, char *), .def = "", .check = check_listen,
+     .help = "The TCP request plane: HOST:PORT kvbridge listens on for recovery queries "
+             "(a numeric IPv4 or [IPv6] address; 0.0.0.0 for every interface). Required with "
+             "request_plane tcp."},
+    {.key = "discovery.recovery.advertise", .type = T_STR,
+     .off = TOP(discovery.recovery.advertise, char *), .def = "", .check = check_host,
+     .help = "The TCP request plane: the HOST[:PORT] routers connect to, as the records "
+             "advertise it (the port: listen's when left out); \"\" = the listen address, "
+             "which must then not be a wildcard."},
 
     {.key = "metrics.listen", .type = T_STR, .off = TOP(metrics.listen, char *),
      .def = "127.0.0.1:9464", .check = check_listen,

@@ -7,8 +7,9 @@
  *   stop.c    the drain at shutdown, and freeing everything
  *   sources.c the sources a configuration asks for (the steps above share it)
  *   save.c    the cursors (and the mirror) saved to state.dir, loaded at start
+ *   repair.c  losses on the NATS side repaired from the residency mirror
  * The calls between these files run one way: loop.c -> start/turn/reload/
- * stop -> sources/save (make lint-graph).
+ * stop -> sources/save/repair (make lint-graph).
  * The loop thread owns all of it.  The data path is not the daemon's: a
  * turn reads the sources, whose batches go through the rules, the pipeline
  * and the publish stage to the sink.
@@ -40,6 +41,7 @@ struct kvb_publish;
 struct kvb_discovery;
 struct kvb_http;
 struct kvb_mirror;
+struct kvb_recovery;
 struct kvb_engines;
 struct kvb_stats;
 struct kvb_state;
@@ -81,11 +83,12 @@ struct kvb_daemon {
     struct kvb_discovery *disc; /* discovery.etcd: EventSource records; NULL when off */
     bool held_back;             /* discovery: a pair is not registered yet: do not read */
     struct kvb_http *http;
-    struct kvb_mirror *res;  /* the residency mirror and its queries */
-    struct kvb_engines *eng; /* sources[].engine: load and liveness (engine.h) */
-    struct kvb_stats *stats; /* log.stats_interval_s (stats.h) */
-    uint64_t heartbeat_ms;   /* loop wake-up period */
-    uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
+    struct kvb_mirror *res;   /* the residency mirror and its queries */
+    struct kvb_recovery *rec; /* discovery.recovery: Dynamo's recovery query; NULL when off */
+    struct kvb_engines *eng;  /* sources[].engine: load and liveness (engine.h) */
+    struct kvb_stats *stats;  /* log.stats_interval_s (stats.h) */
+    uint64_t heartbeat_ms;    /* loop wake-up period */
+    uint64_t watchdog_ms;     /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
     bool paused;              /* backpressure: NATS buffer too full to read more */
     uint64_t paused_since;    /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
@@ -95,6 +98,11 @@ struct kvb_daemon {
     uint64_t calm_since;      /* ... and nothing has been queued up since (0: not yet) */
     bool barrier_due;         /* router events were lost on the NATS side */
     uint64_t losses_seen;     /* kvb_sink_losses() already answered with a barrier */
+    bool resync_due;          /* nats.resync_on_reconnect: a reconnection to answer */
+    uint64_t reconnects_seen; /* nats_reconnects_total already answered */
+    int64_t repair_tokens;    /* repair.c: bytes repairs may publish now */
+    uint64_t repair_at;       /* ... as of this time (monotonic ms; 0: never) */
+    struct kvb_ratelimit repair_rl;
     struct kvb_state *resume; /* what the sources start from (state.dir, reload) */
     uint64_t last_save_ms, saved_batches;
     bool save_failing; /* state.dir: the last save failed */
@@ -162,6 +170,24 @@ void kvb_daemon_lend_back(struct kvb_daemon *d, struct kvb_source **v, const siz
                           size_t n);
 /* ActiveLoad messages (engine.h): core NATS, whatever the router events use. */
 int kvb_daemon_publish_load(void *ctx, const char *subject, const void *data, size_t len);
+
+/* ---- repair.c: losses on the NATS side ----------------------------------- */
+
+/* Router events of (worker_id, dp_rank) were lost on the NATS side (cause:
+ * KVB_BAR_NATS_LOST, or KVB_BAR_NATS_RECONNECT for a reconnection with
+ * nats.resync_on_reconnect): the pair's "cleared" now and, with the mirror
+ * on, its resident blocks after it over the next turns
+ * (kvb_daemon_repair_step()), so that a consumer ends with the engine's
+ * view.  Any part of the daemon may call it for a pair whose events it knows
+ * were lost.  1 (published), 0, or a negative errno. */
+int kvb_daemon_repair_pair(struct kvb_daemon *d, uint64_t worker_id, uint32_t dp_rank, int cause);
+/* The same for every pair of every stream that applied a batch. */
+void kvb_daemon_repair_all(struct kvb_daemon *d, int cause);
+/* Publish what the repairs still owe, within their pace (each turn). */
+void kvb_daemon_repair_step(struct kvb_daemon *d, uint64_t now);
+/* Milliseconds until the next step can publish something, or -1 (nothing
+ * owed, or waiting for NATS, which wakes the loop). */
+long kvb_daemon_repair_wait(struct kvb_daemon *d, uint64_t now);
 
 /* ---- save.c: state (state.dir) ------------------------------------------ */
 

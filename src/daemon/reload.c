@@ -17,6 +17,7 @@
 #include "mirror.h"
 #include "pipeline.h"
 #include "publish.h"
+#include "recovery.h"
 #include "sink.h"
 #include "source.h"
 #include "state.h"
@@ -205,6 +206,7 @@ static void commit(struct kvb_daemon *d, struct staged *st)
         kvb_sink_defer_writes(d->sink);
         kvb_publish_set_sink(d->out, d->sink);
         kvb_mirror_attach(d->res, d->sink);
+        kvb_recovery_attach(d->rec, d->sink);
     }
     struct kvb_publish_cfg uc = kvb_publish_cfg_of(nc);
     if (kvb_publish_reconfigure(d->out, &uc) < 0) /* validated by the config module */

@@ -20,6 +20,7 @@
 #include "mirror.h"
 #include "pipeline.h"
 #include "publish.h"
+#include "recovery.h"
 #include "sink.h"
 #include "source.h"
 #include "stats.h"
@@ -93,8 +94,16 @@ static int start_nats(struct kvb_daemon *d)
     if (d->resume &&
         kvb_mirror_load(d->res, d->cfg->state.dir, d->resume, kvb_daemon_mirror_barrier, d) < 0)
         kvb_warn("state", "residency mirror: cannot load (out of memory)");
+    /* the recovery endpoints serve before the records that name them exist */
+    if (d->cfg->discovery.recovery.enabled &&
+        (rc = kvb_recovery_create(d->cfg, &d->m, kvb_mirror_query(d->res), &d->rec)) < 0) {
+        kvb_err("recovery", "cannot start: %s", strerror(-rc));
+        return rc == -EADDRINUSE || rc == -EADDRNOTAVAIL || rc == -EACCES ? KVB_EX_UNAVAILABLE : 1;
+    }
+    kvb_recovery_attach(d->rec, d->sink);
     if (d->cfg->discovery.etcd.n_endpoints &&
-        ((rc = kvb_discovery_create(d->cfg, &d->m, d->wakefd, &d->disc)) < 0 ||
+        ((rc = kvb_discovery_create(d->cfg, &d->m, d->wakefd, kvb_recovery_target(d->rec),
+                                    &d->disc)) < 0 ||
          (rc = kvb_publish_set_discovery(d->out, d->disc, d->cfg)) < 0)) {
         kvb_err("discovery", "cannot start: %s", strerror(-rc));
         return 1;
@@ -156,6 +165,7 @@ int kvb_daemon_start(struct kvb_daemon *d)
     int rc;
     kvb_log_set_level(d->cfg->log.level);
     d->save_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(60000, 1);
+    d->repair_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
     if ((rc = setup_fds(d)) < 0) {
         kvb_err("main", "signals: %s", strerror(-rc));
         return 1;

@@ -19,6 +19,7 @@
 #include "mirror.h"
 #include "pipeline.h"
 #include "publish.h"
+#include "recovery.h"
 #include "sink.h"
 #include "source.h"
 #include "state.h"
@@ -87,8 +88,9 @@ void kvb_daemon_free(struct kvb_daemon *d)
     kvb_zap_destroy(&d->zap); /* after the sources registered with it */
     if (d->zctx)
         zmq_ctx_term(d->zctx);
-    kvb_mirror_detach(d->res, d->sink);
-    kvb_discovery_destroy(&d->disc); /* revokes the lease: the records go */
+    kvb_mirror_detach(d->res, d->sink); /* every NATS request served stops */
+    kvb_recovery_destroy(&d->rec);      /* the mirror is closed: its queries end */
+    kvb_discovery_destroy(&d->disc);    /* revokes the lease: the records go */
     kvb_sink_destroy(&d->sink);
     kvb_pipeline_destroy(&d->pipe); /* before the publish stage it hands events to */
     kvb_publish_destroy(&d->out);

@@ -47,11 +47,14 @@ void kvb_daemon_drain_wake(struct kvb_daemon *d)
         ;
 }
 
-/* Router events lost on the NATS side (a refused publish, or a buffer that
- * nats.c dropped with its connection): once NATS takes publishes again,
- * "cleared" for every stream, so that the router forgets what it may have
- * half-seen.  The engine streams go on; nothing is replayed for it. */
-static void nats_loss_barrier(struct kvb_daemon *d)
+/* Router events lost on the NATS side (a refused publish, a buffer that
+ * nats.c dropped with its connection, a JetStream publish given up; and with
+ * nats.resync_on_reconnect every reconnection, which may have lost what the
+ * server had in flight): once NATS takes publishes again, every pair is
+ * repaired (repair.c): "cleared", so that the router forgets what it may
+ * have half-seen, then its resident blocks from the mirror.  The engine
+ * streams go on. */
+static void nats_losses(struct kvb_daemon *d)
 {
     uint64_t losses = kvb_sink_losses(d->sink);
     if (losses != d->losses_seen) {
@@ -60,12 +63,22 @@ static void nats_loss_barrier(struct kvb_daemon *d)
     }
     if (kvb_publish_take_loss(d->out))
         d->barrier_due = true;
-    if (!d->barrier_due || !kvb_sink_connected(d->sink))
+    uint64_t reconnects = kvb_get(&d->m.nats_reconnects_total[0]);
+    if (reconnects != d->reconnects_seen) {
+        d->reconnects_seen = reconnects;
+        d->resync_due = d->cfg->nats.resync_on_reconnect && !d->cfg->nats.jetstream.enabled;
+    }
+    if (!(d->barrier_due || d->resync_due) || !kvb_sink_connected(d->sink))
         return;
-    d->barrier_due = false;
-    kvb_warn("main", "router events were lost on the NATS side: publishing barriers");
-    for (size_t i = 0; i < d->n_src; i++)
-        kvb_source_barrier_all(d->src[i], KVB_BAR_NATS_LOST);
+    if (d->barrier_due) {
+        kvb_warn("main", "router events were lost on the NATS side: publishing barriers");
+        kvb_daemon_repair_all(d, KVB_BAR_NATS_LOST);
+    } else {
+        kvb_info("main", "reconnected to NATS: resynchronising the router (barriers, then "
+                         "the resident blocks)");
+        kvb_daemon_repair_all(d, KVB_BAR_NATS_RECONNECT);
+    }
+    d->barrier_due = d->resync_due = false;
     kvb_publish_flush(d->out);
 }
 
@@ -236,6 +249,9 @@ static long arm(struct kvb_daemon *d, uint64_t now, bool hold)
         if (left < timeout)
             timeout = left;
     }
+    long rw = kvb_daemon_repair_wait(d, now); /* a repair under way goes on */
+    if (rw >= 0 && rw < timeout)
+        timeout = rw;
     for (size_t i = 0; i < d->n_src; i++) {
         struct kvb_source *s = d->src[i];
         *src_item(d, i, KVB_POLL_SUB) = sock_item(hold ? NULL : kvb_source_sub(s));
@@ -300,7 +316,8 @@ int kvb_daemon_turn(struct kvb_daemon *d)
     kvb_publish_flush(d->out); /* one message per pair and turn when events are few */
     if (ready(&d->items[KVB_POLL_ENGINES]))
         kvb_engines_on_ready(d->eng, d->src, d->n_src, kvb_mono_ms(), d->paused);
-    nats_loss_barrier(d);
+    nats_losses(d);
+    kvb_daemon_repair_step(d, kvb_mono_ms());
     update_gauges(d);
     kvb_stats_tick(d->stats, kvb_mono_ms());
     kvb_daemon_save_state(d, false);

@@ -18,6 +18,7 @@
 #include "encode_msgpack.h"
 #include "log.h"
 #include "metrics.h"
+#include "recovery.h"
 #include "subject.h"
 
 #define KEY_MAX 1024
@@ -56,6 +57,8 @@ struct kvb_discovery {
     CURL *curl;
     int64_t lease;
     struct kvb_ratelimit rl_err;
+    bool recovery; /* the records name rt as each pair's recovery target */
+    struct kvb_recovery_target rt;
 };
 
 /* ---- pure helpers ------------------------------------------------------- */
@@ -88,8 +91,72 @@ static json_object *endpoint_obj(const char *ns, const char *comp, const char *e
     return o;
 }
 
+/* The Instance of a pair's recovery endpoint (Dynamo's Instance: component,
+ * endpoint, namespace, instance_id, transport {nats_tcp|tcp: ...}); with_type:
+ * as the instance record holds it ({"type":"Endpoint", ...}).  NULL when out
+ * of memory or a name does not fit. */
+static json_object *instance_obj(const struct kvb_recovery_target *rt, uint64_t publisher_id,
+                                 uint64_t worker_id, uint32_t dp_rank, bool with_type)
+{
+    char ep[64], tr[1024];
+    if (kvb_recovery_endpoint(publisher_id, ep, sizeof(ep)) < 0 ||
+        kvb_recovery_transport(rt, worker_id, dp_rank, tr, sizeof(tr)) < 0)
+        return NULL;
+    json_object *o = json_object_new_object(), *t = json_object_new_object();
+    if (!o || !t) {
+        json_object_put(o);
+        json_object_put(t);
+        return NULL;
+    }
+    if (with_type)
+        json_object_object_add(o, "type", json_object_new_string("Endpoint"));
+    json_object_object_add(o, "component", json_object_new_string(rt->component));
+    json_object_object_add(o, "endpoint", json_object_new_string(ep));
+    json_object_object_add(o, "namespace", json_object_new_string(rt->namespace_));
+    json_object_object_add(o, "instance_id", json_object_new_uint64(rt->instance_id));
+    json_object_object_add(t, rt->plane == KVB_RECOVERY_TCP ? "tcp" : "nats_tcp",
+                           json_object_new_string(tr));
+    json_object_object_add(o, "transport", t);
+    return o;
+}
+
+static char *json_text(json_object *o)
+{
+    const char *s = o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+                                                              JSON_C_TO_STRING_NOSLASHESCAPE)
+                      : NULL;
+    return s ? strdup(s) : NULL;
+}
+
+int kvb_discovery_instance_key(const struct kvb_recovery_target *rt, uint64_t publisher_id,
+                               char *out, size_t cap)
+{
+    char ep[64];
+    if (kvb_recovery_endpoint(publisher_id, ep, sizeof(ep)) < 0)
+        return -ENAMETOOLONG;
+    int n = snprintf(out, cap, "v1/instances/%s/%s/%s/%" PRIx64, rt->namespace_, rt->component, ep,
+                     rt->instance_id);
+    return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : n;
+}
+
+char *kvb_discovery_instance_value(const struct kvb_recovery_target *rt, uint64_t publisher_id,
+                                   uint64_t worker_id, uint32_t dp_rank)
+{
+    json_object *o = instance_obj(rt, publisher_id, worker_id, dp_rank, true);
+    char *s = json_text(o);
+    json_object_put(o);
+    return s;
+}
+
 char *kvb_discovery_value(const char *ns, const char *comp, const char *ep, uint64_t publisher_id,
                           uint64_t worker_id, uint32_t dp_rank)
+{
+    return kvb_discovery_value_rt(ns, comp, ep, publisher_id, worker_id, dp_rank, NULL);
+}
+
+char *kvb_discovery_value_rt(const char *ns, const char *comp, const char *ep,
+                             uint64_t publisher_id, uint64_t worker_id, uint32_t dp_rank,
+                             const struct kvb_recovery_target *rt)
 {
     json_object *root = json_object_new_object(), *scope = json_object_new_object(),
                 *meta = json_object_new_object(), *worker = json_object_new_object();
@@ -106,6 +173,16 @@ char *kvb_discovery_value(const char *ns, const char *comp, const char *ep, uint
     json_object_object_add(worker, "dp_rank", json_object_new_uint64(dp_rank));
     json_object_object_add(meta, "kv_state_endpoint", endpoint_obj(ns, comp, ep));
     json_object_object_add(meta, "publisher_id", json_object_new_uint64(publisher_id));
+    if (rt) {
+        json_object *inst = instance_obj(rt, publisher_id, worker_id, dp_rank, false);
+        if (!inst) { /* none of them is attached to root yet */
+            json_object_put(worker);
+            json_object_put(meta);
+            json_object_put(scope);
+            goto out;
+        }
+        json_object_object_add(meta, "recovery_target", inst);
+    }
     json_object_object_add(meta, "worker", worker);
     json_object_object_add(root, "type", json_object_new_string("EventSource"));
     json_object_object_add(root, "scope", scope);
@@ -287,20 +364,14 @@ static json_object *put_req(const char *k64, const char *v64, int64_t lease)
     return p;
 }
 
-/* Put one record under the lease: create-if-absent (as Dynamo does); a
- * record already there is ours (its key holds our publisher_id): put it
- * again so that it hangs off the current lease. */
-static int put_record(struct kvb_discovery *d, const struct pair *p)
+/* Put key = val under the lease: create-if-absent (as Dynamo does); a
+ * record already there is ours (its key holds our publisher_id, or our
+ * instance id): put it again so that it hangs off the current lease. */
+static int put_kv(struct kvb_discovery *d, const char *key, const char *val)
 {
-    char key[KEY_MAX];
-    char *val =
-        kvb_discovery_value(d->ns, d->comp, d->ep, p->publisher_id, p->worker_id, p->dp_rank);
     char *k64 = NULL, *v64 = NULL;
     json_object *txn = NULL, *r = NULL, *cmp, *succ, *op;
-    int rc = kvb_discovery_key(d->ns, d->comp, d->ep, p->publisher_id, key, sizeof(key));
-    if (rc < 0)
-        goto out;
-    rc = -ENOMEM;
+    int rc = -ENOMEM;
     if (!val || !(k64 = b64(key, strlen(key))) || !(v64 = b64(val, strlen(val))))
         goto out;
     if (!(txn = json_object_new_object()) || !(cmp = json_object_new_object()) ||
@@ -334,16 +405,46 @@ static int put_record(struct kvb_discovery *d, const struct pair *p)
         if (rc < 0)
             goto out;
     }
-    kvb_info("discovery",
-             "registered worker_id %" PRIu64 " dp_rank %u as publisher %" PRIx64 " (%s)",
-             p->worker_id, p->dp_rank, p->publisher_id, key);
     rc = 0;
 out:
     json_object_put(txn);
     json_object_put(r);
-    free(val);
     free(k64);
     free(v64);
+    return rc;
+}
+
+/* One pair's records: with recovery, its endpoint's instance first (the
+ * endpoint serves before a router can find it), then its EventSource. */
+static int put_record(struct kvb_discovery *d, const struct pair *p)
+{
+    char key[KEY_MAX];
+    char *val = NULL;
+    int rc = 0;
+    if (d->recovery) {
+        rc = kvb_discovery_instance_key(&d->rt, p->publisher_id, key, sizeof(key));
+        if (rc >= 0)
+            rc = (val = kvb_discovery_instance_value(&d->rt, p->publisher_id, p->worker_id,
+                                                     p->dp_rank))
+                     ? put_kv(d, key, val)
+                     : -ENOMEM;
+        free(val);
+        val = NULL;
+        if (rc < 0)
+            return rc;
+    }
+    rc = kvb_discovery_key(d->ns, d->comp, d->ep, p->publisher_id, key, sizeof(key));
+    if (rc >= 0)
+        rc = (val = kvb_discovery_value_rt(d->ns, d->comp, d->ep, p->publisher_id, p->worker_id,
+                                           p->dp_rank, d->recovery ? &d->rt : NULL))
+                 ? put_kv(d, key, val)
+                 : -ENOMEM;
+    free(val);
+    if (rc == 0)
+        kvb_info("discovery",
+                 "registered worker_id %" PRIu64 " dp_rank %u as publisher %" PRIx64 " (%s)%s",
+                 p->worker_id, p->dp_rank, p->publisher_id, key,
+                 d->recovery ? ", with its recovery target" : "");
     return rc;
 }
 
@@ -536,7 +637,7 @@ void kvb_discovery_destroy(struct kvb_discovery **pd)
 }
 
 int kvb_discovery_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wake_fd,
-                         struct kvb_discovery **out)
+                         const struct kvb_recovery_target *rt, struct kvb_discovery **out)
 {
     if (!cfg->discovery.etcd.n_endpoints)
         return -EINVAL;
@@ -553,6 +654,10 @@ int kvb_discovery_create(const struct kvb_config *cfg, struct kvb_metrics *m, in
     d->wake_fd = wake_fd;
     d->ttl_s = cfg->discovery.etcd.lease_ttl_s;
     d->rl_err = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
+    if (rt) {
+        d->recovery = true;
+        d->rt = *rt;
+    }
     int rc = -ENOMEM;
     d->urls = calloc(cfg->discovery.etcd.n_endpoints, sizeof(*d->urls));
     if (!d->urls)

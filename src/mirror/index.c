@@ -15,8 +15,11 @@
 struct entry {
     uint64_t block, parent, tokens;
     uint32_t has_parent;
-    uint32_t pad;
+    uint32_t missing; /* MISSING: consumers lack the block (a repair is to publish it) */
 };
+
+#define MISSING 1u
+#define VISITING 2u /* a repair's walk to the block's ancestors passed it */
 
 struct space {
     uint64_t worker;
@@ -26,6 +29,8 @@ struct space {
     uint32_t n, cap;
     uint32_t *by_hash, *by_child; /* entry index + 1; 0 = empty */
     uint32_t mask;                /* table size - 1 (0: no tables yet) */
+    uint32_t n_missing;           /* entries consumers lack */
+    uint32_t rep_at;              /* the repair's scan goes on below this entry */
 };
 
 /* One router event kept in a pair's ring: its payload (block and tokens
@@ -57,8 +62,12 @@ struct kvb_index {
     size_t n_pairs, cap_pairs;
     uint64_t blocks, tier_blocks[KVB_TIER__COUNT], orphans;
     uint64_t bytes;
-    struct kvb_block *scratch; /* for events_since */
+    uint64_t missing;          /* blocks consumers lack, over every space */
+    size_t rep_sp;             /* the space the repair is at */
+    struct kvb_block *scratch; /* for events_since and repair_next */
     uint32_t scratch_cap;
+    uint32_t *path; /* repair_next: a block and its missing ancestors */
+    uint32_t path_cap;
 };
 
 #define WORDS_PER_EVENT 64u /* word ring size: recent_events x this */
@@ -205,6 +214,8 @@ static void space_empty(struct kvb_index *m, struct space *s)
 {
     m->blocks -= s->n;
     m->tier_blocks[s->tier] -= s->n;
+    m->missing -= s->n_missing;
+    s->n_missing = s->rep_at = 0;
     m->bytes -= space_bytes(s);
     free(s->e);
     free(s->by_hash);
@@ -214,8 +225,25 @@ static void space_empty(struct kvb_index *m, struct space *s)
     s->n = s->cap = s->mask = 0;
 }
 
+/* Entry idx is one consumers lack (or no longer). */
+static void set_missing(struct kvb_index *m, struct space *s, uint32_t idx, bool missing)
+{
+    struct entry *e = &s->e[idx];
+    if (!e->missing == !missing)
+        return;
+    e->missing = missing ? MISSING : 0;
+    if (missing) {
+        s->n_missing++;
+        m->missing++;
+    } else {
+        s->n_missing--;
+        m->missing--;
+    }
+}
+
 static void del_entry(struct kvb_index *m, struct space *s, uint32_t idx)
 {
+    set_missing(m, s, idx, false);
     table_del(s, s->by_hash, home_hash, table_slot(s, s->by_hash, home_hash, idx));
     int64_t c = find_child(s, s->e[idx].has_parent, s->e[idx].parent, s->e[idx].tokens);
     if (c == idx)
@@ -234,15 +262,21 @@ static void del_entry(struct kvb_index *m, struct space *s, uint32_t idx)
     m->tier_blocks[s->tier]--;
 }
 
-/* Add or overwrite one block (room reserved by the caller). */
+/* Add or overwrite one block (room reserved by the caller).  missing: the
+ * consumers dropped the store that brings it (its parent is one they lack),
+ * so they lack this version of the block too; an unchanged block they hold
+ * stays held. */
 static void put_block(struct kvb_index *m, struct space *s, uint64_t block, uint32_t has_parent,
-                      uint64_t parent, uint64_t tokens)
+                      uint64_t parent, uint64_t tokens, bool missing)
 {
     int64_t at = find_block(s, block);
     if (at >= 0) {
         struct entry *e = &s->e[at];
-        if (e->has_parent == has_parent && e->parent == parent && e->tokens == tokens)
+        if (e->has_parent == has_parent && e->parent == parent && e->tokens == tokens) {
+            if (!missing)
+                set_missing(m, s, (uint32_t)at, false);
             return;
+        }
         if (find_child(s, e->has_parent, e->parent, e->tokens) == at)
             table_del(s, s->by_child, home_child,
                       table_slot(s, s->by_child, home_child, (uint32_t)at));
@@ -256,6 +290,7 @@ static void put_block(struct kvb_index *m, struct space *s, uint64_t block, uint
         m->blocks++;
         m->tier_blocks[s->tier]++;
     }
+    set_missing(m, s, (uint32_t)at, missing);
     /* the newest block of a (parent, tokens_hash) is the one a walk finds */
     int64_t old = find_child(s, has_parent, parent, tokens);
     if (old >= 0 && old != at)
@@ -417,6 +452,7 @@ void kvb_index_destroy(struct kvb_index **pm)
     free(m->sp);
     free(m->pairs);
     free(m->scratch);
+    free(m->path);
     free(m);
     *pm = NULL;
 }
@@ -426,6 +462,19 @@ static void clear_pair(struct kvb_index *m, uint64_t worker, uint32_t rank)
     for (size_t i = 0; i < m->n_sp; i++)
         if (m->sp[i]->worker == worker && m->sp[i]->rank == rank)
             space_empty(m, m->sp[i]);
+}
+
+/* The event is the pair's last, and goes to its ring. */
+static void note_event(struct pair *p, const struct kvb_rev *rev)
+{
+    if (!p->has_last)
+        p->ring_from = rev->event_id;
+    p->has_last = true;
+    p->last = rev->event_id;
+    if (p->recs)
+        ring_push(p, rev);
+    else
+        p->ring_from = rev->event_id + 1;
 }
 
 int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev)
@@ -438,7 +487,10 @@ int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev)
         struct space *s = space_make(m, rev->worker_id, rev->dp_rank, rev->tier);
         if (!s)
             return -ENOMEM;
-        if (rev->has_parent && find_block(s, rev->parent) < 0) {
+        int64_t up = rev->has_parent ? find_block(s, rev->parent) : -1;
+        /* consumers drop a store whose parent they lack: so do they lack its blocks */
+        bool missing = up >= 0 && s->e[up].missing;
+        if (rev->has_parent && up < 0) {
             m->orphans++; /* an indexer drops the whole store */
         } else if (m->blocks + rev->n > m->cfg.max_blocks) {
             res = -ENOSPC; /* published all the same: it goes to the ring */
@@ -447,7 +499,7 @@ int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev)
                 bool first = i == 0;
                 put_block(m, s, rev->blocks[i].block_hash, first ? rev->has_parent : 1,
                           first ? rev->parent : rev->blocks[i - 1].block_hash,
-                          rev->blocks[i].tokens_hash);
+                          rev->blocks[i].tokens_hash, missing);
             }
         }
     } else if (rev->type == KVB_REVT_REMOVED) {
@@ -460,15 +512,171 @@ int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev)
     } else {
         clear_pair(m, rev->worker_id, rev->dp_rank);
     }
-    if (!p->has_last)
-        p->ring_from = rev->event_id;
-    p->has_last = true;
-    p->last = rev->event_id;
-    if (p->recs)
-        ring_push(p, rev);
-    else
-        p->ring_from = rev->event_id + 1;
+    note_event(p, rev);
     return res;
+}
+
+int kvb_index_record(struct kvb_index *m, const struct kvb_rev *rev)
+{
+    struct pair *p = pair_make(m, rev->worker_id, rev->dp_rank);
+    if (!p)
+        return -ENOMEM;
+    note_event(p, rev);
+    return 0;
+}
+
+/* ---- repairs ------------------------------------------------------------- */
+
+int kvb_index_repair_begin(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank)
+{
+    if (!pair_make(m, worker_id, dp_rank))
+        return -ENOMEM;
+    for (size_t i = 0; i < m->n_sp; i++) {
+        struct space *s = m->sp[i];
+        if (s->worker != worker_id || s->rank != dp_rank)
+            continue;
+        for (uint32_t k = 0; k < s->n; k++)
+            set_missing(m, s, k, true);
+        s->rep_at = 0;
+    }
+    return 0;
+}
+
+uint64_t kvb_index_missing(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < m->n_sp; i++)
+        if (m->sp[i]->worker == worker_id && m->sp[i]->rank == dp_rank)
+            n += m->sp[i]->n_missing;
+    return n;
+}
+
+uint64_t kvb_index_missing_total(const struct kvb_index *m) { return m->missing; }
+
+/* Room for n blocks (or 2n hashes) in the scratch buffer. */
+static int scratch_reserve(struct kvb_index *m, uint32_t n)
+{
+    if (n <= m->scratch_cap)
+        return 0;
+    struct kvb_block *b = realloc(m->scratch, (size_t)n * sizeof(*b));
+    if (!b)
+        return -ENOMEM;
+    m->scratch = b;
+    m->scratch_cap = n;
+    return 0;
+}
+
+static int path_push(struct kvb_index *m, uint32_t *len, uint32_t idx)
+{
+    if (*len == m->path_cap) {
+        uint32_t cap = m->path_cap ? m->path_cap * 2 : 64;
+        uint32_t *v = realloc(m->path, (size_t)cap * sizeof(*v));
+        if (!v)
+            return -ENOMEM;
+        m->path = v;
+        m->path_cap = cap;
+    }
+    m->path[(*len)++] = idx;
+    return 0;
+}
+
+/* Entry i (missing) and its missing ancestors into m->path, child first:
+ * the walk ends at a parent consumers hold (*parent_at), or at a block
+ * without one they could know (no parent, a parent not resident, a cycle):
+ * *parent_at -1.  The path's entries are VISITING until the caller is done. */
+static int walk_up(struct kvb_index *m, struct space *s, uint32_t i, uint32_t *len,
+                   int64_t *parent_at)
+{
+    *len = 0;
+    *parent_at = -1;
+    for (uint32_t cur = i;;) {
+        int rc = path_push(m, len, cur);
+        if (rc < 0)
+            return rc;
+        s->e[cur].missing = VISITING;
+        if (!s->e[cur].has_parent)
+            return 0;
+        int64_t up = find_block(s, s->e[cur].parent);
+        if (up < 0 || s->e[up].missing == VISITING)
+            return 0;
+        if (!s->e[up].missing) {
+            *parent_at = up;
+            return 0;
+        }
+        cur = (uint32_t)up;
+    }
+}
+
+/* The next chain of space s that consumers lack, into *out: from the
+ * topmost missing ancestor down, at most max_blocks.  1, 0 when the space
+ * has none left, -EAGAIN when *scan entries were looked at without one. */
+static int space_repair_next(struct kvb_index *m, struct space *s, uint32_t max_blocks,
+                             uint32_t *scan, struct kvb_rev *out)
+{
+    while (s->n_missing) {
+        if (!*scan)
+            return -EAGAIN;
+        (*scan)--;
+        /* From the newest entry down: children come after their parents, so
+         * a walk up from there gives long chains.  Entries move into the
+         * holes of removed ones: at the bottom, go round. */
+        if (s->rep_at == 0 || s->rep_at > s->n)
+            s->rep_at = s->n;
+        uint32_t i = s->rep_at - 1;
+        if (!s->e[i].missing) {
+            s->rep_at--;
+            continue;
+        }
+        uint32_t len;
+        int64_t up;
+        int rc = walk_up(m, s, i, &len, &up);
+        uint32_t n = len < max_blocks ? len : max_blocks;
+        if (rc == 0)
+            rc = scratch_reserve(m, n);
+        if (rc < 0) {
+            for (uint32_t k = 0; k < len; k++)
+                s->e[m->path[k]].missing = MISSING;
+            return rc;
+        }
+        const struct entry *top = &s->e[m->path[len - 1]];
+        *out = (struct kvb_rev){.type = KVB_REVT_STORED,
+                                .tier = s->tier,
+                                .dp_rank = s->rank,
+                                .worker_id = s->worker,
+                                .has_parent = up >= 0,
+                                .parent = up >= 0 ? top->parent : 0,
+                                .blocks = m->scratch,
+                                .n = n};
+        for (uint32_t k = 0; k < len; k++) { /* top down: parents before children */
+            uint32_t at = m->path[len - 1 - k];
+            s->e[at].missing = MISSING;
+            if (k < n) {
+                m->scratch[k] = (struct kvb_block){s->e[at].block, s->e[at].tokens};
+                set_missing(m, s, at, false);
+            }
+        }
+        if (n == len)
+            s->rep_at = i; /* else the rest of the path comes next */
+        return 1;
+    }
+    return 0;
+}
+
+int kvb_index_repair_next(struct kvb_index *m, uint32_t max_blocks, uint32_t scan,
+                          struct kvb_rev *out)
+{
+    if (!max_blocks)
+        max_blocks = 1;
+    for (size_t k = 0; m->missing && k < m->n_sp; k++) {
+        if (m->rep_sp >= m->n_sp)
+            m->rep_sp = 0;
+        struct space *s = m->sp[m->rep_sp];
+        int rc = space_repair_next(m, s, max_blocks, &scan, out);
+        if (rc != 0)
+            return rc;
+        m->rep_sp++;
+    }
+    return 0;
 }
 
 int kvb_index_set_last(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t last)
@@ -525,19 +733,6 @@ void kvb_index_match(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_
     }
 }
 
-/* Room for n blocks (or 2n hashes) in the scratch buffer. */
-static int scratch_reserve(struct kvb_index *m, uint32_t n)
-{
-    if (n <= m->scratch_cap)
-        return 0;
-    struct kvb_block *b = realloc(m->scratch, (size_t)n * sizeof(*b));
-    if (!b)
-        return -ENOMEM;
-    m->scratch = b;
-    m->scratch_cap = n;
-    return 0;
-}
-
 int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
                            uint64_t since, int (*fn)(void *ctx, const struct kvb_rev *rev),
                            void *ctx)
@@ -547,12 +742,23 @@ int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_
         return -ENOENT;
     if (since >= p->last)
         return 0;
-    if (since + 1 < p->ring_from)
+    return kvb_index_events_from(m, worker_id, dp_rank, since + 1, fn, ctx);
+}
+
+int kvb_index_events_from(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t from,
+                          int (*fn)(void *ctx, const struct kvb_rev *rev), void *ctx)
+{
+    const struct pair *p = pair_get(m, worker_id, dp_rank);
+    if (!p || !p->has_last)
+        return -ENOENT;
+    if (from > p->last)
+        return 0;
+    if (from < p->ring_from)
         return -ESTALE;
     uint32_t nrec = p->n_words / WORDS_PER_EVENT;
     for (uint32_t i = 0; i < p->count; i++) {
         const struct rec *r = &p->recs[(p->head + i) % nrec];
-        if (r->event_id <= since)
+        if (r->event_id < from)
             continue;
         struct kvb_rev rev = {.type = r->type,
                               .tier = r->tier,
@@ -583,6 +789,92 @@ int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_
     return 0;
 }
 
+/* ---- the ring, copied (persistence) ---------------------------------------- */
+
+struct kvb_index_ring {
+    uint64_t worker;
+    uint32_t rank;
+    struct rec *recs; /* oldest first; off into words */
+    uint32_t n, next;
+    uint64_t *words;
+};
+
+int kvb_index_ring_copy(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                        struct kvb_index_ring **out)
+{
+    const struct pair *p = pair_get(m, worker_id, dp_rank);
+    struct kvb_index_ring *r = calloc(1, sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    r->worker = worker_id;
+    r->rank = dp_rank;
+    if (p && p->count) {
+        uint32_t nrec = p->n_words / WORDS_PER_EVENT;
+        r->recs = malloc((size_t)p->count * sizeof(*r->recs));
+        r->words = malloc((size_t)(p->w_used ? p->w_used : 1) * sizeof(*r->words));
+        if (!r->recs || !r->words) {
+            kvb_index_ring_free(&r);
+            return -ENOMEM;
+        }
+        uint32_t w = 0;
+        for (uint32_t i = 0; i < p->count; i++) {
+            struct rec rc = p->recs[(p->head + i) % nrec];
+            for (uint32_t k = 0; k < rc.n_words; k++)
+                r->words[w + k] = p->words[(rc.off + k) % p->n_words];
+            rc.off = w;
+            w += rc.n_words;
+            r->recs[r->n++] = rc;
+        }
+    }
+    *out = r;
+    return 0;
+}
+
+void kvb_index_ring_free(struct kvb_index_ring **pr)
+{
+    struct kvb_index_ring *r = pr ? *pr : NULL;
+    if (!r)
+        return;
+    free(r->recs);
+    free(r->words);
+    free(r);
+    *pr = NULL;
+}
+
+uint32_t kvb_index_ring_count(const struct kvb_index_ring *r) { return r->n; }
+
+int kvb_index_ring_next(struct kvb_index_ring *r, struct kvb_rev *out)
+{
+    if (r->next >= r->n)
+        return 0;
+    const struct rec *rc = &r->recs[r->next++];
+    *out = (struct kvb_rev){.type = rc->type,
+                            .tier = rc->tier,
+                            .dp_rank = r->rank,
+                            .worker_id = r->worker,
+                            .event_id = rc->event_id,
+                            .epoch = rc->epoch,
+                            .has_parent = rc->has_parent,
+                            .parent = rc->parent,
+                            .n = rc->n};
+    if (rc->type == KVB_REVT_STORED) /* (block, tokens) pairs: a kvb_block each */
+        out->blocks = (const struct kvb_block *)(r->words + rc->off);
+    else if (rc->type == KVB_REVT_REMOVED)
+        out->hashes = r->words + rc->off;
+    return 1;
+}
+
+int kvb_index_mark(struct kvb_index *m, const struct kvb_rev *rev, bool missing)
+{
+    struct space *s = space_get(m, rev->worker_id, rev->dp_rank, rev->tier);
+    for (uint32_t i = 0; s && rev->type == KVB_REVT_STORED && i < rev->n; i++) {
+        int64_t at = find_block(s, rev->blocks[i].block_hash);
+        if (at >= 0)
+            set_missing(m, s, (uint32_t)at, missing);
+    }
+    return 0;
+}
+
 /* ---- snapshots (dumps) ------------------------------------------------------- */
 
 struct snap_tier {
@@ -607,6 +899,7 @@ struct kvb_index_snap {
     uint32_t n_stack;
     struct kvb_block *out;
     uint32_t out_cap;
+    bool out_missing; /* the last chain's blocks are missing */
 };
 
 int kvb_index_snapshot(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
@@ -656,6 +949,7 @@ void kvb_index_snap_free(struct kvb_index_snap **ps)
 }
 
 uint64_t kvb_index_snap_event_id(const struct kvb_index_snap *s) { return s->last; }
+bool kvb_index_snap_missing(const struct kvb_index_snap *s) { return s->out_missing; }
 bool kvb_index_snap_has_events(const struct kvb_index_snap *s) { return s->has_last; }
 
 uint64_t kvb_index_snap_blocks(const struct kvb_index_snap *s)
@@ -805,7 +1099,9 @@ int kvb_index_snap_next(struct kvb_index_snap *s, uint32_t max_blocks, struct kv
                                 .parent = first->parent,
                                 .blocks = s->out};
         uint32_t n = 0;
-        while (at >= 0 && n < max_blocks) {
+        s->out_missing = first->missing != 0;
+        /* one chain, one mark: consumers lack all of its blocks or none */
+        while (at >= 0 && n < max_blocks && (st->e[at].missing != 0) == s->out_missing) {
             st->done[at] = 1;
             s->out[n++] = (struct kvb_block){st->e[at].block, st->e[at].tokens};
             int64_t c = next_child(st, st->e[at].block);

@@ -63,6 +63,36 @@ void kvb_index_destroy(struct kvb_index **m);
  * published: a consumer asking for events after an older id gets it). */
 int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev);
 
+/* A router event recorded without being applied: it becomes the pair's
+ * last and goes to its ring, the blocks stay as they are (a repair's own
+ * events, whose blocks the mirror holds already).  0 or -ENOMEM. */
+int kvb_index_record(struct kvb_index *m, const struct kvb_rev *rev);
+
+/* Repairs (docs/router-events.md section 6, "Repairs").  Consumers lost
+ * router events of a pair and were sent a "cleared" for it (the caller
+ * records it with kvb_index_record()): the mirror keeps the pair's blocks
+ * and marks every one of them missing, i.e. held by the engine but not by
+ * the consumers, until kvb_index_repair_next() hands it out to be published
+ * again.  From then on kvb_index_apply() keeps the marks true to what a
+ * consumer does with each event: a store whose parent is missing is dropped
+ * by the consumers, so its blocks are missing too; a store they take makes
+ * its blocks held; a remove or a "cleared" takes missing blocks away with
+ * the others.  0 or -ENOMEM. */
+int kvb_index_repair_begin(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank);
+/* The next stored event of a repair, over every pair: a missing block and
+ * its missing ancestors, from the topmost one down (parents before
+ * children), at most max_blocks, with parent_hash the block's parent when
+ * consumers hold it (else none: its parent is gone, or a cycle); its blocks
+ * count as held from now on.  event_id and epoch are the caller's to set
+ * (kvb_convert_stamp).  1 and *out (valid until the next call), 0 when no
+ * block is missing, -EAGAIN when `scan` entries were looked at without
+ * finding one (call again later), -ENOMEM. */
+int kvb_index_repair_next(struct kvb_index *m, uint32_t max_blocks, uint32_t scan,
+                          struct kvb_rev *out);
+/* Missing blocks of a pair, and over every pair. */
+uint64_t kvb_index_missing(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank);
+uint64_t kvb_index_missing_total(const struct kvb_index *m);
+
 /* After a load (the blocks applied as stored events): the pair's last
  * event_id is `last`, its ring empty (events_since() before it: -ESTALE). */
 int kvb_index_set_last(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t last);
@@ -98,6 +128,11 @@ int kvb_index_events_since(struct kvb_index *m, uint64_t worker_id, uint32_t dp_
                            uint64_t since, int (*fn)(void *ctx, const struct kvb_rev *rev),
                            void *ctx);
 
+/* The same, from event_id `from` on (inclusive; from 0 is the whole ring):
+ * -ESTALE when the ring no longer holds `from`. */
+int kvb_index_events_from(struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank, uint64_t from,
+                          int (*fn)(void *ctx, const struct kvb_rev *rev), void *ctx);
+
 /* A dump's consistent copy of one pair: every resident block of every tier
  * as of last_event_id.  Taking it copies the pair's entries (one memcpy of
  * 32 bytes per block) on the loop thread; ordering them for the dump happens
@@ -114,5 +149,25 @@ uint64_t kvb_index_snap_blocks(const struct kvb_index_snap *s);
  * comes as a root, parent_hash null), with event_id = the snapshot's
  * last_event_id.  1 and *out (valid until the next call), or 0 at the end. */
 int kvb_index_snap_next(struct kvb_index_snap *s, uint32_t max_blocks, struct kvb_rev *out);
+
+/* The blocks of the last chain kvb_index_snap_next() returned are missing
+ * (consumers lack them: a repair is to publish them); a chain never mixes
+ * missing blocks with held ones. */
+bool kvb_index_snap_missing(const struct kvb_index_snap *s);
+/* After a load: rev's blocks are missing (or held), as saved. */
+int kvb_index_mark(struct kvb_index *m, const struct kvb_rev *rev, bool missing);
+
+/* A copy of a pair's ring of recent events (persistence): taking it copies
+ * the records and their words on the loop thread; reading it, on any
+ * thread.  kvb_index_ring_next(): 1 and *out (the pointers valid until the
+ * copy is freed), oldest first, or 0 at the end.  Restoring is
+ * kvb_index_record() of each event, oldest first, after kvb_index_set_last().
+ * Freed by kvb_index_ring_free(&r) (accepts NULL). */
+struct kvb_index_ring;
+int kvb_index_ring_copy(const struct kvb_index *m, uint64_t worker_id, uint32_t dp_rank,
+                        struct kvb_index_ring **out);
+uint32_t kvb_index_ring_count(const struct kvb_index_ring *r);
+int kvb_index_ring_next(struct kvb_index_ring *r, struct kvb_rev *out);
+void kvb_index_ring_free(struct kvb_index_ring **r);
 
 #endif

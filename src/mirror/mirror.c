@@ -17,6 +17,8 @@
 #include "sink.h"
 #include "subject.h"
 
+#define REPAIR_SCAN 65536u /* entries one kvb_mirror_repair_next() looks at */
+
 struct kvb_mirror {
     struct kvb_metrics *m;
     struct kvb_index *mirror; /* NULL: off */
@@ -104,6 +106,14 @@ int kvb_mirror_apply(struct kvb_mirror *r, const struct kvb_rev *rev)
 {
     if (!r || !r->mirror)
         return 0;
+    if (rev->repair) { /* the mirror's own blocks: recorded, not applied */
+        int rc = rev->type == KVB_REVT_CLEARED
+                     ? kvb_index_repair_begin(r->mirror, rev->worker_id, rev->dp_rank)
+                     : 0;
+        if (rc == 0 && kvb_index_record(r->mirror, rev) == 0)
+            return 0;
+        /* out of memory: as an ordinary event (a "cleared" empties the pair) */
+    }
     int rc = kvb_index_apply(r->mirror, rev);
     if (rc == 0)
         return 0;
@@ -122,6 +132,20 @@ int kvb_mirror_observe(void *ctx, const struct kvb_rev *rev)
     return kvb_mirror_apply(ctx, rev) == -ENOSPC && rev->type != KVB_REVT_CLEARED;
 }
 
+bool kvb_mirror_on(const struct kvb_mirror *r) { return r && r->mirror; }
+
+uint64_t kvb_mirror_missing(const struct kvb_mirror *r)
+{
+    return kvb_mirror_on(r) ? kvb_index_missing_total(r->mirror) : 0;
+}
+
+int kvb_mirror_repair_next(struct kvb_mirror *r, uint32_t max_blocks, struct kvb_rev *out)
+{
+    if (!kvb_mirror_on(r))
+        return 0;
+    return kvb_index_repair_next(r->mirror, max_blocks, REPAIR_SCAN, out);
+}
+
 void kvb_mirror_serve(struct kvb_mirror *r)
 {
     if (!r)
@@ -137,6 +161,7 @@ void kvb_mirror_gauges(struct kvb_mirror *r)
         kvb_set(&r->m->mirror_resident_blocks[t], kvb_index_blocks(r->mirror, t));
     kvb_set(&r->m->mirror_bytes[0], kvb_index_bytes(r->mirror));
     kvb_set(&r->m->mirror_orphans_total[0], kvb_index_orphans(r->mirror));
+    kvb_set(&r->m->repair_missing_blocks[0], kvb_index_missing_total(r->mirror));
 }
 
 int kvb_mirror_save_result(struct kvb_mirror *r, bool *done)

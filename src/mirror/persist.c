@@ -18,16 +18,18 @@
 #include "clock.h"
 
 #define MAGIC "KVBMIRR1"
-#define VERSION 1u
+#define VERSION 2u /* 1: no rings, no missing marks (still read) */
 #define WRITE_BUF (64u << 10)
 #define CHAIN_BLOCKS 4096u
-#define END_MARK 0xffu /* in place of a tier: the pair's chains end */
+#define END_MARK 0xffu   /* in place of a tier: the pair's chains end */
+#define CHAIN_MISSING 1u /* a chain's flags: consumers lack its blocks (a repair owes them) */
 
 struct pair_save {
     uint64_t worker, last, epoch;
     uint32_t rank;
     bool has_last;
     struct kvb_index_snap *snap;
+    struct kvb_index_ring *ring;
 };
 
 struct job {
@@ -52,8 +54,10 @@ static void job_free(struct job *j)
 {
     if (!j)
         return;
-    for (size_t i = 0; i < j->n; i++)
+    for (size_t i = 0; i < j->n; i++) {
         kvb_index_snap_free(&j->pairs[i].snap);
+        kvb_index_ring_free(&j->pairs[i].ring);
+    }
     free(j->pairs);
     kvb_state_free(&j->st);
     free(j->dir);
@@ -80,7 +84,15 @@ static void put(struct out *o, const void *p, size_t n)
 static void put_u64(struct out *o, uint64_t v) { put(o, &v, 8); }
 static void put_u32(struct out *o, uint32_t v) { put(o, &v, 4); }
 
-/* One pair: its header, its chains (dump order), an end mark. */
+/* The words of a ring event: (block, tokens) pairs, removed hashes, none. */
+static size_t event_words(const struct kvb_rev *rev)
+{
+    return rev->type == KVB_REVT_STORED    ? 2 * (size_t)rev->n
+           : rev->type == KVB_REVT_REMOVED ? rev->n
+                                           : 0;
+}
+
+/* One pair: its header, its chains (dump order), an end mark, its ring. */
 static int put_pair(struct out *o, struct pair_save *p)
 {
     put_u64(o, p->worker);
@@ -91,7 +103,14 @@ static int put_pair(struct out *o, struct pair_save *p)
     struct kvb_rev rev;
     int rc;
     while ((rc = kvb_index_snap_next(p->snap, CHAIN_BLOCKS, &rev)) == 1) {
-        uint8_t hdr[8] = {rev.tier, rev.has_parent, 0, 0, 0, 0, 0, 0};
+        uint8_t hdr[8] = {rev.tier,
+                          rev.has_parent,
+                          kvb_index_snap_missing(p->snap) ? CHAIN_MISSING : 0,
+                          0,
+                          0,
+                          0,
+                          0,
+                          0};
         memcpy(hdr + 4, &rev.n, 4);
         put(o, hdr, 8);
         put_u64(o, rev.has_parent ? rev.parent : 0);
@@ -100,6 +119,19 @@ static int put_pair(struct out *o, struct pair_save *p)
     static const uint8_t end_mark[8] = {END_MARK, 0, 0, 0, 0, 0, 0, 0};
     put(o, end_mark, 8);
     kvb_index_snap_free(&p->snap); /* its memory goes as soon as it is written */
+    put_u32(o, kvb_index_ring_count(p->ring));
+    put_u32(o, 0);
+    while (rc == 0 && kvb_index_ring_next(p->ring, &rev) == 1) {
+        put_u64(o, rev.event_id);
+        put_u64(o, rev.epoch);
+        uint8_t hdr[8] = {rev.type, rev.tier, rev.has_parent, 0, 0, 0, 0, 0};
+        memcpy(hdr + 4, &rev.n, 4);
+        put(o, hdr, 8);
+        put_u64(o, rev.has_parent ? rev.parent : 0);
+        put(o, rev.type == KVB_REVT_STORED ? (const void *)rev.blocks : (const void *)rev.hashes,
+            event_words(&rev) * 8);
+    }
+    kvb_index_ring_free(&p->ring);
     return rc;
 }
 
@@ -249,7 +281,8 @@ int kvb_persist_save_start(struct kvb_persist *s, const struct kvb_index *m, con
         p->rank = pairs[i].dp_rank;
         p->epoch = c->epoch;
         p->has_last = kvb_index_last_event_id(m, p->worker, p->rank, &p->last);
-        if (kvb_index_snapshot(m, p->worker, p->rank, &p->snap) < 0)
+        if (kvb_index_snapshot(m, p->worker, p->rank, &p->snap) < 0 ||
+            kvb_index_ring_copy(m, p->worker, p->rank, &p->ring) < 0)
             goto fail;
         j->n++;
     }
@@ -375,6 +408,62 @@ static bool consistent(const struct kvb_state *cur, uint64_t worker, uint32_t ra
     return c && has_last && c->epoch == epoch && c->next_id == last + 1;
 }
 
+/* Room for n u64 words in *buf (its size *cap, in words). */
+static int words_reserve(uint64_t **buf, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return 0;
+    uint64_t *nb = realloc(*buf, n * sizeof(*nb));
+    if (!nb)
+        return -ENOMEM;
+    *buf = nb;
+    *cap = n;
+    return 0;
+}
+
+/* A pair's saved ring (version 2), back into its ring when ok: the events
+ * must end at the pair's last (else the ring stays empty).  Sizes were
+ * checked against the bytes left before anything is copied. */
+static int load_ring(struct kvb_index *m, struct in *in, uint64_t worker, uint32_t rank,
+                     uint64_t last, bool ok, uint64_t **words, size_t *cap)
+{
+    uint32_t n = get_u32(in);
+    get_u32(in);
+    bool restored = false;
+    uint64_t id = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < n && !in->bad && rc == 0; i++) {
+        struct kvb_rev rev = {.worker_id = worker, .dp_rank = rank};
+        rev.event_id = get_u64(in);
+        rev.epoch = get_u64(in);
+        const uint8_t *h = take(in, 8);
+        rev.parent = get_u64(in);
+        if (!h || h[0] >= KVB_REVT__COUNT || h[1] >= KVB_TIER__COUNT || h[2] > 1) {
+            in->bad = true;
+            break;
+        }
+        rev.type = h[0];
+        rev.tier = h[1];
+        rev.has_parent = h[2];
+        memcpy(&rev.n, h + 4, 4);
+        size_t nw = event_words(&rev);
+        const void *w = take(in, nw * 8);
+        if (!w || !ok)
+            continue;
+        if ((rc = words_reserve(words, cap, nw ? nw : 1)) < 0)
+            break;
+        memcpy(*words, w, nw * 8);
+        rev.blocks = rev.type == KVB_REVT_STORED ? (const struct kvb_block *)*words : NULL;
+        rev.hashes = rev.type == KVB_REVT_REMOVED ? *words : NULL;
+        rc = kvb_index_record(m, &rev);
+        restored = true;
+        id = rev.event_id;
+    }
+    if (rc == 0 && restored && id != last) /* not the ring of this state */
+        rc = kvb_index_set_last(m, worker, rank, last);
+    return rc;
+}
+
 /* Parse and apply the pairs consistent with cur; the others are skipped.
  * -EINVAL for a malformed file (m may then hold part of it: the caller
  * starts from an empty mirror). */
@@ -388,10 +477,11 @@ static int load_file(struct kvb_index *m, const uint8_t *buf, size_t len,
     if (XXH64(buf, len - 8, 0) != want)
         return -EINVAL;
     struct in in = {buf + 8, buf + len - 8, false};
-    if (get_u32(&in) != VERSION)
+    uint32_t version = get_u32(&in);
+    if (version != 1 && version != VERSION)
         return -EINVAL;
     uint32_t np = get_u32(&in);
-    struct kvb_block *blocks = NULL;
+    uint64_t *words = NULL;
     size_t cap = 0;
     int rc = 0;
     for (uint32_t i = 0; i < np && !in.bad && rc == 0; i++) {
@@ -408,20 +498,13 @@ static int load_file(struct kvb_index *m, const uint8_t *buf, size_t len,
             uint32_t n;
             memcpy(&n, h + 4, 4);
             const void *b = take(&in, (size_t)n * sizeof(struct kvb_block));
-            if (!b || h[0] >= KVB_TIER__COUNT || h[1] > 1)
+            if (!b || h[0] >= KVB_TIER__COUNT || h[1] > 1 || h[2] > CHAIN_MISSING)
                 in.bad = true;
             if (in.bad || !ok)
                 continue;
-            if (n > cap) {
-                struct kvb_block *nb = realloc(blocks, (size_t)n * sizeof(*nb));
-                if (!nb) {
-                    rc = -ENOMEM;
-                    break;
-                }
-                blocks = nb;
-                cap = n;
-            }
-            memcpy(blocks, b, (size_t)n * sizeof(*blocks));
+            if ((rc = words_reserve(&words, &cap, 2 * (size_t)n)) < 0)
+                break;
+            memcpy(words, b, (size_t)n * sizeof(struct kvb_block));
             struct kvb_rev rev = {.type = KVB_REVT_STORED,
                                   .tier = h[0],
                                   .dp_rank = rank,
@@ -429,18 +512,22 @@ static int load_file(struct kvb_index *m, const uint8_t *buf, size_t len,
                                   .event_id = last,
                                   .has_parent = h[1],
                                   .parent = parent,
-                                  .blocks = blocks,
+                                  .blocks = (const struct kvb_block *)words,
                                   .n = n};
             rc = kvb_index_apply(m, &rev);
+            if (rc == 0)
+                rc = kvb_index_mark(m, &rev, h[2] & CHAIN_MISSING);
         }
-        if (ok && rc == 0 && !in.bad) {
+        if (ok && rc == 0 && !in.bad)
             rc = kvb_index_set_last(m, worker, rank, last);
+        if (version >= 2 && rc == 0 && !in.bad)
+            rc = load_ring(m, &in, worker, rank, last, ok, &words, &cap);
+        if (ok && rc == 0 && !in.bad)
             for (size_t c = 0; c < n_counters; c++)
                 if (cur->counters[c].worker_id == worker && cur->counters[c].dp_rank == rank)
                     loaded[c] = true;
-        }
     }
-    free(blocks);
+    free(words);
     if (rc == 0 && (in.bad || in.p != in.e))
         rc = -EINVAL;
     return rc;

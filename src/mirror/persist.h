@@ -2,18 +2,29 @@
  * saved with the cursors it corresponds to and loaded at start.
  *
  * The file holds, per (worker_id, dp_rank): the epoch and the last event_id
- * the mirror had applied, and its resident blocks as stored chains (the
- * dump's order, kvb_index_snap_next()).  It is consistent with a cursor
- * file (state.h) when, for the pair, last + 1 is the event_id counter's next
- * id in the same epoch: the mirror then holds exactly what the published
- * events up to the saved cursors say.  Format (host byte order, checked by
- * magic, version, sizes and a final XXH64 of everything before it):
- *   "KVBMIRR1", u32 version 1, u32 pairs,
+ * the mirror had applied, its resident blocks as stored chains (the dump's
+ * order, kvb_index_snap_next()), each marked when the consumers lack its
+ * blocks (a repair under way owes them: it goes on after the load), and the
+ * pair's ring of recent events, so that a consumer that asks for the events
+ * since an id from before a restart gets them (/v1/events, the recovery
+ * query).  It is consistent with a cursor file (state.h) when, for the
+ * pair, last + 1 is the event_id counter's next id in the same epoch: the
+ * mirror then holds exactly what the published events up to the saved
+ * cursors say.  Format (host byte order, checked by magic, version, sizes
+ * and a final XXH64 of everything before it):
+ *   "KVBMIRR1", u32 version 2, u32 pairs,
  *   per pair: u64 worker_id, u32 dp_rank, u32 has_last, u64 last, u64 epoch,
- *             then per chain: u8 tier, u8 has_parent, u16 0, u32 n,
- *             u64 parent, n x (u64 block_hash, u64 tokens_hash);
- *             then the end mark: u8 0xff and 7 zero bytes
+ *             then per chain: u8 tier, u8 has_parent, u8 flags (1: missing),
+ *             u8 0, u32 n, u64 parent, n x (u64 block_hash, u64 tokens_hash);
+ *             then the end mark: u8 0xff and 7 zero bytes;
+ *             then u32 events, u32 0, and per event of the ring, oldest
+ *             first (the last one is `last`): u64 event_id, u64 epoch,
+ *             u8 type, u8 tier, u8 has_parent, u8 0, u32 n, u64 parent,
+ *             then its words: n x (u64 block_hash, u64 tokens_hash) for a
+ *             store, n x u64 for a remove, none for a "cleared"
  *   u64 xxh64
+ * Version 1 (no flags, no rings) is still read: its pairs load with an
+ * empty ring.
  *
  * Saving (kvb_persist_save_start()) takes the snapshots on the caller's (the
  * loop's) thread: one memcpy per pair, no I/O; a thread of its own orders

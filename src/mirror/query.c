@@ -1,4 +1,4 @@
-/* query: requests, the hand-off to the loop, answers.  See src/mirror/query.h. */
+/* query: requests, the hand-off to the loop, answers.  See include/query.h. */
 #include "query.h"
 
 #include <errno.h>
@@ -208,7 +208,7 @@ int kvb_query_check(const struct kvb_query_req *r, char *err, size_t cap)
         return fail(err, cap, "%s is required", "since");
     if (r->op == KVB_QOP_MATCH && !r->tokens)
         return fail(err, cap, "%s is required", "token_ids");
-    if (r->op < 0 || r->op > KVB_QOP_MATCH)
+    if (r->op < 0 || r->op > KVB_QOP_RECOVER)
         return fail(err, cap, "%s: unknown operation", "op");
     return 0;
 }
@@ -247,6 +247,8 @@ struct kvb_query_answer {
     size_t n_words, cap_words;
     struct kvb_encoder *enc;
     char line[64];
+    int recovery;   /* recover: enum kvb_query_recovery */
+    uint64_t rv[3]; /* ... and its numbers */
 };
 
 static struct kvb_query_answer *answer_new(struct kvb_metrics *m, int op, uint64_t start)
@@ -366,6 +368,29 @@ int kvb_query_answer_line(struct kvb_query_answer *a, const char **data, size_t 
     return 0;
 }
 
+int kvb_query_answer_recovery(const struct kvb_query_answer *a, uint64_t v[3])
+{
+    if (a->op != KVB_QOP_RECOVER || a->status != 200)
+        return -EINVAL;
+    memcpy(v, a->rv, sizeof(a->rv));
+    return a->recovery;
+}
+
+int kvb_query_answer_event(struct kvb_query_answer *a, uint32_t max_blocks, struct kvb_rev *out)
+{
+    if (a->snap) {
+        int rc = kvb_index_snap_next(a->snap, max_blocks, out);
+        if (rc != 0)
+            return rc;
+        kvb_index_snap_free(&a->snap);
+    }
+    if (a->next_rev < a->n_revs) {
+        *out = a->revs[a->next_rev++];
+        return 1;
+    }
+    return 0;
+}
+
 void kvb_query_answer_free(struct kvb_query_answer **pa)
 {
     struct kvb_query_answer *a = pa ? *pa : NULL;
@@ -395,6 +420,8 @@ struct job {
     uint64_t worker;
     uint32_t rank;
     uint64_t since;
+    bool has_start, has_end; /* recover */
+    uint64_t start, end;
     uint64_t *th; /* match: tokens_hash per full block */
     size_t n_th;
     struct kvb_query_answer *a;
@@ -515,6 +542,44 @@ static struct json_object *matched_blocks(const uint32_t k[KVB_TIER__COUNT])
     return o;
 }
 
+/* recover: the answer a Dynamo worker's local indexer gives (query.h). */
+static void serve_recover(struct job *j, struct kvb_index *m, bool known, uint64_t last)
+{
+    struct kvb_query_answer *a = j->a;
+    uint64_t *v = a->rv;
+    if (j->has_start && j->has_end && j->end < j->start) {
+        a->recovery = KVB_QR_INVALID_RANGE;
+        v[0] = j->start;
+        v[1] = j->end;
+        return;
+    }
+    if (j->has_start && known && j->start > last) {
+        a->recovery = KVB_QR_TOO_NEW;
+        v[0] = j->start;
+        v[1] = j->has_end ? j->end : last;
+        v[2] = last;
+        return;
+    }
+    if (j->has_start && known) {
+        int rc = kvb_index_events_from(m, j->worker, j->rank, j->start, copy_event, a);
+        if (rc == 0) {
+            fix_events(a);
+            a->recovery = KVB_QR_EVENTS;
+            v[0] = last;
+            return;
+        }
+        a->n_revs = 0;
+        if (rc != -ESTALE) {
+            answer_error(a, 500, "out of memory");
+            return;
+        }
+    }
+    a->recovery = KVB_QR_TREE_DUMP; /* no start, older than the ring, or nothing yet */
+    v[0] = known ? last : 0;
+    if (kvb_index_snapshot(m, j->worker, j->rank, &a->snap) < 0)
+        answer_error(a, 500, "out of memory");
+}
+
 static void serve_one(struct job *j, struct kvb_index *m)
 {
     struct kvb_query_answer *a = j->a;
@@ -525,6 +590,7 @@ static void serve_one(struct job *j, struct kvb_index *m)
         return;
     }
     switch (j->op) {
+    case KVB_QOP_RECOVER: serve_recover(j, m, known, last); return;
     case KVB_QOP_DUMP:
         if (!known) {
             answer_error(a, 404, "no router event for this worker_id and dp_rank yet");
@@ -679,6 +745,10 @@ int kvb_query_run(struct kvb_query *q, const struct kvb_query_req *r, struct kvb
     j->worker = r->has_worker ? r->worker_id : cfg.worker_id;
     j->rank = r->dp_rank;
     j->since = r->since;
+    j->has_start = r->has_start;
+    j->start = r->start;
+    j->has_end = r->has_end;
+    j->end = r->end;
     j->a = a;
     if (r->op == KVB_QOP_MATCH && (rc = hash_tokens(r, &cfg, j, err, sizeof(err))) < 0) {
         free(j->th);

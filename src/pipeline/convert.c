@@ -179,6 +179,7 @@ static int take_id(struct kvb_converter *c, uint32_t rank, struct kvb_rev *out)
     out->event_id = k->next_id++;
     c->clean[k - c->ctr] = out->type == KVB_REVT_CLEARED;
     out->epoch = k->epoch;
+    out->repair = false;
     kvb_inc(&c->m->router_events_published_total[out->type]);
     return 1;
 }
@@ -581,6 +582,11 @@ int kvb_convert_cleared(struct kvb_converter *c, uint32_t dp_rank, struct kvb_re
     out->type = KVB_REVT_CLEARED;
     out->tier = KVB_TIER_DEVICE;
     return take_id(c, dp_rank, out);
+}
+
+int kvb_convert_stamp(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev *r)
+{
+    return take_id(c, dp_rank, r);
 }
 
 int kvb_convert_event(struct kvb_converter *c, const struct kvb_event *ev, uint32_t dp_rank,

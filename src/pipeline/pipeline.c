@@ -88,7 +88,7 @@ const struct kvb_batch_info *kvb_pipeline_last_batch(const struct kvb_pipeline *
 }
 struct kvb_converter *kvb_pipeline_converter(struct kvb_pipeline *p) { return p->conv; }
 
-static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause);
+static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause, bool repair);
 
 /* One router event to the publish stage: 1, or 2 with the "cleared" that
  * the publish stage's observer asked for (the residency mirror could not
@@ -98,18 +98,19 @@ static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
 {
     if (kvb_publish_event(p->pub, r) <= 0 || r->type == KVB_REVT_CLEARED)
         return 1;
-    int rc = cleared(p, r->dp_rank, KVB_BAR_MIRROR_FULL);
+    int rc = cleared(p, r->dp_rank, KVB_BAR_MIRROR_FULL, false);
     return rc < 0 ? rc : 1 + rc;
 }
 
-static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
+static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause, bool repair)
 {
     /* Nothing published for the pair since its last "cleared": the router
      * holds nothing of it, and another one would say nothing new (a run of
      * bad batches published one per batch and rank: 3.36M for 56k batches
-     * under dp_rank churn, issue 18).  Not for nats_lost: what NATS lost may
-     * be that last "cleared". */
-    if (cause != KVB_BAR_NATS_LOST && kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_CLEAN) {
+     * under dp_rank churn, issue 18).  Not for losses on the NATS side:
+     * what NATS lost may be that last "cleared". */
+    bool nats = cause == KVB_BAR_NATS_LOST || cause == KVB_BAR_NATS_RECONNECT;
+    if (!nats && kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_CLEAN) {
         kvb_inc(&p->m->barriers_redundant_total[0]);
         return 0;
     }
@@ -117,26 +118,52 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause)
     int rc = kvb_convert_cleared(p->conv, rank, &r);
     if (rc < 0)
         return rc;
+    r.repair = repair;
     kvb_inc(&p->m->barriers_total[cause]);
     return emit(p, &r);
 }
 
-int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause)
+/* The worker of (worker_id, *): a "cleared" or a repair's stored event uses
+ * nothing else of it. */
+static void use_worker(struct kvb_pipeline *p, uint64_t worker_id)
 {
     struct kvb_worker_cfg w = p->def;
-    w.worker_id = worker_id; /* a "cleared" uses nothing else of the worker */
+    w.worker_id = worker_id;
     use(p, &w);
-    return cleared(p, dp_rank, cause);
+}
+
+int kvb_pipeline_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank, int cause)
+{
+    use_worker(p, worker_id);
+    return cleared(p, dp_rank, cause, false);
+}
+
+int kvb_pipeline_repair_cleared(struct kvb_pipeline *p, uint64_t worker_id, uint32_t dp_rank,
+                                int cause)
+{
+    use_worker(p, worker_id);
+    return cleared(p, dp_rank, cause, true);
+}
+
+int kvb_pipeline_repair_stored(struct kvb_pipeline *p, const struct kvb_rev *rev)
+{
+    struct kvb_rev r = *rev;
+    use_worker(p, rev->worker_id);
+    int rc = kvb_convert_stamp(p->conv, rev->dp_rank, &r);
+    if (rc < 0)
+        return rc;
+    r.repair = true;
+    return emit(p, &r);
 }
 
 int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int cause)
 {
     use_stream(p, s);
     if (s->n_ranks == 0) /* nothing seen yet: its configured rank */
-        return cleared(p, s->cfg_rank, cause);
+        return cleared(p, s->cfg_rank, cause, false);
     int n = 0;
     for (uint32_t i = 0; i < s->n_ranks; i++) {
-        int rc = cleared(p, s->ranks[i], cause);
+        int rc = cleared(p, s->ranks[i], cause, false);
         if (rc < 0)
             return rc;
         n += rc;
@@ -188,9 +215,9 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
                        s->name, (unsigned long long)seq, rank, KVB_MAX_STREAM_RANKS);
             return kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_NONE
                        ? 0
-                       : cleared(p, rank, KVB_BAR_MALFORMED);
+                       : cleared(p, rank, KVB_BAR_MALFORMED, false);
         }
-        if ((rc = cleared(p, rank, KVB_BAR_START)) < 0)
+        if ((rc = cleared(p, rank, KVB_BAR_START, false)) < 0)
             return rc;
         n += rc;
     }

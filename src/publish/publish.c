@@ -53,6 +53,7 @@ struct kvb_publish {
     size_t n_cache, next_evict;
     char scratch[SUBJECT_MAX];
     bool lost;
+    uint64_t bytes;  /* handed to the sink or the writer */
     uint64_t now_ms; /* wall clock when the pending message began */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
@@ -134,6 +135,7 @@ static uint64_t now_ms(const struct kvb_publish *o)
 /* One message to the writer or the sink. */
 static int send_msg(struct kvb_publish *o, const struct kvb_publish_msg *msg)
 {
+    o->bytes += msg->len;
     if (o->writer.write)
         return o->writer.write(o->writer.ctx, msg);
     if (msg->msg_id)
@@ -339,6 +341,8 @@ int kvb_publish_flush(struct kvb_publish *o)
         release_held(o);
     return 0;
 }
+
+uint64_t kvb_publish_bytes(const struct kvb_publish *o) { return o->bytes; }
 
 bool kvb_publish_take_loss(struct kvb_publish *o)
 {

@@ -284,8 +284,8 @@ static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char 
 static void srv_on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
 {
     (void)sub;
-    struct kvb_sink *s = closure;
-    s->srv_fn(s->srv_closure, nc, msg); /* srv_fn is set before any subscription */
+    const struct kvb_sink_served *e = closure; /* fn is set before its subscription */
+    e->fn(e->closure, nc, msg);
 }
 
 static void srv_on_complete(void *closure)
@@ -294,32 +294,44 @@ static void srv_on_complete(void *closure)
     atomic_fetch_sub(&s->srv_live, 1);
 }
 
-/* conn_mu held: drop the current subscription (its callbacks end on their own). */
-static void srv_drop(struct kvb_sink *s)
+/* conn_mu held: drop one subscription (its callbacks end on their own). */
+static void srv_drop_one(struct kvb_sink_served *e)
 {
-    if (!s->srv_sub)
+    if (!e->sub)
         return;
-    natsSubscription_Unsubscribe(s->srv_sub); /* a closed connection: already gone */
-    natsSubscription_Destroy(s->srv_sub);
-    s->srv_sub = NULL;
+    natsSubscription_Unsubscribe(e->sub); /* a closed connection: already gone */
+    natsSubscription_Destroy(e->sub);
+    e->sub = NULL;
 }
 
-/* conn_mu held: subscribe on the current connection, if any. */
-static int srv_subscribe(struct kvb_sink *s)
+static void srv_drop(struct kvb_sink *s)
 {
-    if (!s->srv_subject || !s->conn || s->srv_sub)
+    for (int i = 0; i < KVB_SINK_SERVE_MAX; i++)
+        srv_drop_one(&s->srv[i]);
+}
+
+/* conn_mu held: subscribe one served subject on the current connection. */
+static int srv_subscribe_one(struct kvb_sink *s, struct kvb_sink_served *e)
+{
+    if (!e->subject || !s->conn || e->sub)
         return 0;
     natsSubscription *sub = NULL;
-    natsStatus st = natsConnection_Subscribe(&sub, s->conn, s->srv_subject, srv_on_msg, s);
+    natsStatus st = natsConnection_Subscribe(&sub, s->conn, e->subject, srv_on_msg, e);
     if (st == NATS_OK) {
         atomic_fetch_add(&s->srv_live, 1);
         if (natsSubscription_SetOnCompleteCB(sub, srv_on_complete, s) != NATS_OK)
             atomic_fetch_sub(&s->srv_live, 1); /* cannot happen on a fresh subscription */
-        s->srv_sub = sub;
+        e->sub = sub;
         return 0;
     }
-    kvb_warn(STAGE, "cannot subscribe to %s: %s", s->srv_subject, natsStatus_GetText(st));
+    kvb_warn(STAGE, "cannot subscribe to %s: %s", e->subject, natsStatus_GetText(st));
     return kvb_sink_errno(st);
+}
+
+static void srv_subscribe(struct kvb_sink *s)
+{
+    for (int i = 0; i < KVB_SINK_SERVE_MAX; i++)
+        srv_subscribe_one(s, &s->srv[i]);
 }
 
 int kvb_sink_serve(struct kvb_sink *s, const char *subject, kvb_sink_request_fn fn, void *closure)
@@ -328,13 +340,25 @@ int kvb_sink_serve(struct kvb_sink *s, const char *subject, kvb_sink_request_fn 
     if (!subj)
         return -ENOMEM;
     pthread_mutex_lock(&s->conn_mu);
-    srv_drop(s);
-    free(s->srv_subject);
-    s->srv_subject = subj;
-    s->srv_fn = fn;
-    s->srv_closure = closure;
-    int rc = srv_subscribe(s);
+    struct kvb_sink_served *e = NULL;
+    for (int i = 0; i < KVB_SINK_SERVE_MAX && !e; i++)
+        if (s->srv[i].subject && strcmp(s->srv[i].subject, subject) == 0)
+            e = &s->srv[i];
+    for (int i = 0; i < KVB_SINK_SERVE_MAX && !e; i++)
+        if (!s->srv[i].subject)
+            e = &s->srv[i];
+    int rc = -ENOSPC;
+    if (e) {
+        srv_drop_one(e);
+        free(e->subject);
+        e->subject = subj;
+        e->fn = fn;
+        e->closure = closure;
+        subj = NULL;
+        rc = srv_subscribe_one(s, e);
+    }
     pthread_mutex_unlock(&s->conn_mu);
+    free(subj);
     return rc;
 }
 
@@ -344,8 +368,10 @@ void kvb_sink_unserve(struct kvb_sink *s)
         return;
     pthread_mutex_lock(&s->conn_mu);
     srv_drop(s);
-    free(s->srv_subject);
-    s->srv_subject = NULL;
+    for (int i = 0; i < KVB_SINK_SERVE_MAX; i++) {
+        free(s->srv[i].subject);
+        s->srv[i].subject = NULL;
+    }
     pthread_mutex_unlock(&s->conn_mu);
 }
 

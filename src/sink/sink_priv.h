@@ -191,12 +191,15 @@ struct kvb_sink {
     bool in_publish;         /* owner only: inside a publish call */
     atomic_bool owner_write; /* a write is left to kvb_sink_service() */
 
-    /* Requests served on one subject (kvb_sink_serve()): subscribed again on
-     * each new connection.  conn_mu guards all but srv_live. */
-    char *srv_subject; /* NULL: not serving */
-    kvb_sink_request_fn srv_fn;
-    void *srv_closure;
-    natsSubscription *srv_sub;
+    /* Requests served on up to KVB_SINK_SERVE_MAX subjects (kvb_sink_serve()):
+     * subscribed again on each new connection.  conn_mu guards all but
+     * srv_live. */
+    struct kvb_sink_served {
+        char *subject; /* NULL: a free slot */
+        kvb_sink_request_fn fn;
+        void *closure;
+        natsSubscription *sub;
+    } srv[KVB_SINK_SERVE_MAX];
     _Atomic int srv_live; /* subscriptions whose callbacks may still run */
 
     /* ---- guard (guard.c) ----

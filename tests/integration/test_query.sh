@@ -16,8 +16,11 @@
 #            mirror_full barrier, and a plain consumer still right
 #   restart: with state.dir, kvbridge stopped in the middle of a run and
 #            started again: it loads the mirror saved with its cursors (no
-#            barrier), replays what it missed, and a consumer started after
-#            the restart recovers to the engine's truth
+#            barrier) and the ring of recent events saved with it (events
+#            since an id from before the restart: 200 with those events;
+#            before: 410, the ring started empty), replays what it missed,
+#            and a consumer started after the restart recovers to the
+#            engine's truth
 source "$(dirname "$0")/lib.sh"
 
 NP=$(daemon_port)
@@ -223,6 +226,13 @@ start_kvbridge kvb-d2 "$T/d.yaml" || bad "kvbridge d2 did not start"
 KPID=$KVB_PID
 expect_eq "restart: the mirror was loaded, nothing to clear" \
   "$(grep -c 'residency mirror: 1 pair(s) loaded ([0-9]* blocks), 0 to clear' "$T/kvb-d2.log")" 1
+# the last event before the stop: the saved counter's next id - 1
+last=$(awk '$1 == "counter" && $2 == 7 && $3 == 0 { print $4 - 1 }' "$T/state/kvbridge.state")
+http_get "$MP" "/v1/events?worker_id=7&dp_rank=0&since=$((last - 100))"
+expect_eq "restart: events since an id before the restart: 200 (the ring came back)" "$HTTP_STATUS" 200
+expect_eq "restart: ... from the next id on, in order" \
+  "$(grep -o '"event_id":[0-9]*' "$T/http.body" | head -n 100 | sed 's/.*://' | tr '\n' ' ')" \
+  "$(seq -s ' ' $((last - 99)) "$last") "
 start_kvtail restarted "$NP" --quiet --recover --query kvbridge.query.7 --pair 7:0 \
   --expect-record "$T/d.rec" --timeout 3000 || bad "kvtail restarted not ready"
 wait_pid "$SIM" 60

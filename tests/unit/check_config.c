@@ -396,6 +396,21 @@ static const struct bad_file bad_files[] = {
           "dynamo-json, or core NATS\n" DATA
           "bad-format.yaml:5:31: discovery.etcd.endpoints: discovery registers event-plane "
           "publishers: it needs nats.format dynamo-msgpack\n"},
+    {"bad-resync.yaml",
+     DATA "bad-resync.yaml:4:83: nats.repair_bytes_per_s: 100 is out of range (expected "
+          "4096..4294967295)\n" DATA
+          "bad-resync.yaml:4:29: nats.resync_on_reconnect: for core NATS only: JetStream "
+          "sends again what the stream did not acknowledge\n" DATA
+          "bad-resync.yaml:4:29: nats.resync_on_reconnect: needs the residency mirror "
+          "(limits.max_resident_blocks is 0)\n"},
+    {"bad-recovery.yaml",
+     DATA "bad-recovery.yaml:4:33: discovery.recovery.enabled: needs discovery.etcd.endpoints "
+          "(the EventSource records carry the recovery target)\n" DATA
+          "bad-recovery.yaml:4:33: discovery.recovery.enabled: needs the residency mirror "
+          "(limits.max_resident_blocks is 0)\n" DATA
+          "bad-recovery.yaml:4:67: discovery.recovery.advertise: required when "
+          "discovery.recovery.listen is a wildcard address (the records must name one routers "
+          "can reach)\n"},
     {"bad-ints.yaml",
      DATA "bad-ints.yaml:1:12: worker_id: '-1' is negative (expected "
           "0..18446744073709551615)\n" DATA

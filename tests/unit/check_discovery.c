@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "discovery.h"
+#include "recovery.h"
 #include "testutil.h"
 
 START_TEST(key_known_answer)
@@ -61,6 +62,52 @@ START_TEST(value_u64_and_escapes)
 }
 END_TEST
 
+/* With the recovery query on: the Instance record of a pair's recovery
+ * endpoint, and the EventSource record naming it (docs/dynamo-event-plane.md
+ * section 9.2), for both request planes. */
+START_TEST(recovery_records)
+{
+    struct kvb_recovery_target t = {.plane = KVB_RECOVERY_NATS,
+                                    .instance_id = UINT64_C(1958007344816222594)};
+    strcpy(t.namespace_, "dynamo");
+    strcpy(t.component, "backend");
+    char key[256];
+    ck_assert_int_gt(kvb_discovery_instance_key(&t, UINT64_C(20015998343868), key, sizeof(key)), 0);
+    ck_assert_str_eq(key, "v1/instances/dynamo/backend/worker_kv_query_source_123456789abc/"
+                          "1b2c3d4e5f607182");
+    char *v = kvb_discovery_instance_value(&t, UINT64_C(20015998343868),
+                                           UINT64_C(7587890738027725506), 0);
+    ck_assert_str_eq(v, "{\"type\":\"Endpoint\",\"component\":\"backend\",\"endpoint\":"
+                        "\"worker_kv_query_source_123456789abc\",\"namespace\":\"dynamo\","
+                        "\"instance_id\":1958007344816222594,\"transport\":{\"nats_tcp\":"
+                        "\"dynamo_backend.kvbridge-1b2c3d4e5f607182.7587890738027725506.0\"}}");
+    free(v);
+    v = kvb_discovery_value_rt("dynamo", "backend", "generate", UINT64_C(20015998343868),
+                               UINT64_C(7587890738027725506), 0, &t);
+    ck_assert_str_eq(
+        v, "{\"type\":\"EventSource\",\"scope\":{\"kind\":\"endpoint\",\"endpoint\":"
+           "{\"namespace\":\"dynamo\",\"component\":\"backend\",\"name\":\"generate\"}},"
+           "\"topic\":\"kv-events\",\"publisher_id\":20015998343868,\"metadata\":"
+           "{\"kv_state_endpoint\":{\"namespace\":\"dynamo\",\"component\":\"backend\","
+           "\"name\":\"generate\"},\"publisher_id\":20015998343868,\"recovery_target\":"
+           "{\"component\":\"backend\",\"endpoint\":\"worker_kv_query_source_123456789abc\","
+           "\"namespace\":\"dynamo\",\"instance_id\":1958007344816222594,\"transport\":"
+           "{\"nats_tcp\":\"dynamo_backend.kvbridge-1b2c3d4e5f607182.7587890738027725506."
+           "0\"}},\"worker\":{\"worker_id\":7587890738027725506,\"dp_rank\":0}}}");
+    free(v);
+    t.plane = KVB_RECOVERY_TCP;
+    strcpy(t.address, "10.0.0.7:9999");
+    char tr[256];
+    ck_assert_int_gt(kvb_recovery_transport(&t, 7, 3, tr, sizeof(tr)), 0);
+    ck_assert_str_eq(tr, "10.0.0.7:9999/1b2c3d4e5f607182/kvbridge/7/3");
+    v = kvb_discovery_instance_value(&t, 1, 7, 3);
+    ck_assert_ptr_nonnull(strstr(v, "\"transport\":{\"tcp\":\"10.0.0.7:9999/1b2c3d4e5f607182/"
+                                    "kvbridge/7/3\"}"));
+    free(v);
+    ck_assert_int_eq(kvb_recovery_transport(&t, 7, 3, tr, 10), -ENAMETOOLONG);
+}
+END_TEST
+
 static Suite *discovery_suite(void)
 {
     Suite *su = suite_create("discovery");
@@ -68,6 +115,7 @@ static Suite *discovery_suite(void)
     tcase_add_test(tc, key_known_answer);
     tcase_add_test(tc, key_percent_encodes_segments);
     tcase_add_test(tc, value_known_answer);
+    tcase_add_test(tc, recovery_records);
     tcase_add_test(tc, value_u64_and_escapes);
     suite_add_tcase(su, tc);
     return su;

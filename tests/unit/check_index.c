@@ -26,8 +26,10 @@ static struct kvb_index *mk(uint64_t max_blocks, uint32_t recent)
 
 static uint64_t next_id;
 
-static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, uint64_t parent,
-                 const uint64_t *hashes, const uint64_t *tokens, uint32_t n)
+/* A store into m, and into `also` (a consumer) when given. */
+static int store_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank, int tier,
+                      bool has_parent, uint64_t parent, const uint64_t *hashes,
+                      const uint64_t *tokens, uint32_t n)
 {
     struct kvb_block b[64];
     for (uint32_t i = 0; i < n; i++)
@@ -41,13 +43,34 @@ static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, 
                         .parent = parent,
                         .blocks = b,
                         .n = n};
+    if (also)
+        ck_assert_int_eq(kvb_index_apply(also, &r), 0);
     int rc = kvb_index_apply(m, &r);
     if (rc == 0)
         next_id++;
     return rc;
 }
 
-static void removed(struct kvb_index *m, uint32_t rank, int tier, const uint64_t *h, uint32_t n)
+static int store(struct kvb_index *m, uint32_t rank, int tier, bool has_parent, uint64_t parent,
+                 const uint64_t *hashes, const uint64_t *tokens, uint32_t n)
+{
+    return store_also(m, NULL, rank, tier, has_parent, parent, hashes, tokens, n);
+}
+
+/* A cycle, 5000 -> 5001 -> 5000, on rank 0 tier 0 (a re-store rewrote
+ * 5000's parent), every block's tokens_hash tokens. */
+static void store_cycle(struct kvb_index *m, uint64_t tokens)
+{
+    uint64_t h[1] = {5000}, t[1] = {tokens};
+    ck_assert_int_eq(store(m, 0, 0, false, 0, h, t, 1), 0);
+    h[0] = 5001;
+    ck_assert_int_eq(store(m, 0, 0, true, 5000, h, t, 1), 0);
+    h[0] = 5000;
+    ck_assert_int_eq(store(m, 0, 0, true, 5001, h, t, 1), 0);
+}
+
+static void removed_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank, int tier,
+                         const uint64_t *h, uint32_t n)
 {
     struct kvb_rev r = {.type = KVB_REVT_REMOVED,
                         .tier = (uint8_t)tier,
@@ -56,15 +79,26 @@ static void removed(struct kvb_index *m, uint32_t rank, int tier, const uint64_t
                         .event_id = next_id++,
                         .hashes = h,
                         .n = n};
+    if (also)
+        ck_assert_int_eq(kvb_index_apply(also, &r), 0);
     ck_assert_int_eq(kvb_index_apply(m, &r), 0);
 }
 
-static void cleared(struct kvb_index *m, uint32_t rank)
+static void removed(struct kvb_index *m, uint32_t rank, int tier, const uint64_t *h, uint32_t n)
+{
+    removed_also(m, NULL, rank, tier, h, n);
+}
+
+static void cleared_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank)
 {
     struct kvb_rev r = {
         .type = KVB_REVT_CLEARED, .dp_rank = rank, .worker_id = W, .event_id = next_id++};
+    if (also)
+        ck_assert_int_eq(kvb_index_apply(also, &r), 0);
     ck_assert_int_eq(kvb_index_apply(m, &r), 0);
 }
+
+static void cleared(struct kvb_index *m, uint32_t rank) { cleared_also(m, NULL, rank); }
 
 START_TEST(store_match_remove)
 {
@@ -365,13 +399,7 @@ START_TEST(dump_order_and_cycles)
             ck_assert_int_eq(store(m, 0, 0, true, i, h, t, 1), 0);
         }
     }
-    /* a cycle: 5000 -> 5001 -> 5000 (a re-store rewrote 5000's parent) */
-    h[0] = 5000;
-    ck_assert_int_eq(store(m, 0, 0, false, 0, h, t, 1), 0);
-    h[0] = 5001;
-    ck_assert_int_eq(store(m, 0, 0, true, 5000, h, t, 1), 0);
-    h[0] = 5000;
-    ck_assert_int_eq(store(m, 0, 0, true, 5001, h, t, 1), 0);
+    store_cycle(m, 1000);
     ck_assert_uint_eq(kvb_index_blocks(m, 0), 1102);
     struct kvb_index *d = mk(100000, 0);
     dump_into(m, 0, d, 64);
@@ -381,6 +409,208 @@ START_TEST(dump_order_and_cycles)
     kvb_index_match(d, W, 0, req, 3, got);
     ck_assert_uint_eq(got[0], 3);
     kvb_index_destroy(&d);
+    kvb_index_destroy(&m);
+}
+END_TEST
+
+/* ---- repairs ---------------------------------------------------------------- */
+
+struct blk {
+    int tier;
+    uint64_t hash, tokens;
+};
+
+static int blk_cmp(const void *a, const void *b)
+{
+    const struct blk *x = a, *y = b;
+    if (x->tier != y->tier)
+        return x->tier < y->tier ? -1 : 1;
+    if (x->hash != y->hash)
+        return x->hash < y->hash ? -1 : 1;
+    return x->tokens < y->tokens ? -1 : x->tokens > y->tokens;
+}
+
+/* Every resident block of (W, rank), sorted; *n of them (malloc'ed). */
+static struct blk *blocks_of(struct kvb_index *m, uint32_t rank, size_t *n)
+{
+    struct kvb_index_snap *s = NULL;
+    ck_assert_int_eq(kvb_index_snapshot(m, W, rank, &s), 0);
+    size_t cap = kvb_index_snap_blocks(s) + 1, k = 0;
+    struct blk *v = calloc(cap, sizeof(*v));
+    struct kvb_rev r;
+    while (kvb_index_snap_next(s, 1, &r) == 1)
+        v[k++] = (struct blk){r.tier, r.blocks[0].block_hash, r.blocks[0].tokens_hash};
+    kvb_index_snap_free(&s);
+    qsort(v, k, sizeof(*v), blk_cmp);
+    *n = k;
+    return v;
+}
+
+static void same_blocks(struct kvb_index *a, struct kvb_index *b, uint32_t rank)
+{
+    size_t na, nb;
+    struct blk *va = blocks_of(a, rank, &na), *vb = blocks_of(b, rank, &nb);
+    ck_assert_uint_eq(na, nb);
+    for (size_t i = 0; i < na; i++) {
+        ck_assert_int_eq(va[i].tier, vb[i].tier);
+        ck_assert_uint_eq(va[i].hash, vb[i].hash);
+        ck_assert_uint_eq(va[i].tokens, vb[i].tokens);
+    }
+    free(va);
+    free(vb);
+}
+
+/* The next repair event of m into the consumer c (an index applying it as a
+ * router does): its parent, when it names one, is held there.  1 or 0. */
+static int repair_into(struct kvb_index *m, struct kvb_index *c, uint32_t max_blocks)
+{
+    struct kvb_rev r;
+    int rc;
+    while ((rc = kvb_index_repair_next(m, max_blocks, 7, &r)) == -EAGAIN)
+        ;
+    ck_assert_int_ge(rc, 0);
+    if (rc == 0)
+        return 0;
+    ck_assert_int_eq(r.type, KVB_REVT_STORED);
+    ck_assert_uint_ge(r.n, 1);
+    ck_assert_uint_le(r.n, max_blocks);
+    r.event_id = next_id++;
+    uint64_t orphans = kvb_index_orphans(c);
+    ck_assert_int_eq(kvb_index_apply(c, &r), 0);
+    ck_assert_uint_eq(kvb_index_orphans(c), orphans); /* parents first */
+    r.repair = true;
+    ck_assert_int_eq(kvb_index_record(m, &r), 0);
+    return 1;
+}
+
+/* The repair of a tree: every block once, parents before children, the
+ * mirror itself unchanged, the events in its ring. */
+START_TEST(repair_publishes_the_tree)
+{
+    next_id = 0;
+    struct kvb_index *m = mk(100000, 64), *c = mk(100000, 0);
+    uint64_t h[1], t[1];
+    for (uint64_t i = 1; i <= 300; i++) { /* a chain 1..300, a branch at every 10th */
+        h[0] = i;
+        t[0] = 7 * i;
+        ck_assert_int_eq(store(m, 0, 0, i > 1, i - 1, h, t, 1), 0);
+        if (i % 10 == 0) {
+            h[0] = 100000 + i;
+            ck_assert_int_eq(store(m, 0, 0, true, i, h, t, 1), 0);
+        }
+    }
+    h[0] = 9; /* a host tier block and a block whose parent went */
+    ck_assert_int_eq(store(m, 0, KVB_TIER_HOST_PINNED, false, 0, h, t, 1), 0);
+    uint64_t gone = 100000 + 50;
+    h[0] = 100000 + 51;
+    ck_assert_int_eq(store(m, 0, 0, true, gone, h, t, 1), 0);
+    removed(m, 0, 0, &gone, 1);
+    ck_assert_uint_eq(kvb_index_blocks(m, -1), 331);
+
+    ck_assert_int_eq(kvb_index_repair_begin(m, W, 0), 0);
+    ck_assert_uint_eq(kvb_index_missing(m, W, 0), 331);
+    ck_assert_uint_eq(kvb_index_missing_total(m), 331);
+    ck_assert_uint_eq(kvb_index_missing(m, W, 1), 0);
+    uint64_t last = 0, before = next_id;
+    int events = 0;
+    while (repair_into(m, c, 64))
+        events++;
+    ck_assert_uint_eq(kvb_index_missing_total(m), 0);
+    ck_assert_uint_eq(kvb_index_blocks(m, -1), 331); /* its own view: unchanged */
+    ck_assert_uint_eq(kvb_index_blocks(c, -1), 331); /* under a gone parent: as a root */
+    same_blocks(m, c, 0);
+    ck_assert(kvb_index_last_event_id(m, W, 0, &last));
+    ck_assert_uint_eq(last, next_id - 1); /* its events are the pair's last */
+    ck_assert_int_le(events, 60);         /* chains, not single blocks */
+    struct collect col = {0};
+    ck_assert_int_eq(kvb_index_events_since(m, W, 0, before - 1, collect_fn, &col), 0);
+    ck_assert_int_eq(col.count, events);
+    kvb_index_destroy(&c);
+    kvb_index_destroy(&m);
+}
+END_TEST
+
+/* The consumers lost (W, rank): the repair's "cleared" to c, its start in m. */
+static void lose(struct kvb_index *m, struct kvb_index *c, uint32_t rank)
+{
+    struct kvb_rev r = {.type = KVB_REVT_CLEARED,
+                        .dp_rank = rank,
+                        .worker_id = W,
+                        .event_id = next_id++,
+                        .repair = true};
+    ck_assert_int_eq(kvb_index_apply(c, &r), 0);
+    ck_assert_int_eq(kvb_index_repair_begin(m, W, rank), 0);
+    ck_assert_int_eq(kvb_index_record(m, &r), 0);
+}
+
+/* Live events during a repair, in any order with its own: the consumer
+ * (which got the "cleared" and then everything published after it) ends
+ * with exactly the mirror's blocks.  A random walk. */
+START_TEST(repair_with_live_events)
+{
+    for (int round = 0; round < 40; round++) {
+        next_id = 0;
+        struct kvb_index *m = mk(100000, 16), *c = mk(100000, 0);
+        for (int phase = 0; phase < 2; phase++) {
+            int ops = phase ? 1500 : 400;
+            for (int op = 0; op < ops; op++) {
+                uint32_t rank = rnd(2);
+                int tier = (int)rnd(2);
+                uint32_t k = rnd(100);
+                if (phase && k < 35) { /* the repair's turn */
+                    repair_into(m, c, 1 + rnd(4));
+                } else if (k < 70) {
+                    uint32_t n = 1 + rnd(4);
+                    uint64_t h[4], t[4];
+                    for (uint32_t i = 0; i < n; i++) {
+                        h[i] = 1 + rnd(200);
+                        t[i] = rnd(3) ? 1000 + h[i] * 7 : 5000 + h[i]; /* changed tokens */
+                    }
+                    bool hp = rnd(4) != 0;
+                    ck_assert_int_eq(store_also(m, c, rank, tier, hp, 1 + rnd(200), h, t, n), 0);
+                } else if (k < 97) {
+                    uint64_t h[2] = {1 + rnd(200), 1 + rnd(200)};
+                    removed_also(m, c, rank, tier, h, 2);
+                } else if (k < 99 || !phase) {
+                    cleared_also(m, c, rank);
+                } else { /* the consumers lost the pair: a repair (again) */
+                    lose(m, c, rank);
+                }
+            }
+            if (!phase) /* the loss: both pairs */
+                for (uint32_t rank = 0; rank < 2; rank++)
+                    lose(m, c, rank);
+        }
+        while (repair_into(m, c, 3))
+            ;
+        ck_assert_uint_eq(kvb_index_missing_total(m), 0);
+        same_blocks(m, c, 0);
+        same_blocks(m, c, 1);
+        kvb_index_destroy(&c);
+        kvb_index_destroy(&m);
+    }
+    next_id = 0;
+}
+END_TEST
+
+/* A cycle (a re-store rewrote a parent) and a chain longer than an event. */
+START_TEST(repair_cycles_and_long_chains)
+{
+    next_id = 0;
+    struct kvb_index *m = mk(100000, 0), *c = mk(100000, 0);
+    uint64_t h[1], t[1] = {1};
+    store_cycle(m, 1);
+    for (uint64_t i = 1; i <= 1000; i++) {
+        h[0] = i;
+        ck_assert_int_eq(store(m, 0, 0, i > 1, i - 1, h, t, 1), 0);
+    }
+    ck_assert_int_eq(kvb_index_repair_begin(m, W, 0), 0);
+    int events = 0;
+    while (repair_into(m, c, 100))
+        events++;
+    ck_assert_int_eq(events, 11); /* the cycle as one chain from a root, 1000 in 10 */
+    same_blocks(m, c, 0);
+    kvb_index_destroy(&c);
     kvb_index_destroy(&m);
 }
 END_TEST
@@ -419,6 +649,9 @@ static Suite *mirror_suite(void)
     tcase_add_test(tc, recent_events);
     tcase_add_test(tc, random_walk_against_reference);
     tcase_add_test(tc, dump_order_and_cycles);
+    tcase_add_test(tc, repair_publishes_the_tree);
+    tcase_add_test(tc, repair_with_live_events);
+    tcase_add_test(tc, repair_cycles_and_long_chains);
     tcase_add_test(tc, bytes_per_block);
     suite_add_tcase(s, tc);
     return s;

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "mirror/persist.h"
 
 #define W 7u
@@ -137,12 +139,179 @@ START_TEST(round_trip)
 }
 END_TEST
 
+/* The events of a pair's ring, as text: "id:type:n:first," each. */
+struct ring_text {
+    char s[8192];
+    size_t len;
+};
+
+static int ring_fn(void *ctx, const struct kvb_rev *r)
+{
+    struct ring_text *t = ctx;
+    uint64_t first = r->type == KVB_REVT_STORED    ? r->blocks[r->n - 1].tokens_hash
+                     : r->type == KVB_REVT_REMOVED ? r->hashes[0]
+                                                   : 0;
+    t->len += (size_t)snprintf(t->s + t->len, sizeof(t->s) - t->len, "%llu:%d:%u:%llu:%d,",
+                               (unsigned long long)r->event_id, r->type, r->n,
+                               (unsigned long long)first, r->tier);
+    return 0;
+}
+
+static void ring_of(struct kvb_index *m, uint64_t since, struct ring_text *t)
+{
+    t->len = 0;
+    t->s[0] = 0;
+    ck_assert_int_eq(kvb_index_events_since(m, W, 0, since, ring_fn, t), 0);
+}
+
+/* The ring comes back (a consumer cut off across a restart resumes from
+ * it), and so do the blocks a repair still owes. */
+START_TEST(ring_and_missing_marks_round_trip)
+{
+    char d[] = "/tmp/kvb-mirror-ring.XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(d));
+    struct kvb_index *m = mk();
+    uint64_t id = 0;
+    struct kvb_block b[8];
+    for (uint32_t i = 0; i < 8; i++)
+        b[i] = (struct kvb_block){100 + i, 900 + i};
+    struct kvb_rev s = {.type = KVB_REVT_STORED, .worker_id = W, .blocks = b, .n = 8};
+    s.event_id = id++;
+    ck_assert_int_eq(kvb_index_apply(m, &s), 0);
+    uint64_t gone = 107;
+    struct kvb_rev r = {.type = KVB_REVT_REMOVED, .worker_id = W, .hashes = &gone, .n = 1};
+    r.event_id = id++;
+    ck_assert_int_eq(kvb_index_apply(m, &r), 0);
+    struct kvb_rev h = s; /* a branch in the host tier */
+    h.tier = KVB_TIER_HOST_PINNED;
+    h.n = 3;
+    h.event_id = id++;
+    ck_assert_int_eq(kvb_index_apply(m, &h), 0);
+    /* a repair under way: its barrier, one of its events out */
+    struct kvb_rev c = {.type = KVB_REVT_CLEARED, .worker_id = W, .repair = true};
+    c.event_id = id++;
+    ck_assert_int_eq(kvb_index_repair_begin(m, W, 0), 0);
+    ck_assert_int_eq(kvb_index_record(m, &c), 0);
+    struct kvb_rev out;
+    ck_assert_int_eq(kvb_index_repair_next(m, 4, 1000, &out), 1);
+    out.event_id = id++;
+    ck_assert_int_eq(kvb_index_record(m, &out), 0);
+    uint64_t missing = kvb_index_missing(m, W, 0);
+    ck_assert_uint_eq(missing, 10 - 4);
+
+    struct kvb_persist *sv = NULL;
+    ck_assert_int_eq(kvb_persist_create(&sv), 0);
+    struct kvb_state *st = kvb_state_new();
+    struct kvb_id_counter k = {W, 0, id, 5};
+    ck_assert_int_eq(kvb_state_add_counter(st, &k), 0);
+    ck_assert_int_eq(kvb_persist_save_start(sv, m, d, &st, true), 0);
+    kvb_persist_destroy(&sv);
+    struct kvb_state *back = NULL;
+    ck_assert_int_eq(kvb_state_load(d, &back), 0);
+    struct kvb_index *m2 = mk();
+    struct kvb_index_pair v[2];
+    size_t loaded = 0;
+    ck_assert_int_eq(kvb_persist_load(m2, d, back, v, 2, &loaded), 0);
+    ck_assert_uint_eq(loaded, 1);
+
+    struct ring_text a, z;
+    ring_of(m, 0, &a);
+    ring_of(m2, 0, &z);
+    ck_assert_str_eq(z.s, a.s); /* every event after 0, as they were */
+    ck_assert_uint_gt(a.len, 0);
+    ring_of(m2, id - 2, &z); /* the last one alone: the tail of the same text */
+    ck_assert(z.len > 0 && z.len < a.len && strcmp(a.s + a.len - z.len, z.s) == 0);
+    ck_assert_ptr_eq(strchr(z.s, ','), z.s + z.len - 1);
+    uint64_t last = 0;
+    ck_assert(kvb_index_last_event_id(m2, W, 0, &last));
+    ck_assert_uint_eq(last, id - 1);
+    ck_assert_uint_eq(kvb_index_blocks(m2, -1), kvb_index_blocks(m, -1));
+    ck_assert_uint_eq(kvb_index_missing(m2, W, 0), missing); /* the repair goes on */
+    int events = 0;
+    while (kvb_index_repair_next(m2, 4, 1000, &out) == 1)
+        events++;
+    ck_assert_int_ge(events, 2);
+    ck_assert_uint_eq(kvb_index_missing(m2, W, 0), 0);
+    kvb_index_destroy(&m2);
+    kvb_index_destroy(&m);
+    kvb_state_free(&back);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", d, KVB_MIRROR_FILE);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/kvbridge.state", d);
+    unlink(path);
+    rmdir(d);
+}
+END_TEST
+
+/* A file of version 1 (no ring, no marks) still loads: an empty ring. */
+START_TEST(version_1_still_loads)
+{
+    char d[] = "/tmp/kvb-mirror-v1.XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(d));
+    uint8_t buf[256];
+    size_t n = 0;
+#define PUT(p, len) (memcpy(buf + n, (p), (len)), n += (len))
+    uint32_t u32;
+    uint64_t u64;
+    PUT("KVBMIRR1", 8);
+    u32 = 1;
+    PUT(&u32, 4); /* version */
+    PUT(&u32, 4); /* pairs */
+    u64 = W;
+    PUT(&u64, 8);
+    u32 = 0;
+    PUT(&u32, 4); /* dp_rank */
+    u32 = 1;
+    PUT(&u32, 4); /* has_last */
+    u64 = 41;
+    PUT(&u64, 8); /* last */
+    u64 = 5;
+    PUT(&u64, 8); /* epoch */
+    uint8_t hdr[8] = {KVB_TIER_DEVICE, 0, 0, 0, 2, 0, 0, 0};
+    PUT(hdr, 8);
+    u64 = 0;
+    PUT(&u64, 8); /* parent */
+    uint64_t blocks[4] = {1, 11, 2, 12};
+    PUT(blocks, sizeof(blocks));
+    uint8_t end[8] = {0xff, 0, 0, 0, 0, 0, 0, 0};
+    PUT(end, 8);
+    u64 = XXH64(buf, n, 0);
+    PUT(&u64, 8);
+#undef PUT
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", d, KVB_MIRROR_FILE);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(buf, 1, n, f), n);
+    fclose(f);
+    struct kvb_state *st = kvb_state_new();
+    struct kvb_id_counter k = {W, 0, 42, 5};
+    ck_assert_int_eq(kvb_state_add_counter(st, &k), 0);
+    struct kvb_index *m = mk();
+    struct kvb_index_pair v[2];
+    size_t loaded = 0;
+    ck_assert_int_eq(kvb_persist_load(m, d, st, v, 2, &loaded), 0);
+    ck_assert_uint_eq(loaded, 1);
+    ck_assert_uint_eq(kvb_index_blocks(m, -1), 2);
+    ck_assert_uint_eq(kvb_index_missing(m, W, 0), 0);
+    struct ring_text t;
+    ck_assert_int_eq(kvb_index_events_since(m, W, 0, 40, ring_fn, &t), -ESTALE);
+    kvb_index_destroy(&m);
+    kvb_state_free(&st);
+    unlink(path);
+    rmdir(d);
+}
+END_TEST
+
 static Suite *mirror_state_suite(void)
 {
     Suite *s = suite_create("mirror_state");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, round_trip);
+    tcase_add_test(tc, ring_and_missing_marks_round_trip);
+    tcase_add_test(tc, version_1_still_loads);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -13,7 +13,7 @@
 #include <json-c/json.h>
 
 #include "mirror/index.h"
-#include "mirror/query.h"
+#include "query.h"
 
 #define W 7u
 
@@ -300,6 +300,77 @@ START_TEST(dump_events_match)
 }
 END_TEST
 
+/* recover (Dynamo's recovery query): which answer for which start. */
+static int recover(struct loop *l, uint64_t worker, bool has_start, uint64_t start, bool has_end,
+                   uint64_t end, uint64_t v[3], int *n_events, uint64_t *first)
+{
+    struct kvb_query_req r = {.op = KVB_QOP_RECOVER,
+                              .has_worker = true,
+                              .worker_id = worker,
+                              .has_start = has_start,
+                              .start = start,
+                              .has_end = has_end,
+                              .end = end};
+    struct kvb_query_answer *a = NULL;
+    ck_assert_int_eq(kvb_query_run(l->q, &r, &a), 0);
+    int kind = kvb_query_answer_recovery(a, v);
+    struct kvb_rev rev;
+    *n_events = 0;
+    while (kind >= 0 && kvb_query_answer_event(a, 256, &rev) == 1) {
+        if (!(*n_events)++)
+            *first = rev.event_id;
+    }
+    kvb_query_answer_free(&a);
+    return kind;
+}
+
+START_TEST(recover_answers)
+{
+    struct loop l;
+    loop_start(&l, 8);
+    next_id = 0;
+    uint64_t v[3], first = 0;
+    int n;
+    /* nothing for the pair yet: an empty dump */
+    ck_assert_int_eq(recover(&l, W, false, 0, false, 0, v, &n, &first), KVB_QR_TREE_DUMP);
+    ck_assert_int_eq(n, 0);
+    ck_assert_uint_eq(v[0], 0);
+    for (uint64_t i = 0; i < 12; i++) { /* events 0..11: a chain, the ring keeps 4..11 */
+        uint64_t h = 500 + i, t = i;
+        store_chain(&l, &h, &t, 1, i > 0, 499 + i);
+    }
+    ck_assert_int_eq(recover(&l, W, false, 0, false, 0, v, &n, &first), KVB_QR_TREE_DUMP);
+    ck_assert_uint_eq(v[0], 11);
+    ck_assert_int_eq(n, 1); /* one chain of 12 */
+    ck_assert_int_eq(recover(&l, W, true, 9, false, 0, v, &n, &first), KVB_QR_EVENTS);
+    ck_assert_int_eq(n, 3); /* 9, 10, 11 */
+    ck_assert_uint_eq(first, 9);
+    ck_assert_uint_eq(v[0], 11);
+    ck_assert_int_eq(recover(&l, W, true, 11, true, 11, v, &n, &first), KVB_QR_EVENTS);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(recover(&l, W, true, 2, false, 0, v, &n, &first), KVB_QR_TREE_DUMP);
+    ck_assert_int_eq(recover(&l, W, true, 12, false, 0, v, &n, &first), KVB_QR_TOO_NEW);
+    ck_assert_uint_eq(v[0], 12);
+    ck_assert_uint_eq(v[1], 11);
+    ck_assert_uint_eq(v[2], 11);
+    ck_assert_int_eq(recover(&l, W, true, 12, true, 20, v, &n, &first), KVB_QR_TOO_NEW);
+    ck_assert_uint_eq(v[1], 20);
+    ck_assert_int_eq(recover(&l, W, true, 6, true, 5, v, &n, &first), KVB_QR_INVALID_RANGE);
+    ck_assert_uint_eq(v[0], 6);
+    ck_assert_uint_eq(v[1], 5);
+    /* another pair: nothing yet, an empty dump */
+    ck_assert_int_eq(recover(&l, W + 1, true, 3, false, 0, v, &n, &first), KVB_QR_TREE_DUMP);
+    ck_assert_int_eq(n, 0);
+    loop_stop(&l);
+    ck_assert_uint_eq(kvb_get(&metrics.queries_total[KVB_QOP_RECOVER]), 9);
+    /* recover is not an operation of the query API's JSON */
+    struct kvb_query_req r;
+    char err[128];
+    const char *j = "{\"op\":\"recover\"}";
+    ck_assert_int_eq(kvb_query_parse_json(j, strlen(j), -1, &r, err, sizeof(err)), -EINVAL);
+}
+END_TEST
+
 /* Several engines, one kvbridge: a match for a worker hashes with that
  * worker's block_size and lora_salt (kvb_query_cfg.workers). */
 START_TEST(match_per_worker)
@@ -410,6 +481,7 @@ static Suite *query_suite(void)
     tcase_add_test(tc, parse_json);
     tcase_add_test(tc, parse_params);
     tcase_add_test(tc, dump_events_match);
+    tcase_add_test(tc, recover_answers);
     tcase_add_test(tc, match_per_worker);
     tcase_add_test(tc, closed_and_slow_loop);
     tcase_add_test(tc, error_answers);

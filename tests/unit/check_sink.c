@@ -563,6 +563,58 @@ START_TEST(test_publish_order)
 }
 END_TEST
 
+/* A request fn for test_serve_subjects: replies with its tag. */
+static void reply_tag(void *closure, void *nats_conn, void *nats_msg)
+{
+    natsMsg *msg = nats_msg;
+    const char *tag = closure;
+    natsConnection_PublishString(nats_conn, natsMsg_GetReply(msg), tag);
+    natsMsg_Destroy(msg);
+}
+
+static const char *ask(natsConnection *nc, const char *subject)
+{
+    static char got[32];
+    natsMsg *reply = NULL;
+    if (natsConnection_RequestString(&reply, nc, subject, "?", 2000) != NATS_OK)
+        return "(none)";
+    snprintf(got, sizeof(got), "%.*s", natsMsg_GetDataLength(reply), natsMsg_GetData(reply));
+    natsMsg_Destroy(reply);
+    return got;
+}
+
+/* Several subjects served at once (the query API and the recovery query),
+ * each with its own fn; a full set refused; unserve drops them all. */
+START_TEST(test_serve_subjects)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 2000, 100, 1000, 8 << 20);
+    server_start(port);
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    static char a[] = "A", b[] = "B", c[] = "C";
+    ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.one", reply_tag, a), 0);
+    ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.two.*", reply_tag, b), 0);
+    tsub_open(&fx.t, port);
+    ck_assert_str_eq(ask(fx.t.nc, "q.one"), "A");
+    ck_assert_str_eq(ask(fx.t.nc, "q.two.x"), "B");
+    ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.one", reply_tag, c), 0); /* replaced */
+    const char *got = "";
+    for (uint64_t until = now_ms() + 3000; now_ms() < until;) /* once the server has the SUB */
+        if (strcmp(got = ask(fx.t.nc, "q.one"), "(none)") != 0)
+            break;
+    ck_assert_str_eq(got, "C");
+    ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.three", reply_tag, a), 0);
+    ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.four", reply_tag, a), 0);
+    ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.five", reply_tag, a), -ENOSPC);
+    kvb_sink_unserve(fx.sink);
+    ck_assert_str_eq(ask(fx.t.nc, "q.two.x"), "(none)");
+    uint64_t until = now_ms() + 3000;
+    while (kvb_sink_serving(fx.sink) && now_ms() < until)
+        sleep_ms(1);
+    ck_assert(!kvb_sink_serving(fx.sink));
+}
+END_TEST
+
 /* Every configured server is used: the first one is dead. */
 START_TEST(test_multi_server)
 {
@@ -1340,6 +1392,7 @@ static Suite *sink_suite(void)
     tcase_set_timeout(tc, 15);
     tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
     tcase_add_test(tc, test_publish_order);
+    tcase_add_test(tc, test_serve_subjects);
     tcase_add_test(tc, test_latency_without_flush);
     tcase_add_test(tc, test_multi_server);
     tcase_add_test(tc, test_down_at_start);

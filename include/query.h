@@ -41,6 +41,7 @@
 #include "metrics.h"
 
 struct kvb_index;
+struct kvb_rev;
 
 #define KVB_QUERY_DUMP_LINE_BLOCKS 256u  /* blocks per line of a dump */
 #define KVB_QUERY_MAX_TOKENS 1048576u    /* token_ids of one match */
@@ -53,6 +54,8 @@ struct kvb_query_req {
     uint32_t dp_rank; /* default 0 */
     bool has_since;   /* events: required */
     uint64_t since;
+    bool has_start, has_end; /* recover: Dynamo's start_event_id, end_event_id */
+    uint64_t start, end;
     uint32_t *tokens; /* match: token_ids (malloc'ed) */
     size_t n_tokens;
     char *lora_name;     /* match: NULL or "" = none */
@@ -116,6 +119,22 @@ int kvb_query_run(struct kvb_query *q, const struct kvb_query_req *r,
  * bad JSON, unknown path); counted as op "invalid". */
 int kvb_query_error(struct kvb_query *q, int status, const char *msg,
                     struct kvb_query_answer **out);
+
+/* recover (Dynamo's recovery query, src/recovery/): which answer the loop
+ * chose, as a Dynamo worker's local indexer does (docs/dynamo-event-plane.md
+ * section 9): no start, a start older than the ring, or a pair without any
+ * event yet: a dump (TREE_DUMP; last_event_id in v[0]; the pair's blocks
+ * from kvb_query_answer_event(), parents first); a start in the ring: its
+ * events from start on (EVENTS, v[0] the pair's last event_id); a start
+ * past the last event: TOO_NEW (v: start, end or the last, the last); end
+ * before start: INVALID_RANGE (v: start, end).  Only for a recover answer
+ * with status 200; -EINVAL otherwise. */
+enum kvb_query_recovery { KVB_QR_EVENTS, KVB_QR_TREE_DUMP, KVB_QR_TOO_NEW, KVB_QR_INVALID_RANGE };
+int kvb_query_answer_recovery(const struct kvb_query_answer *a, uint64_t v[3]);
+/* The answer's router events, one by one: a dump's chains (at most
+ * max_blocks each), or the ring's events.  1 and *out (valid until the next
+ * call), 0 at the end, -ENOMEM. */
+int kvb_query_answer_event(struct kvb_query_answer *a, uint32_t max_blocks, struct kvb_rev *out);
 
 /* HTTP status: 200, 400 bad request, 404 unknown pair, 410 gone from the
  * ring, 500, 503 not available (stopping, loop busy, mirror off). */
