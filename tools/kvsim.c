@@ -334,6 +334,7 @@ struct opts {
     const char *curve_secret_file, *curve_server_key;
     char curve_secret[41], curve_public[41]; /* Z85, from curve_secret_file */
     bool connect, lossless, layout_new, restart;
+    bool trtllm_ranks; /* --rank-naming trtllm */
     unsigned dp, bs;
     enum encoding enc;
     enum hashkind hash;
@@ -445,8 +446,10 @@ static void http_poll_cmd(struct sim *s);
 
 /* -------------------------------------------------------------- endpoints */
 
-/* rank r of an endpoint "scheme://host:PORT" is "scheme://host:(PORT+r)" */
-static int rank_endpoint(const char *base, unsigned r, char *out, size_t outlen)
+/* rank r of an endpoint "scheme://host:PORT" is "scheme://host:(PORT+r)";
+ * with --rank-naming trtllm (TensorRT-LLM's offset_endpoint_port) an
+ * ipc:// or inproc:// one is "PATH_dp{r}" */
+static int rank_endpoint(const char *base, unsigned r, bool trtllm, char *out, size_t outlen)
 {
     const char *colon = strrchr(base, ':');
     uint64_t port;
@@ -457,6 +460,8 @@ static int rank_endpoint(const char *base, unsigned r, char *out, size_t outlen)
         strcpy(out, base);
         return 0;
     }
+    if (trtllm && (strncmp(base, "ipc://", 6) == 0 || strncmp(base, "inproc://", 9) == 0))
+        return snprintf(out, outlen, "%s_dp%u", base, r) >= (int)outlen ? -EINVAL : 0;
     if (!colon || colon - base < 4 || parse_u64(colon + 1, &port) || port + r > 65535)
         return -EINVAL;
     if (snprintf(out, outlen, "%.*s:%" PRIu64, (int)(colon - base), base, port + r) >= (int)outlen)
@@ -2209,6 +2214,7 @@ static const char *const hash_names[] = {"uint", "int", "bin", NULL};
 static const char *const workload_names[] = {"realistic",  "decode", "prefill",
                                              "multimodal", "eagle",  NULL};
 static const char *const engine_kind_names[] = {"vllm", "sglang", NULL};
+static const char *const rank_naming_names[] = {"port", "trtllm", NULL};
 
 #define F(f) TOOL_FIELD(struct opts, f)
 /* clang-format off */
@@ -2236,6 +2242,11 @@ static const struct tool_opt options[] = {
     {.name = "dp-size", .arg = "N", .kind = TOOL_U64, F(dp), .min = 1, .max = 1024,
      .help = "data-parallel ranks; rank r uses port+r for live and replay\n"
               "endpoints, its own seq counter and data_parallel_rank r"},
+    {.name = "rank-naming", .arg = "N", .kind = TOOL_CHOICE, F(trtllm_ranks),
+     .choices = rank_naming_names,
+     .help = "port: rank r on port+r (default) | trtllm: TensorRT-LLM\x27s\n"
+              "names: ipc://PATH for rank 0, ipc://PATH_dp{r} after\n"
+              "(tcp:// as port)"},
     {.name = "lossless", .kind = TOOL_FLAG, F(lossless),
      .help = "ZMQ_SNDHWM 0 (unlimited) instead of the default HWM"},
     {.name = "wait-subscribers", .arg = "MS", .kind = TOOL_U64, F(wait_ms), .min = 0,
@@ -2510,9 +2521,10 @@ static int open_sockets(struct sim *s)
     s->items = xcalloc(o->dp, sizeof *s->items);
     for (unsigned i = 0; i < o->dp; i++) {
         struct rank *r = &s->ranks[i];
-        if (rank_endpoint(o->endpoint, i, r->ep, sizeof r->ep) ||
-            (o->replay && rank_endpoint(o->replay, i, r->rep, sizeof r->rep))) {
-            fprintf(stderr, "kvsim: --dp-size > 1 needs endpoints ending in :PORT\n");
+        if (rank_endpoint(o->endpoint, i, o->trtllm_ranks, r->ep, sizeof r->ep) ||
+            (o->replay && rank_endpoint(o->replay, i, o->trtllm_ranks, r->rep, sizeof r->rep))) {
+            fprintf(stderr, "kvsim: --dp-size > 1 needs endpoints ending in :PORT (or "
+                            "ipc:// with --rank-naming trtllm)\n");
             return -EINVAL;
         }
         r->pub = zmq_socket(s->zctx, ZMQ_PUB);
