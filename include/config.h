@@ -27,6 +27,12 @@
                                * NATS did not confirm (flush timed out) */
 
 enum kvb_source_mode { KVB_MODE_CONNECT = 0, KVB_MODE_BIND = 1 };
+/* How a dp_size expansion names rank r's endpoints (sources[].rank_naming). */
+enum kvb_rank_naming {
+    KVB_RANKS_PORT = 0, /* tcp://HOST:(PORT + r) */
+    KVB_RANKS_TRTLLM,   /* TensorRT-LLM: ipc:// and inproc:// PATH for rank 0, then
+                         * PATH_dp1, PATH_dp2, ...; tcp:// as KVB_RANKS_PORT */
+};
 enum kvb_format { KVB_FORMAT_DYNAMO_JSON = 0, KVB_FORMAT_DYNAMO_MSGPACK, KVB_FORMAT_RAW };
 /* The values match nats.c's jsRetentionPolicy. */
 enum kvb_js_retention { KVB_JS_LIMITS = 0, KVB_JS_INTEREST, KVB_JS_WORKQUEUE };
@@ -69,6 +75,7 @@ struct kvb_source_cfg {
     int mode;                  /* enum kvb_source_mode */
     uint32_t dp_size;          /* >= 1; N > 1 expands to ports base+0..base+N-1 */
     uint32_t dp_rank;          /* rank when a batch carries none (first of the expansion) */
+    int rank_naming;           /* enum kvb_rank_naming */
     uint32_t rcvhwm;           /* ZMQ_RCVHWM of the SUB (messages) */
     uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap */
     uint32_t max_peers;        /* bind mode: connections taken at once */

@@ -71,9 +71,12 @@ struct kvb_source_params {
     struct kvb_pipeline *pipeline;
 };
 
-/* Expand a dp_size source entry: endpoint i of n gets port + i.  Writes a
- * malloc'ed string to *out (caller frees).  "" stays "". */
-int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out);
+/* Rank r of a dp_size source entry's ENDPOINT, named as NAMING (enum
+ * kvb_rank_naming) says: tcp://HOST:(PORT + r), or with KVB_RANKS_TRTLLM
+ * ipc://PATH_dp{r} (inproc:// likewise).  Rank 0 is ENDPOINT itself.
+ * Writes a malloc'ed string to *out (caller frees).  "" stays "".  0,
+ * -EINVAL (an endpoint the naming cannot expand), -ENOMEM. */
+int kvb_endpoint_of_rank(const char *endpoint, int naming, uint32_t r, char **out);
 
 int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
                       struct kvb_source **out);

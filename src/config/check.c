@@ -304,7 +304,8 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
 
 /* Every tcp:// endpoint has a port ZMQ can use: 1..65535, or * (any) for the
  * endpoint of a bind-mode source without dp_size expansion.  dp_size > 1:
- * every endpoint is tcp://HOST:PORT with room for the expansion. */
+ * every endpoint is tcp://HOST:PORT with room for the expansion, or (with
+ * rank_naming: trtllm) ipc:// or inproc://, which take a _dp{r} suffix. */
 void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
                           const struct mark *m)
 {
@@ -316,6 +317,8 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
     const struct mark *ms[2] = {mend, mrep};
     const char *names[2] = {"endpoint", "replay_endpoint"};
     bool expand = s->dp_size > 1 && !msize->bad;
+    bool suffix =
+        s->rank_naming == KVB_RANKS_TRTLLM && !m[kvb_cfg_opt_index("sources[].rank_naming")].bad;
 
     for (size_t k = 0; k < 2; k++) {
         if (!eps[k] || !has_prefix(eps[k], "tcp://") || ms[k]->bad)
@@ -337,14 +340,16 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
         for (size_t k = 0; k < 2; k++) {
             if (!eps[k] || !*eps[k] || ms[k]->bad)
                 continue;
-            long port = has_prefix(eps[k], "tcp://") ? kvb_cfg_port_of(eps[k]) : -1;
-            if (port == 0)
-                continue; /* reported above */
+            bool tcp = has_prefix(eps[k], "tcp://");
+            long port = tcp ? kvb_cfg_port_of(eps[k]) : -1;
+            if (port == 0 || (!tcp && suffix))
+                continue; /* reported above; ipc://PATH_dp{r} */
             if (port < 0)
                 err_at(c, msize->line, msize->col,
                        "sources[%zu].dp_size: %" PRIu32 " needs sources[%zu].%s to be "
-                       "tcp://HOST:PORT with a numeric port",
-                       i, s->dp_size, i, names[k]);
+                       "tcp://HOST:PORT with a numeric port%s",
+                       i, s->dp_size, i, names[k],
+                       tcp ? "" : " (or rank_naming: trtllm for ipc:// and inproc://)");
             else if ((uint64_t)port + s->dp_size - 1 > 65535)
                 err_at(c, msize->line, msize->col,
                        "sources[%zu].dp_size: %" PRIu32

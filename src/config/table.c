@@ -17,6 +17,7 @@
 #define SRC(f, T) _Generic(((struct kvb_source_cfg *)0)->f, T : offsetof(struct kvb_source_cfg, f))
 
 static const char *const mode_values[] = {"connect", "bind", NULL};
+static const char *const rank_naming_values[] = {"port", "trtllm", NULL}; /* enum kvb_rank_naming */
 static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "raw", NULL};
 static const char *const level_values[] = {"error", "warn", "info", "debug", NULL};
 static const char *const retention_values[] = {"limits", "interest", "workqueue", NULL};
@@ -91,12 +92,18 @@ static const struct opt opts[] = {
     {.key = "sources[].dp_size", .type = T_U32, .off = SRC(dp_size, uint32_t),
      .def = "1", .min = 1, .max = 65535, .flags = R,
      .help = "Data-parallel ranks behind this source. N > 1 expands endpoint and "
-             "replay_endpoint (both then tcp:// with a numeric port) to ports "
-             "base+0 .. base+N-1."},
+             "replay_endpoint to N endpoints, named as rank_naming says (by default "
+             "tcp:// with a numeric port: ports base+0 .. base+N-1)."},
     {.key = "sources[].dp_rank", .type = T_U32, .off = SRC(dp_rank, uint32_t),
      .def = "0", .min = 0, .max = UINT32_MAX, .flags = R,
      .help = "dp_rank used when a batch carries none (with dp_size > 1: the rank "
              "of the first port of the expansion)."},
+    {.key = "sources[].rank_naming", .type = T_ENUM, .off = SRC(rank_naming, int),
+     .def = "port", .values = rank_naming_values, .flags = R,
+     .help = "How dp_size > 1 names rank r's endpoint and replay_endpoint: port = "
+             "tcp://HOST:PORT+r (vLLM, SGLang); trtllm = TensorRT-LLM's naming: ipc://PATH "
+             "for rank 0, ipc://PATH_dp1, ipc://PATH_dp2, ... for the others (inproc:// "
+             "likewise), tcp:// as port."},
     {.key = "sources[].rcvhwm", .type = T_U32, .off = SRC(rcvhwm, uint32_t),
      .def = "10000", .min = 0, .max = I32MAX, .flags = R,
      .help = "ZMQ_RCVHWM of the SUB socket, in batches (0 = no limit). Batches "

@@ -58,9 +58,9 @@ int kvb_daemon_open_source(struct kvb_daemon *d, const struct kvb_config *c,
                            const struct kvb_source_cfg *sc, uint32_t r, struct kvb_source **out)
 {
     char *ep = NULL, *rep = NULL;
-    int rc = kvb_endpoint_with_offset(sc->endpoint, r, &ep);
+    int rc = kvb_endpoint_of_rank(sc->endpoint, sc->rank_naming, r, &ep);
     if (rc == 0)
-        rc = kvb_endpoint_with_offset(sc->replay_endpoint, r, &rep);
+        rc = kvb_endpoint_of_rank(sc->replay_endpoint, sc->rank_naming, r, &rep);
     if (rc == 0) {
         struct kvb_worker_cfg w = kvb_daemon_worker_of(sc);
         struct kvb_source_params p = {.endpoint = ep,

@@ -31,6 +31,7 @@ struct eng {
     char *endpoint; /* the same, unexpanded (names of ranks >= dp_size) */
     size_t first;   /* the loop's index of the entry's first source */
     uint32_t dp_size, base_rank, dead_after_ms;
+    int rank_naming;    /* the entry's (enum kvb_rank_naming) */
     uint64_t worker_id; /* the entry's (sources[].worker_id): its load messages' */
     uint64_t last_batch_ms;
     uint64_t rounds, failed; /* counted into the metrics so far */
@@ -76,7 +77,7 @@ static struct kvb_engine_slot *slot_of(struct kvb_engines *x, const struct eng *
 {
     char *ep = NULL;
     struct kvb_engine_slot *s = NULL;
-    if (k < e->dp_size && kvb_endpoint_with_offset(e->endpoint, k, &ep) == 0)
+    if (k < e->dp_size && kvb_endpoint_of_rank(e->endpoint, e->rank_naming, k, &ep) == 0)
         s = kvb_metrics_engine_slot(x->m, ep, dp_rank);
     else
         s = kvb_metrics_engine_slot(x->m, e->endpoint, dp_rank);
@@ -180,6 +181,7 @@ int kvb_engines_create(const struct kvb_config *c, struct kvb_metrics *m,
                 goto fail;
             e->first = first;
             e->dp_size = sc->dp_size;
+            e->rank_naming = sc->rank_naming;
             e->base_rank = sc->dp_rank;
             e->dead_after_ms = sc->engine.dead_after_ms;
             e->worker_id = sc->worker_id;
@@ -362,7 +364,8 @@ bool kvb_engines_cfg_equal(const struct kvb_config *a, const struct kvb_config *
         return false;
     for (size_t i = 0; i < a->n_sources; i++) {
         const struct kvb_source_cfg *x = &a->sources[i], *y = &b->sources[i];
-        if (x->dp_size != y->dp_size || x->dp_rank != y->dp_rank || x->worker_id != y->worker_id ||
+        if (x->dp_size != y->dp_size || x->dp_rank != y->dp_rank ||
+            x->rank_naming != y->rank_naming || x->worker_id != y->worker_id ||
             x->block_size != y->block_size || strcmp(x->endpoint, y->endpoint) != 0 ||
             !kvb_config_engine_equal(x, y))
             return false;

@@ -2,6 +2,7 @@
 #include "source.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,27 +119,24 @@ void kvb_source_set_worker(struct kvb_source *s, const struct kvb_worker_cfg *w)
         stream_worker(s, s->streams[i]);
 }
 
-int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out)
+int kvb_endpoint_of_rank(const char *endpoint, int naming, uint32_t r, char **out)
 {
-    if (offset == 0 || endpoint[0] == '\0') {
+    if (r == 0 || endpoint[0] == '\0') {
         *out = strdup(endpoint);
         return *out ? 0 : -ENOMEM;
     }
+    if (naming == KVB_RANKS_TRTLLM &&
+        (strncmp(endpoint, "ipc://", 6) == 0 || strncmp(endpoint, "inproc://", 9) == 0))
+        return asprintf(out, "%s_dp%" PRIu32, endpoint, r) < 0 ? -ENOMEM : 0;
     const char *colon = strrchr(endpoint, ':');
     if (!colon || strncmp(endpoint, "tcp://", 6) != 0)
         return -EINVAL;
     char *end;
     errno = 0;
     unsigned long port = strtoul(colon + 1, &end, 10);
-    if (errno || *end || end == colon + 1 || port + offset > 65535)
+    if (errno || *end || end == colon + 1 || port + r > 65535)
         return -EINVAL;
-    size_t n = (size_t)(colon - endpoint) + 8;
-    char *s = malloc(n);
-    if (!s)
-        return -ENOMEM;
-    snprintf(s, n, "%.*s:%lu", (int)(colon - endpoint), endpoint, port + offset);
-    *out = s;
-    return 0;
+    return asprintf(out, "%.*s:%lu", (int)(colon - endpoint), endpoint, port + r) < 0 ? -ENOMEM : 0;
 }
 
 static int zerr(void) { return -(zmq_errno() ? zmq_errno() : EIO); }

@@ -287,6 +287,7 @@ START_TEST(test_every_key)
     ck_assert_str_eq(s->endpoint, "ipc:///run/engine.sock");
     ck_assert_str_eq(s->replay_endpoint, "");
     ck_assert_uint_eq(s->dp_size, 1);
+    ck_assert_int_eq(s->rank_naming, KVB_RANKS_TRTLLM);
     ck_assert_uint_eq(s->rcvhwm, 10000);
     ck_assert(s->curve.enabled);
     assert_curve_key(s->curve.secret_key, CURVE_CLIENT_SECRET);
@@ -423,8 +424,8 @@ static const struct bad_file bad_files[] = {
      DATA "bad-ports.yaml:5:14: sources[0].dp_size: 8 ports from 65530 "
           "(sources[0].endpoint) go past 65535\n" DATA
           "bad-ports.yaml:7:14: sources[1].dp_size: 2 needs sources[1].endpoint to be "
-          "tcp://HOST:PORT with a numeric port\n" DATA
-          "bad-ports.yaml:10:14: sources[2].dp_size: 2 ports from 65535 "
+          "tcp://HOST:PORT with a numeric port (or rank_naming: trtllm for ipc:// and "
+          "inproc://)\n" DATA "bad-ports.yaml:10:14: sources[2].dp_size: 2 ports from 65535 "
           "(sources[2].replay_endpoint) go past 65535\n"},
     {"bad-syntax.yaml",
      DATA "bad-syntax.yaml:5:2: did not find expected key (while parsing a block mapping "
@@ -620,6 +621,13 @@ static const struct bad_file bad_texts[] = {
     {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'tcp://h:1', dp_size: 2,\n"
      "  dp_rank: 4294967295}]\n",
      "T:4:12: sources[0].dp_rank: 4294967295 + dp_size 2 goes past 4294967295\n"},
+    /* rank_naming trtllm expands ipc://, but a tcp:// port must still be a number */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'ipc:///tmp/kv', dp_size: 4,\n"
+     "  rank_naming: trtllm, replay_endpoint: 'tcp://*:x'}, {endpoint: 'ipc:///x',\n"
+     "  rank_naming: tensorrt}]\n",
+     "T:3:48: sources[0].dp_size: 4 needs sources[0].replay_endpoint to be "
+     "tcp://HOST:PORT with a numeric port\n"
+     "T:5:16: sources[1].rank_naming: 'tensorrt' is not one of port or trtllm\n"},
     /* a non-numeric port with dp_size > 1 */
     {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'tcp://*:x', dp_size: 2}]\n",
      "T:3:44: sources[0].dp_size: 2 needs sources[0].endpoint to be tcp://HOST:PORT "
