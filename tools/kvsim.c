@@ -334,7 +334,9 @@ struct opts {
     const char *curve_secret_file, *curve_server_key;
     char curve_secret[41], curve_public[41]; /* Z85, from curve_secret_file */
     bool connect, lossless, layout_new, restart;
-    bool trtllm_ranks; /* --rank-naming trtllm */
+    bool trtllm_ranks;      /* --rank-naming trtllm */
+    bool lora_id_only;      /* TensorRT-LLM: lora_id without lora_name */
+    unsigned lora_unmapped; /* with lora_id_only: the id the bridge cannot name */
     unsigned dp, bs;
     enum encoding enc;
     enum hashkind hash;
@@ -1129,7 +1131,8 @@ static void pack_mm_item(msgpack_packer *pk, const struct mm_item *it)
     }
 }
 
-static void pack_extra_keys(msgpack_packer *pk, const struct ev *e)
+/* NAMED: the LoRA name goes in (vLLM); not with --lora-id-only. */
+static void pack_extra_keys(msgpack_packer *pk, const struct ev *e, bool named)
 {
     if (e->mm) {
         struct mm_item it[MM_MAX_ITEMS];
@@ -1146,7 +1149,7 @@ static void pack_extra_keys(msgpack_packer *pk, const struct ev *e)
         }
         return;
     }
-    if (!e->lora) {
+    if (!e->lora || !named) {
         msgpack_pack_nil(pk);
         return;
     }
@@ -1165,9 +1168,10 @@ static void pack_lora_id(msgpack_packer *pk, const struct ev *e)
         msgpack_pack_nil(pk);
 }
 
-static void pack_lora_name(msgpack_packer *pk, const struct ev *e)
+/* TensorRT-LLM (--lora-id-only) sends lora_id with lora_name nil. */
+static void pack_lora_name(msgpack_packer *pk, const struct ev *e, bool named)
 {
-    if (e->lora)
+    if (e->lora && named)
         pack_cstr(pk, lora_names[e->lora]);
     else
         msgpack_pack_nil(pk);
@@ -1201,8 +1205,8 @@ static void pack_event_positional(struct sim *s, const struct batch *b, const st
         msgpack_pack_unsigned_int(pk, s->o.bs);
         pack_lora_id(pk, e);
         pack_medium(pk, e->medium);
-        pack_lora_name(pk, e);
-        pack_extra_keys(pk, e);
+        pack_lora_name(pk, e, !s->o.lora_id_only);
+        pack_extra_keys(pk, e, !s->o.lora_id_only);
         msgpack_pack_int(pk, e->group);
         pack_kind(pk, e);
         pack_window(pk, e);
@@ -1280,10 +1284,10 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
         pack_cstr(pk, "medium");
         pack_medium(pk, e->medium);
         pack_cstr(pk, "lora_name");
-        pack_lora_name(pk, e);
+        pack_lora_name(pk, e, !s->o.lora_id_only);
         if (with_extra) {
             pack_cstr(pk, "extra_keys");
-            pack_extra_keys(pk, e);
+            pack_extra_keys(pk, e, !s->o.lora_id_only);
         }
         pack_cstr(pk, "group_idx");
         msgpack_pack_int(pk, e->group);
@@ -1516,13 +1520,16 @@ static void rec_event(struct sim *s, const struct batch *b, const struct ev *e)
         fputs(",\"hashes\":", f);
         rec_hash_list(f, b, e);
         fputs(",\"tokens_hashes\":[", f);
+        /* an id the bridge has no name for (--lora-unmapped) is published
+         * without the LoRA salt */
+        int lora = e->lora && (unsigned)e->lora == s->o.lora_unmapped ? 0 : e->lora;
         for (size_t i = 0; i < e->nh; i++)
             fprintf(f, "%s%" PRIu64, i ? "," : "",
                     e->mm || e->eagle ? oracle_tokens_hash(s, b, e, i)
-                                      : tokens_hash(s, b->tok + e->t_off + i * s->o.bs, e->lora));
+                                      : tokens_hash(s, b->tok + e->t_off + i * s->o.bs, lora));
         fprintf(f, "],\"tier\":\"%s\",\"group\":%d,\"lora\":", tier_name(e->medium), e->group);
-        if (e->lora)
-            fprintf(f, "\"%s\"}", lora_names[e->lora]);
+        if (lora)
+            fprintf(f, "\"%s\"}", lora_names[lora]);
         else
             fputs("null}", f);
         break;
@@ -2277,6 +2284,15 @@ static const struct tool_opt options[] = {
     {.name = "hash", .arg = "H", .kind = TOOL_CHOICE, F(hash), .choices = hash_names,
      .help = "uint (u64, default) | int (signed, often negative) |\n"
               "bin (32-byte digest, last 8 bytes big-endian = hash)"},
+    {.name = "lora-id-only", .kind = TOOL_FLAG, F(lora_id_only),
+     .help = "LoRA adapters by id alone, as TensorRT-LLM sends them:\n"
+              "lora_id 1 or 2 with lora_name nil (and no name in\n"
+              "extra_keys); the record salts with the adapter's name\n"
+              "(adapter-a, adapter-b), which the bridge maps from the id"},
+    {.name = "lora-unmapped", .arg = "ID", .kind = TOOL_U64, F(lora_unmapped), .min = 1,
+     .max = NLORA,
+     .help = "with --lora-id-only: the bridge has no name for lora_id ID:\n"
+              "the record has its stores unsalted (as published)"},
     {.name = "block-size", .arg = "N", .kind = TOOL_U64, F(bs), .min = 1, .max = 4096,
      .help = "tokens per block (default 16)"},
     {.name = "workload", .arg = "W", .kind = TOOL_CHOICE, F(wl), .choices = workload_names,
@@ -2499,6 +2515,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (o->curve_server_key && !o->curve_secret_file) {
         fprintf(stderr, "kvsim: --curve-server-key needs --curve-secret-file\n");
+        return -EINVAL;
+    }
+    if (o->lora_unmapped && !o->lora_id_only) {
+        fprintf(stderr, "kvsim: --lora-unmapped needs --lora-id-only\n");
+        return -EINVAL;
+    }
+    if (o->lora_id_only && (o->wl == WL_MULTIMODAL || o->wl == WL_EAGLE)) {
+        fprintf(stderr, "kvsim: --lora-id-only is not for the multimodal and eagle workloads\n");
         return -EINVAL;
     }
     if (o->hold_file && !o->mark_after) {
