@@ -68,6 +68,13 @@ struct kvb_topic_cfg {
     uint64_t worker_id;
 };
 
+/* sources[].lora_names: the name of the LoRA adapter an engine's lora_id
+ * stands for. */
+struct kvb_lora_name_cfg {
+    uint64_t id; /* 0..INT64_MAX, each once */
+    char *name;  /* not empty, no NUL, at most 255 bytes */
+};
+
 struct kvb_source_cfg {
     char *endpoint;            /* required, e.g. tcp://127.0.0.1:5557 */
     char *replay_endpoint;     /* "" when none */

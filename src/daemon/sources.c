@@ -25,7 +25,10 @@ int kvb_daemon_publish_load(void *ctx, const char *subject, const void *data, si
 /* The worker a sources[] entry's router events are for (issue 17). */
 struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc)
 {
-    return (struct kvb_worker_cfg){sc->worker_id, sc->block_size, sc->lora_salt, sc->forward_tiers};
+    return (struct kvb_worker_cfg){.worker_id = sc->worker_id,
+                                   .block_size = sc->block_size,
+                                   .lora_salt = sc->lora_salt,
+                                   .forward_tiers = sc->forward_tiers};
 }
 
 /* WORKER_ID is one that configuration C publishes for. */
