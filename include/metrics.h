@@ -40,6 +40,9 @@
     X(UNKNOWN_EVENT_TYPE, "unknown_event_type")                                \
     X(MALFORMED_EVENT, "malformed_event")
 
+/* Why a BlockStored went out without the LoRA salt its adapter needs. */
+#define KVB_UNSALTED_REASONS(X) X(UNMAPPED_LORA_ID, "unmapped_lora_id")
+
 /* Messages that could not be used at all, by kind. */
 #define KVB_MALFORMED_KINDS(X)                                                 \
     X(FRAMES, "frames") X(SEQ_FRAME, "seq_frame") X(BATCH, "malformed_batch")  \
@@ -80,6 +83,8 @@
       "Router events handed to the sink, by type")                             \
     X(counter, events_dropped_total, "reason", KVB_DROP_REASONS,               \
       "Engine events that published nothing, by reason")                       \
+    X(counter, stores_unsalted_total, "reason", KVB_UNSALTED_REASONS,          \
+      "BlockStored events of a LoRA published without its salt, by reason")    \
     X(counter, unknown_medium_total, "", KVB_NO_LABEL,                         \
       "Events whose medium was not recognised (forwarded as device)")          \
     X(counter, malformed_messages_total, "kind", KVB_MALFORMED_KINDS,          \
@@ -225,6 +230,7 @@
 #define KVB_EVT_ITEM(s, str) KVB_EVT_##s,
 #define KVB_REVT_ITEM(s, str) KVB_REVT_##s,
 #define KVB_MAL_ITEM(s, str) KVB_MAL_##s,
+#define KVB_UNS_ITEM(s, str) KVB_UNS_##s,
 #define KVB_BAR_ITEM(s, str) KVB_BAR_##s,
 #define KVB_TIER_ITEM(s, str) KVB_TIER_##s,
 #define KVB_ALL_ITEM(s, str) KVB_LBL_##s,
@@ -235,6 +241,7 @@ enum kvb_drop_reason { KVB_DROP_REASONS(KVB_DROP_ITEM) KVB_DROP__COUNT };
 enum kvb_evt_label { KVB_EVENT_TYPES(KVB_EVT_ITEM) KVB_EVT__COUNT };
 enum kvb_revt_label { KVB_REV_TYPES(KVB_REVT_ITEM) KVB_REVT__COUNT };
 enum kvb_malformed_kind { KVB_MALFORMED_KINDS(KVB_MAL_ITEM) KVB_MAL__COUNT };
+enum kvb_unsalted_reason { KVB_UNSALTED_REASONS(KVB_UNS_ITEM) KVB_UNS__COUNT };
 enum kvb_barrier_cause { KVB_BARRIER_CAUSES(KVB_BAR_ITEM) KVB_BAR__COUNT };
 enum kvb_tier { KVB_TIERS(KVB_TIER_ITEM) KVB_TIER__COUNT };
 enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };
