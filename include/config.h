@@ -97,6 +97,10 @@ struct kvb_source_cfg {
     uint32_t block_size; /* 0 = "auto" */
     bool lora_salt;
     uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
+    /* lora_id -> adapter name, for events that carry a lora_id without a
+     * lora_name (a worker key: a reload hands it to the running source). */
+    struct kvb_lora_name_cfg *lora_names;
+    size_t n_lora_names;
     /* Exact topic -> worker_id (several engines on one bind-mode SUB); a
      * batch on a topic not listed is dropped.  n_topics == 0: no map, every
      * topic is this source's worker_id.  A source key: a change reopens it. */

@@ -146,6 +146,17 @@ static const struct opt opts[] = {
      .def = "~", .values = tier_values, .flags = R | F_WORKER | F_INHERIT,
      .help = "forward_tiers for this engine's events; ~ (or absent) = the top-level "
              "forward_tiers."},
+    {.key = "sources[].lora_names", .type = T_LORA_NAMES,
+     .off = SRC(lora_names, struct kvb_lora_name_cfg *), .noff = SRC(n_lora_names, size_t),
+     .def = "", .flags = R | F_WORKER,
+     .help = "The LoRA adapter names of the ids this engine sends: a mapping of lora_id "
+             "(0..9223372036854775807) to the name the router knows the adapter by, such "
+             "as {7: \"sql-lora\"}. A BlockStored with a lora_id and no lora_name "
+             "(TensorRT-LLM sends only the id) is salted with the mapped name, as if the "
+             "engine had sent it; an id not listed is counted "
+             "(kvbridge_stores_unsalted_total{reason=\"unmapped_lora_id\"}), logged once, "
+             "and published without the LoRA salt. At most 1024 ids, each name at most 255 "
+             "bytes. {} = none."},
     {.key = "sources[].topics", .type = T_TOPICS,
      .off = SRC(topics, struct kvb_topic_cfg *), .noff = SRC(n_topics, size_t), .def = "",
      .flags = R, /* a change reopens the source */

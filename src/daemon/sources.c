@@ -28,7 +28,9 @@ struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc)
     return (struct kvb_worker_cfg){.worker_id = sc->worker_id,
                                    .block_size = sc->block_size,
                                    .lora_salt = sc->lora_salt,
-                                   .forward_tiers = sc->forward_tiers};
+                                   .forward_tiers = sc->forward_tiers,
+                                   .lora_names = sc->lora_names,
+                                   .n_lora_names = sc->n_lora_names};
 }
 
 /* WORKER_ID is one that configuration C publishes for. */
