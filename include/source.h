@@ -128,6 +128,16 @@ size_t kvb_source_held(const struct kvb_source *s);
  * replay: the batches it queued are not all freed yet. */
 bool kvb_source_busy(const struct kvb_source *s);
 
+/* The engine's connection is up (connect mode; bind mode: a peer is). */
+bool kvb_source_connected(const struct kvb_source *s);
+/* Nothing left to read or finish: no batch or connection event waiting in
+ * the SUB or its monitor, no drop waiting for them, no replay running, no
+ * queue being read back.  A source replaced now loses nothing it got. */
+bool kvb_source_quiet(const struct kvb_source *s);
+/* What it was opened with (its own copies, valid while it lives). */
+void kvb_source_endpoints(const struct kvb_source *s, const char **endpoint,
+                          const char **replay_endpoint, const char **topic);
+
 /* "cleared" for every dp_rank of every stream of this source. */
 int kvb_source_barrier_all(struct kvb_source *s, int cause);
 

@@ -61,6 +61,7 @@ struct kvb_source {
     struct kvb_replay *rp; /* the sequence and replay rules (replay.h) */
     struct kvb_ratelimit rl_frames, rl_expire, rl_peers;
     long peers; /* bind mode: connections accepted and not yet gone */
+    long conns; /* connect mode: connections up (0 or 1) */
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
     bool curve_client;
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
@@ -81,6 +82,8 @@ struct kvb_source {
     uint64_t drained, live_ms;
     char drop_addr[256];
 };
+
+static bool has_input(void *sock);
 
 /* The worker_id of a batch on TOPIC (N bytes): its entry of the topics map;
  * false when the source has a map that does not list it. */
@@ -640,6 +643,24 @@ size_t kvb_source_held(const struct kvb_source *s) { return kvb_replay_held(s->r
 
 bool kvb_source_busy(const struct kvb_source *s) { return s->draining || kvb_replay_active(s->rp); }
 
+bool kvb_source_connected(const struct kvb_source *s)
+{
+    return s->p.mode == KVB_MODE_BIND ? s->peers > 0 : s->conns > 0;
+}
+
+bool kvb_source_quiet(const struct kvb_source *s)
+{
+    return !s->drop_due && !kvb_source_busy(s) && !has_input(s->sub) && !has_input(s->mon);
+}
+
+void kvb_source_endpoints(const struct kvb_source *s, const char **endpoint,
+                          const char **replay_endpoint, const char **topic)
+{
+    *endpoint = s->endpoint;
+    *replay_endpoint = s->replay_endpoint;
+    *topic = s->topic;
+}
+
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 {
     long t = kvb_replay_next_deadline(s->rp, now_ms);
@@ -825,8 +846,6 @@ void kvb_source_resume(struct kvb_source *s, uint64_t ms, uint64_t now_ms)
     s->live_ms = now_ms; /* quiet counts from here */
 }
 
-static bool has_input(void *sock);
-
 /* The first check of a quiet source that is due, unless a replay runs. */
 static void check_quiet(struct kvb_source *s, uint64_t now_ms)
 {
@@ -923,6 +942,7 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
         return;
     }
     if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
+        s->conns += ev == ZMQ_EVENT_CONNECTED;
         kvb_info("source", "%s: engine connection up (%s)", s->name, addr);
         return;
     }
@@ -930,6 +950,8 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
         return;
     if (s->p.mode == KVB_MODE_BIND && s->peers > 0)
         s->peers--;
+    if (s->p.mode != KVB_MODE_BIND && s->conns > 0)
+        s->conns--;
     if (has_input(s->sub)) {
         s->drop_due = true;
         s->drop_fd = fd;
