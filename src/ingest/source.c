@@ -215,8 +215,12 @@ static int setup_curve(struct kvb_source *s, const struct kvb_source_params *p)
  * continues them (replay.h). */
 static int open_monitor(struct kvb_source *s)
 {
-    char addr[64];
-    snprintf(addr, sizeof(addr), "inproc://kvb-monitor-%p", (void *)s);
+    /* unique over time too: a source opened where a closed one was (the
+     * same address) must not meet the old monitor's endpoint, which libzmq
+     * releases in its own time */
+    char addr[96];
+    snprintf(addr, sizeof(addr), "inproc://kvb-monitor-%p-%llu", (void *)s,
+             (unsigned long long)kvb_mono_ns());
     int linger = 0;
     if (zmq_socket_monitor(s->sub, addr,
                            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0 ||
@@ -401,8 +405,12 @@ void kvb_source_destroy(struct kvb_source **ps)
         return;
     struct kvb_source *s = *ps;
     if (s->mon) {
-        zmq_close(s->mon);
+        /* the monitor stops first: libzmq's I/O thread sends each event to
+         * the monitor's PAIR with a blocking send, holding the monitor's
+         * lock, and a PAIR without its peer blocks: an event after our end
+         * closed would hang that thread and this call */
         zmq_socket_monitor(s->sub, NULL, 0);
+        zmq_close(s->mon);
     }
     if (s->sub)
         zmq_close(s->sub);
