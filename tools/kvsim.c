@@ -39,6 +39,7 @@
 #include <stdatomic.h>
 #include <sys/socket.h>
 
+#include <json-c/json.h>
 #include <msgpack.h>
 #include <xxhash.h>
 #include <zmq.h>
@@ -325,6 +326,9 @@ enum hashkind { HASH_UINT, HASH_INT, HASH_BIN };
 enum workload { WL_REALISTIC, WL_DECODE, WL_PREFILL, WL_MULTIMODAL, WL_EAGLE };
 
 enum engine_kind { EK_VLLM, EK_SGLANG };
+/* The body of GET /kv_event_sources: vLLM's route has been a bare array and
+ * {"sources": [...]}; the PR's client reads an object keyed by rank. */
+enum sources_shape { SHAPE_ARRAY, SHAPE_ENVELOPE, SHAPE_RANKS };
 
 struct opts {
     const char *endpoint, *replay, *topic, *record;
@@ -335,6 +339,8 @@ struct opts {
     char curve_secret[41], curve_public[41]; /* Z85, from curve_secret_file */
     bool connect, lossless, layout_new, restart;
     bool trtllm_ranks;      /* --rank-naming trtllm */
+    const char *node_ip;    /* --node-ip: what a port-0 wildcard endpoint binds */
+    int sources_shape;      /* --sources-shape: enum sources_shape */
     bool lora_id_only;      /* TensorRT-LLM: lora_id without lora_name */
     unsigned lora_unmapped; /* with lora_id_only: the id the bridge cannot name */
     unsigned dp, bs;
@@ -411,6 +417,10 @@ struct rank {
     unsigned idx;
     void *pub, *router;
     char ep[512], rep[512];
+    /* what GET /kv_event_sources lists (the HTTP thread reads them, under
+     * sim.adv_mu): the bound endpoint (an ephemeral port read back), or the
+     * configured one; "" while the socket is closed */
+    char adv[512], adv_rep[512];
     uint64_t seq;
     bool restarted, blipped;
     uint64_t drop_left; /* lifecycle: batches still not sent live */
@@ -429,6 +439,7 @@ struct rank {
 struct sim {
     struct opts o;
     struct MHD_Daemon *mhd; /* --http; NULL while not answering */
+    pthread_mutex_t adv_mu;
     void *zctx;
     struct rank *ranks;
     zmq_pollitem_t *items;
@@ -466,9 +477,24 @@ static int rank_endpoint(const char *base, unsigned r, bool trtllm, char *out, s
         return snprintf(out, outlen, "%s_dp%u", base, r) >= (int)outlen ? -EINVAL : 0;
     if (!colon || colon - base < 4 || parse_u64(colon + 1, &port) || port + r > 65535)
         return -EINVAL;
+    if (port == 0) /* vLLM: every rank binds its own ephemeral port */
+        r = 0;
     if (snprintf(out, outlen, "%.*s:%" PRIu64, (int)(colon - base), base, port + r) >= (int)outlen)
         return -EINVAL;
     return 0;
+}
+
+/* What a rank binds for its endpoint EP: with port 0 and a wildcard host
+ * (tcp://HOST:0 with HOST * or 0.0.0.0) NODE_IP, as vLLM binds its
+ * get_ip(); else EP. */
+static void bind_endpoint(const char *ep, const char *node_ip, char *out, size_t outlen)
+{
+    const char *colon = strrchr(ep, ':');
+    if (strncmp(ep, "tcp://", 6) == 0 && colon && strcmp(colon, ":0") == 0 &&
+        ((colon - ep == 7 && ep[6] == '*') || strncmp(ep + 6, "0.0.0.0:", 8) == 0))
+        snprintf(out, outlen, "tcp://%s:0", node_ip);
+    else
+        snprintf(out, outlen, "%s", ep);
 }
 
 /* ------------------------------------------------------- generator: common */
@@ -1795,6 +1821,7 @@ static void publish_one(struct sim *s, struct rank *r)
 /* ------------------------------------------- engine lifecycle (restarts) */
 
 static int open_rank_sockets(struct sim *s, struct rank *r, bool pub, bool router);
+static void unlist_rank(struct sim *s, struct rank *r);
 
 /* Closes a socket now (nothing queued is kept: the process is gone). */
 static void close_now(void **sock)
@@ -1822,6 +1849,7 @@ static void lifecycle_process_restart(struct sim *s, struct rank *r)
 {
     close_now(&r->pub);
     close_now(&r->router);
+    unlist_rank(s, r);
     pause_ms(s->o.restart_close_ms);
     if (open_rank_sockets(s, r, true, s->o.replay != NULL) != 0) {
         fprintf(stderr, "kvsim: rank %u: cannot bind again after the restart\n", r->idx);
@@ -1835,6 +1863,7 @@ static void lifecycle_process_restart(struct sim *s, struct rank *r)
 static void lifecycle_blip(struct sim *s, struct rank *r)
 {
     close_now(&r->pub);
+    unlist_rank(s, r);
     pause_ms(s->o.blip_ms);
     if (open_rank_sockets(s, r, true, false) != 0) {
         fprintf(stderr, "kvsim: rank %u: cannot bind again after the blip\n", r->idx);
@@ -1950,6 +1979,59 @@ static char *render_metrics(const struct sim *s, size_t *len)
     return text;
 }
 
+/* GET /kv_event_sources: each rank's endpoints in --sources-shape's shape
+ * (a vLLM source entry, or its KV-events configuration keyed by rank); NULL
+ * with *status 503 while a rank's sockets are closed (a restarting engine:
+ * its API server is not up either). */
+static char *render_sources(struct sim *s, size_t *len, unsigned *status)
+{
+    int shape = s->o.sources_shape;
+    json_object *root = shape == SHAPE_ARRAY ? json_object_new_array() : json_object_new_object();
+    json_object *arr = root;
+    if (shape == SHAPE_ENVELOPE) {
+        arr = json_object_new_array();
+        json_object_object_add(root, "sources", arr);
+    }
+    bool down = false;
+    pthread_mutex_lock(&s->adv_mu);
+    for (unsigned i = 0; i < s->o.dp && !down; i++) {
+        const struct rank *r = &s->ranks[i];
+        if (!r->adv[0] || (s->o.replay && !r->adv_rep[0])) {
+            down = true;
+            break;
+        }
+        json_object *e = json_object_new_object();
+        if (shape == SHAPE_RANKS) {
+            json_object_object_add(e, "enable_kv_cache_events", json_object_new_boolean(1));
+            json_object_object_add(e, "publisher", json_object_new_string("zmq"));
+            json_object_object_add(e, "buffer_steps",
+                                   json_object_new_int64((int64_t)s->o.replay_buf));
+        } else {
+            json_object_object_add(e, "data_parallel_rank", json_object_new_int64(i));
+        }
+        json_object_object_add(e, "endpoint", json_object_new_string(r->adv));
+        json_object_object_add(e, "replay_endpoint",
+                               s->o.replay ? json_object_new_string(r->adv_rep) : NULL);
+        json_object_object_add(e, "topic", json_object_new_string(s->o.topic));
+        if (shape == SHAPE_RANKS) {
+            char key[16];
+            snprintf(key, sizeof key, "%u", i);
+            json_object_object_add(root, key, e);
+        } else {
+            json_object_array_add(arr, e);
+        }
+    }
+    pthread_mutex_unlock(&s->adv_mu);
+    char *body = NULL;
+    if (down)
+        *status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    else if ((body = strdup(json_object_to_json_string_ext(
+                  root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE))))
+        *len = strlen(body);
+    json_object_put(root);
+    return body;
+}
+
 static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const char *url,
                                    const char *method, const char *version, const char *upload,
                                    size_t *upload_size, void **req_cls)
@@ -1962,7 +2044,7 @@ static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const ch
         *req_cls = &first;
         return MHD_YES;
     }
-    const struct sim *s = cls;
+    struct sim *s = cls;
     unsigned status = MHD_HTTP_OK;
     char *body = NULL;
     size_t len = 0;
@@ -1970,6 +2052,8 @@ static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const ch
         status = MHD_HTTP_METHOD_NOT_ALLOWED;
     else if (strcmp(url, "/metrics") == 0)
         body = render_metrics(s, &len);
+    else if (strcmp(url, "/kv_event_sources") == 0)
+        body = render_sources(s, &len, &status);
     else if (strcmp(url, "/health") != 0)
         status = MHD_HTTP_NOT_FOUND;
     struct MHD_Response *r =
@@ -1980,7 +2064,10 @@ static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const ch
         return MHD_NO;
     }
     if (body)
-        MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+        MHD_add_response_header(r, "Content-Type",
+                                strcmp(url, "/kv_event_sources") == 0
+                                    ? "application/json"
+                                    : "text/plain; version=0.0.4; charset=utf-8");
     enum MHD_Result rc = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return rc;
@@ -2222,6 +2309,7 @@ static const char *const workload_names[] = {"realistic",  "decode", "prefill",
                                              "multimodal", "eagle",  NULL};
 static const char *const engine_kind_names[] = {"vllm", "sglang", NULL};
 static const char *const rank_naming_names[] = {"port", "trtllm", NULL};
+static const char *const sources_shape_names[] = {"array", "envelope", "ranks", NULL};
 
 #define F(f) TOOL_FIELD(struct opts, f)
 /* clang-format off */
@@ -2251,9 +2339,13 @@ static const struct tool_opt options[] = {
               "endpoints, its own seq counter and data_parallel_rank r"},
     {.name = "rank-naming", .arg = "N", .kind = TOOL_CHOICE, F(trtllm_ranks),
      .choices = rank_naming_names,
-     .help = "port: rank r on port+r (default) | trtllm: TensorRT-LLM\x27s\n"
+     .help = "port: rank r on port+r (default) | trtllm: TensorRT-LLM's\n"
               "names: ipc://PATH for rank 0, ipc://PATH_dp{r} after\n"
               "(tcp:// as port)"},
+    {.name = "node-ip", .arg = "IP", .kind = TOOL_STR, F(node_ip),
+     .help = "what an endpoint with port 0 and host * or 0.0.0.0 binds, as\n"
+              "vLLM binds its node's IP (default 127.0.0.1): every rank gets\n"
+              "an ephemeral port, new at every --restart-close"},
     {.name = "lossless", .kind = TOOL_FLAG, F(lossless),
      .help = "ZMQ_SNDHWM 0 (unlimited) instead of the default HWM"},
     {.name = "wait-subscribers", .arg = "MS", .kind = TOOL_U64, F(wait_ms), .min = 0,
@@ -2359,6 +2451,11 @@ static const struct tool_opt options[] = {
               "/health (200) on a numeric IPv4 HOST; KV usage per rank =\n"
               "device blocks held / total blocks; SIGUSR1 stops\n"
               "answering (connections refused), SIGUSR2 answers again"},
+    {.name = "sources-shape", .arg = "S", .kind = TOOL_CHOICE, F(sources_shape),
+     .choices = sources_shape_names,
+     .help = "GET /kv_event_sources (vLLM's list of each rank's endpoint,\n"
+              "replay_endpoint, topic; 503 while a rank is closed) as: array\n"
+              "(default) | envelope ({\"sources\": [...]}) | ranks ({\"0\": ...})"},
     {.name = "engine-kind", .arg = "K", .kind = TOOL_CHOICE, F(ekind), .choices = engine_kind_names,
      .help = "vllm (default) | sglang: SGLang's names and dp_rank label"},
     {.name = "total-blocks", .arg = "N", .kind = TOOL_U64, F(total_blocks), .min = 1,
@@ -2534,6 +2631,34 @@ static int parse_args(int argc, char **argv, struct opts *o)
     return 0;
 }
 
+/* Bind SOCK, rank R's PUB (REPLAY false) or replay ROUTER, and note what
+ * GET /kv_event_sources lists for it: the ephemeral port bound, read back,
+ * or the endpoint as configured (vLLM reports tcp://\x2a:P as it is).  0, or
+ * -1 with errno set by ZMQ. */
+static int bind_rank(struct sim *s, struct rank *r, void *sock, bool replay)
+{
+    char ep[512], last[512];
+    size_t len = sizeof last;
+    const char *conf = replay ? r->rep : r->ep;
+    bind_endpoint(conf, s->o.node_ip, ep, sizeof ep);
+    bool ephemeral = strlen(ep) > 2 && strcmp(ep + strlen(ep) - 2, ":0") == 0;
+    if (zmq_bind(sock, ep) != 0 ||
+        (ephemeral && zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, last, &len) != 0))
+        return -1;
+    pthread_mutex_lock(&s->adv_mu);
+    snprintf(replay ? r->adv_rep : r->adv, sizeof r->adv, "%s", ephemeral ? last : conf);
+    pthread_mutex_unlock(&s->adv_mu);
+    return 0;
+}
+
+/* Rank R's sockets are closed: it lists nothing until they are bound again. */
+static void unlist_rank(struct sim *s, struct rank *r)
+{
+    pthread_mutex_lock(&s->adv_mu);
+    r->adv[0] = r->adv_rep[0] = '\0';
+    pthread_mutex_unlock(&s->adv_mu);
+}
+
 static int open_sockets(struct sim *s)
 {
     const struct opts *o = &s->o;
@@ -2559,7 +2684,7 @@ static int open_sockets(struct sim *s)
             zmq_setsockopt(r->pub, ZMQ_SNDHWM, &zero, sizeof zero);
         if (o->curve_secret_file && apply_curve(o, r->pub, !o->curve_server_key))
             return -EINVAL;
-        if ((o->connect ? zmq_connect(r->pub, r->ep) : zmq_bind(r->pub, r->ep)) != 0) {
+        if ((o->connect ? zmq_connect(r->pub, r->ep) : bind_rank(s, r, r->pub, false)) != 0) {
             fprintf(stderr, "kvsim: %s %s: %s\n", o->connect ? "connect" : "bind", r->ep,
                     zmq_strerror(errno));
             return -EINVAL;
@@ -2573,7 +2698,7 @@ static int open_sockets(struct sim *s)
                 zmq_setsockopt(r->router, ZMQ_SNDHWM, &zero, sizeof zero);
             if (o->curve_secret_file && !o->curve_server_key && apply_curve(o, r->router, true))
                 return -EINVAL;
-            if (zmq_bind(r->router, r->rep) != 0) {
+            if (bind_rank(s, r, r->router, true) != 0) {
                 fprintf(stderr, "kvsim: bind %s: %s\n", r->rep, zmq_strerror(errno));
                 return -EINVAL;
             }
@@ -2611,7 +2736,7 @@ static int open_rank_sockets(struct sim *s, struct rank *r, bool pub, bool route
         const char *ep = k == 0 ? r->ep : r->rep;
         int rc = -1;
         for (int i = 0; i < 100 && rc != 0; i++) {
-            rc = k == 0 && o->connect ? zmq_connect(sk, ep) : zmq_bind(sk, ep);
+            rc = k == 0 && o->connect ? zmq_connect(sk, ep) : bind_rank(s, r, sk, k == 1);
             if (rc != 0)
                 pause_ms(20);
         }
@@ -2696,6 +2821,7 @@ static void summary(const struct sim *s, double elapsed)
 static void opts_defaults(struct opts *o)
 {
     o->endpoint = "tcp://127.0.0.1:5557";
+    o->node_ip = "127.0.0.1";
     o->topic = "";
     o->dp = 1;
     o->bs = 16;
@@ -2798,6 +2924,7 @@ int main(int argc, char **argv)
     bool interrupted = false;
 
     memset(&sim, 0, sizeof sim);
+    pthread_mutex_init(&sim.adv_mu, NULL);
     msgpack_sbuffer_init(&sim.sb);
     msgpack_packer_init(&sim.pk, &sim.sb, msgpack_sbuffer_write);
     opts_defaults(&sim.o);
