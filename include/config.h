@@ -76,7 +76,8 @@ struct kvb_lora_name_cfg {
 };
 
 struct kvb_source_cfg {
-    char *endpoint;            /* required, e.g. tcp://127.0.0.1:5557 */
+    char *endpoint;            /* required, e.g. tcp://127.0.0.1:5557; "" with discover */
+    char *discover;            /* the engine's HTTP address listing its endpoints; "" = none */
     char *replay_endpoint;     /* "" when none */
     char *topic;               /* subscription prefix, "" = everything */
     int mode;                  /* enum kvb_source_mode */

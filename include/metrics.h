@@ -110,6 +110,10 @@
       "Engine source lists (sources[].discover) read")                         \
     X(counter, source_list_failures_total, "reason", KVB_LIST_FAILURES,        \
       "Engine source lists that could not be read, by reason")                 \
+    X(gauge, source_lists_unread, "", KVB_NO_LABEL,                            \
+      "Sources with discover whose engine's list has not been read yet")       \
+    X(counter, source_endpoint_changes_total, "", KVB_NO_LABEL,                \
+      "Ranks whose listed endpoint changed or went: their source replaced")    \
     X(counter, engine_restarts_total, "", KVB_NO_LABEL,                        \
       "Engine restarts detected (sequence went back)")                         \
     X(counter, replays_requested_total, "", KVB_NO_LABEL,                      \

@@ -306,11 +306,42 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
  * endpoint of a bind-mode source without dp_size expansion.  dp_size > 1:
  * every endpoint is tcp://HOST:PORT with room for the expansion, or (with
  * rank_naming: trtllm) ipc:// or inproc://, which take a _dp{r} suffix. */
+/* sources[].discover: the engine's list gives the endpoints and topics
+ * (keys that would say otherwise are errors), in connect mode. */
+static void check_discover(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
+                           const struct mark *m)
+{
+    static const char *const listed[] = {"sources[].endpoint", "sources[].replay_endpoint",
+                                         "sources[].topic", "sources[].topics"};
+    for (size_t k = 0; k < sizeof(listed) / sizeof(listed[0]); k++) {
+        const struct mark *mk = &m[kvb_cfg_opt_index(listed[k])];
+        if (mk->set)
+            err_at(c, mk->line, mk->col,
+                   "sources[%zu].%s: the engine's list (sources[%zu].discover) gives it: leave "
+                   "it out",
+                   i, listed[k] + sizeof SRC_PREFIX, i);
+    }
+    const struct mark *mm = &m[kvb_cfg_opt_index("sources[].mode")];
+    if (s->mode == KVB_MODE_BIND && !mm->bad)
+        err_at(c, mm->line, mm->col,
+               "sources[%zu].mode: bind: with sources[%zu].discover kvbridge connects to the "
+               "listed endpoints (mode: connect)",
+               i, i);
+}
+
 void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
                           const struct mark *m)
 {
-    const struct mark *msize = &m[kvb_cfg_opt_index("sources[].dp_size")];
     const struct mark *mrank = &m[kvb_cfg_opt_index("sources[].dp_rank")];
+    const struct mark *msize = &m[kvb_cfg_opt_index("sources[].dp_size")];
+    if ((uint64_t)s->dp_rank + s->dp_size - 1 > UINT32_MAX && !mrank->bad)
+        err_at(c, mrank->line, mrank->col,
+               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32 " goes past %" PRIu32, i,
+               s->dp_rank, s->dp_size, UINT32_MAX);
+    if (s->discover && s->discover[0] && !m[kvb_cfg_opt_index("sources[].discover")].bad) {
+        check_discover(c, s, i, m);
+        return;
+    }
     const struct mark *mend = &m[kvb_cfg_opt_index("sources[].endpoint")];
     const struct mark *mrep = &m[kvb_cfg_opt_index("sources[].replay_endpoint")];
     const char *eps[2] = {s->endpoint, s->replay_endpoint};
@@ -357,10 +388,6 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
                        i, s->dp_size, port, i, names[k]);
         }
     }
-    if ((uint64_t)s->dp_rank + s->dp_size - 1 > UINT32_MAX && !mrank->bad)
-        err_at(c, mrank->line, mrank->col,
-               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32 " goes past %" PRIu32, i,
-               s->dp_rank, s->dp_size, UINT32_MAX);
 }
 
 /* ---- ZMQ CURVE keys (sources[].curve) ---------------------------------- */
@@ -694,7 +721,7 @@ static void check_worker_id_file(struct ctx *c, struct kvb_config *cfg, struct m
 }
 
 /* Every dp rank of every source is a SUB socket, plus a DEALER when the
- * source has a replay_endpoint; a CURVE ZAP handler takes one more.  They
+ * source has a replay_endpoint (or a discover list, which may give one); a CURVE ZAP handler takes one more.  They
  * all live in one ZMQ context, which refuses sockets beyond
  * ZMQ_MAX_SOCKETS_DFLT. */
 static void check_socket_count(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
@@ -703,7 +730,8 @@ static void check_socket_count(struct ctx *c, const struct kvb_config *cfg, cons
     uint64_t total = 1; /* the ZAP handler */
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct kvb_source_cfg *s = &cfg->sources[i];
-        total += (uint64_t)s->dp_size * (s->replay_endpoint && *s->replay_endpoint ? 2 : 1);
+        bool replay = (s->replay_endpoint && *s->replay_endpoint) || (s->discover && *s->discover);
+        total += (uint64_t)s->dp_size * (replay ? 2 : 1); /* a list may name replay endpoints */
     }
     if (total > ZMQ_MAX_SOCKETS_DFLT && ms->set && !ms->bad)
         err_at(c, ms->line, ms->col,

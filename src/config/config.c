@@ -151,6 +151,8 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath, c
                 if ((kvb_cfg_opts[k].flags & F_INHERIT) && !smarks[k].set)
                     srcs[i].inherited |= inherit_bit(&kvb_cfg_opts[k]);
             required_missing(c, item, ipath, true, &srcs[i], smarks);
+            if (!srcs[i].endpoint && !(srcs[i].endpoint = strdup(""))) /* discover */
+                oom(c);
             kvb_cfg_check_source(c, &srcs[i], i, smarks);
             kvb_cfg_check_curve(c, &srcs[i], i, smarks);
             kvb_cfg_check_engine(c, &srcs[i], i, smarks);

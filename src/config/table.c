@@ -78,7 +78,22 @@ static const struct opt opts[] = {
      .help = "The engine event streams (ZMQ PUB sockets): a list of one or more."},
     {.key = "sources[].endpoint", .type = T_STR, .off = SRC(endpoint, char *),
      .def = "tcp://127.0.0.1:5557", .flags = F_REQUIRED | R, .check = check_endpoint,
+     .alt = "sources[].discover",
      .help = "The engine's event endpoint: tcp://, ipc:// or inproc://."},
+    {.key = "sources[].discover", .type = T_STR, .off = SRC(discover, char *), .def = "",
+     .flags = R, .check = check_http_url,
+     .help = "Instead of endpoint: the engine's HTTP address (http://HOST:PORT; a URL "
+             "with a path is used as it is, else /kv_event_sources is asked), whose list "
+             "of event sources (vLLM's GET /kv_event_sources) gives each data-parallel "
+             "rank's endpoint, replay endpoint and topic: for an engine that binds "
+             "ephemeral ports (tcp://*:0), which change at every restart. kvbridge reads "
+             "the list at start, again whenever a rank's connection is lost or down or "
+             "the engine's liveness changes (with a backoff up to 5 s while it cannot "
+             "be read or a rank stays down), connects to ranks dp_rank .. dp_rank + "
+             "dp_size - 1, and replaces the source of a rank whose endpoint changed "
+             "(a restart barrier, then the new stream from its replay), without a "
+             "reload; /readyz is 503 until the list was read. Connect mode only; "
+             "endpoint, replay_endpoint, topic and topics are then left out. \"\" = none."},
     {.key = "sources[].replay_endpoint", .type = T_STR,
      .off = SRC(replay_endpoint, char *), .def = "", .flags = R,
      .check = check_opt_endpoint,

@@ -27,8 +27,8 @@ struct eng_rank {
 };
 
 struct eng {
-    char *name;     /* the entry's endpoint, for log lines */
-    char *endpoint; /* the same, unexpanded (names of ranks >= dp_size) */
+    char *name;     /* the entry's endpoint (or discover URL), for log lines */
+    char *endpoint; /* the endpoint, unexpanded (names of ranks >= dp_size); "" with discover */
     size_t first;   /* the loop's index of the entry's first source */
     uint32_t dp_size, base_rank, dead_after_ms;
     int rank_naming;    /* the entry's (enum kvb_rank_naming) */
@@ -37,6 +37,7 @@ struct eng {
     uint64_t rounds, failed; /* counted into the metrics so far */
     uint64_t load_ms;        /* load_ms of the last page used */
     struct kvb_liveness live;
+    uint64_t changes; /* liveness judgements: gone, back */
     struct eng_rank *ranks;
     uint32_t n_ranks, cap_ranks;
 };
@@ -77,7 +78,9 @@ static struct kvb_engine_slot *slot_of(struct kvb_engines *x, const struct eng *
 {
     char *ep = NULL;
     struct kvb_engine_slot *s = NULL;
-    if (k < e->dp_size && kvb_endpoint_of_rank(e->endpoint, e->rank_naming, k, &ep) == 0)
+    if (!e->endpoint[0]) /* discover: the ranks' endpoints come and go */
+        s = kvb_metrics_engine_slot(x->m, e->name, dp_rank);
+    else if (k < e->dp_size && kvb_endpoint_of_rank(e->endpoint, e->rank_naming, k, &ep) == 0)
         s = kvb_metrics_engine_slot(x->m, ep, dp_rank);
     else
         s = kvb_metrics_engine_slot(x->m, e->endpoint, dp_rank);
@@ -175,7 +178,7 @@ int kvb_engines_create(const struct kvb_config *c, struct kvb_metrics *m,
             x->entry_of[first + r] = has_engine(sc) ? k : SIZE_MAX;
         if (has_engine(sc)) {
             struct eng *e = &x->e[k];
-            e->name = strdup(sc->endpoint);
+            e->name = strdup(sc->endpoint[0] ? sc->endpoint : sc->discover);
             e->endpoint = strdup(sc->endpoint);
             if (!e->name || !e->endpoint)
                 goto fail;
@@ -228,6 +231,11 @@ size_t kvb_engines_count(const struct kvb_engines *x) { return x ? x->n : 0; }
 int kvb_engines_fd(const struct kvb_engines *x)
 {
     return x && x->scrape ? kvb_scrape_fd(x->scrape) : -1;
+}
+
+uint64_t kvb_engines_liveness_changes(const struct kvb_engines *x, size_t i)
+{
+    return x && i < x->n_src && x->entry_of[i] != SIZE_MAX ? x->e[x->entry_of[i]].changes : 0;
 }
 
 void kvb_engines_note_batch(struct kvb_engines *x, size_t i, uint64_t now_ms)
@@ -311,6 +319,7 @@ static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_
                  "its dp_ranks",
                  e->name, e->dead_after_ms, strerror(res->last_error ? -res->last_error : EIO));
         kvb_inc(&x->m->engine_gone_total[0]);
+        e->changes++;
         set_gone(x, e, true);
         for (size_t k = e->first; k < e->first + e->dp_size && k < n_src; k++) {
             int rc = src[k] ? kvb_source_barrier_all(src[k], KVB_BAR_ENGINE_GONE) : 0;
@@ -322,6 +331,7 @@ static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_
     case KVB_LIVE_BACK:
         kvb_info(STAGE, "%s: engine back (%s)", e->name,
                  in.failing ? "a batch arrived" : "its endpoint answers");
+        e->changes++;
         set_gone(x, e, false);
         break;
     default: break;
@@ -367,7 +377,7 @@ bool kvb_engines_cfg_equal(const struct kvb_config *a, const struct kvb_config *
         if (x->dp_size != y->dp_size || x->dp_rank != y->dp_rank ||
             x->rank_naming != y->rank_naming || x->worker_id != y->worker_id ||
             x->block_size != y->block_size || strcmp(x->endpoint, y->endpoint) != 0 ||
-            !kvb_config_engine_equal(x, y))
+            strcmp(x->discover, y->discover) != 0 || !kvb_config_engine_equal(x, y))
             return false;
     }
     return true;

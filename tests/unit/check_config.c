@@ -1947,6 +1947,51 @@ START_TEST(test_engine_keys)
 }
 END_TEST
 
+/* ---- sources[].discover ---------------------------------------------------- */
+
+START_TEST(test_discover)
+{
+    struct result r = load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                                "  - discover: http://10.0.0.7:8000\n    dp_size: 4\n"
+                                "  - endpoint: tcp://127.0.0.1:5557\n");
+    ck_assert_msg(r.rc == 0, "%s", r.errs);
+    const struct kvb_source_cfg *s = r.cfg->sources;
+    ck_assert_str_eq(s[0].discover, "http://10.0.0.7:8000");
+    ck_assert_str_eq(s[0].endpoint, "");
+    ck_assert_str_eq(s[0].replay_endpoint, "");
+    ck_assert_uint_eq(s[0].dp_size, 4);
+    ck_assert_str_eq(s[1].discover, "");
+    struct kvb_source_cfg x = s[0];
+    x.discover = (char *)"http://10.0.0.8:8000";
+    ck_assert(!kvb_config_source_equal(&x, &s[0])); /* another engine: reopened */
+    result_free(&r);
+
+    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                  "  - {discover: 'http://h:8000', endpoint: 'tcp://h:1', replay_endpoint: "
+                  "'tcp://h:2',\n     topic: t, mode: bind, topics: {a: 1}}\n"
+                  "  - {discover: 'ftp://h'}\n"
+                  "  - {dp_size: 2}\n"
+                  "  - {discover: 'http://h:8000', dp_rank: 4294967295, dp_size: 2}\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs,
+                     "T:4:43: sources[0].endpoint: the engine's list (sources[0].discover) gives "
+                     "it: leave it out\n"
+                     "T:4:73: sources[0].replay_endpoint: the engine's list (sources[0].discover) "
+                     "gives it: leave it out\n"
+                     "T:5:13: sources[0].topic: the engine's list (sources[0].discover) gives "
+                     "it: leave it out\n"
+                     "T:5:36: sources[0].topics: the engine's list (sources[0].discover) gives "
+                     "it: leave it out\n"
+                     "T:5:22: sources[0].mode: bind: with sources[0].discover kvbridge connects "
+                     "to the listed endpoints (mode: connect)\n"
+                     "T:6:16: sources[1].discover: 'ftp://h' is not an http:// or https:// URL "
+                     "(or \"\" for none)\n"
+                     "T:7:5: missing required key 'sources[2].endpoint'\n"
+                     "T:8:42: sources[3].dp_rank: 4294967295 + dp_size 2 goes past 4294967295\n");
+    result_free(&r);
+}
+END_TEST
+
 /* ---- sources[].lora_names ------------------------------------------------ */
 
 START_TEST(test_lora_names)
@@ -2215,6 +2260,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_engine_keys);
     tcase_add_test(tc, test_worker_keys);
     tcase_add_test(tc, test_lora_names);
+    tcase_add_test(tc, test_discover);
     tcase_add_test(tc, test_topics_bad);
     suite_add_tcase(s, tc);
     return s;
