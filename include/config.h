@@ -27,6 +27,12 @@
                                * NATS did not confirm (flush timed out) */
 
 enum kvb_source_mode { KVB_MODE_CONNECT = 0, KVB_MODE_BIND = 1 };
+/* How a dp_size expansion names rank r's endpoints (sources[].rank_naming). */
+enum kvb_rank_naming {
+    KVB_RANKS_PORT = 0, /* tcp://HOST:(PORT + r) */
+    KVB_RANKS_TRTLLM,   /* TensorRT-LLM: ipc:// and inproc:// PATH for rank 0, then
+                         * PATH_dp1, PATH_dp2, ...; tcp:// as KVB_RANKS_PORT */
+};
 enum kvb_format { KVB_FORMAT_DYNAMO_JSON = 0, KVB_FORMAT_DYNAMO_MSGPACK, KVB_FORMAT_RAW };
 /* The values match nats.c's jsRetentionPolicy. */
 enum kvb_js_retention { KVB_JS_LIMITS = 0, KVB_JS_INTEREST, KVB_JS_WORKQUEUE };
@@ -62,13 +68,22 @@ struct kvb_topic_cfg {
     uint64_t worker_id;
 };
 
+/* sources[].lora_names: the name of the LoRA adapter an engine's lora_id
+ * stands for. */
+struct kvb_lora_name_cfg {
+    uint64_t id; /* 0..INT64_MAX, each once */
+    char *name;  /* not empty, no NUL, at most 255 bytes */
+};
+
 struct kvb_source_cfg {
-    char *endpoint;            /* required, e.g. tcp://127.0.0.1:5557 */
+    char *endpoint;            /* required, e.g. tcp://127.0.0.1:5557; "" with discover */
+    char *discover;            /* the engine's HTTP address listing its endpoints; "" = none */
     char *replay_endpoint;     /* "" when none */
     char *topic;               /* subscription prefix, "" = everything */
     int mode;                  /* enum kvb_source_mode */
     uint32_t dp_size;          /* >= 1; N > 1 expands to ports base+0..base+N-1 */
     uint32_t dp_rank;          /* rank when a batch carries none (first of the expansion) */
+    int rank_naming;           /* enum kvb_rank_naming */
     uint32_t rcvhwm;           /* ZMQ_RCVHWM of the SUB (messages) */
     uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap */
     uint32_t max_peers;        /* bind mode: connections taken at once */
@@ -83,6 +98,10 @@ struct kvb_source_cfg {
     uint32_t block_size; /* 0 = "auto" */
     bool lora_salt;
     uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
+    /* lora_id -> adapter name, for events that carry a lora_id without a
+     * lora_name (a worker key: a reload hands it to the running source). */
+    struct kvb_lora_name_cfg *lora_names;
+    size_t n_lora_names;
     /* Exact topic -> worker_id (several engines on one bind-mode SUB); a
      * batch on a topic not listed is dropped.  n_topics == 0: no map, every
      * topic is this source's worker_id.  A source key: a change reopens it. */

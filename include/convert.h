@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
 #include "decode.h"
 #include "metrics.h"
 
@@ -33,6 +34,10 @@ struct kvb_convert_cfg {
      * = none).  Borrowed only during kvb_converter_create/set_config: the
      * converter keeps its hash, not the pointer. */
     const char *cache_namespace;
+    /* lora_id -> adapter name (kvb_lora_name_of()); borrowed: it must
+     * outlive the converter's use of this configuration. */
+    const struct kvb_lora_name_cfg *lora_names;
+    size_t n_lora_names;
 };
 
 /* The worker a stream's events belong to (a source's or a topic's, issue
@@ -43,6 +48,18 @@ struct kvb_worker_cfg {
     uint32_t block_size; /* 0 = auto */
     bool lora_salt;
     uint32_t forward_tiers; /* bitmask of (1u << enum kvb_tier) */
+    /* sources[].lora_names (kvb_lora_name_of()); borrowed from the
+     * configuration, like the worker itself: NULL when none. */
+    const struct kvb_lora_name_cfg *lora_names;
+    size_t n_lora_names;
+};
+
+/* Where a stored event's LoRA adapter name comes from (its salt). */
+enum kvb_lora_of {
+    KVB_LORA_NONE = 0, /* no LoRA: neither lora_name nor lora_id */
+    KVB_LORA_NAMED,    /* its lora_name, or the name lora_names gives its lora_id */
+    KVB_LORA_UNMAPPED, /* a lora_id without lora_name that lora_names does not list:
+                        * published without the LoRA salt */
 };
 
 struct kvb_block {
@@ -130,6 +147,12 @@ void kvb_converter_set_epoch(struct kvb_converter *c, uint64_t epoch_ms);
 size_t kvb_converter_counters(const struct kvb_converter *c, struct kvb_id_counter *out,
                               size_t cap);
 int kvb_converter_restore(struct kvb_converter *c, const struct kvb_id_counter *in);
+
+/* The adapter name the salt of stored event EV takes: its lora_name, else
+ * the name NAMES[0..N) give its lora_id (TensorRT-LLM sends only the id);
+ * *name is set for KVB_LORA_NAMED.  Returns enum kvb_lora_of. */
+int kvb_lora_name_of(const struct kvb_lora_name_cfg *names, size_t n, const struct kvb_event *ev,
+                     struct kvb_str *name);
 
 /* Building blocks, exposed for tests and tools. */
 uint64_t kvb_hash_normalize(const struct kvb_hash *h);

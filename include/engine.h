@@ -65,6 +65,10 @@ size_t kvb_engines_count(const struct kvb_engines *e);
 /* Poll for POLLIN (a scrape result is ready); -1 when there is no engine. */
 int kvb_engines_fd(const struct kvb_engines *e);
 
+/* Times the liveness of the engine behind the loop's source SRC_INDEX was
+ * judged to change (gone, back); 0 when that source has no engine. */
+uint64_t kvb_engines_liveness_changes(const struct kvb_engines *e, size_t src_index);
+
 /* A message was read from the loop's source SRC_INDEX at NOW_MS. */
 void kvb_engines_note_batch(struct kvb_engines *e, size_t src_index, uint64_t now_ms);
 

@@ -40,6 +40,14 @@
     X(UNKNOWN_EVENT_TYPE, "unknown_event_type")                                \
     X(MALFORMED_EVENT, "malformed_event")
 
+/* Why a BlockStored went out without the LoRA salt its adapter needs. */
+#define KVB_UNSALTED_REASONS(X) X(UNMAPPED_LORA_ID, "unmapped_lora_id")
+
+/* Why an engine's list of its event sources (sources[].discover) was not
+ * read: no answer, a status other than 200, a body that is no such list. */
+#define KVB_LIST_FAILURES(X)                                                   \
+    X(UNREACHABLE, "unreachable") X(STATUS, "status") X(BODY, "body")
+
 /* Messages that could not be used at all, by kind. */
 #define KVB_MALFORMED_KINDS(X)                                                 \
     X(FRAMES, "frames") X(SEQ_FRAME, "seq_frame") X(BATCH, "malformed_batch")  \
@@ -93,6 +101,8 @@
       "Router events handed to the sink, by type")                             \
     X(counter, events_dropped_total, "reason", KVB_DROP_REASONS,               \
       "Engine events that published nothing, by reason")                       \
+    X(counter, stores_unsalted_total, "reason", KVB_UNSALTED_REASONS,          \
+      "BlockStored events of a LoRA published without its salt, by reason")    \
     X(counter, unknown_medium_total, "", KVB_NO_LABEL,                         \
       "Events whose medium was not recognised (forwarded as device)")          \
     X(counter, malformed_messages_total, "kind", KVB_MALFORMED_KINDS,          \
@@ -109,6 +119,14 @@
       "Idle streams (topics) forgotten to make room for a new one (64 per source)") \
     X(counter, seq_gaps_total, "", KVB_NO_LABEL,                               \
       "Sequence gaps seen on engine streams")                                  \
+    X(counter, source_list_reads_total, "", KVB_NO_LABEL,                      \
+      "Engine source lists (sources[].discover) read")                         \
+    X(counter, source_list_failures_total, "reason", KVB_LIST_FAILURES,        \
+      "Engine source lists that could not be read, by reason")                 \
+    X(gauge, source_lists_unread, "", KVB_NO_LABEL,                            \
+      "Sources with discover whose engine's list has not been read yet")       \
+    X(counter, source_endpoint_changes_total, "", KVB_NO_LABEL,                \
+      "Ranks whose listed endpoint changed or went: their source replaced")    \
     X(counter, engine_restarts_total, "", KVB_NO_LABEL,                        \
       "Engine restarts detected (sequence went back)")                         \
     X(counter, replays_requested_total, "", KVB_NO_LABEL,                      \
@@ -248,6 +266,8 @@
 #define KVB_EVT_ITEM(s, str) KVB_EVT_##s,
 #define KVB_REVT_ITEM(s, str) KVB_REVT_##s,
 #define KVB_MAL_ITEM(s, str) KVB_MAL_##s,
+#define KVB_UNS_ITEM(s, str) KVB_UNS_##s,
+#define KVB_LF_ITEM(s, str) KVB_LF_##s,
 #define KVB_BAR_ITEM(s, str) KVB_BAR_##s,
 #define KVB_TIER_ITEM(s, str) KVB_TIER_##s,
 #define KVB_ALL_ITEM(s, str) KVB_LBL_##s,
@@ -260,6 +280,8 @@ enum kvb_drop_reason { KVB_DROP_REASONS(KVB_DROP_ITEM) KVB_DROP__COUNT };
 enum kvb_evt_label { KVB_EVENT_TYPES(KVB_EVT_ITEM) KVB_EVT__COUNT };
 enum kvb_revt_label { KVB_REV_TYPES(KVB_REVT_ITEM) KVB_REVT__COUNT };
 enum kvb_malformed_kind { KVB_MALFORMED_KINDS(KVB_MAL_ITEM) KVB_MAL__COUNT };
+enum kvb_unsalted_reason { KVB_UNSALTED_REASONS(KVB_UNS_ITEM) KVB_UNS__COUNT };
+enum kvb_list_failure { KVB_LIST_FAILURES(KVB_LF_ITEM) KVB_LF__COUNT };
 enum kvb_barrier_cause { KVB_BARRIER_CAUSES(KVB_BAR_ITEM) KVB_BAR__COUNT };
 enum kvb_tier { KVB_TIERS(KVB_TIER_ITEM) KVB_TIER__COUNT };
 enum kvb_nolabel { KVB_NO_LABEL(KVB_ALL_ITEM) KVB_LBL__COUNT };

@@ -71,9 +71,12 @@ struct kvb_source_params {
     struct kvb_pipeline *pipeline;
 };
 
-/* Expand a dp_size source entry: endpoint i of n gets port + i.  Writes a
- * malloc'ed string to *out (caller frees).  "" stays "". */
-int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out);
+/* Rank r of a dp_size source entry's ENDPOINT, named as NAMING (enum
+ * kvb_rank_naming) says: tcp://HOST:(PORT + r), or with KVB_RANKS_TRTLLM
+ * ipc://PATH_dp{r} (inproc:// likewise).  Rank 0 is ENDPOINT itself.
+ * Writes a malloc'ed string to *out (caller frees).  "" stays "".  0,
+ * -EINVAL (an endpoint the naming cannot expand), -ENOMEM. */
+int kvb_endpoint_of_rank(const char *endpoint, int naming, uint32_t r, char **out);
 
 int kvb_source_create(void *zctx, const struct kvb_source_params *p, struct kvb_metrics *m,
                       struct kvb_source **out);
@@ -124,6 +127,16 @@ size_t kvb_source_held(const struct kvb_source *s);
 /* True while the source reads back its SUB's queue after a hold or runs a
  * replay: the batches it queued are not all freed yet. */
 bool kvb_source_busy(const struct kvb_source *s);
+
+/* The engine's connection is up (connect mode; bind mode: a peer is). */
+bool kvb_source_connected(const struct kvb_source *s);
+/* Nothing left to read or finish: no batch or connection event waiting in
+ * the SUB or its monitor, no drop waiting for them, no replay running, no
+ * queue being read back.  A source replaced now loses nothing it got. */
+bool kvb_source_quiet(const struct kvb_source *s);
+/* What it was opened with (its own copies, valid while it lives). */
+void kvb_source_endpoints(const struct kvb_source *s, const char **endpoint,
+                          const char **replay_endpoint, const char **topic);
 
 /* "cleared" for every dp_rank of every stream of this source. */
 int kvb_source_barrier_all(struct kvb_source *s, int cause);

@@ -39,6 +39,7 @@
 #include <stdatomic.h>
 #include <sys/socket.h>
 
+#include <json-c/json.h>
 #include <msgpack.h>
 #include <xxhash.h>
 #include <zmq.h>
@@ -325,6 +326,9 @@ enum hashkind { HASH_UINT, HASH_INT, HASH_BIN };
 enum workload { WL_REALISTIC, WL_DECODE, WL_PREFILL, WL_MULTIMODAL, WL_EAGLE };
 
 enum engine_kind { EK_VLLM, EK_SGLANG };
+/* The body of GET /kv_event_sources: vLLM's route has been a bare array and
+ * {"sources": [...]}; the PR's client reads an object keyed by rank. */
+enum sources_shape { SHAPE_ARRAY, SHAPE_ENVELOPE, SHAPE_RANKS };
 
 struct opts {
     const char *endpoint, *replay, *topic, *record;
@@ -334,6 +338,11 @@ struct opts {
     const char *curve_secret_file, *curve_server_key;
     char curve_secret[41], curve_public[41]; /* Z85, from curve_secret_file */
     bool connect, lossless, layout_new, restart;
+    bool trtllm_ranks;      /* --rank-naming trtllm */
+    const char *node_ip;    /* --node-ip: what a port-0 wildcard endpoint binds */
+    int sources_shape;      /* --sources-shape: enum sources_shape */
+    bool lora_id_only;      /* TensorRT-LLM: lora_id without lora_name */
+    unsigned lora_unmapped; /* with lora_id_only: the id the bridge cannot name */
     unsigned dp, bs;
     enum encoding enc;
     enum hashkind hash;
@@ -408,6 +417,10 @@ struct rank {
     unsigned idx;
     void *pub, *router;
     char ep[512], rep[512];
+    /* what GET /kv_event_sources lists (the HTTP thread reads them, under
+     * sim.adv_mu): the bound endpoint (an ephemeral port read back), or the
+     * configured one; "" while the socket is closed */
+    char adv[512], adv_rep[512];
     uint64_t seq;
     bool restarted, blipped;
     uint64_t drop_left; /* lifecycle: batches still not sent live */
@@ -426,6 +439,7 @@ struct rank {
 struct sim {
     struct opts o;
     struct MHD_Daemon *mhd; /* --http; NULL while not answering */
+    pthread_mutex_t adv_mu;
     void *zctx;
     struct rank *ranks;
     zmq_pollitem_t *items;
@@ -445,8 +459,10 @@ static void http_poll_cmd(struct sim *s);
 
 /* -------------------------------------------------------------- endpoints */
 
-/* rank r of an endpoint "scheme://host:PORT" is "scheme://host:(PORT+r)" */
-static int rank_endpoint(const char *base, unsigned r, char *out, size_t outlen)
+/* rank r of an endpoint "scheme://host:PORT" is "scheme://host:(PORT+r)";
+ * with --rank-naming trtllm (TensorRT-LLM's offset_endpoint_port) an
+ * ipc:// or inproc:// one is "PATH_dp{r}" */
+static int rank_endpoint(const char *base, unsigned r, bool trtllm, char *out, size_t outlen)
 {
     const char *colon = strrchr(base, ':');
     uint64_t port;
@@ -457,11 +473,28 @@ static int rank_endpoint(const char *base, unsigned r, char *out, size_t outlen)
         strcpy(out, base);
         return 0;
     }
+    if (trtllm && (strncmp(base, "ipc://", 6) == 0 || strncmp(base, "inproc://", 9) == 0))
+        return snprintf(out, outlen, "%s_dp%u", base, r) >= (int)outlen ? -EINVAL : 0;
     if (!colon || colon - base < 4 || parse_u64(colon + 1, &port) || port + r > 65535)
         return -EINVAL;
+    if (port == 0) /* vLLM: every rank binds its own ephemeral port */
+        r = 0;
     if (snprintf(out, outlen, "%.*s:%" PRIu64, (int)(colon - base), base, port + r) >= (int)outlen)
         return -EINVAL;
     return 0;
+}
+
+/* What a rank binds for its endpoint EP: with port 0 and a wildcard host
+ * (tcp://HOST:0 with HOST * or 0.0.0.0) NODE_IP, as vLLM binds its
+ * get_ip(); else EP. */
+static void bind_endpoint(const char *ep, const char *node_ip, char *out, size_t outlen)
+{
+    const char *colon = strrchr(ep, ':');
+    if (strncmp(ep, "tcp://", 6) == 0 && colon && strcmp(colon, ":0") == 0 &&
+        ((colon - ep == 7 && ep[6] == '*') || strncmp(ep + 6, "0.0.0.0:", 8) == 0))
+        snprintf(out, outlen, "tcp://%s:0", node_ip);
+    else
+        snprintf(out, outlen, "%s", ep);
 }
 
 /* ------------------------------------------------------- generator: common */
@@ -1124,7 +1157,8 @@ static void pack_mm_item(msgpack_packer *pk, const struct mm_item *it)
     }
 }
 
-static void pack_extra_keys(msgpack_packer *pk, const struct ev *e)
+/* NAMED: the LoRA name goes in (vLLM); not with --lora-id-only. */
+static void pack_extra_keys(msgpack_packer *pk, const struct ev *e, bool named)
 {
     if (e->mm) {
         struct mm_item it[MM_MAX_ITEMS];
@@ -1141,7 +1175,7 @@ static void pack_extra_keys(msgpack_packer *pk, const struct ev *e)
         }
         return;
     }
-    if (!e->lora) {
+    if (!e->lora || !named) {
         msgpack_pack_nil(pk);
         return;
     }
@@ -1160,9 +1194,10 @@ static void pack_lora_id(msgpack_packer *pk, const struct ev *e)
         msgpack_pack_nil(pk);
 }
 
-static void pack_lora_name(msgpack_packer *pk, const struct ev *e)
+/* TensorRT-LLM (--lora-id-only) sends lora_id with lora_name nil. */
+static void pack_lora_name(msgpack_packer *pk, const struct ev *e, bool named)
 {
-    if (e->lora)
+    if (e->lora && named)
         pack_cstr(pk, lora_names[e->lora]);
     else
         msgpack_pack_nil(pk);
@@ -1196,8 +1231,8 @@ static void pack_event_positional(struct sim *s, const struct batch *b, const st
         msgpack_pack_unsigned_int(pk, s->o.bs);
         pack_lora_id(pk, e);
         pack_medium(pk, e->medium);
-        pack_lora_name(pk, e);
-        pack_extra_keys(pk, e);
+        pack_lora_name(pk, e, !s->o.lora_id_only);
+        pack_extra_keys(pk, e, !s->o.lora_id_only);
         msgpack_pack_int(pk, e->group);
         pack_kind(pk, e);
         pack_window(pk, e);
@@ -1275,10 +1310,10 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
         pack_cstr(pk, "medium");
         pack_medium(pk, e->medium);
         pack_cstr(pk, "lora_name");
-        pack_lora_name(pk, e);
+        pack_lora_name(pk, e, !s->o.lora_id_only);
         if (with_extra) {
             pack_cstr(pk, "extra_keys");
-            pack_extra_keys(pk, e);
+            pack_extra_keys(pk, e, !s->o.lora_id_only);
         }
         pack_cstr(pk, "group_idx");
         msgpack_pack_int(pk, e->group);
@@ -1511,13 +1546,16 @@ static void rec_event(struct sim *s, const struct batch *b, const struct ev *e)
         fputs(",\"hashes\":", f);
         rec_hash_list(f, b, e);
         fputs(",\"tokens_hashes\":[", f);
+        /* an id the bridge has no name for (--lora-unmapped) is published
+         * without the LoRA salt */
+        int lora = e->lora && (unsigned)e->lora == s->o.lora_unmapped ? 0 : e->lora;
         for (size_t i = 0; i < e->nh; i++)
             fprintf(f, "%s%" PRIu64, i ? "," : "",
                     e->mm || e->eagle ? oracle_tokens_hash(s, b, e, i)
-                                      : tokens_hash(s, b->tok + e->t_off + i * s->o.bs, e->lora));
+                                      : tokens_hash(s, b->tok + e->t_off + i * s->o.bs, lora));
         fprintf(f, "],\"tier\":\"%s\",\"group\":%d,\"lora\":", tier_name(e->medium), e->group);
-        if (e->lora)
-            fprintf(f, "\"%s\"}", lora_names[e->lora]);
+        if (lora)
+            fprintf(f, "\"%s\"}", lora_names[lora]);
         else
             fputs("null}", f);
         break;
@@ -1783,6 +1821,7 @@ static void publish_one(struct sim *s, struct rank *r)
 /* ------------------------------------------- engine lifecycle (restarts) */
 
 static int open_rank_sockets(struct sim *s, struct rank *r, bool pub, bool router);
+static void unlist_rank(struct sim *s, struct rank *r);
 
 /* Closes a socket now (nothing queued is kept: the process is gone). */
 static void close_now(void **sock)
@@ -1810,6 +1849,7 @@ static void lifecycle_process_restart(struct sim *s, struct rank *r)
 {
     close_now(&r->pub);
     close_now(&r->router);
+    unlist_rank(s, r);
     pause_ms(s->o.restart_close_ms);
     if (open_rank_sockets(s, r, true, s->o.replay != NULL) != 0) {
         fprintf(stderr, "kvsim: rank %u: cannot bind again after the restart\n", r->idx);
@@ -1823,6 +1863,7 @@ static void lifecycle_process_restart(struct sim *s, struct rank *r)
 static void lifecycle_blip(struct sim *s, struct rank *r)
 {
     close_now(&r->pub);
+    unlist_rank(s, r);
     pause_ms(s->o.blip_ms);
     if (open_rank_sockets(s, r, true, false) != 0) {
         fprintf(stderr, "kvsim: rank %u: cannot bind again after the blip\n", r->idx);
@@ -1938,6 +1979,59 @@ static char *render_metrics(const struct sim *s, size_t *len)
     return text;
 }
 
+/* GET /kv_event_sources: each rank's endpoints in --sources-shape's shape
+ * (a vLLM source entry, or its KV-events configuration keyed by rank); NULL
+ * with *status 503 while a rank's sockets are closed (a restarting engine:
+ * its API server is not up either). */
+static char *render_sources(struct sim *s, size_t *len, unsigned *status)
+{
+    int shape = s->o.sources_shape;
+    json_object *root = shape == SHAPE_ARRAY ? json_object_new_array() : json_object_new_object();
+    json_object *arr = root;
+    if (shape == SHAPE_ENVELOPE) {
+        arr = json_object_new_array();
+        json_object_object_add(root, "sources", arr);
+    }
+    bool down = false;
+    pthread_mutex_lock(&s->adv_mu);
+    for (unsigned i = 0; i < s->o.dp && !down; i++) {
+        const struct rank *r = &s->ranks[i];
+        if (!r->adv[0] || (s->o.replay && !r->adv_rep[0])) {
+            down = true;
+            break;
+        }
+        json_object *e = json_object_new_object();
+        if (shape == SHAPE_RANKS) {
+            json_object_object_add(e, "enable_kv_cache_events", json_object_new_boolean(1));
+            json_object_object_add(e, "publisher", json_object_new_string("zmq"));
+            json_object_object_add(e, "buffer_steps",
+                                   json_object_new_int64((int64_t)s->o.replay_buf));
+        } else {
+            json_object_object_add(e, "data_parallel_rank", json_object_new_int64(i));
+        }
+        json_object_object_add(e, "endpoint", json_object_new_string(r->adv));
+        json_object_object_add(e, "replay_endpoint",
+                               s->o.replay ? json_object_new_string(r->adv_rep) : NULL);
+        json_object_object_add(e, "topic", json_object_new_string(s->o.topic));
+        if (shape == SHAPE_RANKS) {
+            char key[16];
+            snprintf(key, sizeof key, "%u", i);
+            json_object_object_add(root, key, e);
+        } else {
+            json_object_array_add(arr, e);
+        }
+    }
+    pthread_mutex_unlock(&s->adv_mu);
+    char *body = NULL;
+    if (down)
+        *status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    else if ((body = strdup(json_object_to_json_string_ext(
+                  root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE))))
+        *len = strlen(body);
+    json_object_put(root);
+    return body;
+}
+
 static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const char *url,
                                    const char *method, const char *version, const char *upload,
                                    size_t *upload_size, void **req_cls)
@@ -1950,7 +2044,7 @@ static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const ch
         *req_cls = &first;
         return MHD_YES;
     }
-    const struct sim *s = cls;
+    struct sim *s = cls;
     unsigned status = MHD_HTTP_OK;
     char *body = NULL;
     size_t len = 0;
@@ -1958,6 +2052,8 @@ static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const ch
         status = MHD_HTTP_METHOD_NOT_ALLOWED;
     else if (strcmp(url, "/metrics") == 0)
         body = render_metrics(s, &len);
+    else if (strcmp(url, "/kv_event_sources") == 0)
+        body = render_sources(s, &len, &status);
     else if (strcmp(url, "/health") != 0)
         status = MHD_HTTP_NOT_FOUND;
     struct MHD_Response *r =
@@ -1968,7 +2064,10 @@ static enum MHD_Result http_answer(void *cls, struct MHD_Connection *c, const ch
         return MHD_NO;
     }
     if (body)
-        MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+        MHD_add_response_header(r, "Content-Type",
+                                strcmp(url, "/kv_event_sources") == 0
+                                    ? "application/json"
+                                    : "text/plain; version=0.0.4; charset=utf-8");
     enum MHD_Result rc = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return rc;
@@ -2209,6 +2308,8 @@ static const char *const hash_names[] = {"uint", "int", "bin", NULL};
 static const char *const workload_names[] = {"realistic",  "decode", "prefill",
                                              "multimodal", "eagle",  NULL};
 static const char *const engine_kind_names[] = {"vllm", "sglang", NULL};
+static const char *const rank_naming_names[] = {"port", "trtllm", NULL};
+static const char *const sources_shape_names[] = {"array", "envelope", "ranks", NULL};
 
 #define F(f) TOOL_FIELD(struct opts, f)
 /* clang-format off */
@@ -2236,6 +2337,15 @@ static const struct tool_opt options[] = {
     {.name = "dp-size", .arg = "N", .kind = TOOL_U64, F(dp), .min = 1, .max = 1024,
      .help = "data-parallel ranks; rank r uses port+r for live and replay\n"
               "endpoints, its own seq counter and data_parallel_rank r"},
+    {.name = "rank-naming", .arg = "N", .kind = TOOL_CHOICE, F(trtllm_ranks),
+     .choices = rank_naming_names,
+     .help = "port: rank r on port+r (default) | trtllm: TensorRT-LLM's\n"
+              "names: ipc://PATH for rank 0, ipc://PATH_dp{r} after\n"
+              "(tcp:// as port)"},
+    {.name = "node-ip", .arg = "IP", .kind = TOOL_STR, F(node_ip),
+     .help = "what an endpoint with port 0 and host * or 0.0.0.0 binds, as\n"
+              "vLLM binds its node's IP (default 127.0.0.1): every rank gets\n"
+              "an ephemeral port, new at every --restart-close"},
     {.name = "lossless", .kind = TOOL_FLAG, F(lossless),
      .help = "ZMQ_SNDHWM 0 (unlimited) instead of the default HWM"},
     {.name = "wait-subscribers", .arg = "MS", .kind = TOOL_U64, F(wait_ms), .min = 0,
@@ -2266,6 +2376,15 @@ static const struct tool_opt options[] = {
     {.name = "hash", .arg = "H", .kind = TOOL_CHOICE, F(hash), .choices = hash_names,
      .help = "uint (u64, default) | int (signed, often negative) |\n"
               "bin (32-byte digest, last 8 bytes big-endian = hash)"},
+    {.name = "lora-id-only", .kind = TOOL_FLAG, F(lora_id_only),
+     .help = "LoRA adapters by id alone, as TensorRT-LLM sends them:\n"
+              "lora_id 1 or 2 with lora_name nil (and no name in\n"
+              "extra_keys); the record salts with the adapter's name\n"
+              "(adapter-a, adapter-b), which the bridge maps from the id"},
+    {.name = "lora-unmapped", .arg = "ID", .kind = TOOL_U64, F(lora_unmapped), .min = 1,
+     .max = NLORA,
+     .help = "with --lora-id-only: the bridge has no name for lora_id ID:\n"
+              "the record has its stores unsalted (as published)"},
     {.name = "block-size", .arg = "N", .kind = TOOL_U64, F(bs), .min = 1, .max = 4096,
      .help = "tokens per block (default 16)"},
     {.name = "workload", .arg = "W", .kind = TOOL_CHOICE, F(wl), .choices = workload_names,
@@ -2332,6 +2451,11 @@ static const struct tool_opt options[] = {
               "/health (200) on a numeric IPv4 HOST; KV usage per rank =\n"
               "device blocks held / total blocks; SIGUSR1 stops\n"
               "answering (connections refused), SIGUSR2 answers again"},
+    {.name = "sources-shape", .arg = "S", .kind = TOOL_CHOICE, F(sources_shape),
+     .choices = sources_shape_names,
+     .help = "GET /kv_event_sources (vLLM's list of each rank's endpoint,\n"
+              "replay_endpoint, topic; 503 while a rank is closed) as: array\n"
+              "(default) | envelope ({\"sources\": [...]}) | ranks ({\"0\": ...})"},
     {.name = "engine-kind", .arg = "K", .kind = TOOL_CHOICE, F(ekind), .choices = engine_kind_names,
      .help = "vllm (default) | sglang: SGLang's names and dp_rank label"},
     {.name = "total-blocks", .arg = "N", .kind = TOOL_U64, F(total_blocks), .min = 1,
@@ -2490,6 +2614,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
         fprintf(stderr, "kvsim: --curve-server-key needs --curve-secret-file\n");
         return -EINVAL;
     }
+    if (o->lora_unmapped && !o->lora_id_only) {
+        fprintf(stderr, "kvsim: --lora-unmapped needs --lora-id-only\n");
+        return -EINVAL;
+    }
+    if (o->lora_id_only && (o->wl == WL_MULTIMODAL || o->wl == WL_EAGLE)) {
+        fprintf(stderr, "kvsim: --lora-id-only is not for the multimodal and eagle workloads\n");
+        return -EINVAL;
+    }
     if (o->hold_file && !o->mark_after) {
         fprintf(stderr, "kvsim: --hold-file needs --mark-after\n");
         return -EINVAL;
@@ -2497,6 +2629,34 @@ static int parse_args(int argc, char **argv, struct opts *o)
     if (o->curve_secret_file)
         return read_curve_secret(o);
     return 0;
+}
+
+/* Bind SOCK, rank R's PUB (REPLAY false) or replay ROUTER, and note what
+ * GET /kv_event_sources lists for it: the ephemeral port bound, read back,
+ * or the endpoint as configured (vLLM reports tcp://\x2a:P as it is).  0, or
+ * -1 with errno set by ZMQ. */
+static int bind_rank(struct sim *s, struct rank *r, void *sock, bool replay)
+{
+    char ep[512], last[512];
+    size_t len = sizeof last;
+    const char *conf = replay ? r->rep : r->ep;
+    bind_endpoint(conf, s->o.node_ip, ep, sizeof ep);
+    bool ephemeral = strlen(ep) > 2 && strcmp(ep + strlen(ep) - 2, ":0") == 0;
+    if (zmq_bind(sock, ep) != 0 ||
+        (ephemeral && zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, last, &len) != 0))
+        return -1;
+    pthread_mutex_lock(&s->adv_mu);
+    snprintf(replay ? r->adv_rep : r->adv, sizeof r->adv, "%s", ephemeral ? last : conf);
+    pthread_mutex_unlock(&s->adv_mu);
+    return 0;
+}
+
+/* Rank R's sockets are closed: it lists nothing until they are bound again. */
+static void unlist_rank(struct sim *s, struct rank *r)
+{
+    pthread_mutex_lock(&s->adv_mu);
+    r->adv[0] = r->adv_rep[0] = '\0';
+    pthread_mutex_unlock(&s->adv_mu);
 }
 
 static int open_sockets(struct sim *s)
@@ -2510,9 +2670,10 @@ static int open_sockets(struct sim *s)
     s->items = xcalloc(o->dp, sizeof *s->items);
     for (unsigned i = 0; i < o->dp; i++) {
         struct rank *r = &s->ranks[i];
-        if (rank_endpoint(o->endpoint, i, r->ep, sizeof r->ep) ||
-            (o->replay && rank_endpoint(o->replay, i, r->rep, sizeof r->rep))) {
-            fprintf(stderr, "kvsim: --dp-size > 1 needs endpoints ending in :PORT\n");
+        if (rank_endpoint(o->endpoint, i, o->trtllm_ranks, r->ep, sizeof r->ep) ||
+            (o->replay && rank_endpoint(o->replay, i, o->trtllm_ranks, r->rep, sizeof r->rep))) {
+            fprintf(stderr, "kvsim: --dp-size > 1 needs endpoints ending in :PORT (or "
+                            "ipc:// with --rank-naming trtllm)\n");
             return -EINVAL;
         }
         r->pub = zmq_socket(s->zctx, ZMQ_PUB);
@@ -2523,7 +2684,7 @@ static int open_sockets(struct sim *s)
             zmq_setsockopt(r->pub, ZMQ_SNDHWM, &zero, sizeof zero);
         if (o->curve_secret_file && apply_curve(o, r->pub, !o->curve_server_key))
             return -EINVAL;
-        if ((o->connect ? zmq_connect(r->pub, r->ep) : zmq_bind(r->pub, r->ep)) != 0) {
+        if ((o->connect ? zmq_connect(r->pub, r->ep) : bind_rank(s, r, r->pub, false)) != 0) {
             fprintf(stderr, "kvsim: %s %s: %s\n", o->connect ? "connect" : "bind", r->ep,
                     zmq_strerror(errno));
             return -EINVAL;
@@ -2537,7 +2698,7 @@ static int open_sockets(struct sim *s)
                 zmq_setsockopt(r->router, ZMQ_SNDHWM, &zero, sizeof zero);
             if (o->curve_secret_file && !o->curve_server_key && apply_curve(o, r->router, true))
                 return -EINVAL;
-            if (zmq_bind(r->router, r->rep) != 0) {
+            if (bind_rank(s, r, r->router, true) != 0) {
                 fprintf(stderr, "kvsim: bind %s: %s\n", r->rep, zmq_strerror(errno));
                 return -EINVAL;
             }
@@ -2575,7 +2736,7 @@ static int open_rank_sockets(struct sim *s, struct rank *r, bool pub, bool route
         const char *ep = k == 0 ? r->ep : r->rep;
         int rc = -1;
         for (int i = 0; i < 100 && rc != 0; i++) {
-            rc = k == 0 && o->connect ? zmq_connect(sk, ep) : zmq_bind(sk, ep);
+            rc = k == 0 && o->connect ? zmq_connect(sk, ep) : bind_rank(s, r, sk, k == 1);
             if (rc != 0)
                 pause_ms(20);
         }
@@ -2660,6 +2821,7 @@ static void summary(const struct sim *s, double elapsed)
 static void opts_defaults(struct opts *o)
 {
     o->endpoint = "tcp://127.0.0.1:5557";
+    o->node_ip = "127.0.0.1";
     o->topic = "";
     o->dp = 1;
     o->bs = 16;
@@ -2762,6 +2924,7 @@ int main(int argc, char **argv)
     bool interrupted = false;
 
     memset(&sim, 0, sizeof sim);
+    pthread_mutex_init(&sim.adv_mu, NULL);
     msgpack_sbuffer_init(&sim.sb);
     msgpack_packer_init(&sim.pk, &sim.sb, msgpack_sbuffer_write);
     opts_defaults(&sim.o);

@@ -304,18 +304,52 @@ static void check_tls(struct ctx *c, struct kvb_config *cfg, const struct mark *
 
 /* Every tcp:// endpoint has a port ZMQ can use: 1..65535, or * (any) for the
  * endpoint of a bind-mode source without dp_size expansion.  dp_size > 1:
- * every endpoint is tcp://HOST:PORT with room for the expansion. */
+ * every endpoint is tcp://HOST:PORT with room for the expansion, or (with
+ * rank_naming: trtllm) ipc:// or inproc://, which take a _dp{r} suffix. */
+/* sources[].discover: the engine's list gives the endpoints and topics
+ * (keys that would say otherwise are errors), in connect mode. */
+static void check_discover(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
+                           const struct mark *m)
+{
+    static const char *const listed[] = {"sources[].endpoint", "sources[].replay_endpoint",
+                                         "sources[].topic", "sources[].topics"};
+    for (size_t k = 0; k < sizeof(listed) / sizeof(listed[0]); k++) {
+        const struct mark *mk = &m[kvb_cfg_opt_index(listed[k])];
+        if (mk->set)
+            err_at(c, mk->line, mk->col,
+                   "sources[%zu].%s: the engine's list (sources[%zu].discover) gives it: leave "
+                   "it out",
+                   i, listed[k] + sizeof SRC_PREFIX, i);
+    }
+    const struct mark *mm = &m[kvb_cfg_opt_index("sources[].mode")];
+    if (s->mode == KVB_MODE_BIND && !mm->bad)
+        err_at(c, mm->line, mm->col,
+               "sources[%zu].mode: bind: with sources[%zu].discover kvbridge connects to the "
+               "listed endpoints (mode: connect)",
+               i, i);
+}
+
 void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t i,
                           const struct mark *m)
 {
-    const struct mark *msize = &m[kvb_cfg_opt_index("sources[].dp_size")];
     const struct mark *mrank = &m[kvb_cfg_opt_index("sources[].dp_rank")];
+    const struct mark *msize = &m[kvb_cfg_opt_index("sources[].dp_size")];
+    if ((uint64_t)s->dp_rank + s->dp_size - 1 > UINT32_MAX && !mrank->bad)
+        err_at(c, mrank->line, mrank->col,
+               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32 " goes past %" PRIu32, i,
+               s->dp_rank, s->dp_size, UINT32_MAX);
+    if (s->discover && s->discover[0] && !m[kvb_cfg_opt_index("sources[].discover")].bad) {
+        check_discover(c, s, i, m);
+        return;
+    }
     const struct mark *mend = &m[kvb_cfg_opt_index("sources[].endpoint")];
     const struct mark *mrep = &m[kvb_cfg_opt_index("sources[].replay_endpoint")];
     const char *eps[2] = {s->endpoint, s->replay_endpoint};
     const struct mark *ms[2] = {mend, mrep};
     const char *names[2] = {"endpoint", "replay_endpoint"};
     bool expand = s->dp_size > 1 && !msize->bad;
+    bool suffix =
+        s->rank_naming == KVB_RANKS_TRTLLM && !m[kvb_cfg_opt_index("sources[].rank_naming")].bad;
 
     for (size_t k = 0; k < 2; k++) {
         if (!eps[k] || !has_prefix(eps[k], "tcp://") || ms[k]->bad)
@@ -337,14 +371,16 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
         for (size_t k = 0; k < 2; k++) {
             if (!eps[k] || !*eps[k] || ms[k]->bad)
                 continue;
-            long port = has_prefix(eps[k], "tcp://") ? kvb_cfg_port_of(eps[k]) : -1;
-            if (port == 0)
-                continue; /* reported above */
+            bool tcp = has_prefix(eps[k], "tcp://");
+            long port = tcp ? kvb_cfg_port_of(eps[k]) : -1;
+            if (port == 0 || (!tcp && suffix))
+                continue; /* reported above; ipc://PATH_dp{r} */
             if (port < 0)
                 err_at(c, msize->line, msize->col,
                        "sources[%zu].dp_size: %" PRIu32 " needs sources[%zu].%s to be "
-                       "tcp://HOST:PORT with a numeric port",
-                       i, s->dp_size, i, names[k]);
+                       "tcp://HOST:PORT with a numeric port%s",
+                       i, s->dp_size, i, names[k],
+                       tcp ? "" : " (or rank_naming: trtllm for ipc:// and inproc://)");
             else if ((uint64_t)port + s->dp_size - 1 > 65535)
                 err_at(c, msize->line, msize->col,
                        "sources[%zu].dp_size: %" PRIu32
@@ -352,10 +388,6 @@ void kvb_cfg_check_source(struct ctx *c, const struct kvb_source_cfg *s, size_t 
                        i, s->dp_size, port, i, names[k]);
         }
     }
-    if ((uint64_t)s->dp_rank + s->dp_size - 1 > UINT32_MAX && !mrank->bad)
-        err_at(c, mrank->line, mrank->col,
-               "sources[%zu].dp_rank: %" PRIu32 " + dp_size %" PRIu32 " goes past %" PRIu32, i,
-               s->dp_rank, s->dp_size, UINT32_MAX);
 }
 
 /* ---- ZMQ CURVE keys (sources[].curve) ---------------------------------- */
@@ -689,7 +721,7 @@ static void check_worker_id_file(struct ctx *c, struct kvb_config *cfg, struct m
 }
 
 /* Every dp rank of every source is a SUB socket, plus a DEALER when the
- * source has a replay_endpoint; a CURVE ZAP handler takes one more.  They
+ * source has a replay_endpoint (or a discover list, which may give one); a CURVE ZAP handler takes one more.  They
  * all live in one ZMQ context, which refuses sockets beyond
  * ZMQ_MAX_SOCKETS_DFLT. */
 static void check_socket_count(struct ctx *c, const struct kvb_config *cfg, const struct mark *m)
@@ -698,7 +730,8 @@ static void check_socket_count(struct ctx *c, const struct kvb_config *cfg, cons
     uint64_t total = 1; /* the ZAP handler */
     for (size_t i = 0; i < cfg->n_sources; i++) {
         const struct kvb_source_cfg *s = &cfg->sources[i];
-        total += (uint64_t)s->dp_size * (s->replay_endpoint && *s->replay_endpoint ? 2 : 1);
+        bool replay = (s->replay_endpoint && *s->replay_endpoint) || (s->discover && *s->discover);
+        total += (uint64_t)s->dp_size * (replay ? 2 : 1); /* a list may name replay endpoints */
     }
     if (total > ZMQ_MAX_SOCKETS_DFLT && ms->set && !ms->bad)
         err_at(c, ms->line, ms->col,

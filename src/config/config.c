@@ -151,6 +151,8 @@ static void set_sources(struct ctx *c, const struct opt *o, const char *dpath, c
                 if ((kvb_cfg_opts[k].flags & F_INHERIT) && !smarks[k].set)
                     srcs[i].inherited |= inherit_bit(&kvb_cfg_opts[k]);
             required_missing(c, item, ipath, true, &srcs[i], smarks);
+            if (!srcs[i].endpoint && !(srcs[i].endpoint = strdup(""))) /* discover */
+                oom(c);
             kvb_cfg_check_source(c, &srcs[i], i, smarks);
             kvb_cfg_check_curve(c, &srcs[i], i, smarks);
             kvb_cfg_check_engine(c, &srcs[i], i, smarks);
@@ -224,6 +226,32 @@ static void free_topics(struct kvb_topic_cfg *t, size_t n)
     free(t);
 }
 
+/* The value of a mapping key (topics, lora_names): ~ is no map (1), a
+ * mapping of at most MAX pairs is 0 with *ENTRIES allocated for them (SIZE
+ * bytes each, zeroed); anything else is reported (-1). */
+static int map_pairs(struct ctx *c, const char *dpath, const struct node *v, size_t max,
+                     const char *keys, const char *values, const char *example, size_t size,
+                     void **entries)
+{
+    *entries = NULL;
+    if (v->kind == N_SCALAR && kvb_cfg_is_null(v))
+        return 1;
+    if (v->kind != N_MAP) {
+        err_at(c, v->line, v->col, "%s: expected a mapping of %s to %s (%s), found %s", dpath, keys,
+               values, example, kvb_cfg_kind_name(v));
+        return -1;
+    }
+    if (v->n / 2 > max) {
+        err_at(c, v->line, v->col, "%s: too many %s (more than %zu)", dpath, keys, max);
+        return -1;
+    }
+    if (!(*entries = calloc(v->n / 2 ? v->n / 2 : 1, size))) {
+        oom(c);
+        return -1;
+    }
+    return 0;
+}
+
 /* sources[].topics: a mapping of exact topics to worker ids. */
 static void set_topics(struct ctx *c, const char *dpath, const struct node *v, void *field,
                        size_t *np, struct mark *m)
@@ -233,23 +261,12 @@ static void set_topics(struct ctx *c, const char *dpath, const struct node *v, v
     size_t n = 0;
     bool bad = false;
 
-    if (v->kind == N_SCALAR && kvb_cfg_is_null(v))
+    int rc = map_pairs(c, dpath, v, MAX_TOPICS, "topics", "worker ids", "{\"kv@pod-a@llama\": 101}",
+                       sizeof *t, (void **)&t);
+    if (rc > 0)
         goto done; /* no map */
-    if (v->kind != N_MAP) {
-        err_at(c, v->line, v->col,
-               "%s: expected a mapping of topics to worker ids "
-               "({\"kv@pod-a@llama\": 101}), found %s",
-               dpath, kvb_cfg_kind_name(v));
+    if (rc < 0)
         goto fail;
-    }
-    if (v->n / 2 > MAX_TOPICS) {
-        err_at(c, v->line, v->col, "%s: too many topics (more than %d)", dpath, MAX_TOPICS);
-        goto fail;
-    }
-    if (!(t = calloc(v->n / 2 ? v->n / 2 : 1, sizeof *t))) {
-        oom(c);
-        goto fail;
-    }
     for (size_t i = 0; i + 1 < v->n; i += 2) {
         const struct node *k = v->kid[i], *val = v->kid[i + 1];
         if (k->kind == N_BAD || val->kind == N_BAD) {
@@ -310,6 +327,91 @@ fail:
     free_topics(t, n);
 }
 
+static void free_lora_names(struct kvb_lora_name_cfg *t, size_t n)
+{
+    for (size_t i = 0; t && i < n; i++)
+        free(t[i].name);
+    free(t);
+}
+
+/* Pair I of mapping V (a LoRA id and its adapter name) into *E: 0, or -1
+ * after reporting.  Its id is checked against the pairs before it. */
+static int lora_name(struct ctx *c, const char *dpath, const struct node *v, size_t i,
+                     struct kvb_lora_name_cfg *e)
+{
+    static const struct opt id_opt = {.key = "lora_id", .type = T_U64, .max = INT64_MAX};
+    const struct node *k = v->kid[i], *val = v->kid[i + 1];
+    if (k->kind == N_BAD || val->kind == N_BAD)
+        return -1;
+    if (k->kind != N_SCALAR || kvb_cfg_is_null(k)) {
+        err_at(c, k->line, k->col, "%s: a LoRA id must be a single value", dpath);
+        return -1;
+    }
+    if (kvb_cfg_conv(c, &id_opt, dpath, k->s, k->len, k->line, k->col, &e->id) < 0)
+        return -1;
+    char *ipath = kvb_cfg_asprintf(c, "%s[%" PRIu64 "]", dpath, e->id);
+    if (!ipath)
+        return -1;
+    int rc = -1;
+    uint64_t prev;
+    for (size_t j = 0; j < i; j += 2) {
+        const struct node *pk = v->kid[j];
+        if (pk->kind == N_SCALAR && kvb_cfg_parse_u64(pk->s, pk->len, &prev) == 0 &&
+            prev == e->id) {
+            err_at(c, k->line, k->col, "%s: the LoRA id is listed twice (first at %zu:%zu)", ipath,
+                   pk->line, pk->col);
+            goto out;
+        }
+    }
+    if (val->kind != N_SCALAR || kvb_cfg_is_null(val)) {
+        err_at(c, val->line, val->col, "%s: expected an adapter name, found %s", ipath,
+               val->kind == N_SCALAR ? "nothing" : kvb_cfg_kind_name(val));
+    } else if (val->len == 0) {
+        err_at(c, val->line, val->col, "%s: the name must not be empty", ipath);
+    } else if (memchr(val->s, '\0', val->len)) {
+        err_at(c, val->line, val->col, "%s: the name contains a NUL character", ipath);
+    } else if (val->len > MAX_LORA_NAME) {
+        err_at(c, val->line, val->col, "%s: the name is longer than %d bytes", ipath,
+               MAX_LORA_NAME);
+    } else if (!(e->name = strndup(val->s, val->len))) {
+        oom(c);
+    } else {
+        rc = 0;
+    }
+out:
+    free(ipath);
+    return rc;
+}
+
+/* sources[].lora_names: a mapping of LoRA ids to adapter names. */
+static void set_lora_names(struct ctx *c, const char *dpath, const struct node *v, void *field,
+                           size_t *np, struct mark *m)
+{
+    struct kvb_lora_name_cfg *t = NULL;
+    size_t n = 0;
+    bool bad = false;
+    int rc = map_pairs(c, dpath, v, MAX_LORA_NAMES, "LoRA ids", "adapter names",
+                       "{7: \"sql-lora\"}", sizeof *t, (void **)&t);
+    if (rc < 0) {
+        m->bad = true;
+        return;
+    }
+    for (size_t i = 0; rc == 0 && i + 1 < v->n; i += 2) {
+        if (lora_name(c, dpath, v, i, &t[n]) < 0)
+            bad = true;
+        else
+            n++;
+    }
+    if (bad) {
+        m->bad = true;
+        free_lora_names(t, n);
+        return;
+    }
+    free_lora_names(*(struct kvb_lora_name_cfg **)field, *np);
+    *(struct kvb_lora_name_cfg **)field = t;
+    *np = n;
+}
+
 static void set_opt(struct ctx *c, const struct opt *o, const char *dpath, const struct node *v,
                     void *base, struct mark *marks)
 {
@@ -329,6 +431,9 @@ static void set_opt(struct ctx *c, const struct opt *o, const char *dpath, const
     switch (o->type) {
     case T_SOURCES: set_sources(c, o, dpath, v, base); return;
     case T_TOPICS: set_topics(c, dpath, v, field, (size_t *)((char *)base + o->noff), m); return;
+    case T_LORA_NAMES:
+        set_lora_names(c, dpath, v, field, (size_t *)((char *)base + o->noff), m);
+        return;
     case T_STRLIST:
     case T_TIERS: set_list(c, o, dpath, v, field, (size_t *)((char *)base + o->noff), m); return;
     default: break;
@@ -434,6 +539,11 @@ static void free_fields(void *base, bool sources_scope)
             size_t *np = (size_t *)((char *)base + o->noff);
             free_topics(*(struct kvb_topic_cfg **)field, *np);
             *(struct kvb_topic_cfg **)field = NULL;
+            *np = 0;
+        } else if (o->type == T_LORA_NAMES) {
+            size_t *np = (size_t *)((char *)base + o->noff);
+            free_lora_names(*(struct kvb_lora_name_cfg **)field, *np);
+            *(struct kvb_lora_name_cfg **)field = NULL;
             *np = 0;
         } else if (o->type == T_SOURCES) {
             size_t *np = (size_t *)((char *)base + o->noff);

@@ -130,17 +130,19 @@ bool kvb_cfg_is_null(const struct node *n);
 /* ---- the table (table.c) ----------------------------------------- */
 
 enum otype {
-    T_U64,       /* uint64_t, decimal */
-    T_U32,       /* uint32_t, decimal */
-    T_BOOL,      /* bool: true | false */
-    T_STR,       /* char *, "" allowed */
-    T_ENUM,      /* int: index into values[] */
-    T_STRLIST,   /* char ** + size_t count at noff */
-    T_TIERS,     /* uint32_t bitmask of 1u << enum kvb_tier */
-    T_BLOCKSIZE, /* uint32_t, integer in min..max or "auto" -> 0 */
-    T_SOURCES,   /* struct kvb_source_cfg * + size_t count at noff */
-    T_TOPICS,    /* struct kvb_topic_cfg * + size_t count at noff: a mapping of
+    T_U64,        /* uint64_t, decimal */
+    T_U32,        /* uint32_t, decimal */
+    T_BOOL,       /* bool: true | false */
+    T_STR,        /* char *, "" allowed */
+    T_ENUM,       /* int: index into values[] */
+    T_STRLIST,    /* char ** + size_t count at noff */
+    T_TIERS,      /* uint32_t bitmask of 1u << enum kvb_tier */
+    T_BLOCKSIZE,  /* uint32_t, integer in min..max or "auto" -> 0 */
+    T_SOURCES,    /* struct kvb_source_cfg * + size_t count at noff */
+    T_TOPICS,     /* struct kvb_topic_cfg * + size_t count at noff: a mapping of
                   * exact topics (keys) to worker ids (u64 values) */
+    T_LORA_NAMES, /* struct kvb_lora_name_cfg * + size_t count at noff: a mapping
+                   * of LoRA ids (decimal keys) to adapter names */
 };
 
 #define F_REQUIRED 1u /* no default: absent is an error; def is the example's value */
@@ -199,8 +201,10 @@ static inline bool is_engine_key(const struct opt *o)
     return strncmp(o->key, ENGINE_PREFIX, sizeof ENGINE_PREFIX - 1) == 0;
 }
 
-#define MAX_TOPICS 64     /* sources[].topics entries (source.c: 64 streams a source) */
-#define MAX_TOPIC_LEN 255 /* bytes of one topic (source.c: MAX_TOPIC - 1) */
+#define MAX_TOPICS 64       /* sources[].topics entries (source.c: 64 streams a source) */
+#define MAX_LORA_NAMES 1024 /* sources[].lora_names entries */
+#define MAX_LORA_NAME 255   /* bytes of one adapter name */
+#define MAX_TOPIC_LEN 255   /* bytes of one topic (source.c: MAX_TOPIC - 1) */
 
 /* opts[] of table.c and its row count. */
 extern const struct opt *const kvb_cfg_opts;

@@ -48,6 +48,18 @@ static bool field_eq(const struct opt *o, const void *a_base, const void *b_base
                 return false;
         return true;
     }
+    case T_LORA_NAMES: {
+        size_t na = *(const size_t *)((const char *)a_base + o->noff);
+        size_t nb = *(const size_t *)((const char *)b_base + o->noff);
+        const struct kvb_lora_name_cfg *la = *(struct kvb_lora_name_cfg *const *)a;
+        const struct kvb_lora_name_cfg *lb = *(struct kvb_lora_name_cfg *const *)b;
+        if (na != nb)
+            return false;
+        for (size_t i = 0; i < na; i++)
+            if (la[i].id != lb[i].id || strcmp(la[i].name, lb[i].name) != 0)
+                return false;
+        return true;
+    }
     case T_SOURCES: {
         size_t na = *(const size_t *)((const char *)a_base + o->noff);
         size_t nb = *(const size_t *)((const char *)b_base + o->noff);

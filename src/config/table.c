@@ -17,6 +17,7 @@
 #define SRC(f, T) _Generic(((struct kvb_source_cfg *)0)->f, T : offsetof(struct kvb_source_cfg, f))
 
 static const char *const mode_values[] = {"connect", "bind", NULL};
+static const char *const rank_naming_values[] = {"port", "trtllm", NULL}; /* enum kvb_rank_naming */
 static const char *const format_values[] = {"dynamo-json", "dynamo-msgpack", "raw", NULL};
 static const char *const level_values[] = {"error", "warn", "info", "debug", NULL};
 static const char *const retention_values[] = {"limits", "interest", "workqueue", NULL};
@@ -78,7 +79,22 @@ static const struct opt opts[] = {
      .help = "The engine event streams (ZMQ PUB sockets): a list of one or more."},
     {.key = "sources[].endpoint", .type = T_STR, .off = SRC(endpoint, char *),
      .def = "tcp://127.0.0.1:5557", .flags = F_REQUIRED | R, .check = check_endpoint,
+     .alt = "sources[].discover",
      .help = "The engine's event endpoint: tcp://, ipc:// or inproc://."},
+    {.key = "sources[].discover", .type = T_STR, .off = SRC(discover, char *), .def = "",
+     .flags = R, .check = check_http_url,
+     .help = "Instead of endpoint: the engine's HTTP address (http://HOST:PORT; a URL "
+             "with a path is used as it is, else /kv_event_sources is asked), whose list "
+             "of event sources (vLLM's GET /kv_event_sources) gives each data-parallel "
+             "rank's endpoint, replay endpoint and topic: for an engine that binds "
+             "ephemeral ports (tcp://*:0), which change at every restart. kvbridge reads "
+             "the list at start, again whenever a rank's connection is lost or down or "
+             "the engine's liveness changes (with a backoff up to 5 s while it cannot "
+             "be read or a rank stays down), connects to ranks dp_rank .. dp_rank + "
+             "dp_size - 1, and replaces the source of a rank whose endpoint changed "
+             "(a restart barrier, then the new stream from its replay), without a "
+             "reload; /readyz is 503 until the list was read. Connect mode only; "
+             "endpoint, replay_endpoint, topic and topics are then left out. \"\" = none."},
     {.key = "sources[].replay_endpoint", .type = T_STR,
      .off = SRC(replay_endpoint, char *), .def = "", .flags = R,
      .check = check_opt_endpoint,
@@ -92,12 +108,18 @@ static const struct opt opts[] = {
     {.key = "sources[].dp_size", .type = T_U32, .off = SRC(dp_size, uint32_t),
      .def = "1", .min = 1, .max = 65535, .flags = R,
      .help = "Data-parallel ranks behind this source. N > 1 expands endpoint and "
-             "replay_endpoint (both then tcp:// with a numeric port) to ports "
-             "base+0 .. base+N-1."},
+             "replay_endpoint to N endpoints, named as rank_naming says (by default "
+             "tcp:// with a numeric port: ports base+0 .. base+N-1)."},
     {.key = "sources[].dp_rank", .type = T_U32, .off = SRC(dp_rank, uint32_t),
      .def = "0", .min = 0, .max = UINT32_MAX, .flags = R,
      .help = "dp_rank used when a batch carries none (with dp_size > 1: the rank "
              "of the first port of the expansion)."},
+    {.key = "sources[].rank_naming", .type = T_ENUM, .off = SRC(rank_naming, int),
+     .def = "port", .values = rank_naming_values, .flags = R,
+     .help = "How dp_size > 1 names rank r's endpoint and replay_endpoint: port = "
+             "tcp://HOST:PORT+r (vLLM, SGLang); trtllm = TensorRT-LLM's naming: ipc://PATH "
+             "for rank 0, ipc://PATH_dp1, ipc://PATH_dp2, ... for the others (inproc:// "
+             "likewise), tcp:// as port."},
     {.key = "sources[].rcvhwm", .type = T_U32, .off = SRC(rcvhwm, uint32_t),
      .def = "10000", .min = 0, .max = I32MAX, .flags = R,
      .help = "ZMQ_RCVHWM of the SUB socket, in batches (0 = no limit). Batches "
@@ -140,6 +162,17 @@ static const struct opt opts[] = {
      .def = "~", .values = tier_values, .flags = R | F_WORKER | F_INHERIT,
      .help = "forward_tiers for this engine's events; ~ (or absent) = the top-level "
              "forward_tiers."},
+    {.key = "sources[].lora_names", .type = T_LORA_NAMES,
+     .off = SRC(lora_names, struct kvb_lora_name_cfg *), .noff = SRC(n_lora_names, size_t),
+     .def = "", .flags = R | F_WORKER,
+     .help = "The LoRA adapter names of the ids this engine sends: a mapping of lora_id "
+             "(0..9223372036854775807) to the name the router knows the adapter by, such "
+             "as {7: \"sql-lora\"}. A BlockStored with a lora_id and no lora_name "
+             "(TensorRT-LLM sends only the id) is salted with the mapped name, as if the "
+             "engine had sent it; an id not listed is counted "
+             "(kvbridge_stores_unsalted_total{reason=\"unmapped_lora_id\"}), logged once, "
+             "and published without the LoRA salt. At most 1024 ids, each name at most 255 "
+             "bytes. {} = none."},
     {.key = "sources[].topics", .type = T_TOPICS,
      .off = SRC(topics, struct kvb_topic_cfg *), .noff = SRC(n_topics, size_t), .def = "",
      .flags = R, /* a change reopens the source */

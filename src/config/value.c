@@ -180,7 +180,8 @@ int kvb_cfg_apply_defaults(struct ctx *c, void *base, bool sources_scope)
         const struct opt *o = &kvb_cfg_opts[i];
         void *field = (char *)base + o->off;
         if (in_sources(o) != sources_scope || (o->flags & (F_REQUIRED | F_INHERIT)) ||
-            o->type == T_TOPICS) /* inherited after the walk; an empty map (calloc) */
+            o->type == T_TOPICS || o->type == T_LORA_NAMES) /* inherited after the walk; an
+                                                              * empty map (calloc) */
             continue;
         if (o->type == T_STRLIST || o->type == T_TIERS) {
             /* comma-separated */

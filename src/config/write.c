@@ -68,7 +68,8 @@ static void put_value(FILE *f, const struct opt *o)
         return;
     }
     switch (o->type) {
-    case T_TOPICS: fputs("{}", f); break;
+    case T_TOPICS:
+    case T_LORA_NAMES: fputs("{}", f); break;
     case T_STR: put_quoted(f, o->def, strlen(o->def)); break;
     case T_STRLIST:
     case T_TIERS: {
@@ -280,6 +281,17 @@ static void put_effective(FILE *f, const struct opt *o, const void *base)
             fputs(i ? ", " : "", f);
             put_quoted(f, t[i].topic, strlen(t[i].topic));
             fprintf(f, ": %" PRIu64, t[i].worker_id);
+        }
+        fputc('}', f);
+        break;
+    }
+    case T_LORA_NAMES: {
+        const struct kvb_lora_name_cfg *t = *(struct kvb_lora_name_cfg *const *)field;
+        size_t n = *(const size_t *)((const char *)base + o->noff);
+        fputc('{', f);
+        for (size_t i = 0; i < n; i++) {
+            fprintf(f, "%s%" PRIu64 ": ", i ? ", " : "", t[i].id);
+            put_quoted(f, t[i].name, strlen(t[i].name));
         }
         fputc('}', f);
         break;

@@ -5,11 +5,13 @@
  *   turn.c    one turn of the loop: poll, read, tick, flush, gauges
  *   reload.c  SIGHUP: a new configuration, committed whole or not at all
  *   stop.c    the drain at shutdown, and freeing everything
+ *   follow.c  the sources an engine lists (sources[].discover): the list read,
+ *             its ranks opened, replaced when their endpoints change
  *   sources.c the sources a configuration asks for (the steps above share it)
  *   save.c    the cursors (and the mirror) saved to state.dir, loaded at start
  *   repair.c  losses on the NATS side repaired from the residency mirror
  * The calls between these files run one way: loop.c -> start/turn/reload/
- * stop -> sources/save/repair (make lint-graph).
+ * stop -> follow -> sources/save/repair (make lint-graph).
  * The loop thread owns all of it.  The data path is not the daemon's: a
  * turn reads the sources, whose batches go through the rules, the pipeline
  * and the publish stage to the sink.
@@ -47,6 +49,9 @@ struct kvb_stats;
 struct kvb_state;
 struct kvb_source;
 struct kvb_worker_cfg;
+struct kvb_srclist;
+struct kvb_srclist_list;
+struct kvb_srclist_entry;
 
 /* Where a running source comes from: its sources[] entry (in the config
  * that built it) and its offset in that entry's dp_size expansion.  A reload
@@ -63,6 +68,7 @@ enum kvb_daemon_poll {
     KVB_POLL_WAKE,    /* the eventfd nats.c's callbacks and the query hub write */
     KVB_POLL_ZAP,     /* the ZAP handler's socket */
     KVB_POLL_ENGINES, /* the engines' scrape results */
+    KVB_POLL_LISTS,   /* the engines' lists of their sources (sources[].discover) */
     KVB_POLL__FIXED
 };
 enum kvb_daemon_src_poll {
@@ -70,6 +76,25 @@ enum kvb_daemon_src_poll {
     KVB_POLL_REPLAY,  /* replay replies (while a replay runs) */
     KVB_POLL_MONITOR, /* the SUB's connection events */
     KVB_POLL__PER_SOURCE
+};
+
+/* A sources[] entry with discover: its engine's list and what became of
+ * it (follow.c).  Its ranks are the slots first .. first + dp_size - 1 of
+ * d->src, NULL while not open. */
+struct follow {
+    const struct kvb_source_cfg *sc; /* in d->cfg */
+    size_t first;
+    struct kvb_srclist_list *list; /* the last list read; NULL: none yet (not ready) */
+    bool asked;                    /* a read is under way */
+    bool *opened;                  /* per rank: opened since this state was made (once:
+                                    * from d->resume; later: a new stream) */
+    bool *failed;                  /* per rank: its listed endpoint did not open (until
+                                    * the next list) */
+    uint64_t next_ms;              /* while a rank is down: no read asked before */
+    uint32_t backoff_ms;
+    uint64_t live_seen; /* kvb_engines_liveness_changes() already acted on */
+    uint64_t fails;     /* reads failed in a row */
+    struct kvb_ratelimit rl;
 };
 
 struct kvb_daemon {
@@ -83,12 +108,15 @@ struct kvb_daemon {
     struct kvb_discovery *disc; /* discovery.etcd: EventSource records; NULL when off */
     bool held_back;             /* discovery: a pair is not registered yet: do not read */
     struct kvb_http *http;
-    struct kvb_mirror *res;   /* the residency mirror and its queries */
-    struct kvb_recovery *rec; /* discovery.recovery: Dynamo's recovery query; NULL when off */
-    struct kvb_engines *eng;  /* sources[].engine: load and liveness (engine.h) */
-    struct kvb_stats *stats;  /* log.stats_interval_s (stats.h) */
-    uint64_t heartbeat_ms;    /* loop wake-up period */
-    uint64_t watchdog_ms;     /* WATCHDOG=1 period (0: no systemd watchdog) */
+    struct kvb_mirror *res;    /* the residency mirror and its queries */
+    struct kvb_recovery *rec;  /* discovery.recovery: Dynamo's recovery query; NULL when off */
+    struct kvb_engines *eng;   /* sources[].engine: load and liveness (engine.h) */
+    struct kvb_srclist *lists; /* sources[].discover: the engines' lists (srclist.h) */
+    struct follow *fl;         /* one per entry with discover */
+    size_t n_fl;
+    struct kvb_stats *stats; /* log.stats_interval_s (stats.h) */
+    uint64_t heartbeat_ms;   /* loop wake-up period */
+    uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
     bool paused;              /* backpressure: NATS buffer too full to read more */
     uint64_t paused_since;    /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
@@ -147,21 +175,44 @@ int kvb_daemon_stop(struct kvb_daemon *d);
 /* Free everything (a half-built daemon too) and d itself. */
 void kvb_daemon_free(struct kvb_daemon *d);
 
+/* ---- follow.c ----------------------------------------------------------- */
+
+/* The entries of d->cfg with discover, their lists asked for (d->src
+ * built).  0 or a negative errno. */
+int kvb_daemon_follow_start(struct kvb_daemon *d);
+/* After a reload's commit (d->cfg and d->src are the new ones): the same,
+ * an entry whose engine is unchanged keeping its list.  Cannot fail the
+ * reload: on an error the lists are not read (logged). */
+void kvb_daemon_follow_reload(struct kvb_daemon *d);
+/* A turn's part, once nothing else uses the poll set: the lists read
+ * (LISTS: its fd polled readable), every rank opened on, or moved to, its
+ * listed endpoint, the lists asked for again where a rank is down. */
+void kvb_daemon_follow_turn(struct kvb_daemon *d, bool lists, uint64_t now_ms);
+/* Milliseconds until kvb_daemon_follow_turn() wants to ask again, or -1. */
+long kvb_daemon_follow_deadline(const struct kvb_daemon *d, uint64_t now_ms);
+void kvb_daemon_follow_stop(struct kvb_daemon *d);
+
 /* ---- sources.c ---------------------------------------------------------- */
 
 /* The worker a sources[] entry's router events are for (issue 17). */
 struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc);
 /* WORKER_ID is one that configuration C publishes for. */
 bool kvb_daemon_configured_worker(const struct kvb_config *c, uint64_t worker_id);
-/* Open source r of entry sc of configuration c. */
+/* Open source r of entry sc of configuration c (not for an entry with
+ * discover: see kvb_daemon_open_listed()). */
 int kvb_daemon_open_source(struct kvb_daemon *d, const struct kvb_config *c,
                            const struct kvb_source_cfg *sc, uint32_t r, struct kvb_source **out);
+/* Open rank r of entry sc (discover, in d->cfg) on the endpoints its
+ * engine lists in E; from d->resume when RESUME. */
+int kvb_daemon_open_listed(struct kvb_daemon *d, const struct kvb_source_cfg *sc, uint32_t r,
+                           const struct kvb_srclist_entry *e, bool resume, struct kvb_source **out);
 /* Close every non-NULL source of v[0..n) and free the arrays. */
 void kvb_daemon_destroy_sources(struct kvb_source ***v, struct src_origin **from, size_t *n);
 /* The sources of configuration c, into fresh arrays.  With `reuse`, a source
  * whose entry is unchanged is moved over from the running ones (d->src[k]
  * becomes NULL, lent[i] = k + 1, so that kvb_daemon_lend_back() can undo
- * it); the others are opened.  On failure everything this call opened is
+ * it); the others are opened, but for entries with discover (NULL: follow.c
+ * opens them from the engine's list).  On failure everything this call opened is
  * closed and every moved source is given back. */
 int kvb_daemon_build_sources(struct kvb_daemon *d, const struct kvb_config *c, bool reuse,
                              struct kvb_source ***out, struct src_origin **from_out, size_t *n_out,

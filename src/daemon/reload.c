@@ -91,7 +91,7 @@ static void reopen_closed(struct kvb_daemon *d)
 {
     int rc = 0;
     for (size_t k = 0; rc >= 0 && k < d->n_src; k++) {
-        if (d->src[k])
+        if (d->src[k] || d->src_from[k].sc->discover[0]) /* listed: follow.c reopens it */
             continue;
         rc = kvb_daemon_open_source(d, d->cfg, d->src_from[k].sc, d->src_from[k].r, &d->src[k]);
         for (int i = 0; i < 40 && rc == -EADDRINUSE; i++) {
@@ -189,7 +189,8 @@ static size_t commit_sources(struct kvb_daemon *d, struct staged *st)
     }
     for (size_t k = 0; k < d->n_src; k++) { /* the worker keys do not reopen a source */
         struct kvb_worker_cfg w = kvb_daemon_worker_of(d->src_from[k].sc);
-        kvb_source_set_worker(d->src[k], &w);
+        if (d->src[k])
+            kvb_source_set_worker(d->src[k], &w);
     }
     return kept;
 }
@@ -220,8 +221,10 @@ static void commit(struct kvb_daemon *d, struct staged *st)
         d->eng = ne;
     }
     kvb_stats_set_interval(d->stats, nc->log.stats_interval_s);
-    kvb_config_free(&d->cfg);
+    struct kvb_config *oc = d->cfg;
     d->cfg = nc;
+    kvb_daemon_follow_reload(d); /* from the old entries, into the new */
+    kvb_config_free(&oc);
     kvb_mirror_reconfigure(d->res, nc);
     kvb_log_set_level(nc->log.level);
     if (st->src)

@@ -94,11 +94,13 @@ void kvb_daemon_repair_all(struct kvb_daemon *d, int cause)
 {
     struct pairs ps = {.d = d};
     for (size_t i = 0; i < d->n_src; i++)
-        kvb_source_foreach_stream(d->src[i], stream_pairs, &ps);
+        if (d->src[i]) /* NULL: a listed rank not open */
+            kvb_source_foreach_stream(d->src[i], stream_pairs, &ps);
     if (ps.err < 0) /* never a pair without its barrier: one per stream */
         kvb_err("main", "repair: %s: a \"cleared\" for every stream instead", strerror(-ps.err));
     for (size_t i = 0; ps.err < 0 && i < d->n_src; i++)
-        kvb_source_barrier_all(d->src[i], cause);
+        if (d->src[i])
+            kvb_source_barrier_all(d->src[i], cause);
     for (size_t i = 0; ps.err == 0 && i < ps.n; i++) {
         int rc = kvb_daemon_repair_pair(d, ps.v[i].worker_id, ps.v[i].dp_rank, cause);
         if (rc < 0)

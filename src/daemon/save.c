@@ -40,7 +40,8 @@ struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d)
         kvb_state_add_counter(st, &ids[i]);
     free(ids);
     for (size_t i = 0; i < d->n_src; i++)
-        kvb_source_foreach_stream(d->src[i], add_stream, st);
+        if (d->src[i]) /* NULL: a listed rank not open */
+            kvb_source_foreach_stream(d->src[i], add_stream, st);
     return st;
 }
 

@@ -11,6 +11,7 @@
 #include "pipeline.h"
 #include "sink.h"
 #include "source.h"
+#include "srclist.h"
 #include "state.h"
 
 /* ---- sources ------------------------------------------------------------ */
@@ -25,7 +26,12 @@ int kvb_daemon_publish_load(void *ctx, const char *subject, const void *data, si
 /* The worker a sources[] entry's router events are for (issue 17). */
 struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc)
 {
-    return (struct kvb_worker_cfg){sc->worker_id, sc->block_size, sc->lora_salt, sc->forward_tiers};
+    return (struct kvb_worker_cfg){.worker_id = sc->worker_id,
+                                   .block_size = sc->block_size,
+                                   .lora_salt = sc->lora_salt,
+                                   .forward_tiers = sc->forward_tiers,
+                                   .lora_names = sc->lora_names,
+                                   .n_lora_names = sc->n_lora_names};
 }
 
 /* WORKER_ID is one that configuration C publishes for. */
@@ -54,46 +60,63 @@ void kvb_daemon_destroy_sources(struct kvb_source ***v, struct src_origin **from
     *n = 0;
 }
 
+/* Open source r of entry sc of configuration c on these endpoints and
+ * topic, resuming from RESUME (may be NULL). */
+static int open_at(struct kvb_daemon *d, const struct kvb_config *c,
+                   const struct kvb_source_cfg *sc, uint32_t r, const char *ep, const char *rep,
+                   const char *topic, const struct kvb_state *resume, struct kvb_source **out)
+{
+    struct kvb_worker_cfg w = kvb_daemon_worker_of(sc);
+    struct kvb_source_params p = {.endpoint = ep,
+                                  .replay_endpoint = rep,
+                                  .topic = topic,
+                                  .mode = sc->mode,
+                                  .dp_rank = sc->dp_rank + r,
+                                  .rcvhwm = sc->rcvhwm,
+                                  .reconnect_max_ms = sc->reconnect_max_ms,
+                                  .max_peers = sc->max_peers,
+                                  .replay_timeout_ms = c->replay.timeout_ms,
+                                  .max_payload_bytes = c->limits.max_payload_bytes,
+                                  .resume = resume,
+                                  .curve = &sc->curve,
+                                  .zap = d->zap,
+                                  .worker = &w,
+                                  .topics = sc->topics,
+                                  .n_topics = sc->n_topics,
+                                  .pipeline = d->pipe};
+    int rc = kvb_source_create(d->zctx, &p, &d->m, out);
+    char who[64];
+    if (sc->n_topics)
+        snprintf(who, sizeof who, "%zu topics mapped to worker ids", sc->n_topics);
+    else
+        snprintf(who, sizeof who, "worker_id %llu", (unsigned long long)sc->worker_id);
+    if (rc == 0)
+        kvb_info("source", "%s %s (dp_rank %u%s%s): %s%s%s",
+                 sc->mode == KVB_MODE_BIND ? "bound" : "connecting to", ep, p.dp_rank,
+                 rep[0] ? ", replay " : "", rep, who, sc->discover[0] ? ", listed by " : "",
+                 sc->discover);
+    return rc;
+}
+
 int kvb_daemon_open_source(struct kvb_daemon *d, const struct kvb_config *c,
                            const struct kvb_source_cfg *sc, uint32_t r, struct kvb_source **out)
 {
     char *ep = NULL, *rep = NULL;
-    int rc = kvb_endpoint_with_offset(sc->endpoint, r, &ep);
+    int rc = kvb_endpoint_of_rank(sc->endpoint, sc->rank_naming, r, &ep);
     if (rc == 0)
-        rc = kvb_endpoint_with_offset(sc->replay_endpoint, r, &rep);
-    if (rc == 0) {
-        struct kvb_worker_cfg w = kvb_daemon_worker_of(sc);
-        struct kvb_source_params p = {.endpoint = ep,
-                                      .replay_endpoint = rep,
-                                      .topic = sc->topic,
-                                      .mode = sc->mode,
-                                      .dp_rank = sc->dp_rank + r,
-                                      .rcvhwm = sc->rcvhwm,
-                                      .reconnect_max_ms = sc->reconnect_max_ms,
-                                      .max_peers = sc->max_peers,
-                                      .replay_timeout_ms = c->replay.timeout_ms,
-                                      .max_payload_bytes = c->limits.max_payload_bytes,
-                                      .resume = d->resume,
-                                      .curve = &sc->curve,
-                                      .zap = d->zap,
-                                      .worker = &w,
-                                      .topics = sc->topics,
-                                      .n_topics = sc->n_topics,
-                                      .pipeline = d->pipe};
-        rc = kvb_source_create(d->zctx, &p, &d->m, out);
-        char who[64];
-        if (sc->n_topics)
-            snprintf(who, sizeof who, "%zu topics mapped to worker ids", sc->n_topics);
-        else
-            snprintf(who, sizeof who, "worker_id %llu", (unsigned long long)sc->worker_id);
-        if (rc == 0)
-            kvb_info("source", "%s %s (dp_rank %u%s%s): %s",
-                     sc->mode == KVB_MODE_BIND ? "bound" : "connecting to", ep, p.dp_rank,
-                     rep[0] ? ", replay " : "", rep, who);
-    }
+        rc = kvb_endpoint_of_rank(sc->replay_endpoint, sc->rank_naming, r, &rep);
+    if (rc == 0)
+        rc = open_at(d, c, sc, r, ep, rep, sc->topic, d->resume, out);
     free(ep);
     free(rep);
     return rc;
+}
+
+int kvb_daemon_open_listed(struct kvb_daemon *d, const struct kvb_source_cfg *sc, uint32_t r,
+                           const struct kvb_srclist_entry *e, bool resume, struct kvb_source **out)
+{
+    return open_at(d, d->cfg, sc, r, e->endpoint, e->replay_endpoint, e->topic,
+                   resume ? d->resume : NULL, out);
 }
 
 /* The running source that a new entry (sc, r) of configuration c can take
@@ -145,7 +168,7 @@ int kvb_daemon_build_sources(struct kvb_daemon *d, const struct kvb_config *c, b
                 v[n] = d->src[k];
                 d->src[k] = NULL;
                 lent[n] = (size_t)k + 1;
-            } else {
+            } else if (!sc->discover[0]) { /* else: opened from the engine's list */
                 rc = kvb_daemon_open_source(d, c, sc, r, &v[n]);
             }
         }

@@ -123,7 +123,8 @@ static int start_sources(struct kvb_daemon *d)
     return 0;
 }
 
-/* The metrics listener (and the query API on it), the engines, the stats. */
+/* The metrics listener (and the query API on it), the engines, the stats,
+ * the engines' lists of their sources (sources[].discover). */
 static int start_ops(struct kvb_daemon *d)
 {
     int rc;
@@ -139,8 +140,12 @@ static int start_ops(struct kvb_daemon *d)
         kvb_err("engine", "cannot watch the engines: %s", strerror(-rc));
         return rc;
     }
-    if ((rc = kvb_stats_create(&d->m, d->cfg->log.stats_interval_s, &d->stats)) < 0)
+    if ((rc = kvb_stats_create(&d->m, d->cfg->log.stats_interval_s, &d->stats)) < 0) {
         kvb_err("main", "stats: %s", strerror(-rc));
+        return rc;
+    }
+    if ((rc = kvb_daemon_follow_start(d)) < 0) /* after the engines: their liveness */
+        kvb_err("source", "cannot read the engines' lists of their sources: %s", strerror(-rc));
     return rc;
 }
 

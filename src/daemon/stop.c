@@ -81,6 +81,7 @@ void kvb_daemon_free(struct kvb_daemon *d)
 {
     kvb_mirror_close(d->res);
     kvb_http_stop(&d->http);
+    kvb_daemon_follow_stop(d);
     kvb_engines_destroy(&d->eng); /* before the metrics and sources it writes */
     kvb_stats_destroy(&d->stats);
     free(d->items);

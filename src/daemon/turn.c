@@ -22,6 +22,7 @@
 #include "publish.h"
 #include "sink.h"
 #include "source.h"
+#include "srclist.h"
 #include "stats.h"
 #include "zap.h"
 
@@ -164,6 +165,8 @@ static void update_gauges(struct kvb_daemon *d)
     size_t n_held = 0;
     bool busy = paused || held || (limit > 0 && pending >= limit / 4);
     for (size_t i = 0; i < d->n_src; i++) {
+        if (!d->src[i])
+            continue;
         n_held += kvb_source_held(d->src[i]);
         busy |= kvb_source_busy(d->src[i]);
     }
@@ -175,10 +178,10 @@ static void update_gauges(struct kvb_daemon *d)
     kvb_set(&d->m.live_held_batches[0], n_held);
     kvb_set(&d->m.live_held_ms, held_ms);
     kvb_set(&d->m.paused_ms, paused_ms);
-    kvb_set(&d->m.ready[0], d->n_src > 0 && kvb_sink_connected(d->sink) &&
-                                kvb_get(&d->m.engines_gone[0]) == 0 &&
-                                kvb_publish_registered(d->out) && held_ms <= READY_GRACE_MS &&
-                                paused_ms <= READY_GRACE_MS && !d->save_failing);
+    kvb_set(&d->m.ready[0],
+            d->n_src > 0 && kvb_sink_connected(d->sink) && kvb_get(&d->m.engines_gone[0]) == 0 &&
+                kvb_get(&d->m.source_lists_unread[0]) == 0 && kvb_publish_registered(d->out) &&
+                held_ms <= READY_GRACE_MS && paused_ms <= READY_GRACE_MS && !d->save_failing);
     kvb_mirror_gauges(d->res);
     kvb_daemon_save_done(d);
 }
@@ -219,7 +222,8 @@ static bool holding_back(struct kvb_daemon *d, uint64_t now)
     } else if (!hold && d->hold_since) {
         /* replies were not read meanwhile: not the engine's time */
         for (size_t i = 0; i < d->n_src; i++)
-            kvb_source_resume(d->src[i], now - d->hold_since, now);
+            if (d->src[i])
+                kvb_source_resume(d->src[i], now - d->hold_since, now);
         d->hold_since = 0;
     }
     return hold;
@@ -242,6 +246,7 @@ static long arm(struct kvb_daemon *d, uint64_t now, bool hold)
     d->items[KVB_POLL_WAKE] = fd_item(d->wakefd);
     d->items[KVB_POLL_ZAP] = sock_item(kvb_zap_socket(d->zap));
     d->items[KVB_POLL_ENGINES] = fd_item(kvb_engines_fd(d->eng));
+    d->items[KVB_POLL_LISTS] = fd_item(kvb_srclist_fd(d->lists));
     long timeout = hold ? PAUSED_POLL_MS : (long)d->heartbeat_ms;
     if (d->watchdog_ms) { /* wake in time for the next WATCHDOG=1 */
         uint64_t due = d->last_watchdog + d->watchdog_ms;
@@ -252,12 +257,20 @@ static long arm(struct kvb_daemon *d, uint64_t now, bool hold)
     long rw = kvb_daemon_repair_wait(d, now); /* a repair under way goes on */
     if (rw >= 0 && rw < timeout)
         timeout = rw;
+    long t = kvb_daemon_follow_deadline(d, now);
+    if (t >= 0 && t < timeout)
+        timeout = t;
     for (size_t i = 0; i < d->n_src; i++) {
         struct kvb_source *s = d->src[i];
+        if (!s) { /* a listed rank not open: nothing to poll */
+            for (int k = 0; k < KVB_POLL__PER_SOURCE; k++)
+                *src_item(d, i, k) = sock_item(NULL);
+            continue;
+        }
         *src_item(d, i, KVB_POLL_SUB) = sock_item(hold ? NULL : kvb_source_sub(s));
         *src_item(d, i, KVB_POLL_REPLAY) = sock_item(hold ? NULL : kvb_source_replay(s));
         *src_item(d, i, KVB_POLL_MONITOR) = sock_item(kvb_source_monitor(s));
-        long t = hold ? -1 : kvb_source_next_deadline(s, now);
+        t = hold ? -1 : kvb_source_next_deadline(s, now);
         if (t >= 0 && t < timeout)
             timeout = t;
     }
@@ -273,6 +286,8 @@ static void read_sources(struct kvb_daemon *d, bool hold)
     int rc;
     for (size_t i = 0; i < d->n_src; i++) {
         struct kvb_source *s = d->src[i];
+        if (!s)
+            continue;
         if (ready(src_item(d, i, KVB_POLL_MONITOR)))
             kvb_source_read_monitor(s);
         if (ready(src_item(d, i, KVB_POLL_REPLAY)) && (rc = kvb_source_read_replay(s)) < 0)
@@ -318,6 +333,8 @@ int kvb_daemon_turn(struct kvb_daemon *d)
         kvb_engines_on_ready(d->eng, d->src, d->n_src, kvb_mono_ms(), d->paused);
     nats_losses(d);
     kvb_daemon_repair_step(d, kvb_mono_ms());
+    /* last: it may replace sources (the poll set is not used again) */
+    kvb_daemon_follow_turn(d, ready(&d->items[KVB_POLL_LISTS]), kvb_mono_ms());
     update_gauges(d);
     kvb_stats_tick(d->stats, kvb_mono_ms());
     kvb_daemon_save_state(d, false);

@@ -27,15 +27,17 @@ struct eng_rank {
 };
 
 struct eng {
-    char *name;     /* the entry's endpoint, for log lines */
-    char *endpoint; /* the same, unexpanded (names of ranks >= dp_size) */
+    char *name;     /* the entry's endpoint (or discover URL), for log lines */
+    char *endpoint; /* the endpoint, unexpanded (names of ranks >= dp_size); "" with discover */
     size_t first;   /* the loop's index of the entry's first source */
     uint32_t dp_size, base_rank, dead_after_ms;
+    int rank_naming;    /* the entry's (enum kvb_rank_naming) */
     uint64_t worker_id; /* the entry's (sources[].worker_id): its load messages' */
     uint64_t last_batch_ms;
     uint64_t rounds, failed; /* counted into the metrics so far */
     uint64_t load_ms;        /* load_ms of the last page used */
     struct kvb_liveness live;
+    uint64_t changes; /* liveness judgements: gone, back */
     struct eng_rank *ranks;
     uint32_t n_ranks, cap_ranks;
 };
@@ -76,7 +78,9 @@ static struct kvb_engine_slot *slot_of(struct kvb_engines *x, const struct eng *
 {
     char *ep = NULL;
     struct kvb_engine_slot *s = NULL;
-    if (k < e->dp_size && kvb_endpoint_with_offset(e->endpoint, k, &ep) == 0)
+    if (!e->endpoint[0]) /* discover: the ranks' endpoints come and go */
+        s = kvb_metrics_engine_slot(x->m, e->name, dp_rank);
+    else if (k < e->dp_size && kvb_endpoint_of_rank(e->endpoint, e->rank_naming, k, &ep) == 0)
         s = kvb_metrics_engine_slot(x->m, ep, dp_rank);
     else
         s = kvb_metrics_engine_slot(x->m, e->endpoint, dp_rank);
@@ -174,12 +178,13 @@ int kvb_engines_create(const struct kvb_config *c, struct kvb_metrics *m,
             x->entry_of[first + r] = has_engine(sc) ? k : SIZE_MAX;
         if (has_engine(sc)) {
             struct eng *e = &x->e[k];
-            e->name = strdup(sc->endpoint);
+            e->name = strdup(sc->endpoint[0] ? sc->endpoint : sc->discover);
             e->endpoint = strdup(sc->endpoint);
             if (!e->name || !e->endpoint)
                 goto fail;
             e->first = first;
             e->dp_size = sc->dp_size;
+            e->rank_naming = sc->rank_naming;
             e->base_rank = sc->dp_rank;
             e->dead_after_ms = sc->engine.dead_after_ms;
             e->worker_id = sc->worker_id;
@@ -226,6 +231,11 @@ size_t kvb_engines_count(const struct kvb_engines *x) { return x ? x->n : 0; }
 int kvb_engines_fd(const struct kvb_engines *x)
 {
     return x && x->scrape ? kvb_scrape_fd(x->scrape) : -1;
+}
+
+uint64_t kvb_engines_liveness_changes(const struct kvb_engines *x, size_t i)
+{
+    return x && i < x->n_src && x->entry_of[i] != SIZE_MAX ? x->e[x->entry_of[i]].changes : 0;
 }
 
 void kvb_engines_note_batch(struct kvb_engines *x, size_t i, uint64_t now_ms)
@@ -309,6 +319,7 @@ static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_
                  "its dp_ranks",
                  e->name, e->dead_after_ms, strerror(res->last_error ? -res->last_error : EIO));
         kvb_inc(&x->m->engine_gone_total[0]);
+        e->changes++;
         set_gone(x, e, true);
         for (size_t k = e->first; k < e->first + e->dp_size && k < n_src; k++) {
             int rc = src[k] ? kvb_source_barrier_all(src[k], KVB_BAR_ENGINE_GONE) : 0;
@@ -320,6 +331,7 @@ static void judge(struct kvb_engines *x, struct eng *e, const struct kvb_scrape_
     case KVB_LIVE_BACK:
         kvb_info(STAGE, "%s: engine back (%s)", e->name,
                  in.failing ? "a batch arrived" : "its endpoint answers");
+        e->changes++;
         set_gone(x, e, false);
         break;
     default: break;
@@ -362,9 +374,10 @@ bool kvb_engines_cfg_equal(const struct kvb_config *a, const struct kvb_config *
         return false;
     for (size_t i = 0; i < a->n_sources; i++) {
         const struct kvb_source_cfg *x = &a->sources[i], *y = &b->sources[i];
-        if (x->dp_size != y->dp_size || x->dp_rank != y->dp_rank || x->worker_id != y->worker_id ||
+        if (x->dp_size != y->dp_size || x->dp_rank != y->dp_rank ||
+            x->rank_naming != y->rank_naming || x->worker_id != y->worker_id ||
             x->block_size != y->block_size || strcmp(x->endpoint, y->endpoint) != 0 ||
-            !kvb_config_engine_equal(x, y))
+            strcmp(x->discover, y->discover) != 0 || !kvb_config_engine_equal(x, y))
             return false;
     }
     return true;

@@ -13,23 +13,17 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "fetch.h"
 #include "log.h"
 
 #define STAGE "scrape"
 #define HEALTH_MAX_BYTES 65536u /* a health body is read and dropped */
 #define IDLE_WAIT_MS 1000
 
-struct body {
-    char *data;
-    size_t len, cap, max;
-    bool keep; /* store the bytes (metrics) or only count them (health) */
-    bool over; /* the cap was hit: the transfer was aborted */
-};
-
 struct req {
     struct target *t;
     CURL *easy;
-    struct body body;
+    struct kvb_fetch_body body; /* kept (metrics) or only counted (health) */
     bool active;
 };
 
@@ -65,80 +59,12 @@ struct kvb_scrape {
 
 static bool set_url(const char *u) { return u && u[0]; }
 
-static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
-{
-    struct body *b = ud;
-    size_t n = size * nmemb;
-    if (n > b->max - b->len) {
-        b->over = true;
-        return 0; /* CURLE_WRITE_ERROR: the transfer stops */
-    }
-    if (b->keep) {
-        if (b->len + n > b->cap) {
-            size_t cap = b->cap ? b->cap : 65536;
-            while (cap < b->len + n)
-                cap *= 2;
-            if (cap > b->max)
-                cap = b->max;
-            char *d = realloc(b->data, cap);
-            if (!d)
-                return 0;
-            b->data = d;
-            b->cap = cap;
-        }
-        memcpy(b->data + b->len, ptr, n);
-    }
-    b->len += n;
-    return n;
-}
-
-static int errno_of(CURLcode c, const struct body *b)
-{
-    switch (c) {
-    case CURLE_OPERATION_TIMEDOUT: return -ETIMEDOUT;
-    case CURLE_COULDNT_CONNECT: return -ECONNREFUSED;
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_RESOLVE_PROXY: return -EHOSTUNREACH;
-    case CURLE_FILESIZE_EXCEEDED: return -EFBIG;
-    case CURLE_WRITE_ERROR: return b->over ? -EFBIG : -ENOMEM;
-    case CURLE_GOT_NOTHING:
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR:
-    case CURLE_PARTIAL_FILE: return -ECONNRESET;
-    default: return -EIO;
-    }
-}
-
 static int setup_req(struct target *t, struct req *r, const char *url, size_t max, bool keep)
 {
     r->t = t;
     r->body.max = max;
     r->body.keep = keep;
-    r->easy = curl_easy_init();
-    if (!r->easy)
-        return -ENOMEM;
-    long to = (long)t->cfg.timeout_ms;
-    CURLcode c = CURLE_OK;
-#define OPT(o, v)                                \
-    do {                                         \
-        if (c == CURLE_OK)                       \
-            c = curl_easy_setopt(r->easy, o, v); \
-    } while (0)
-    OPT(CURLOPT_URL, url);
-    OPT(CURLOPT_PROTOCOLS_STR, "http,https");
-    OPT(CURLOPT_PROXY, ""); /* engines are scraped directly, whatever http_proxy says */
-    OPT(CURLOPT_NOSIGNAL, 1L);
-    OPT(CURLOPT_FOLLOWLOCATION, 0L);
-    OPT(CURLOPT_TIMEOUT_MS, to);
-    OPT(CURLOPT_CONNECTTIMEOUT_MS, to);
-    OPT(CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)max);
-    OPT(CURLOPT_WRITEFUNCTION, on_write);
-    OPT(CURLOPT_WRITEDATA, &r->body);
-    OPT(CURLOPT_PRIVATE, r);
-    OPT(CURLOPT_HTTPHEADER, t->headers);
-    OPT(CURLOPT_USERAGENT, "kvbridge");
-#undef OPT
-    return c == CURLE_OK ? 0 : -EINVAL;
+    return kvb_fetch_easy(url, t->cfg.timeout_ms, t->headers, &r->body, r, &r->easy);
 }
 
 static int start_req(struct kvb_scrape *s, struct req *r)
@@ -218,7 +144,7 @@ static void done(struct kvb_scrape *s, CURL *easy, CURLcode code)
     if (ok) {
         t->round_ok = true;
     } else {
-        t->round_err = code != CURLE_OK ? errno_of(code, &r->body) : -EPROTO;
+        t->round_err = code != CURLE_OK ? kvb_fetch_errno(code, &r->body) : -EPROTO;
         kvb_debug(STAGE, "%s: %s: %s (HTTP %ld)", t->cfg.name,
                   r == &t->metrics ? t->cfg.metrics_url : t->cfg.health_url,
                   code != CURLE_OK ? curl_easy_strerror(code) : "status", status);

@@ -2,6 +2,7 @@
 #include "source.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,7 @@ struct kvb_source {
     struct kvb_replay *rp; /* the sequence and replay rules (replay.h) */
     struct kvb_ratelimit rl_frames, rl_expire, rl_peers;
     long peers; /* bind mode: connections accepted and not yet gone */
+    long conns; /* connect mode: connections up (0 or 1) */
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
     bool curve_client;
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
@@ -80,6 +82,8 @@ struct kvb_source {
     uint64_t drained, live_ms;
     char drop_addr[256];
 };
+
+static bool has_input(void *sock);
 
 /* The worker_id of a batch on TOPIC (N bytes): its entry of the topics map;
  * false when the source has a map that does not list it. */
@@ -118,27 +122,24 @@ void kvb_source_set_worker(struct kvb_source *s, const struct kvb_worker_cfg *w)
         stream_worker(s, s->streams[i]);
 }
 
-int kvb_endpoint_with_offset(const char *endpoint, uint32_t offset, char **out)
+int kvb_endpoint_of_rank(const char *endpoint, int naming, uint32_t r, char **out)
 {
-    if (offset == 0 || endpoint[0] == '\0') {
+    if (r == 0 || endpoint[0] == '\0') {
         *out = strdup(endpoint);
         return *out ? 0 : -ENOMEM;
     }
+    if (naming == KVB_RANKS_TRTLLM &&
+        (strncmp(endpoint, "ipc://", 6) == 0 || strncmp(endpoint, "inproc://", 9) == 0))
+        return asprintf(out, "%s_dp%" PRIu32, endpoint, r) < 0 ? -ENOMEM : 0;
     const char *colon = strrchr(endpoint, ':');
     if (!colon || strncmp(endpoint, "tcp://", 6) != 0)
         return -EINVAL;
     char *end;
     errno = 0;
     unsigned long port = strtoul(colon + 1, &end, 10);
-    if (errno || *end || end == colon + 1 || port + offset > 65535)
+    if (errno || *end || end == colon + 1 || port + r > 65535)
         return -EINVAL;
-    size_t n = (size_t)(colon - endpoint) + 8;
-    char *s = malloc(n);
-    if (!s)
-        return -ENOMEM;
-    snprintf(s, n, "%.*s:%lu", (int)(colon - endpoint), endpoint, port + offset);
-    *out = s;
-    return 0;
+    return asprintf(out, "%.*s:%lu", (int)(colon - endpoint), endpoint, port + r) < 0 ? -ENOMEM : 0;
 }
 
 static int zerr(void) { return -(zmq_errno() ? zmq_errno() : EIO); }
@@ -214,8 +215,12 @@ static int setup_curve(struct kvb_source *s, const struct kvb_source_params *p)
  * continues them (replay.h). */
 static int open_monitor(struct kvb_source *s)
 {
-    char addr[64];
-    snprintf(addr, sizeof(addr), "inproc://kvb-monitor-%p", (void *)s);
+    /* unique over time too: a source opened where a closed one was (the
+     * same address) must not meet the old monitor's endpoint, which libzmq
+     * releases in its own time */
+    char addr[96];
+    snprintf(addr, sizeof(addr), "inproc://kvb-monitor-%p-%llu", (void *)s,
+             (unsigned long long)kvb_mono_ns());
     int linger = 0;
     if (zmq_socket_monitor(s->sub, addr,
                            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0 ||
@@ -400,8 +405,12 @@ void kvb_source_destroy(struct kvb_source **ps)
         return;
     struct kvb_source *s = *ps;
     if (s->mon) {
-        zmq_close(s->mon);
+        /* the monitor stops first: libzmq's I/O thread sends each event to
+         * the monitor's PAIR with a blocking send, holding the monitor's
+         * lock, and a PAIR without its peer blocks: an event after our end
+         * closed would hang that thread and this call */
         zmq_socket_monitor(s->sub, NULL, 0);
+        zmq_close(s->mon);
     }
     if (s->sub)
         zmq_close(s->sub);
@@ -642,6 +651,24 @@ size_t kvb_source_held(const struct kvb_source *s) { return kvb_replay_held(s->r
 
 bool kvb_source_busy(const struct kvb_source *s) { return s->draining || kvb_replay_active(s->rp); }
 
+bool kvb_source_connected(const struct kvb_source *s)
+{
+    return s->p.mode == KVB_MODE_BIND ? s->peers > 0 : s->conns > 0;
+}
+
+bool kvb_source_quiet(const struct kvb_source *s)
+{
+    return !s->drop_due && !kvb_source_busy(s) && !has_input(s->sub) && !has_input(s->mon);
+}
+
+void kvb_source_endpoints(const struct kvb_source *s, const char **endpoint,
+                          const char **replay_endpoint, const char **topic)
+{
+    *endpoint = s->endpoint;
+    *replay_endpoint = s->replay_endpoint;
+    *topic = s->topic;
+}
+
 long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
 {
     long t = kvb_replay_next_deadline(s->rp, now_ms);
@@ -827,8 +854,6 @@ void kvb_source_resume(struct kvb_source *s, uint64_t ms, uint64_t now_ms)
     s->live_ms = now_ms; /* quiet counts from here */
 }
 
-static bool has_input(void *sock);
-
 /* The first check of a quiet source that is due, unless a replay runs. */
 static void check_quiet(struct kvb_source *s, uint64_t now_ms)
 {
@@ -925,6 +950,7 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
         return;
     }
     if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
+        s->conns += ev == ZMQ_EVENT_CONNECTED;
         kvb_info("source", "%s: engine connection up (%s)", s->name, addr);
         return;
     }
@@ -932,6 +958,8 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
         return;
     if (s->p.mode == KVB_MODE_BIND && s->peers > 0)
         s->peers--;
+    if (s->p.mode != KVB_MODE_BIND && s->conns > 0)
+        s->conns--;
     if (has_input(s->sub)) {
         s->drop_due = true;
         s->drop_fd = fd;

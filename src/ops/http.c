@@ -37,7 +37,8 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
 }
 
 /* Why /readyz says no, one line per reason: "not ready: engine gone: SOURCE
- * dp_rank N ...", live batches held back, NATS not taking router events,
+ * dp_rank N ...", engines' lists not read, live batches held back, NATS not
+ * taking router events,
  * state.dir saves failing (malloc'ed; NULL when out of memory or none of these holds). */
 static char *not_ready_why(const struct kvb_metrics *m)
 {
@@ -57,6 +58,14 @@ static char *not_ready_why(const struct kvb_metrics *m)
                 "not ready: engine gone: %s dp_rank %u (its metrics/health URL has not "
                 "answered for %llu ms and no batch came)\n",
                 s->source, s->dp_rank, (unsigned long long)kvb_get(&s->dead_after_ms));
+        n++;
+    }
+    uint64_t unread = kvb_get(&m->source_lists_unread[0]);
+    if (unread) {
+        fprintf(f,
+                "not ready: the list of event sources of %llu engine(s) (sources[].discover) "
+                "has not been read yet\n",
+                (unsigned long long)unread);
         n++;
     }
     uint64_t held = kvb_get(&m->live_held_ms), paused = kvb_get(&m->paused_ms);

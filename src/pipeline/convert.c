@@ -81,8 +81,8 @@ void kvb_converter_set_config(struct kvb_converter *c, const struct kvb_convert_
 
 struct kvb_worker_cfg kvb_convert_cfg_worker(const struct kvb_convert_cfg *cfg)
 {
-    return (struct kvb_worker_cfg){cfg->worker_id, cfg->block_size, cfg->lora_salt,
-                                   cfg->forward_tiers};
+    return (struct kvb_worker_cfg){cfg->worker_id,     cfg->block_size, cfg->lora_salt,
+                                   cfg->forward_tiers, cfg->lora_names, cfg->n_lora_names};
 }
 
 void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *w)
@@ -91,6 +91,8 @@ void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *
     c->cfg.block_size = w->block_size;
     c->cfg.lora_salt = w->lora_salt;
     c->cfg.forward_tiers = w->forward_tiers;
+    c->cfg.lora_names = w->lora_names;
+    c->cfg.n_lora_names = w->n_lora_names;
 }
 
 bool kvb_converter_has_counter(const struct kvb_converter *c, uint64_t worker, uint32_t rank)
@@ -436,14 +438,34 @@ static bool xkeys_namespace(const struct kvb_event *ev, struct kvb_str *ns)
     return false;
 }
 
-/* The seed of one stored event: LoRA name (unless lora_salt is off) and cache
- * namespace (the event's cache_salt, else its tagged extra_keys salt, else the
- * configured one). */
+int kvb_lora_name_of(const struct kvb_lora_name_cfg *names, size_t n, const struct kvb_event *ev,
+                     struct kvb_str *name)
+{
+    if (ev->lora_name.len > 0) {
+        *name = ev->lora_name;
+        return KVB_LORA_NAMED;
+    }
+    if (!ev->lora_id.has)
+        return KVB_LORA_NONE;
+    for (size_t i = 0; ev->lora_id.v >= 0 && i < n; i++)
+        if (names[i].id == (uint64_t)ev->lora_id.v) {
+            *name = (struct kvb_str){names[i].name, (uint32_t)strlen(names[i].name)};
+            return KVB_LORA_NAMED;
+        }
+    return KVB_LORA_UNMAPPED;
+}
+
+/* The seed of one stored event: LoRA name (its own, or the one lora_names
+ * gives its lora_id; unless lora_salt is off) and cache namespace (the
+ * event's cache_salt, else its tagged extra_keys salt, else the configured
+ * one). */
 static uint64_t event_seed(const struct kvb_converter *c, const struct kvb_event *ev)
 {
     uint64_t seed = KVB_TOKENS_HASH_SEED;
-    if (c->cfg.lora_salt && ev->lora_name.len > 0)
-        seed = kvb_lora_seed(ev->lora_name.ptr, ev->lora_name.len);
+    struct kvb_str lora;
+    if (c->cfg.lora_salt &&
+        kvb_lora_name_of(c->cfg.lora_names, c->cfg.n_lora_names, ev, &lora) == KVB_LORA_NAMED)
+        seed = kvb_lora_seed(lora.ptr, lora.len);
     struct kvb_str ns = {NULL, 0};
     if (ev->cache_salt.len > 0)
         ns = ev->cache_salt;

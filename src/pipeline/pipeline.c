@@ -7,6 +7,13 @@
 #include "config.h"
 #include "log.h"
 
+#define LORA_LOGGED_MAX 64 /* unmapped LoRA ids each logged once; more: rate-limited */
+
+struct lora_seen {
+    uint64_t worker_id;
+    int64_t lora_id;
+};
+
 struct kvb_pipeline {
     struct kvb_pipeline_cfg cfg;
     struct kvb_metrics *m;
@@ -16,6 +23,9 @@ struct kvb_pipeline {
     struct kvb_ratelimit rl_mismatch, rl_malformed;
     struct kvb_batch_info last;
     struct kvb_worker_cfg def; /* cfg.convert's worker: streams without their own */
+    struct lora_seen lora_logged[LORA_LOGGED_MAX]; /* unmapped ids already logged */
+    size_t n_lora_logged;
+    struct kvb_ratelimit rl_lora;
 };
 
 /* Convert for worker w from now on. */
@@ -44,6 +54,7 @@ int kvb_pipeline_create(const struct kvb_pipeline_cfg *cfg, struct kvb_metrics *
     p->pub = pub;
     p->rl_mismatch = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 3);
     p->rl_malformed = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    p->rl_lora = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(60000, 1);
     p->dec = kvb_decoder_create(&cfg->limits);
     if (!p->dec)
         goto fail;
@@ -181,6 +192,36 @@ static int malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_
     return kvb_pipeline_barrier(p, s, KVB_BAR_MALFORMED);
 }
 
+/* A published BlockStored of a LoRA whose name is not known (a lora_id that
+ * sources[].lora_names does not list): counted; each id logged once (the
+ * first LORA_LOGGED_MAX of them, then one line a minute). */
+static void unmapped_lora(struct kvb_pipeline *p, const struct kvb_stream *s,
+                          const struct kvb_worker_cfg *w, const struct kvb_event *ev)
+{
+    struct kvb_str name;
+    if (!w->lora_salt ||
+        kvb_lora_name_of(w->lora_names, w->n_lora_names, ev, &name) != KVB_LORA_UNMAPPED)
+        return;
+    kvb_inc(&p->m->stores_unsalted_total[KVB_UNS_UNMAPPED_LORA_ID]);
+    for (size_t i = 0; i < p->n_lora_logged; i++)
+        if (p->lora_logged[i].worker_id == w->worker_id &&
+            p->lora_logged[i].lora_id == ev->lora_id.v)
+            return;
+    if (p->n_lora_logged < LORA_LOGGED_MAX) {
+        p->lora_logged[p->n_lora_logged++] = (struct lora_seen){w->worker_id, ev->lora_id.v};
+        kvb_warn("convert",
+                 "%s: lora_id %lld without lora_name, and sources[].lora_names has no name "
+                 "for it: its blocks are published without the LoRA salt (a router matches "
+                 "them as base-model blocks); add it to lora_names",
+                 s->name, (long long)ev->lora_id.v);
+        return;
+    }
+    kvb_log_rl(&p->rl_lora, KVB_LOG_WARN, "convert",
+               "%s: lora_id %lld without lora_name and not in sources[].lora_names (more than "
+               "%d such ids: not each logged)",
+               s->name, (long long)ev->lora_id.v, LORA_LOGGED_MAX);
+}
+
 int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
                        const uint8_t *payload, size_t len, struct kvb_applied *out)
 {
@@ -248,6 +289,8 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
                            b.events[i].error);
             continue;
         }
+        if (r.type == KVB_REVT_STORED)
+            unmapped_lora(p, s, w, &b.events[i]);
         if ((rc = emit(p, &r)) < 0)
             return rc;
         n += rc;

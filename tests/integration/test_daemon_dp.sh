@@ -4,6 +4,10 @@
 # Each rank gets its own event_id counter (contiguous from 0, checked by
 # kvtail per (worker_id, dp_rank)), its own start barrier, its own replay of
 # a dropped batch, and exactly the router events its record lists.
+#   trtllm: TensorRT-LLM's per-rank ipc sockets (rank_naming: trtllm): rank 0
+#   on ipc://PATH, rank r on ipc://PATH_dp{r}, replay likewise; the engine
+#   publishes at once (nothing waits for kvbridge; its first 10 batches reach
+#   no subscriber): each rank's first batches come from its replay socket
 source "$(dirname "$0")/lib.sh"
 
 NP=$(daemon_port)
@@ -54,5 +58,41 @@ expect_eq "no barrier beyond the start ones (kvbridge log)" "$(count_log "$T/kvb
 
 signal_pid "$KVB_PID" TERM 15
 expect_eq "kvbridge exit code after SIGTERM" "$RC" 0
+
+# trtllm: three ranks on ipc sockets named the TensorRT-LLM way
+EP="ipc://$T/kv" REP="ipc://$T/kv-replay"
+SOURCES="  - endpoint: $EP
+    replay_endpoint: $REP
+    dp_size: 3
+    rank_naming: trtllm" NATS_URLS="nats://127.0.0.1:$NP" kvbridge_config "$T/trt.yaml"
+start_kvbridge kvb-trt "$T/trt.yaml" || bad "trtllm: kvbridge did not start"
+KPID=$KVB_PID
+start_kvtail tail-trt "$NP" --check --index --expect-record "$T/trt.rec" --timeout 2500 ||
+  bad "trtllm: kvtail not ready"
+TPID=$TAIL_PID
+timeout 30 "$BIN/kvsim" --endpoint "$EP" --replay "$REP" --rank-naming trtllm --dp-size 3 \
+  --batches 800 --rate 1000 --seed 15 --drop-live 0-9,300 --wait-subscribers 0 --linger 500 \
+  --record "$T/trt.rec" 2>"$T/sim-trt.log" || bad_log "trtllm: kvsim failed" "$T/sim-trt.log"
+wait_pid "$TPID" 30
+expect_eq "trtllm: kvtail checks pass (exit code)" "$RC" 0
+for s in holes dups bad reorders wrong badtok missing orphans; do
+  expect_eq "trtllm: kvtail $s" "$(tail_stat tail-trt "$s")" 0
+done
+L=$T/tail-trt.log
+for r in 0 1 2; do
+  ep=$EP rep=$REP
+  [ "$r" = 0 ] || { ep=${EP}_dp$r; rep=${REP}_dp$r; }
+  want=$(rec_counts "$T/trt.rec" delivered "$r")
+  expect_eq "trtllm rank $r: source on $ep, replay $rep" \
+    "$(count_log "$T/kvb-trt.log" "connecting to $ep (dp_rank $r, replay $rep)")" 1
+  expect_eq "trtllm rank $r: router events = record + start barrier" \
+    "$(grep -c "\"dp_rank\":$r}}\$" "$L" || true)" "$(($(field events "$want") + 1))"
+  expect_eq "trtllm rank $r: the first batches came from the replay socket" \
+    "$(count_log "$T/kvb-trt.log" "$ep: stream starts at a later seq: asking the engine for seq 0\.\.")" 1
+  expect_eq "trtllm rank $r: gap at seq 300 filled from its replay socket" \
+    "$(count_log "$T/kvb-trt.log" "$ep: gap filled up to seq 300")" 1
+done
+signal_pid "$KPID" TERM 15
+expect_eq "trtllm: kvbridge exit code after SIGTERM" "$RC" 0
 stop_pid "$NATS_PID" >/dev/null
 finish

@@ -287,6 +287,10 @@ START_TEST(test_every_key)
     ck_assert_str_eq(s->endpoint, "ipc:///run/engine.sock");
     ck_assert_str_eq(s->replay_endpoint, "");
     ck_assert_uint_eq(s->dp_size, 1);
+    ck_assert_int_eq(s->rank_naming, KVB_RANKS_TRTLLM);
+    ck_assert_uint_eq(s->n_lora_names, 1);
+    ck_assert_uint_eq(s->lora_names[0].id, 3);
+    ck_assert_str_eq(s->lora_names[0].name, "adapter-3");
     ck_assert_uint_eq(s->rcvhwm, 10000);
     ck_assert(s->curve.enabled);
     assert_curve_key(s->curve.secret_key, CURVE_CLIENT_SECRET);
@@ -438,8 +442,8 @@ static const struct bad_file bad_files[] = {
      DATA "bad-ports.yaml:5:14: sources[0].dp_size: 8 ports from 65530 "
           "(sources[0].endpoint) go past 65535\n" DATA
           "bad-ports.yaml:7:14: sources[1].dp_size: 2 needs sources[1].endpoint to be "
-          "tcp://HOST:PORT with a numeric port\n" DATA
-          "bad-ports.yaml:10:14: sources[2].dp_size: 2 ports from 65535 "
+          "tcp://HOST:PORT with a numeric port (or rank_naming: trtllm for ipc:// and "
+          "inproc://)\n" DATA "bad-ports.yaml:10:14: sources[2].dp_size: 2 ports from 65535 "
           "(sources[2].replay_endpoint) go past 65535\n"},
     {"bad-syntax.yaml",
      DATA "bad-syntax.yaml:5:2: did not find expected key (while parsing a block mapping "
@@ -635,6 +639,13 @@ static const struct bad_file bad_texts[] = {
     {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'tcp://h:1', dp_size: 2,\n"
      "  dp_rank: 4294967295}]\n",
      "T:4:12: sources[0].dp_rank: 4294967295 + dp_size 2 goes past 4294967295\n"},
+    /* rank_naming trtllm expands ipc://, but a tcp:// port must still be a number */
+    {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'ipc:///tmp/kv', dp_size: 4,\n"
+     "  rank_naming: trtllm, replay_endpoint: 'tcp://*:x'}, {endpoint: 'ipc:///x',\n"
+     "  rank_naming: tensorrt}]\n",
+     "T:3:48: sources[0].dp_size: 4 needs sources[0].replay_endpoint to be "
+     "tcp://HOST:PORT with a numeric port\n"
+     "T:5:16: sources[1].rank_naming: 'tensorrt' is not one of port or trtllm\n"},
     /* a non-numeric port with dp_size > 1 */
     {"worker_id: 1\nblock_size: 16\nsources: [{endpoint: 'tcp://*:x', dp_size: 2}]\n",
      "T:3:44: sources[0].dp_size: 2 needs sources[0].endpoint to be tcp://HOST:PORT "
@@ -1951,6 +1962,121 @@ START_TEST(test_engine_keys)
 }
 END_TEST
 
+/* ---- sources[].discover ---------------------------------------------------- */
+
+START_TEST(test_discover)
+{
+    struct result r = load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                                "  - discover: http://10.0.0.7:8000\n    dp_size: 4\n"
+                                "  - endpoint: tcp://127.0.0.1:5557\n");
+    ck_assert_msg(r.rc == 0, "%s", r.errs);
+    const struct kvb_source_cfg *s = r.cfg->sources;
+    ck_assert_str_eq(s[0].discover, "http://10.0.0.7:8000");
+    ck_assert_str_eq(s[0].endpoint, "");
+    ck_assert_str_eq(s[0].replay_endpoint, "");
+    ck_assert_uint_eq(s[0].dp_size, 4);
+    ck_assert_str_eq(s[1].discover, "");
+    struct kvb_source_cfg x = s[0];
+    x.discover = (char *)"http://10.0.0.8:8000";
+    ck_assert(!kvb_config_source_equal(&x, &s[0])); /* another engine: reopened */
+    result_free(&r);
+
+    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                  "  - {discover: 'http://h:8000', endpoint: 'tcp://h:1', replay_endpoint: "
+                  "'tcp://h:2',\n     topic: t, mode: bind, topics: {a: 1}}\n"
+                  "  - {discover: 'ftp://h'}\n"
+                  "  - {dp_size: 2}\n"
+                  "  - {discover: 'http://h:8000', dp_rank: 4294967295, dp_size: 2}\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs,
+                     "T:4:43: sources[0].endpoint: the engine's list (sources[0].discover) gives "
+                     "it: leave it out\n"
+                     "T:4:73: sources[0].replay_endpoint: the engine's list (sources[0].discover) "
+                     "gives it: leave it out\n"
+                     "T:5:13: sources[0].topic: the engine's list (sources[0].discover) gives "
+                     "it: leave it out\n"
+                     "T:5:36: sources[0].topics: the engine's list (sources[0].discover) gives "
+                     "it: leave it out\n"
+                     "T:5:22: sources[0].mode: bind: with sources[0].discover kvbridge connects "
+                     "to the listed endpoints (mode: connect)\n"
+                     "T:6:16: sources[1].discover: 'ftp://h' is not an http:// or https:// URL "
+                     "(or \"\" for none)\n"
+                     "T:7:5: missing required key 'sources[2].endpoint'\n"
+                     "T:8:42: sources[3].dp_rank: 4294967295 + dp_size 2 goes past 4294967295\n");
+    result_free(&r);
+}
+END_TEST
+
+/* ---- sources[].lora_names ------------------------------------------------ */
+
+START_TEST(test_lora_names)
+{
+    struct result r = load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                                "  - endpoint: tcp://127.0.0.1:5557\n"
+                                "    lora_names: {7: sql-lora, 0: \"base adapter\",\n"
+                                "                 9223372036854775807: last}\n"
+                                "  - endpoint: tcp://127.0.0.1:5558\n    lora_names: ~\n");
+    ck_assert_msg(r.rc == 0, "%s", r.errs);
+    const struct kvb_source_cfg *s = r.cfg->sources;
+    ck_assert_uint_eq(s[0].n_lora_names, 3);
+    ck_assert_uint_eq(s[0].lora_names[0].id, 7);
+    ck_assert_str_eq(s[0].lora_names[0].name, "sql-lora");
+    ck_assert_uint_eq(s[0].lora_names[1].id, 0);
+    ck_assert_str_eq(s[0].lora_names[1].name, "base adapter");
+    ck_assert_uint_eq(s[0].lora_names[2].id, INT64_MAX);
+    ck_assert_uint_eq(s[1].n_lora_names, 0);
+    /* a worker key: a reload hands it to the running source */
+    struct kvb_source_cfg x = s[0];
+    x.n_lora_names = 2;
+    ck_assert(kvb_config_source_equal(&x, &s[0]));
+    ck_assert(!kvb_config_worker_equal(&x, &s[0]));
+    ck_assert(kvb_config_worker_equal(&s[0], &s[0]));
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    ck_assert_int_eq(kvb_config_write_effective(r.cfg, f), 0);
+    fclose(f);
+    ck_assert_msg(strstr(out, "sources[0].lora_names: {7: \"sql-lora\", 0: \"base adapter\", "
+                              "9223372036854775807: \"last\"}\n"),
+                  "%s", out);
+    ck_assert_msg(strstr(out, "sources[1].lora_names: {}\n"), "%s", out);
+    free(out);
+    result_free(&r);
+
+    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                  "  - endpoint: tcp://127.0.0.1:5557\n"
+                  "    lora_names: {7: a, '07': b, -1: c, 9223372036854775808: d, x: e,\n"
+                  "                 8: '', 9: [a], 10: ~}\n"
+                  "  - endpoint: tcp://127.0.0.1:5558\n    lora_names: [7, a]\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs,
+                     "T:5:24: sources[0].lora_names: '07' is not a decimal integer (expected "
+                     "0..9223372036854775807)\n"
+                     "T:5:33: sources[0].lora_names: '-1' is negative (expected "
+                     "0..9223372036854775807)\n"
+                     "T:5:40: sources[0].lora_names: 9223372036854775808 is out of range "
+                     "(expected 0..9223372036854775807)\n"
+                     "T:5:64: sources[0].lora_names: 'x' is not a decimal integer (expected "
+                     "0..9223372036854775807)\n"
+                     "T:6:21: sources[0].lora_names[8]: the name must not be empty\n"
+                     "T:6:28: sources[0].lora_names[9]: expected an adapter name, found a "
+                     "list\n"
+                     "T:6:37: sources[0].lora_names[10]: expected an adapter name, found "
+                     "nothing\n"
+                     "T:8:17: sources[1].lora_names: expected a mapping of LoRA ids to adapter "
+                     "names ({7: \"sql-lora\"}), found a list\n");
+    result_free(&r);
+
+    r = load_text("worker_id: 1\nblock_size: 16\nsources:\n"
+                  "  - endpoint: tcp://127.0.0.1:5557\n"
+                  "    lora_names: {7: a, 8: b, 7: c}\n");
+    ck_assert_int_eq(r.rc, -EINVAL);
+    ck_assert_str_eq(r.errs, "T:5:30: sources[0].lora_names[7]: the LoRA id is listed twice "
+                             "(first at 5:18)\n");
+    result_free(&r);
+}
+END_TEST
+
 /* ---- several engines, one kvbridge (issue 17) --------------------------- */
 
 START_TEST(test_worker_keys)
@@ -2001,6 +2127,7 @@ START_TEST(test_worker_keys)
     ck_assert_msg(strstr(out, "sources[0].worker_id: 5\nsources[0].block_size: 16\n"
                               "sources[0].lora_salt: false\n"
                               "sources[0].forward_tiers: [device, disk]\n"
+                              "sources[0].lora_names: {}\n"
                               "sources[0].topics: {}\n"),
                   "%s", out);
     ck_assert_msg(strstr(out, "sources[1].block_size: auto\n"), "%s", out);
@@ -2147,6 +2274,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_write_effective);
     tcase_add_test(tc, test_engine_keys);
     tcase_add_test(tc, test_worker_keys);
+    tcase_add_test(tc, test_lora_names);
+    tcase_add_test(tc, test_discover);
     tcase_add_test(tc, test_topics_bad);
     suite_add_tcase(s, tc);
     return s;

@@ -59,6 +59,8 @@ static struct kvb_event stored(uint32_t n_hashes, uint32_t n_tokens)
 }
 
 static uint64_t drops(int reason) { return kvb_get(&m.events_dropped_total[reason]); }
+static struct kvb_event qwen_event(const uint32_t *t, uint32_t n_tokens);
+static uint64_t th0(const struct kvb_event *e);
 
 START_TEST(known_answer_hashes)
 {
@@ -105,6 +107,50 @@ START_TEST(literal_example_and_lora_salt)
     e.lora_name = S("adapter-a");
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
     ck_assert_uint_eq(r.blocks[0].tokens_hash, 7652252100776996844ULL);
+}
+END_TEST
+
+/* lora_id without lora_name (TensorRT-LLM): the name sources[].lora_names
+ * gives the id salts the hash, as if the engine had sent it. */
+START_TEST(lora_by_id)
+{
+    static const struct kvb_lora_name_cfg names[] = {{7, "adapter-a"}, {0, "adapter-zero"}};
+    struct kvb_event e = qwen_event(qwen, 16);
+    struct kvb_str name = {NULL, 0};
+    ck_assert_int_eq(kvb_lora_name_of(names, 2, &e, &name), KVB_LORA_NONE);
+    e.lora_id = (struct kvb_opt_int){true, 7};
+    ck_assert_int_eq(kvb_lora_name_of(names, 2, &e, &name), KVB_LORA_NAMED);
+    ck_assert_int_eq(name.len, 9);
+    ck_assert(memcmp(name.ptr, "adapter-a", 9) == 0);
+    e.lora_id.v = 0; /* 0 is an id like any other */
+    ck_assert_int_eq(kvb_lora_name_of(names, 2, &e, &name), KVB_LORA_NAMED);
+    ck_assert(memcmp(name.ptr, "adapter-zero", 12) == 0);
+    e.lora_id.v = 8;
+    ck_assert_int_eq(kvb_lora_name_of(names, 2, &e, &name), KVB_LORA_UNMAPPED);
+    e.lora_id.v = -7;
+    ck_assert_int_eq(kvb_lora_name_of(names, 2, &e, &name), KVB_LORA_UNMAPPED);
+    ck_assert_int_eq(kvb_lora_name_of(NULL, 0, &e, &name), KVB_LORA_UNMAPPED);
+    e.lora_name = S("adapter-b"); /* the engine's own name wins */
+    ck_assert_int_eq(kvb_lora_name_of(names, 2, &e, &name), KVB_LORA_NAMED);
+    ck_assert(memcmp(name.ptr, "adapter-b", 9) == 0);
+
+    /* the converter: the worker's map */
+    struct kvb_worker_cfg w = kvb_convert_cfg_worker(&cfg16);
+    w.lora_names = names;
+    w.n_lora_names = 2;
+    kvb_converter_select(conv, &w);
+    e.lora_name = S(NULL);
+    e.lora_id.v = 7;
+    ck_assert_uint_eq(th0(&e), 18179192224704087310ULL); /* = lora_name adapter-a */
+    e.lora_id.v = 8;                                     /* not mapped: unsalted */
+    ck_assert_uint_eq(th0(&e), 7652252100776996844ULL);
+    w.lora_salt = false;
+    kvb_converter_select(conv, &w);
+    e.lora_id.v = 7;
+    ck_assert_uint_eq(th0(&e), 7652252100776996844ULL);
+    /* the configuration's worker has no map */
+    kvb_converter_set_config(conv, &cfg16);
+    ck_assert_uint_eq(th0(&e), 7652252100776996844ULL);
 }
 END_TEST
 
@@ -629,6 +675,7 @@ static Suite *convert_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, known_answer_hashes);
     tcase_add_test(tc, literal_example_and_lora_salt);
+    tcase_add_test(tc, lora_by_id);
     tcase_add_test(tc, hash_normalisation);
     tcase_add_test(tc, block_size_rule);
     tcase_add_test(tc, filters_count_by_reason);

@@ -321,6 +321,72 @@ START_TEST(event_ids_contiguous_through_filters)
 }
 END_TEST
 
+/* TensorRT-LLM's lora_id without lora_name: the stream's worker names it
+ * (sources[].lora_names) or the store goes out unsalted, counted, and its
+ * id logged once. */
+START_TEST(lora_ids_named_or_counted)
+{
+    static const struct kvb_lora_name_cfg names[] = {{7, "adapter-a"}};
+    struct kvb_worker_cfg w = {.worker_id = W,
+                               .block_size = 16,
+                               .lora_salt = true,
+                               .forward_tiers = 1u << KVB_TIER_DEVICE,
+                               .lora_names = names,
+                               .n_lora_names = 1};
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    kvb_stream_set_worker(&s, &w);
+    const int64_t ids[] = {7, 8, 8, -1};
+    struct mp mb;
+    mp_init(&mb);
+    msgpack_pack_array(&mb.pk, 3);
+    msgpack_pack_double(&mb.pk, 1.0);
+    msgpack_pack_array(&mb.pk, 4);
+    for (int i = 0; i < 4; i++) {
+        msgpack_pack_array(&mb.pk, 8);
+        mp_str(&mb, "BlockStored");
+        msgpack_pack_array(&mb.pk, 1);
+        msgpack_pack_uint64(&mb.pk, 1000 + (uint64_t)i);
+        msgpack_pack_nil(&mb.pk);
+        msgpack_pack_array(&mb.pk, 16);
+        for (int t = 0; t < 16; t++)
+            msgpack_pack_int(&mb.pk, t);
+        msgpack_pack_int(&mb.pk, 16);
+        if (ids[i] < 0)
+            msgpack_pack_nil(&mb.pk); /* no LoRA */
+        else
+            msgpack_pack_int64(&mb.pk, ids[i]);
+        mp_str(&mb, "GPU");
+        msgpack_pack_nil(&mb.pk); /* lora_name */
+    }
+    msgpack_pack_int(&mb.pk, 0);
+    ck_assert_int_eq(feed(&s, 0, mp_data(&mb), mb.sb.size), 5);
+    ck_assert_int_eq(feed(&s, 1, mp_data(&mb), mb.sb.size), 4);
+    uint32_t t16[16];
+    for (int t = 0; t < 16; t++)
+        t16[t] = (uint32_t)t;
+    char salted[64], plain[64];
+    snprintf(salted, sizeof(salted), "\"tokens_hash\":%llu",
+             (unsigned long long)kvb_tokens_hash(t16, 16, kvb_lora_seed("adapter-a", 9)));
+    snprintf(plain, sizeof(plain), "\"tokens_hash\":%llu",
+             (unsigned long long)kvb_tokens_hash(t16, 16, KVB_TOKENS_HASH_SEED));
+    ck_assert_uint_eq(out.n, 9); /* the start barrier, 2 x 4 stores */
+    for (unsigned i = 1; i < out.n; i++) {
+        const char *l = line(i), *nl = strchr(l, '\n');
+        const char *want = (i - 1) % 4 == 0 ? salted : plain;
+        ck_assert_msg(memmem(l, (size_t)(nl - l), want, strlen(want)) != NULL, "line %u: %.*s", i,
+                      (int)(nl - l), l);
+    }
+    /* the unmapped id 8, twice a batch; the base-model store is no LoRA */
+    ck_assert_uint_eq(kvb_get(&m.stores_unsalted_total[KVB_UNS_UNMAPPED_LORA_ID]), 4);
+    /* lora_salt off: no store lacks a salt it should have */
+    w.lora_salt = false;
+    ck_assert_int_eq(feed(&s, 2, mp_data(&mb), mb.sb.size), 4);
+    mp_free(&mb);
+    ck_assert_uint_eq(kvb_get(&m.stores_unsalted_total[KVB_UNS_UNMAPPED_LORA_ID]), 4);
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -340,6 +406,7 @@ static Suite *pipeline_suite(void)
     tcase_add_test(tc, too_many_ranks_on_a_stream);
     tcase_add_test(tc, redundant_barriers_not_published);
     tcase_add_test(tc, event_ids_contiguous_through_filters);
+    tcase_add_test(tc, lora_ids_named_or_counted);
     suite_add_tcase(s, tc);
     return s;
 }

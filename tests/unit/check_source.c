@@ -10,6 +10,10 @@
  *                      "cleared" in test_daemon_gaps and test_rel_jetstream c)
  *   drop_then_new      after a drop with nothing queued, the next batch is
  *                      judged as before: a restart without replay endpoint
+ *   replaced_at_once   a source closed and another opened in its place at once
+ *                      (sources[].discover's moved ranks): it opens, and
+ *                      reports its connection
+ *   endpoint_of_rank   the endpoints of a dp_size expansion (rank_naming)
  */
 #include <check.h>
 #include <inttypes.h>
@@ -210,6 +214,75 @@ START_TEST(drop_then_new)
 }
 END_TEST
 
+/* A source replaced by another on the spot (a listed rank that moved,
+ * src/daemon/follow.c): the new one opens, though malloc may hand it the
+ * old one's address and libzmq releases the old monitor's inproc endpoint
+ * in its own time; and it reports its connection. */
+START_TEST(replaced_at_once)
+{
+    struct net n;
+    net_open(&n);
+    turn(&n, 50);
+    ck_assert(kvb_source_connected(n.src));
+    ck_assert(kvb_source_quiet(n.src));
+    const char *ep, *rep, *topic;
+    kvb_source_endpoints(n.src, &ep, &rep, &topic);
+    ck_assert_str_eq(ep, n.ep);
+    ck_assert_str_eq(rep, "");
+    ck_assert_str_eq(topic, "");
+    struct kvb_source_params sp = {.endpoint = n.ep,
+                                   .replay_endpoint = "",
+                                   .topic = "",
+                                   .mode = KVB_MODE_CONNECT,
+                                   .rcvhwm = 1000,
+                                   .replay_timeout_ms = 3000,
+                                   .max_payload_bytes = 1 << 20,
+                                   .pipeline = p};
+    for (int i = 0; i < 20; i++) {
+        kvb_source_destroy(&n.src);
+        ck_assert_int_eq(kvb_source_create(n.zctx, &sp, &m, &n.src), 0);
+    }
+    ck_assert(!kvb_source_connected(n.src)); /* its connection is not up yet */
+    TURN_UNTIL(&n, kvb_source_connected(n.src));
+    ck_assert(kvb_source_connected(n.src));
+    net_close(&n);
+}
+END_TEST
+
+/* Rank r's endpoint of a dp_size expansion, by rank_naming. */
+START_TEST(endpoint_of_rank)
+{
+    static const struct {
+        const char *base;
+        int naming;
+        uint32_t r;
+        int rc;
+        const char *want;
+    } cases[] = {
+        {"tcp://10.0.0.1:5557", KVB_RANKS_PORT, 0, 0, "tcp://10.0.0.1:5557"},
+        {"tcp://10.0.0.1:5557", KVB_RANKS_PORT, 3, 0, "tcp://10.0.0.1:5560"},
+        {"tcp://[::1]:5557", KVB_RANKS_TRTLLM, 1, 0, "tcp://[::1]:5558"},
+        {"tcp://h:65535", KVB_RANKS_PORT, 1, -EINVAL, NULL},
+        {"tcp://h:x", KVB_RANKS_PORT, 1, -EINVAL, NULL},
+        {"ipc:///tmp/kv", KVB_RANKS_PORT, 1, -EINVAL, NULL},
+        /* TensorRT-LLM: rank 0 plain, then _dp{r} (offset_endpoint_port) */
+        {"ipc:///tmp/kv", KVB_RANKS_TRTLLM, 0, 0, "ipc:///tmp/kv"},
+        {"ipc:///tmp/kv", KVB_RANKS_TRTLLM, 1, 0, "ipc:///tmp/kv_dp1"},
+        {"ipc:///tmp/kv", KVB_RANKS_TRTLLM, 12, 0, "ipc:///tmp/kv_dp12"},
+        {"inproc://kv", KVB_RANKS_TRTLLM, 2, 0, "inproc://kv_dp2"},
+        {"", KVB_RANKS_TRTLLM, 2, 0, ""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *ep = NULL;
+        int rc = kvb_endpoint_of_rank(cases[i].base, cases[i].naming, cases[i].r, &ep);
+        ck_assert_msg(rc == cases[i].rc, "%s rank %u: rc %d", cases[i].base, cases[i].r, rc);
+        if (cases[i].want)
+            ck_assert_str_eq(ep, cases[i].want);
+        free(ep);
+    }
+}
+END_TEST
+
 static Suite *source_suite(void)
 {
     Suite *s = suite_create("source");
@@ -217,7 +290,11 @@ static Suite *source_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, drop_after_queued);
     tcase_add_test(tc, drop_then_new);
+    tcase_add_test(tc, replaced_at_once);
     suite_add_tcase(s, tc);
+    TCase *tn = tcase_create("naming");
+    tcase_add_test(tn, endpoint_of_rank);
+    suite_add_tcase(s, tn);
     return s;
 }
 
