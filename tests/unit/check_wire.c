@@ -58,8 +58,7 @@ START_TEST(requests)
     static const char *bad[] = {"{\"dp_rank\":0}",
                                 "{\"worker_id\":-1}",
                                 "[1]",
-                                "{\"worker_id\":1,"
-                                "\"dp_rank\":4294967296}",
+                                "{\"worker_id\":1,\"dp_rank\":4294967296}",
                                 "{\"worker_id\":1,\"start_event_id\":\"6\"}",
                                 "{\"worker_id\":1} x"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
