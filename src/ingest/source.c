@@ -26,8 +26,8 @@
 #define READ_REPLAY_BUDGET 256 /* replay replies per turn: the loop stays responsive */
 /* Router events one read (live or replay) may emit before it hands the turn
  * back: the loop then checks the NATS buffer (backpressure), signals and the
- * heartbeat.  256 batches of 2000 events each once put 112 MB into nats.c's
- * buffer in one turn, far past its backpressure mark (issue 18). */
+ * heartbeat.  Without this bound 256 batches of 2000 events each put 112 MB
+ * into nats.c's buffer in one turn, far past its backpressure mark. */
 #define READ_EVENT_BUDGET 16384
 #define REPLAY_RCVHWM 1000 /* replies queued in the DEALER (then TCP backpressure) */
 /* After a hold: quiet this long (no live message) before the streams are
@@ -67,7 +67,7 @@ struct kvb_source {
     uint8_t curve_secret[32], curve_public[32], curve_server[32];
     struct kvb_zap *zap; /* with zap_domain registered, or NULL */
     char zap_domain[KVB_ZAP_DOMAIN_MAX];
-    struct kvb_topic_cfg *topics; /* p.topics copied (issue 17); NULL when none */
+    struct kvb_topic_cfg *topics; /* p.topics copied; NULL when none */
     struct kvb_worker_cfg worker; /* *p.worker copied; p.worker points here */
     struct kvb_ratelimit rl_topics;
     /* A connection dropped while batches were still queued in the SUB: they
