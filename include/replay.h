@@ -24,7 +24,7 @@
  * reports of each batch (struct kvb_applied); name, labels, worker and a
  * resumed cursor through the kvb_stream_* setters.
  *
- * Restarts and reconnects (issue 12): a seq that goes back is a restart
+ * Restarts and reconnects: a seq that goes back is a restart
  * (barrier) unless it repeats the last batch byte for byte (a duplicate,
  * dropped).  After the engine's connection dropped (kvb_replay_peer_reset),
  * the next batch is a new incarnation unless proven otherwise: the replay

@@ -58,7 +58,7 @@ struct kvb_source_params {
      * client".  May be NULL; must outlive the source. */
     struct kvb_zap *zap;
     /* The worker behind this source (sources[].worker_id, block_size,
-     * lora_salt, forward_tiers: issue 17), and its topics map: a stream whose
+     * lora_salt, forward_tiers), and its topics map: a stream whose
      * topic is listed gets the listed worker_id; with a map, a batch on any
      * other topic is counted (malformed_messages_total{kind="unknown_topic"})
      * and dropped.  Both copied.  worker NULL: the pipeline's configured

@@ -3,9 +3,10 @@
 #   make lint         shellcheck on every shell script of the tests and tools
 #                     and on .ci/run
 #                     (settings in .shellcheckrc) and cppcheck on src/ and
-#                     tools/ (LINT_CPPCHECK_FLAGS; suppressions: inline
-#                     `// cppcheck-suppress ID` with a reason, or
-#                     mk/cppcheck.supp); any finding fails
+#                     tools/ (LINT_CPPCHECK_FLAGS: style, warning,
+#                     performance, portability); any finding fails; a
+#                     false positive is suppressed inline only, on the line
+#                     before it: `// cppcheck-suppress ID ; the reason`
 #                     and clang-format (.clang-format) on every C file
 #                     git tracks: a file it would change fails
 #                     and the call graph between the files of src/ (nm on
@@ -18,9 +19,9 @@
 
 LINT_SH   := .ci/run mk/check-deps.sh mk/file-graph.sh $(sort $(wildcard tests/integration/*.sh tests/bench/*.sh tests/fuzz/*.sh tools/*.sh))
 LINT_C    := src tools
-LINT_CPPCHECK_FLAGS := -q --std=c11 --enable=warning,performance,portability \
+LINT_CPPCHECK_FLAGS := -q --std=c11 --enable=style,warning,performance,portability \
                        --error-exitcode=1 --inline-suppr --suppress=missingIncludeSystem \
-                       --suppressions-list=mk/cppcheck.supp -D_GNU_SOURCE -Iinclude
+                       -D_GNU_SOURCE -Iinclude
 
 LINT_FMT  = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
 

@@ -940,6 +940,7 @@ static void store_chain(struct sim *s, struct rank *r, const uint64_t *hash, siz
 
     if (nnew > g->nfree)
         dev_evict(r, nnew - g->nfree);
+    // cppcheck-suppress duplicateCondition ; dev_evict() raised g->nfree
     if (nnew > g->nfree)
         return; /* cache too small for this request: skip it */
     if (k > 0)
@@ -1385,14 +1386,13 @@ static uint64_t mm_item_hash(const struct mm_item *it, const char *lora, bool *h
     size_t n = strlen(it->str);
     bool hex64 = n == 64 && strspn(it->str, "0123456789abcdefABCDEF") == 64;
     bool pair = it->kind == MMI_HEX_OFF || it->kind == MMI_OPAQUE_OFF;
-    char first[17];
-
     *has = false;
     if (it->kind == MMI_BIN)
         return 0; /* bin: nothing */
     if (!pair && (!hex64 || (lora && !strcmp(it->str, lora))))
         return 0; /* bare: the LoRA name, a salt, anything but a digest */
     if (hex64) {  /* bare or [identifier, int]: the first 16 hex digits */
+        char first[17];
         memcpy(first, it->str, 16);
         first[16] = '\0';
         *has = true;

@@ -1282,7 +1282,6 @@ static int tier_from_name(const char *s)
 static bool rec_event(struct cur *c, struct recline *rl)
 {
     struct recev e;
-    char key[64], val[64];
 
     memset(&e, 0, sizeof e);
     e.kind = (enum kind) - 1;
@@ -1291,6 +1290,7 @@ static bool rec_event(struct cur *c, struct recline *rl)
     if (!jlit(c, "{"))
         return false;
     if (!jlit(c, "}")) {
+        char key[64], val[64];
         for (;;) {
             if (!jstr(c, key, sizeof key) || !jlit(c, ":"))
                 return false;

@@ -125,7 +125,7 @@ void kvb_cfg_resolve_files(struct ctx *c, struct kvb_config *cfg, struct mark *m
             return;
         kvb_cfg_str_free(*field);
         *field = path;
-        int fd = -1;
+        int fd;
         if (o->fills)
             m[i].bad = fill_from_file(c, cfg, m, i, path, where) < 0;
         else if ((fd = open_named(c, o, path, where, &m[i])) < 0)
@@ -572,7 +572,6 @@ static char *js_expand(struct ctx *c, const char *tmpl, const struct kvb_config 
                            cfg->nats.component ? cfg->nats.component : "", num};
     static const char *const names[3] = {"{namespace}", "{component}", "{worker_id}"};
     char *out = NULL;
-    size_t len = 0;
     for (int pass = 0; pass < 2; pass++) {
         size_t n = 0;
         for (const char *p = tmpl; *p;) {
@@ -590,8 +589,7 @@ static char *js_expand(struct ctx *c, const char *tmpl, const struct kvb_config 
             out[n] = '\0';
             break;
         }
-        len = n;
-        if (!(out = malloc(len + 1))) {
+        if (!(out = malloc(n + 1))) {
             oom(c);
             return NULL;
         }

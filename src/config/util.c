@@ -94,6 +94,7 @@ char *kvb_cfg_shown_max(const char *s, size_t len, size_t max)
             *p++ = (char)ch;
         }
     }
+    // cppcheck-suppress knownConditionTrueFalse ; n is min(len, max): below len when cut
     if (n < len)
         p += sprintf(p, "...");
     *p = '\0';

@@ -194,7 +194,7 @@ void kvb_daemon_follow_stop(struct kvb_daemon *d);
 
 /* ---- sources.c ---------------------------------------------------------- */
 
-/* The worker a sources[] entry's router events are for (issue 17). */
+/* The worker a sources[] entry's router events are for (several engines may share one kvbridge). */
 struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc);
 /* WORKER_ID is one that configuration C publishes for. */
 bool kvb_daemon_configured_worker(const struct kvb_config *c, uint64_t worker_id);

@@ -23,7 +23,7 @@ int kvb_daemon_publish_load(void *ctx, const char *subject, const void *data, si
     return kvb_sink_publish(d->sink, subject, data, len);
 }
 
-/* The worker a sources[] entry's router events are for (issue 17). */
+/* The worker a sources[] entry's router events are for (several engines may share one kvbridge). */
 struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc)
 {
     return (struct kvb_worker_cfg){.worker_id = sc->worker_id,

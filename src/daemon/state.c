@@ -105,9 +105,7 @@ int kvb_state_prepare_dir(const char *dir, const char **what)
         char save = path[i];
         path[i] = '\0';
         if (mkdir(path, 0700) < 0 && errno != EEXIST) {
-            int e = errno;
-            path[i] = save;
-            return -e;
+            return -errno;
         }
         path[i] = save;
     }

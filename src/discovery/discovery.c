@@ -509,7 +509,7 @@ static void *run(void *arg)
     uint64_t backoff = BACKOFF_MIN_MS, last_ok = 0, next_keepalive = 0;
     uint64_t period = d->ttl_s * 1000u / 3;
     for (;;) {
-        uint64_t now = kvb_mono_ms(), wait_ms = period;
+        uint64_t now = kvb_mono_ms(), wait_ms;
         int rc = 0;
         if (d->lease && now >= next_keepalive) {
             rc = keepalive(d);

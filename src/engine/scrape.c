@@ -122,7 +122,7 @@ static void end_round(struct kvb_scrape *s, struct target *t)
     (void)w; /* EAGAIN: the counter is already non-zero, the loop will look */
     if (!t->round_ok && !t->was_failing)
         kvb_log_rl(&t->rl, KVB_LOG_WARN, STAGE, "%s: engine endpoints not answering (%s)",
-                   t->cfg.name, strerror(-t->round_err ? -t->round_err : EIO));
+                   t->cfg.name, strerror(t->round_err ? -t->round_err : EIO));
     else if (t->round_ok && t->was_failing)
         kvb_info(STAGE, "%s: engine endpoints answer again", t->cfg.name);
     t->was_failing = !t->round_ok;

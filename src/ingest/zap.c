@@ -33,7 +33,7 @@ struct kvb_zap {
 
 int kvb_zap_create(void *zctx, struct kvb_metrics *m, struct kvb_zap **out)
 {
-    int linger = 0, rc;
+    int linger = 0;
     struct kvb_zap *z = calloc(1, sizeof(*z));
     if (!z)
         return -ENOMEM;
@@ -42,7 +42,7 @@ int kvb_zap_create(void *zctx, struct kvb_metrics *m, struct kvb_zap **out)
     z->rep = zmq_socket(zctx, ZMQ_REP);
     if (!z->rep || zmq_setsockopt(z->rep, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
         zmq_bind(z->rep, ZAP_ENDPOINT) < 0) {
-        rc = -(zmq_errno() ? zmq_errno() : EIO);
+        int rc = -(zmq_errno() ? zmq_errno() : EIO);
         kvb_err("zap", "cannot bind %s: %s", ZAP_ENDPOINT, zmq_strerror(-rc));
         kvb_zap_destroy(&z);
         return rc;

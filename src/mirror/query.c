@@ -776,6 +776,7 @@ int kvb_query_run(struct kvb_query *q, const struct kvb_query_req *r, struct kvb
             continue;
         }
         int w = pthread_cond_timedwait(&q->cond, &q->mu, &until);
+        // cppcheck-suppress knownConditionTrueFalse ; the loop sets done while we wait
         if (w == ETIMEDOUT && !j->done && !j->taken) {
             /* the loop did not get to it: withdraw it */
             struct job **pp = &q->head;

@@ -103,13 +103,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 {
     (void)version;
     struct kvb_http *h = cls;
-    static char not_found[] = "not found\n", bad_method[] = "method not allowed\n";
-    static char ok[] = "ok\n", stalled[] = "loop stalled\n", not_ready[] = "not ready\n";
+    static char not_found[] = "not found\n", ok[] = "ok\n";
     if (strncmp(url, "/v1/", 4) == 0)
         return kvb_http_query(c, atomic_load(&h->query), url, method, upload, upload_size, con_cls);
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        static char bad_method[] = "method not allowed\n";
         return reply(c, 405, "text/plain", bad_method, sizeof(bad_method) - 1,
                      MHD_RESPMEM_PERSISTENT);
+    }
     if (strcmp(url, "/metrics") == 0) {
         char *body;
         size_t len;
@@ -118,6 +119,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return reply(c, 200, "text/plain; version=0.0.4", body, len, MHD_RESPMEM_MUST_FREE);
     }
     if (strcmp(url, "/healthz") == 0) {
+        static char stalled[] = "loop stalled\n";
         uint64_t beat = kvb_get(&h->m->loop_heartbeat_ms);
         uint64_t ivl = kvb_get(&h->m->heartbeat_interval_ms);
         bool alive = beat && kvb_mono_ms() - beat <= 3 * ivl + 1000;
@@ -129,6 +131,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         bool ready = kvb_get(&h->m->ready[0]) != 0;
         if (ready)
             return reply(c, 200, "text/plain", ok, 3, MHD_RESPMEM_PERSISTENT);
+        static char not_ready[] = "not ready\n";
         char *why = not_ready_why(h->m);
         return why ? reply(c, 503, "text/plain", why, strlen(why), MHD_RESPMEM_MUST_FREE)
                    : reply(c, 503, "text/plain", not_ready, sizeof(not_ready) - 1,

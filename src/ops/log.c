@@ -28,7 +28,6 @@ void kvb_log_init(void)
 
 static void vlog(int level, const char *stage, const char *fmt, va_list ap)
 {
-    static const char *names[] = {"error", "warn", "info", "debug"};
     static const int prio[] = {3, 4, 6, 7}; /* LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG */
     char msg[1024];
     vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -36,8 +35,10 @@ static void vlog(int level, const char *stage, const char *fmt, va_list ap)
         level = KVB_LOG_ERROR;
     if (log_journal)
         fprintf(stderr, "<%d>%s: %s\n", prio[level], stage, msg);
-    else
+    else {
+        static const char *names[] = {"error", "warn", "info", "debug"};
         fprintf(stderr, "kvbridge[%s] %s: %s\n", stage, names[level], msg);
+    }
 }
 
 void kvb_log(int level, const char *stage, const char *fmt, ...)

@@ -197,6 +197,7 @@ uint64_t kvb_hash_normalize(const struct kvb_hash *h)
         uint32_t n = h->bin_len < 8 ? h->bin_len : 8;
         const uint8_t *p = h->v.bin + (h->bin_len - n);
         uint64_t v = 0;
+        // cppcheck-suppress knownConditionTrueFalse ; n is min(bin_len, 8), bin_len from the batch
         for (uint32_t i = 0; i < n; i++)
             v = v << 8 | p[i];
         return v;

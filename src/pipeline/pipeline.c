@@ -34,7 +34,7 @@ static void use(struct kvb_pipeline *p, const struct kvb_worker_cfg *w)
     kvb_converter_select(p->conv, w);
 }
 
-/* The worker of stream s (issue 17: a source's or a topic's), selected. */
+/* The worker of stream s (a source's or a topic's), selected. */
 static const struct kvb_worker_cfg *use_stream(struct kvb_pipeline *p, const struct kvb_stream *s)
 {
     const struct kvb_worker_cfg *w = s->worker ? s->worker : &p->def;
@@ -117,8 +117,8 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause, bool repair
 {
     /* Nothing published for the pair since its last "cleared": the router
      * holds nothing of it, and another one would say nothing new (a run of
-     * bad batches published one per batch and rank: 3.36M for 56k batches
-     * under dp_rank churn, issue 18).  Not for losses on the NATS side:
+     * bad batches would publish one per batch and rank: 3.36M for 56k
+     * batches under dp_rank churn).  Not for losses on the NATS side:
      * what NATS lost may be that last "cleared". */
     bool nats = cause == KVB_BAR_NATS_LOST || cause == KVB_BAR_NATS_RECONNECT;
     if (!nats && kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_CLEAN) {

@@ -363,6 +363,7 @@ static int mux_send(struct mux *x, int kind, const void *p, size_t len)
     uint8_t h[KVB_WIRE_MUX_HEAD];
     uint64_t need = 24 + (uint64_t)len < WINDOW ? 24 + (uint64_t)len : WINDOW;
     int rc;
+    // cppcheck-suppress knownConditionTrueFalse ; mux_read(x) adds the credits
     while (kind == KVB_MUX_DATA && (x->stream_credits < need || x->conn_credits < need))
         if ((rc = mux_read(x)) < 0)
             return rc;
@@ -401,7 +402,7 @@ static int deliver_mux(int fd, const struct kvb_wire_control *c, const struct kv
     struct kvb_wire_buf b = {0};
     kvb_wire_mux_handshake(&b, c->frontend, conn_id);
     int rc = b.oom ? -ENOMEM : twopart_send(fd, b.p, b.len, NULL, 0);
-    uint8_t pre[KVB_WIRE_TWOPART_HEAD], ack[64];
+    uint8_t pre[KVB_WIRE_TWOPART_HEAD];
     if (rc == 0)
         rc = recv_all(fd, pre, sizeof(pre), CONNECT_MS);
     if (rc == 0) {
@@ -411,7 +412,7 @@ static int deliver_mux(int fd, const struct kvb_wire_control *c, const struct kv
             bl = bl << 8 | pre[8 + i];
         }
         struct kvb_wire_twopart t;
-        uint8_t msg[KVB_WIRE_TWOPART_HEAD + sizeof(ack)];
+        uint8_t ack[64], msg[KVB_WIRE_TWOPART_HEAD + sizeof(ack)];
         if (hl + bl > sizeof(ack))
             rc = -EPROTO;
         else if ((rc = recv_all(fd, ack, (size_t)(hl + bl), CONNECT_MS)) == 0) {

@@ -151,7 +151,7 @@ static natsStatus evl_detach(void *ud)
 }
 
 /* sink_priv.h */
-void kvb_sink_io_forget(struct kvb_sink *s, natsConnection *nc)
+void kvb_sink_io_forget(struct kvb_sink *s, const natsConnection *nc)
 {
     if (!nc)
         return;

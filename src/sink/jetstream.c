@@ -481,7 +481,6 @@ static int js_check_stream(struct kvb_sink *s, const jsStreamInfo *si, char *why
 {
     const jsStreamConfig *c = si->Config;
     bool covered = false;
-    size_t len = 0;
     why[0] = '\0';
     if (!c)
         return 0;
@@ -490,10 +489,10 @@ static int js_check_stream(struct kvb_sink *s, const jsStreamInfo *si, char *why
     for (int i = 0; i < c->SubjectsLen && !covered; i++)
         covered = c->Subjects[i] && subject_covers(c->Subjects[i], s->js_subject);
     if (!covered) {
-        len = (size_t)snprintf(why, cap,
-                               "stream %s exists but does not take the subject %s "
-                               "(its subjects:",
-                               s->js_stream, s->js_subject);
+        size_t len = (size_t)snprintf(why, cap,
+                                      "stream %s exists but does not take the subject %s "
+                                      "(its subjects:",
+                                      s->js_stream, s->js_subject);
         for (int i = 0; i < c->SubjectsLen && len < cap; i++)
             len += (size_t)snprintf(why + len, cap - len, " %s", c->Subjects[i]);
         if (len < cap)
@@ -524,14 +523,13 @@ static int js_setup_once(struct kvb_sink *s, jsCtx *js, int64_t wait_ms, char *w
     jsStreamInfo *si = NULL;
     jsErrCode ec = 0;
     natsStatus st;
-    int rc;
 
     *transient = false;
     jsOptions_Init(&o);
     o.Wait = wait_ms > 0 ? wait_ms : 1;
     st = js_GetStreamInfo(&si, js, s->js_stream, &o, &ec);
     if (st == NATS_OK) {
-        rc = js_check_stream(s, si, why, cap);
+        int rc = js_check_stream(s, si, why, cap);
         if (rc == 0)
             kvb_info(STAGE,
                      "JetStream: publishing to %s, stored in stream %s (%" PRIu64 " messages)",
@@ -611,11 +609,11 @@ bool kvb_sink_js_due(struct kvb_sink *s, uint64_t now, uint64_t *at)
  * in order, while connected. */
 void kvb_sink_js_work(struct kvb_sink *s)
 {
-    char why[512];
-    bool transient;
     uint64_t now = kvb_mono_ms();
 
     if (s->js_setup_due && now >= s->js_setup_after) {
+        char why[512];
+        bool transient;
         s->js_setup_due = false;
         pthread_mutex_unlock(&s->rb_mu);
         int rc = js_setup_once(s, s->js, s->js_ack_timeout_ms, why, sizeof(why), &transient);

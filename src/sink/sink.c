@@ -126,11 +126,11 @@ static void on_connected(natsConnection *nc, void *closure)
 static void on_reconnected(natsConnection *nc, void *closure)
 {
     struct kvb_sink *s = closure;
-    char url[256];
     count_reconnect(s);
     atomic_store(&s->outage_bytes, 0);
     set_state(s, ST_CONNECTED);
     if (atomic_load(&s->live)) {
+        char url[256];
         char *shown = natsConnection_GetConnectedUrl(nc, url, sizeof(url)) == NATS_OK
                           ? kvb_url_redacted(url, "nats", "***")
                           : NULL;

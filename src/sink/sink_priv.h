@@ -266,7 +266,7 @@ void kvb_sink_io_stop(struct kvb_sink *s);
 natsStatus kvb_sink_io_options(struct kvb_sink *s, natsOptions *o);
 /* Before natsConnection_Destroy(nc): the I/O thread leaves it alone from now
  * on (waits for a call into it in progress).  Not with nats.c's lock held. */
-void kvb_sink_io_forget(struct kvb_sink *s, natsConnection *nc);
+void kvb_sink_io_forget(struct kvb_sink *s, const natsConnection *nc);
 
 /* The inodes of the sockets attached now (at most MAX); returns the count. */
 size_t kvb_sink_io_attached(struct kvb_sink *s, ino_t *out, size_t max);

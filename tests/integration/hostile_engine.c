@@ -1,4 +1,4 @@
-/* hostile_engine: a hostile engine for the integration tests (issue 18).
+/* hostile_engine: a hostile engine for the integration tests.
  *
  *   hostile_engine MODE [options]
  *

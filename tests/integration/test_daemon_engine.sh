@@ -131,7 +131,7 @@ expect_eq "/readyz once it answers again" "$HTTP_STATUS" 200
 # ---- 4. killed: one barrier per dp_rank, once ---------------------------------
 # (nothing was published for either rank since the first engine_gone barriers:
 # the router holds nothing of them, so the new ones are counted as redundant
-# instead of published; issue 18)
+# instead of published)
 r0=$(metric "$MP" kvbridge_barriers_redundant_total)
 stop_pid "$SPID" KILL >/dev/null
 wait_metric kvbridge_engine_gone_total 2

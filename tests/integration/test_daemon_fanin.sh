@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Several engines, one kvbridge (issue 17): two engines in connect mode, each
+# Several engines, one kvbridge: two engines in connect mode, each
 # with its own worker_id and block size (16 and 32), and two engines that
 # connect to one bind-mode SUB, told apart by their topics (sources[].topics,
 # the kv@POD@MODEL form).  Each engine's router events carry its worker_id,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Engine starts and restarts (issue 12).  Every case ends with kvtail's index
+# Engine starts and restarts.  Every case ends with kvtail's index
 # equal to the engine's truth (kvsim --record): nothing wrong, nothing
 # missing (the complete history, recovered from the engine's replay socket),
 # no orphan store, event_id contiguous.

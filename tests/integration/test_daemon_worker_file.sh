@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# worker_id_file (issue 17): the worker id comes from a file a launcher
+# worker_id_file: the worker id comes from a file a launcher
 # writes; SIGHUP reads it again, and a changed id is a reload that keeps the
 # source open and starts the new worker's event_ids at 0 with a start barrier
 # ("cleared", event_id 0), while the engine goes on publishing.  Every router

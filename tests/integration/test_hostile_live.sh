@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hostile live peers of a bind-mode source (hostile_engine.c), issue 18.
+# Hostile live peers of a bind-mode source (hostile_engine.c).
 #   a. topics: 100 topics at once fill the stream table (64 per source; the
 #      36 others are dropped and counted), then, after 3 s of silence, a new
 #      topic comes: the least recently used idle stream is expired (counted

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hostile or broken NATS servers, issue 18.
+# Hostile or broken NATS servers.
 #   a. stall: the server stops reading (nats-server SIGSTOPped) under 3000
 #      batches/s.  kvbridge pauses reading (backpressure) and /readyz answers
 #      503 saying NATS does not take router events (before: 200 all along);

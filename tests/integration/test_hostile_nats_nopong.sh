@@ -10,7 +10,7 @@
 #   c. the first connection is served (PONG, PUBs) and hung up after 2 s;
 #      every reconnection is mute: kvbridge keeps serving /healthz, counts
 #      the stalls and stops on SIGTERM with 75 (EX_TEMPFAIL: the router events
-#      of kvsim's batches after the hang-up were never delivered; issue 18)
+#      of kvsim's batches after the hang-up are never delivered)
 # A stop waits up to flush_timeout_ms (1 s here) for NATS (the default, 5 s,
 # is kvbridge's drain), then for the handshake in progress to be cut (about
 # 0.1 s once destroy started), hence "within 8 s".

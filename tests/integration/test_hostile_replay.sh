@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A hostile replay ROUTER (hostile_engine.c), issue 18.
+# A hostile replay ROUTER (hostile_engine.c).
 #   a. flood: the live stream jumps from seq 9 to 10^11 and the ROUTER answers
 #      the request with fat in-range batches (2000 events each) flat out for
 #      5 s, never END.  kvbridge's peak RSS stays under the ceiling of

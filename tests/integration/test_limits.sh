@@ -97,7 +97,7 @@ refused=$(m events "$MAL")
 expect_ge "events: batches refused" "$refused" 1
 expect_lt "events: not every batch refused" "$refused" "$BATCHES"
 # one barrier per refused batch, unless the pair published nothing since its
-# last "cleared" (then it says nothing new and is counted as redundant, issue 18)
+# last "cleared" (then it says nothing new and is counted as redundant)
 expect_eq "events: one barrier per refused batch (published or redundant)" \
   "$(($(m events "$BMAL") + $(m events kvbridge_barriers_redundant_total)))" "$refused"
 expect_ge "events: barriers published" "$(m events "$BMAL")" 1

@@ -1658,7 +1658,7 @@ START_TEST(test_free_null)
 }
 END_TEST
 
-/* ---- ${VAR} in values (issue 17) ---------------------------------------- */
+/* ---- ${VAR} in values ---------------------------------------------------- */
 
 START_TEST(test_env_expand)
 {
@@ -1715,7 +1715,7 @@ START_TEST(test_env_expand)
 }
 END_TEST
 
-/* ---- worker_id_file (issue 18) ------------------------------------------ */
+/* ---- worker_id_file ------------------------------------------------------ */
 
 START_TEST(test_worker_id_file)
 {
@@ -2077,7 +2077,7 @@ START_TEST(test_lora_names)
 }
 END_TEST
 
-/* ---- several engines, one kvbridge (issue 17) --------------------------- */
+/* ---- several engines, one kvbridge --------------------------------------- */
 
 START_TEST(test_worker_keys)
 {

@@ -274,7 +274,7 @@ START_TEST(filters_count_by_reason)
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
     ck_assert_int_eq(why, KVB_DROP_TIER_FILTERED);
 
-    /* EAGLE pairs are hashed now (test eagle_windows), no longer filtered:
+    /* EAGLE pairs are hashed (test eagle_windows), not filtered:
      * 16 pairs flatten to 17 ids, one window of B+1 */
     e.token_pairs = true;
     e.n_pairs = 16;

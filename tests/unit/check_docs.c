@@ -21,7 +21,10 @@
  *   - no document in docs/ (the man page aside) is a copy of one of the
  *     contracts it was written from (when they are beside the tree: see
  *     docs_are_not_spec_copies).
- * Run from the project root (reads docs/, conf/ and build/kvbridge). */
+ *   - docs/design.md's file map (section 2) is the tree: every .c and .h of
+ *     src/ and include/ is listed, every path listed exists.
+ * Run from the project root (reads docs/, conf/, src/, include/ and
+ * build/kvbridge). */
 #include <check.h>
 
 #include "testutil.h"
@@ -962,6 +965,102 @@ START_TEST(docs_are_not_spec_copies)
 }
 END_TEST
 
+/* ---- docs/design.md's file map against the tree ---------------------------- */
+
+/* The paths of the "## 2. File map" section's first code block: each line that
+ * starts with src/ or include/ names one file (its first word). */
+static size_t file_map(char *text, char ***out)
+{
+    char *sec = strstr(text, "## 2. File map");
+    ck_assert_msg(sec != NULL, "docs/design.md: no section '## 2. File map'");
+    char *open = strstr(sec, "\n```");
+    ck_assert_msg(open != NULL, "docs/design.md: the file map has no code block");
+    char *p = strchr(open + 1, '\n');
+    char *end = p ? strstr(p, "\n```") : NULL;
+    ck_assert_msg(end != NULL, "docs/design.md: the file map's code block is not closed");
+    *end = '\0';
+    size_t n = 0, cap = 0;
+    char **paths = NULL;
+    for (char *line = p + 1, *nl; line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (strncmp(line, "src/", 4) != 0 && strncmp(line, "include/", 8) != 0)
+            continue;
+        size_t len = strcspn(line, " \t\n");
+        if (n == cap) {
+            cap = cap ? 2 * cap : 128;
+            paths = realloc(paths, cap * sizeof(*paths));
+            ck_assert(paths != NULL);
+        }
+        paths[n] = strndup(line, len);
+        ck_assert(paths[n] != NULL);
+        n++;
+    }
+    *out = paths;
+    return n;
+}
+
+static bool listed(char **paths, size_t n, const char *path)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(paths[i], path) == 0)
+            return true;
+    return false;
+}
+
+/* Every .c and .h under dir (recursively) must be in the map; returns how
+ * many files it saw. */
+static size_t walk_listed(const char *dir, char **paths, size_t n)
+{
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "%s: cannot open (run from the project root)", dir);
+    size_t seen = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        struct stat st;
+        ck_assert(stat(path, &st) == 0);
+        if (S_ISDIR(st.st_mode)) {
+            seen += walk_listed(path, paths, n);
+            continue;
+        }
+        const char *ext = strrchr(e->d_name, '.');
+        if (!S_ISREG(st.st_mode) || !ext || (strcmp(ext, ".c") && strcmp(ext, ".h")))
+            continue;
+        ck_assert_msg(listed(paths, n, path),
+                      "docs/design.md: %s is not in the file map (section 2)", path);
+        seen++;
+    }
+    closedir(d);
+    return seen;
+}
+
+/* The file map is the tree: every C file and header of src/ and include/ is
+ * listed, and every path listed exists. */
+START_TEST(file_map_matches_tree)
+{
+    size_t len;
+    char *t = (char *)read_all("docs/design.md", &len);
+    char **paths;
+    size_t n = file_map(t, &paths);
+    ck_assert_msg(n > 0, "docs/design.md: the file map lists no file");
+    for (size_t i = 0; i < n; i++) {
+        struct stat st;
+        ck_assert_msg(stat(paths[i], &st) == 0 && S_ISREG(st.st_mode),
+                      "docs/design.md: the file map lists %s, which does not exist", paths[i]);
+    }
+    size_t seen = walk_listed("src", paths, n) + walk_listed("include", paths, n);
+    ck_assert_msg(seen == n, "docs/design.md: the file map lists %zu files, the tree has %zu", n,
+                  seen);
+    for (size_t i = 0; i < n; i++)
+        free(paths[i]);
+    free(paths);
+    free(t);
+}
+END_TEST
+
 static Suite *docs_suite(void)
 {
     Suite *s = suite_create("docs");
@@ -978,6 +1077,7 @@ static Suite *docs_suite(void)
     tcase_add_test(tc, event_plane_sections_stable);
     tcase_add_test(tc, cited_sections_exist);
     tcase_add_test(tc, docs_are_not_spec_copies);
+    tcase_add_test(tc, file_map_matches_tree);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -183,7 +183,7 @@ START_TEST(test_rank_rules)
     ck_assert_uint_eq(l->ignored, 1);
     free(l);
     /* used blocks never exceed the total, even for a total that is not an
-     * integer (round(1 x 2.5) = 3 before the fix) */
+     * integer (round(1 x 2.5) = 3 would exceed it) */
     l = load_str(KVB_ENGINE_VLLM, "vllm:cache_config_info{num_gpu_blocks=\"2.5\"} 1\n"
                                   "vllm:kv_cache_usage_perc 1\n");
     kvb_engine_load_finish(l, NULL, 0);

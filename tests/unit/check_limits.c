@@ -263,8 +263,8 @@ static char *json_of(const struct kvb_rev *r, size_t *len)
 /* Every count of blocks up to 300, every number at its widest (20 digits),
  * a non-device tier: the text must be right and fit the encoder's buffer.
  * A fresh encoder each time, so that its buffer is exactly what it sizes for
- * this event.  (Before the fix: 71 bytes per block against 64 reserved, so
- * 12 blocks already overflow the 1024-byte buffer.) */
+ * this event.  (A block takes up to 71 bytes: reserving 64 per block would
+ * overflow the 1024-byte buffer at 12 blocks.) */
 START_TEST(encode_widest_events_fit)
 {
     enum { MAXN = 300 };
@@ -997,7 +997,7 @@ END_TEST
  * malformed".  ZMQ_MAXMSGSIZE would make libzmq drop the connection instead,
  * and nothing would be counted: connect mode never sets it.  (Bind mode sets
  * it to the limit, so that peers cannot make libzmq buffer more than
- * max_peers frames of that size, issue 18: there the loss shows as a gap,
+ * max_peers frames of that size: there the loss shows as a gap,
  * payload_live_oversize_bind_mode.) */
 START_TEST(payload_live_oversize_counted)
 {
@@ -1074,7 +1074,7 @@ START_TEST(payload_replay_oversize_refused)
 }
 END_TEST
 
-/* ---- topics with NUL bytes, replies for other topics (issue 18) ---------- */
+/* ---- topics with NUL bytes, replies for other topics ---------------------- */
 
 static void publish_t(struct net *n, const char *topic, size_t tl, uint64_t seq, const uint8_t *pl,
                       size_t len)
@@ -1349,8 +1349,8 @@ END_TEST
  * the monitor's "disconnected" before the batches still queued in the SUB
  * (a loop that lags behind).  Those batches came before the drop: they are
  * applied as they are, with no restart barrier (there is no replay endpoint
- * to prove continuity with).  Before the fix each such drop published a
- * spurious "cleared". */
+ * to prove continuity with), so no such drop publishes a spurious
+ * "cleared". */
 START_TEST(drop_after_queued_batches_no_barrier)
 {
     struct kvb_pipeline_cfg c = test_pcfg(W, 16);

@@ -231,7 +231,7 @@ START_TEST(too_many_ranks_on_a_stream)
     for (int r = 0; r < KVB_MAX_STREAM_RANKS; r++)
         ck_assert_int_eq(live(&s, (uint64_t)r, 1, r), 2);
     /* one rank more: dropped and counted as malformed; never a barrier on
-     * all 64 (issue 18: dp_rank churn made 3.36M barriers of 56k batches),
+     * all 64 (under dp_rank churn that would be 3.36M barriers of 56k batches),
      * and none at all for a pair that never published */
     uint64_t bars = kvb_get(&m.barriers_total[KVB_BAR_MALFORMED]);
     for (int k = 0; k < 1000; k++)

@@ -487,7 +487,7 @@ START_TEST(hold_full_gives_up)
 }
 END_TEST
 
-/* ---- starts, restarts, reconnects (issue 12) ----------------------------- */
+/* ---- starts, restarts, reconnects ----------------------------------------- */
 
 static const uint8_t pl2[4] = {9, 9, 9, 9};
 
@@ -617,8 +617,8 @@ START_TEST(reconnect_seq_back_is_a_restart)
 }
 END_TEST
 
-/* Issue 18 item 3: the engine restarts while a replay is pending; the new
- * incarnation's batches were held, then skipped as "seq <= last". */
+/* The engine restarts while a replay is pending: the new incarnation's
+ * held batches are applied, not skipped as "seq <= last". */
 START_TEST(restart_during_replay)
 {
     for (uint64_t q = 0; q < 10; q++)
@@ -637,7 +637,7 @@ START_TEST(restart_during_replay)
 }
 END_TEST
 
-/* Issue 18 item 3: held batches past the 2^64-1 wrap were skipped. */
+/* Held batches past the 2^64-1 wrap are applied, not skipped. */
 START_TEST(wrap_during_replay)
 {
     live(&st, UINT64_MAX - 3, 0);
@@ -653,8 +653,8 @@ START_TEST(wrap_during_replay)
 }
 END_TEST
 
-/* Issue 18 item 4: a reply that trickles in (each batch within the stall
- * time) no longer extends the replay beyond replay.timeout_ms. */
+/* A reply that trickles in (each batch within the stall time) does not
+ * extend the replay beyond replay.timeout_ms. */
 START_TEST(trickle_bounded_by_timeout)
 {
     live(&st, 0, 0);
