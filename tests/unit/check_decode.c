@@ -294,6 +294,9 @@ START_TEST(stored_map_any_order_unknown_keys_map16)
     ck_assert(e->sliding_window.has && e->sliding_window.v == 4096);
     ck_assert(!e->lora_id.has);
     ck_assert_int_eq(e->spec_kind.len, 13);
+    /* an ownership that is no string: present, naming nothing (unknown_ownership) */
+    ck_assert(e->ownership.ptr != NULL && e->ownership.len == 0);
+    ck_assert(e->locality.len == 6 && memcmp(e->locality.ptr, "rack-1", 6) == 0);
     ck_assert_int_eq(b.events[1].type, KVB_EV_REMOVED);
     ck_assert_int_eq(b.events[1].n_hashes, 0);
     ck_assert(b.events[1].medium.ptr == NULL);
