@@ -257,7 +257,7 @@ START_TEST(filters_count_by_reason)
     e.group_idx.v = 1;
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
     ck_assert_int_eq(why, KVB_DROP_UNLEARNED_GROUP_IDX); /* no kind learned for group 1 */
-    e.group_idx.v = 0; /* main group: published */
+    e.group_idx.v = 0;                                   /* main group: published */
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
 
     static const char *kinds_ok[] = {"full_attention", "mla_attention", "sink_full_attention"};

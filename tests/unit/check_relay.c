@@ -17,8 +17,8 @@ static struct kvb_converter *conv;
 static const struct kvb_convert_cfg cfg = {.worker_id = 9,
                                            .block_size = 4,
                                            .lora_salt = true,
-                                           .forward_tiers = (1u << KVB_TIER_DEVICE) |
-                                                            (1u << KVB_TIER_DISK),
+                                           .forward_tiers =
+                                               (1u << KVB_TIER_DEVICE) | (1u << KVB_TIER_DISK),
                                            .max_tracked = 1u << 16};
 
 static void setup(void)
@@ -28,13 +28,16 @@ static void setup(void)
 }
 static void teardown(void) { kvb_converter_destroy(&conv); }
 
-static struct kvb_str S(const char *s)
-{
+static struct kvb_str S(const char *s) {
     struct kvb_str r = {s, s ? (uint32_t)strlen(s) : 0};
     return r;
 }
 
-static uint64_t drops(int reason) { return kvb_get(&m.events_dropped_total[reason]); }
+static uint64_t
+drops(int reason)
+{
+    return kvb_get(&m.events_dropped_total[reason]);
+}
 
 /* Events of block size 4: block hash h holds tokens h*4 .. h*4+3. */
 #define MAXB 8
@@ -53,8 +56,8 @@ static struct kvb_hash uh(uint64_t v)
 
 /* A store of blocks hs[0..n) under parent (0: none), group g (< 0: none),
  * kind (NULL: none). */
-static struct kvb_event *store(struct ev *x, const uint64_t *hs, uint32_t n, uint64_t parent,
-                               int g, const char *kind)
+static struct kvb_event *store(struct ev *x, const uint64_t *hs, uint32_t n, uint64_t parent, int g,
+                               const char *kind)
 {
     memset(x, 0, sizeof(*x));
     for (uint32_t i = 0; i < n; i++) {
@@ -259,8 +262,7 @@ START_TEST(salted_conversation)
     ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, salted));
     /* 30 stored again without salt: ambiguous; a child without salt drops */
     ck_assert_int_eq(run(store(&x, t1, 1, 0, 1, "full_attention")), PUB);
-    ck_assert_int_eq(run(store(&x, t2, 1, 30, -1, NULL)),
-                     DROP(KVB_DROP_AMBIGUOUS_CACHE_NAMESPACE));
+    ck_assert_int_eq(run(store(&x, t2, 1, 30, -1, NULL)), DROP(KVB_DROP_AMBIGUOUS_CACHE_NAMESPACE));
     /* a remove forgets 31 (and its copy); stored again under its own salt it
      * is hashed under that one, and its child inherits it */
     ck_assert_int_eq(run(removal(&x, t2, 1, -1)), PUB);
