@@ -1281,7 +1281,7 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
         msgpack_pack_int(pk, e->group);
         if (big) {
             pack_cstr(pk, "locality");
-            pack_cstr(pk, "local");
+            pack_cstr(pk, "LOCAL"); /* vLLM 0.26+ and Dynamo: exact, upper case */
         }
         if (type_last) {
             pack_cstr(pk, "type");
@@ -1324,7 +1324,7 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
             pack_window(pk, e);
         }
         pack_cstr(pk, "locality");
-        pack_cstr(pk, "local");
+        pack_cstr(pk, "LOCAL"); /* vLLM 0.26+ and Dynamo: exact, upper case */
         if (big) {
             pack_cstr(pk, "session_id");
             msgpack_pack_nil(pk);
