@@ -1328,8 +1328,10 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
         if (big) {
             pack_cstr(pk, "session_id");
             msgpack_pack_nil(pk);
+            /* the framework's own blocks: ownership nil (any value is
+             * another owner's, dropped by Dynamo's relay and kvbridge) */
             pack_cstr(pk, "ownership");
-            pack_cstr(pk, "owner");
+            msgpack_pack_nil(pk);
             pack_cstr(pk, "x_kvsim_pad");
             msgpack_pack_uint64(pk, bits >> 40);
         }
