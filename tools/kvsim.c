@@ -1482,8 +1482,8 @@ static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const s
     }
     return oracle_hash_ns(s->orbuf, b->tok + e->t_off + i * s->o.bs, s->o.bs + (e->eagle ? 1 : 0),
                           e->lora ? lora_names[e->lora] : NULL,
-                          e->ns_inherited ? cache_namespaces[e->ns_inherited - 1] : NULL, first,
-                          n0, it, n);
+                          e->ns_inherited ? cache_namespaces[e->ns_inherited - 1] : NULL, first, n0,
+                          it, n);
 }
 
 /* --oracle-selftest: the known answers of docs/router-events.md section 3.4 (computed there
