@@ -264,6 +264,9 @@ struct ev {
     bool mm;
     uint64_t mm_seed;
     int ns;
+    /* a later store of a salted request: no salt of its own, its parent's
+     * namespace (Dynamo's relay and kvbridge inherit it), 1 + index or 0 */
+    int ns_inherited;
     /* --workload eagle: nh * bs + 1 flat tokens, sent as nh * bs bigrams */
     bool eagle;
 };
@@ -405,6 +408,7 @@ struct gen {
     uint64_t last;
     bool has_last;
     int cur_lora; /* multimodal: the current request's LoRA */
+    int cur_ns;   /* multimodal: the current request's cache namespace (ev.ns) */
 };
 
 struct rbent {
@@ -751,6 +755,10 @@ static void gen_chain(struct sim *s, struct rank *r)
         e->mm_seed = rnd(&g->rng);
         e->lora = g->cur_lora;
         e->ns = fresh && rnd_below(&g->rng, 2) == 0 ? 1 + (int)rnd_below(&g->rng, 2) : 0;
+        if (fresh)
+            g->cur_ns = e->ns;
+        else
+            e->ns_inherited = g->cur_ns;
     }
     for (size_t i = 0; i < nb; i++) {
         uint64_t parent = i ? b->h[h_off + i - 1] : g->last;
@@ -1282,7 +1290,7 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
         msgpack_pack_int(pk, e->group);
         if (big) {
             pack_cstr(pk, "locality");
-            pack_cstr(pk, "local");
+            pack_cstr(pk, "LOCAL"); /* vLLM 0.26+ and Dynamo: exact, upper case */
         }
         if (type_last) {
             pack_cstr(pk, "type");
@@ -1325,12 +1333,14 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
             pack_window(pk, e);
         }
         pack_cstr(pk, "locality");
-        pack_cstr(pk, "local");
+        pack_cstr(pk, "LOCAL"); /* vLLM 0.26+ and Dynamo: exact, upper case */
         if (big) {
             pack_cstr(pk, "session_id");
             msgpack_pack_nil(pk);
+            /* the framework's own blocks: ownership nil (any value is
+             * another owner's, dropped by Dynamo's relay and kvbridge) */
             pack_cstr(pk, "ownership");
-            pack_cstr(pk, "owner");
+            msgpack_pack_nil(pk);
             pack_cstr(pk, "x_kvsim_pad");
             msgpack_pack_uint64(pk, bits >> 40);
         }
@@ -1412,8 +1422,9 @@ static int cmp_u64(const void *a, const void *b)
 
 /* The rule on explicit inputs: ntok tokens, the LoRA name (or NULL), block
  * 0's extra_keys items (n0 < 0: nil; the namespace), the block's own items. */
-static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok, const char *lora,
-                            const struct mm_item *first, int n0, const struct mm_item *it, int n)
+static uint64_t oracle_hash_ns(unsigned char *buf, const uint32_t *tok, size_t ntok,
+                               const char *lora, const char *inherited, const struct mm_item *first,
+                               int n0, const struct mm_item *it, int n)
 {
     uint64_t seed = TOKENS_SEED, mm[MM_MAX_ITEMS];
     size_t nmm = 0, len = 0;
@@ -1428,11 +1439,15 @@ static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok
             continue;
         if (!strncmp(first[k].str, SALT_PREFIX, strlen(SALT_PREFIX))) {
             const char *ns = first[k].str + strlen(SALT_PREFIX);
-            if (*ns)
+            if (*ns) {
                 seed += XXH3_64bits_withSeed(ns, strlen(ns), 1);
+                inherited = NULL;
+            }
             break;
         }
     }
+    if (inherited && *inherited) /* no salt of its own: the parent's namespace */
+        seed += XXH3_64bits_withSeed(inherited, strlen(inherited), 1);
     for (int k = 0; k < n; k++) {
         bool has;
         uint64_t h = mm_item_hash(&it[k], lora, &has);
@@ -1449,6 +1464,12 @@ static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok
     return XXH3_64bits_withSeed(buf, len, seed);
 }
 
+static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok, const char *lora,
+                            const struct mm_item *first, int n0, const struct mm_item *it, int n)
+{
+    return oracle_hash_ns(buf, tok, ntok, lora, NULL, first, n0, it, n);
+}
+
 static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const struct ev *e,
                                    size_t i)
 {
@@ -1459,8 +1480,10 @@ static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const s
         n = mm_block_items(e, i, it);
         n0 = mm_block_items(e, 0, first);
     }
-    return oracle_hash(s->orbuf, b->tok + e->t_off + i * s->o.bs, s->o.bs + (e->eagle ? 1 : 0),
-                       e->lora ? lora_names[e->lora] : NULL, first, n0, it, n);
+    return oracle_hash_ns(s->orbuf, b->tok + e->t_off + i * s->o.bs, s->o.bs + (e->eagle ? 1 : 0),
+                          e->lora ? lora_names[e->lora] : NULL,
+                          e->ns_inherited ? cache_namespaces[e->ns_inherited - 1] : NULL, first, n0,
+                          it, n);
 }
 
 /* --oracle-selftest: the known answers of docs/router-events.md section 3.4 (computed there

@@ -54,7 +54,11 @@ rec_expect() {
       if (t == "cleared") { pub["cleared"]++; continue }
       g = 0; if (match(e, /"group":[0-9]+/)) g = substr(e, RSTART + 8, RLENGTH - 8) + 0
       tier = ""; if (match(e, /"tier":"[a-z_]+"/)) tier = substr(e, RSTART + 8, RLENGTH - 9)
-      if (g != 0) drop["non_main_group"]++
+      # the group rules of docs/router-events.md section 8: kvsim group-1
+      # stores say sliding_window; a group-1 remove follows the kind its
+      # group last stored, or is unlearned before any
+      if (g != 0 && t == "stored") { drop["non_main_attention_kind"]++; learned[g] = 1 }
+      else if (g != 0) drop[learned[g] ? "non_main_attention_group" : "unlearned_group_idx"]++
       else if (tier != "device") drop["tier_filtered"]++
       else if (t == "removed" && index(e, "\"hashes\":[]")) drop["empty_remove"]++
       else pub[t]++
@@ -64,8 +68,10 @@ rec_expect() {
     printf "batches=%d arrived=%d last_seq=%d\n", batches, arrived, last
     printf "recv_stored=%d recv_removed=%d recv_cleared=%d\n", recv["stored"], recv["removed"], recv["cleared"]
     printf "pub_stored=%d pub_removed=%d pub_cleared=%d\n", pub["stored"], pub["removed"], pub["cleared"]
-    printf "drop_non_main_group=%d drop_tier_filtered=%d drop_empty_remove=%d\n",
-      drop["non_main_group"], drop["tier_filtered"], drop["empty_remove"]
+    printf "drop_non_main_attention_kind=%d drop_non_main_attention_group=%d\n",
+      drop["non_main_attention_kind"], drop["non_main_attention_group"]
+    printf "drop_unlearned_group_idx=%d drop_tier_filtered=%d drop_empty_remove=%d\n",
+      drop["unlearned_group_idx"], drop["tier_filtered"], drop["empty_remove"]
   }' "$1" | tr ' ' '\n'
 }
 
@@ -138,10 +144,12 @@ done
 for t in unknown malformed; do
   expect_eq "events_received_total{type=\"$t\"} = 0" "$(m "kvbridge_events_received_total{type=\"$t\"}")" 0
 done
-for r in non_main_group tier_filtered empty_remove; do
+for r in non_main_attention_kind non_main_attention_group unlearned_group_idx tier_filtered \
+  empty_remove; do
   expect_eq "events_dropped_total{reason=\"$r\"} = record" "$(m "kvbridge_events_dropped_total{reason=\"$r\"}")" "$(want "drop_$r")"
 done
-for r in non_full_attention block_size_mismatch unsupported_tokens no_complete_block unknown_event_type malformed_event; do
+for r in unknown_kind unknown_medium non_local_locality duplicate_hash resident_repeat copies_remain \
+  block_size_mismatch unsupported_tokens no_complete_block unknown_event_type malformed_event; do
   expect_eq "events_dropped_total{reason=\"$r\"} = 0" "$(m "kvbridge_events_dropped_total{reason=\"$r\"}")" 0
 done
 expect_eq "unknown_medium_total = 0" "$(m kvbridge_unknown_medium_total)" 0

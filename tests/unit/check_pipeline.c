@@ -15,14 +15,20 @@ static struct kvb_pipeline *p;
 static struct kvb_publish *pub;
 static struct kvb_replay *rules; /* the daemon's, without a replay endpoint */
 
-static void setup(void)
+static void open_with(uint64_t max_tracked)
 {
     memset(&m, 0, sizeof(m));
     memset(&out, 0, sizeof(out));
     struct kvb_pipeline_cfg c = test_pcfg(W, 16);
+    c.convert.max_tracked = max_tracked;
     test_pipeline_create(&c, &m, &out, &pub, &p);
     rules = test_rules(p, &m, 0);
 }
+/* the sequence cases store one block again and again: no copies tracked */
+static void setup(void) { open_with(0); }
+/* the captures with the daemon's default tracking: Dynamo's rules in full
+ * (copies, namespaces) leave their expected output as it was */
+static void setup_tracked(void) { open_with(1048576); }
 
 static void teardown(void)
 {
@@ -315,7 +321,7 @@ START_TEST(event_ids_contiguous_through_filters)
         const char *nl = strchr(l, '\n');
         ck_assert(memmem(l, (size_t)(nl - l), want, strlen(want)) != NULL);
     }
-    ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_NON_MAIN_GROUP]), 3);
+    ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_UNLEARNED_GROUP_IDX]), 3);
     ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_MALFORMED_EVENT]), 3);
     ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_UNKNOWN_EVENT_TYPE]), 3);
 }
@@ -387,17 +393,52 @@ START_TEST(lora_ids_named_or_counted)
 }
 END_TEST
 
+/* limits.max_tracked_blocks reached: the store goes out, then a "cleared"
+ * (cause tracker_full) for every pair, and the tracker starts again. */
+START_TEST(tracker_full_barrier)
+{
+    teardown();
+    open_with(2);
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    struct mp mb;
+    mp_init(&mb);
+    msgpack_pack_array(&mb.pk, 3);
+    msgpack_pack_double(&mb.pk, 1.0);
+    msgpack_pack_array(&mb.pk, 1);
+    msgpack_pack_array(&mb.pk, 5);
+    mp_str(&mb, "BlockStored");
+    msgpack_pack_array(&mb.pk, 3);
+    for (int i = 1; i <= 3; i++)
+        msgpack_pack_int(&mb.pk, i);
+    msgpack_pack_nil(&mb.pk);
+    msgpack_pack_array(&mb.pk, 48);
+    for (int i = 0; i < 48; i++)
+        msgpack_pack_int(&mb.pk, i);
+    msgpack_pack_int(&mb.pk, 16);
+    msgpack_pack_int(&mb.pk, 0);
+    /* start barrier, the store, the tracker_full barrier */
+    ck_assert_int_eq(feed(&s, 0, mp_data(&mb), mb.sb.size), 3);
+    mp_free(&mb);
+    ck_assert(strstr(line(1), "\"stored\"") != NULL);
+    ck_assert(strstr(line(2), "\"cleared\"") != NULL);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_TRACKER_FULL]), 1);
+    ck_assert_uint_eq(kvb_get(&m.tracker_overflows_total[0]), 1);
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
     TCase *tc = tcase_create("goldens");
-    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, setup_tracked, teardown);
     tcase_add_loop_test(tc, captures_match_expected, 0,
                         (int)(sizeof(captures) / sizeof(captures[0])));
     suite_add_tcase(s, tc);
     tc = tcase_create("sequence");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, start_barrier_once_per_rank);
+    tcase_add_test(tc, tracker_full_barrier);
     tcase_add_test(tc, gap_publishes_barrier_for_every_rank);
     tcase_add_test(tc, seq_back_is_a_restart);
     tcase_add_test(tc, malformed_batch_is_a_lost_batch);
