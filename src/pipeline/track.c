@@ -188,7 +188,7 @@ static struct entry *insert(struct kvb_track *t, struct kvb_pair p, uint8_t tier
 
 /* Backward-shift deletion: the entries after e in its run move up where
  * their home slot allows. */
-static void erase(struct kvb_track *t, struct entry *e)
+static void erase(struct kvb_track *t, const struct entry *e)
 {
     size_t i = (size_t)(e - t->tab), mask = t->cap - 1;
     t->tab[i].used = 0;
