@@ -221,7 +221,8 @@ struct kvb_sink {
         bool seen;
     } guard_cand[GUARD_MAX_CAND]; /* handshakes in progress (seen, not attached) */
     size_t n_guard_cand;
-    atomic_bool guard_hurry;         /* destroy started: cut unanswered handshakes now */
+    atomic_bool guard_hurry;         /* stopping: cut unanswered handshakes now */
+    _Atomic int guard_sigfd;         /* the loop's signalfd (-1: none), polled, never read */
     _Atomic uint64_t stalls;         /* attempts abandoned */
     _Atomic uint64_t stalls_counted; /* of them, added to nats_connect_stalls_total */
     struct kvb_ratelimit guard_rl;
@@ -278,7 +279,8 @@ size_t kvb_sink_io_attached(struct kvb_sink *s, ino_t *out, size_t max);
 int kvb_sink_guard_start(struct kvb_sink *s, const struct kvb_config *cfg);
 /* The state left ST_CONNECTED: look for stuck handshakes. */
 void kvb_sink_guard_kick(struct kvb_sink *s);
-/* destroy: stop waiting for handshakes that do not answer (any state). */
+/* destroy, or the daemon's stop: stop waiting for handshakes that do not
+ * answer (any state). */
 void kvb_sink_guard_hurry(struct kvb_sink *s);
 /* Add the attempts abandoned so far to the metric (once the sink is live). */
 void kvb_sink_guard_count(struct kvb_sink *s);
