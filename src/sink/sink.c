@@ -573,6 +573,7 @@ static void sink_free(struct kvb_sink *s)
     }
     pthread_cond_destroy(&s->ack_cond);
     pthread_mutex_destroy(&s->ack_mu);
+    pthread_mutex_destroy(&s->order_mu);
     pthread_cond_destroy(&s->rb_cond);
     pthread_mutex_destroy(&s->rb_mu);
     pthread_mutex_destroy(&s->conn_mu);
@@ -615,6 +616,7 @@ static int sink_alloc(struct kvb_sink **out)
         return rc;
     }
     pthread_mutex_init(&s->ack_mu, NULL);
+    pthread_mutex_init(&s->order_mu, NULL);
     pthread_mutex_init(&s->rb_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_mutex_init(&s->evl_mu, NULL);

@@ -154,7 +154,19 @@ struct kvb_sink {
      * they may be sent, and the stream check the worker owes. */
     struct ring rq; /* sent before, no positive ack: to send again */
     struct ring fq; /* published while ordered, never sent yet */
-    bool ordered;   /* publishes queue up in fq (mirror: ordered_hint) */
+    /* order_mu: per (worker_id, dp_rank), the greatest (epoch, event_id)
+     * handed to nats.c so far (jetstream.c, "Order"): a message is sent
+     * again only while nothing later of its pair was. */
+    pthread_mutex_t order_mu;
+    struct order_slot {
+        uint64_t k[4];     /* worker_id, dp_rank, epoch, event_id */
+        uint64_t acked[4]; /* the greatest positively acknowledged (0: none) */
+        bool used;
+    } * order;
+    _Atomic uint64_t js_ack_seq; /* the greatest stream sequence acknowledged */
+    size_t order_cap, order_len;
+    struct kvb_ratelimit order_rl; /* under order_mu */
+    bool ordered;                  /* publishes queue up in fq (mirror: ordered_hint) */
     atomic_bool ordered_hint;
     bool recover_due;         /* reconnected: take back what js still waits for */
     bool sending;             /* the worker holds a message it took from a queue */
