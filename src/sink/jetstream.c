@@ -618,8 +618,9 @@ static void judge(struct kvb_sink *s, const struct slot *k, size_t n, const bool
  * order.  While connected, first read back what the stream stored of them
  * ("Order" above): those are done, and the others are sent again only where
  * that keeps their pair's order.  Worker only. */
-void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
+bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
 {
+    bool judged = atomic_load(&s->state) != ST_CONNECTED; /* closed: nothing to read */
     natsMsgList list = {0};
     bool got = js && js_PublishAsyncGetPendingList(&list, js) == NATS_OK;
     int n_rec = got ? list.Count : 0;
@@ -652,8 +653,12 @@ void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
     size_t n_stored = 0, n_lost = 0;
     if (k) {
         qsort(k, n, sizeof(*k), slot_cmp);
-        if (n && atomic_load(&s->state) == ST_CONNECTED && read_back(s, js, k, n, stored))
+        if (!n) {
+            judged = true;
+        } else if (!judged && read_back(s, js, k, n, stored)) {
             judge(s, k, n, stored, v);
+            judged = true;
+        }
         pthread_mutex_lock(&s->rb_mu);
         for (size_t i = 0; i < n; i++) {
             if (v[i] == V_RESEND && ring_push(&s->rq, k[i], false))
@@ -681,7 +686,12 @@ void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
     pthread_mutex_unlock(&s->rb_mu);
     if (got)
         natsMsgList_Destroy(&list);
-    if (n_rec > 0)
+    if (!judged) {
+        kvb_log_rl(&s->order_rl, KVB_LOG_WARN, STAGE,
+                   "JetStream: cannot read back what the stream stored of %zu router event(s) "
+                   "without an ack: they wait, and it is read again",
+                   n);
+    } else if (n_rec > 0)
         kvb_info(STAGE,
                  "JetStream: %d router event(s) without an ack %s: %zu found stored, %zu lost "
                  "out of order (their pair repaired), the others sent again",
@@ -689,6 +699,7 @@ void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
     free(k);
     free(stored);
     free(v);
+    return judged;
 }
 
 /* NATS subject PATTERN (with * and > wildcards) matches SUBJ. */
@@ -831,7 +842,7 @@ bool kvb_sink_js_due(struct kvb_sink *s, uint64_t now, uint64_t *at)
     }
     if (s->recover_due)
         return true;
-    if ((s->rq.len || s->fq.len) && !(s->probing && atomic_load(&s->probe))) {
+    if ((s->rq.len || s->fq.len || s->reconcile_due) && !(s->probing && atomic_load(&s->probe))) {
         if (now >= s->rq_not_before)
             return true;
         if (!*at || s->rq_not_before < *at)
@@ -870,12 +881,24 @@ void kvb_sink_js_work(struct kvb_sink *s)
         }
         return;
     }
-    if (s->recover_due) {
+    if (s->recover_due || (s->reconcile_due && now >= s->rq_not_before)) {
+        const char *what = s->recover_due ? "when the connection was lost"
+                                          : "before one is sent again after later ones";
         s->recover_due = false;
         pthread_mutex_unlock(&s->rb_mu);
-        kvb_sink_js_recover(s, s->js, "when the connection was lost");
+        bool judged = kvb_sink_js_recover(s, s->js, what);
         pthread_mutex_lock(&s->rb_mu);
+        s->reconcile_due = !judged;
+        if (!judged) { /* JetStream not answering: again after a pause */
+            s->rq_not_before = kvb_mono_ms() + (s->retry_ms ? s->retry_ms : JS_RETRY_MIN_MS);
+            s->retry_ms = s->retry_ms * 2 > JS_RETRY_MAX_MS ? JS_RETRY_MAX_MS
+                          : s->retry_ms                     ? s->retry_ms * 2
+                                                            : JS_RETRY_MIN_MS * 2;
+            return;
+        }
     }
+    if (s->reconcile_due)
+        return;
     /* the resend queue first, then what was published behind it; while
      * probing, one message until JetStream answers it */
     while (!s->rb_stop && !s->rb_needed && atomic_load(&s->state) == ST_CONNECTED &&
@@ -884,12 +907,21 @@ void kvb_sink_js_work(struct kvb_sink *s)
         struct slot sl;
         if (!r || !ring_pop(r, &sl))
             break;
-        if (!order_hand_over(s, &sl)) { /* a later one of its pair went first */
+        if (!order_hand_over(s, &sl)) { /* a later one of its pair went out before */
+            if (!s->order_retry && ring_push(r, sl, true)) {
+                /* read the stream back first: that later one may not be
+                 * stored (no responders), and then this one goes in order */
+                s->order_retry = true;
+                s->reconcile_due = true;
+                pthread_cond_signal(&s->rb_cond);
+                break;
+            }
             pthread_mutex_unlock(&s->rb_mu);
             give_up_order(s, sl.m);
             pthread_mutex_lock(&s->rb_mu);
             continue;
         }
+        s->order_retry = false;
         bool probe = s->probing;
         if (probe)
             atomic_store(&s->probe, sl.m); /* before: its answer may come first */

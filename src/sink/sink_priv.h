@@ -169,6 +169,10 @@ struct kvb_sink {
     bool ordered;                  /* publishes queue up in fq (mirror: ordered_hint) */
     atomic_bool ordered_hint;
     bool recover_due;         /* reconnected: take back what js still waits for */
+    bool reconcile_due;       /* the stream must be read back before resending
+                               * (jetstream.c, "Order"); nothing is sent meanwhile */
+    bool order_retry;         /* a resend out of order was found since the last
+                               * read back: the next one is given up */
     bool sending;             /* the worker holds a message it took from a queue */
     bool probing;             /* JetStream answered "no responders"/"unavailable":
                               * send one message at a time until one is stored */
@@ -307,8 +311,10 @@ int kvb_sink_js_init(struct kvb_sink *s, const struct kvb_config *cfg);
 int kvb_sink_js_start(struct kvb_sink *s, uint64_t deadline, uint32_t timeout_ms);
 /* A new JetStream context for NC (any state). */
 natsStatus kvb_sink_js_new(struct kvb_sink *s, natsConnection *nc, jsCtx **out);
-/* Worker: take back what JS still waits an ack for. */
-void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why);
+/* Worker: take back what JS still waits an ack for, and (connected) read
+ * back what the stream stored of them.  False when connected but the stream
+ * could not be read back (everything waits in the resend queue). */
+bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why);
 /* rb_mu held: JetStream work due now (*at: when some will be). */
 bool kvb_sink_js_due(struct kvb_sink *s, uint64_t now, uint64_t *at);
 /* rb_mu held (released around nats.c calls): do that work. */
