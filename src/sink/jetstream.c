@@ -686,6 +686,11 @@ bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
     pthread_mutex_unlock(&s->rb_mu);
     if (got)
         natsMsgList_Destroy(&list);
+    if (n_stored) { /* the stream stores again: as a positive ack says */
+        atomic_store(&s->ack_ok, true);
+        atomic_store_explicit(&s->js_last_ack_ms, kvb_mono_ms(), memory_order_relaxed);
+        stall_end(s);
+    }
     if (!judged) {
         kvb_log_rl(&s->order_rl, KVB_LOG_WARN, STAGE,
                    "JetStream: cannot read back what the stream stored of %zu router event(s) "
