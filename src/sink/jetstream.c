@@ -307,9 +307,10 @@ static void give_up_order(struct kvb_sink *s, natsMsg *m)
     if (atomic_load(&s->live)) {
         pthread_mutex_lock(&s->order_mu);
         kvb_log_rl(&s->order_rl, KVB_LOG_WARN, STAGE,
-                   "JetStream: router event %s had no ack and a later event of its pair was "
-                   "sent since (it may be stored): not sent again, so that the stream keeps "
-                   "the pair's order; the pair is repaired (a barrier, then its blocks)",
+                   "JetStream: router event %s had no ack and a later event of its pair went "
+                   "out before it (and is, or may be, stored): not sent again, so that the "
+                   "stream keeps the pair's order; the pair is repaired (a barrier, then its "
+                   "blocks)",
                    id);
         pthread_mutex_unlock(&s->order_mu);
     }

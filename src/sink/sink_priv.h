@@ -33,6 +33,9 @@
  *            call.
  *   ack_mu + ack_cond (jetstream.c)  only to wait for inflight to reach 0
  *            (kvb_sink_flush); inflight itself is atomic.
+ *   order_mu (jetstream.c)  the per-pair order table and order_rl; taken
+ *            by the loop, the worker and nats.c's ack thread, never held
+ *            across a nats.c call (rb_mu may be held when it is taken).
  *   evl_mu + evl_cond (io.c)  evls, io_busy, io_stop.  Taken inside
  *            nats.c's connection lock (its event-loop callbacks), so never
  *            held while calling into nats.c.
