@@ -146,7 +146,8 @@ else # the repair: its barrier and the pair's resident blocks, after the rest
   echo "     a: $(grep '^jscheck:' "$T/a.out")"
   expect_ge "a: messages in the stream >= engine events + start barrier + repair" \
     "$(js_stat a messages)" "$(( $(field events "$wantA") + 2 ))"
-  for k in dup_ids dup_events holes; do expect_eq "a: $k" "$(js_stat a "$k")" 0; done
+  for k in dup_ids dup_events; do expect_eq "a: $k" "$(js_stat a "$k")" 0; done
+  expect_eq "a: event_ids missing = those given up (before the repair)" "$(js_stat a holes)" "$given_up"
   expect_eq "a: the start barrier and the repair's" "$(js_stat a cleared)" "$(( $(field cleared "$wantA") + 1 + repairs ))"
 fi
 expect_eq "a: stored out of order (a resend after later events of its pair)" "$(js_stat a reorders)" 0
