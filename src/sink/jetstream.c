@@ -660,6 +660,14 @@ bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
             judge(s, k, n, stored, v);
             judged = true;
         }
+        for (size_t i = 0; i < n; i++)
+            n_stored += v[i] == V_STORED;
+        if (n_stored) { /* the stream stores again, as a positive ack says:
+                         * before they settle (a flush may return then) */
+            atomic_store(&s->ack_ok, true);
+            atomic_store_explicit(&s->js_last_ack_ms, kvb_mono_ms(), memory_order_relaxed);
+            stall_end(s);
+        }
         pthread_mutex_lock(&s->rb_mu);
         for (size_t i = 0; i < n; i++) {
             if (v[i] == V_RESEND && ring_push(&s->rq, k[i], false))
@@ -669,7 +677,6 @@ bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
                 uint64_t cost = msg_cost(k[i].m);
                 natsMsg_Destroy(k[i].m);
                 settle(s, cost);
-                n_stored++;
             } else if (v[i] == V_LOST) {
                 give_up_order(s, k[i].m);
                 n_lost++;
@@ -687,11 +694,6 @@ bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
     pthread_mutex_unlock(&s->rb_mu);
     if (got)
         natsMsgList_Destroy(&list);
-    if (n_stored) { /* the stream stores again: as a positive ack says */
-        atomic_store(&s->ack_ok, true);
-        atomic_store_explicit(&s->js_last_ack_ms, kvb_mono_ms(), memory_order_relaxed);
-        stall_end(s);
-    }
     if (!judged) {
         kvb_log_rl(&s->order_rl, KVB_LOG_WARN, STAGE,
                    "JetStream: cannot read back what the stream stored of %zu router event(s) "
