@@ -560,9 +560,10 @@ static bool read_range(struct kvb_sink *s, jsCtx *js, jsOptions *o, uint64_t fro
 
 /* Which of K[0..n) (sorted by slot_cmp, nothing of them in flight any more)
  * the stream holds: read back what it stored after the greatest sequence
- * acknowledged, until its last sequence stays the same.  False when it
- * cannot tell (no answer, too much to read: another publisher's traffic). */
-static bool read_back(struct kvb_sink *s, jsCtx *js, const struct slot *k, size_t n, bool *stored)
+ * acknowledged, until its last sequence stays the same.  1: read; 0: too
+ * much to read (another publisher's traffic: the per-pair rule alone
+ * decides); -1: no answer (try again later). */
+static int read_back(struct kvb_sink *s, jsCtx *js, const struct slot *k, size_t n, bool *stored)
 {
     jsOptions o;
     jsOptions_Init(&o);
@@ -574,20 +575,20 @@ static bool read_back(struct kvb_sink *s, jsCtx *js, const struct slot *k, size_
         if (round)
             kvb_sink_sleep_ms(READ_BACK_PAUSE_MS);
         if (js_GetStreamInfo(&si, js, s->js_stream, &o, &ec) != NATS_OK)
-            return false;
+            return -1;
         uint64_t first = si->State.FirstSeq, last = si->State.LastSeq;
         jsStreamInfo_Destroy(si);
         if (from < first)
             from = first;
         if (last + 1 == from && round)
-            return true; /* nothing new since the last look */
+            return 1; /* nothing new since the last look */
         if (last >= from && last - from >= cap)
-            return false;
+            return 0;
         if (!read_range(s, js, &o, from, last, k, n, stored))
-            return false;
+            return -1;
         from = last + 1 > from ? last + 1 : from;
     }
-    return true;
+    return 1;
 }
 
 /* After read_back: per pair, the stored messages are done with; the others
@@ -656,9 +657,11 @@ bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
         qsort(k, n, sizeof(*k), slot_cmp);
         if (!n) {
             judged = true;
-        } else if (!judged && read_back(s, js, k, n, stored)) {
-            judge(s, k, n, stored, v);
-            judged = true;
+        } else if (!judged) {
+            int rb = read_back(s, js, k, n, stored);
+            if (rb > 0)
+                judge(s, k, n, stored, v);
+            judged = rb >= 0; /* too much to read: each waits for the rule */
         }
         for (size_t i = 0; i < n; i++)
             n_stored += v[i] == V_STORED;
