@@ -202,7 +202,8 @@
     X(counter, jetstream_resends_total, "", KVB_NO_LABEL,                      \
       "JetStream publishes sent again (same Nats-Msg-Id)")                     \
     X(counter, jetstream_publish_errors_total, "", KVB_NO_LABEL,               \
-      "Router events the stream refused; not sent again (a barrier follows)")  \
+      "Router events the stream refused, or that would land out of order; "   \
+      "not sent again (a barrier follows)")                                    \
     X(gauge, jetstream_pending, "", KVB_NO_LABEL,                              \
       "JetStream publishes not yet acknowledged (in flight or to be resent)")  \
     X(gauge, jetstream_stalled, "", KVB_NO_LABEL,                              \

@@ -102,6 +102,26 @@ int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms);
  * x servers x min(2 s, connect timeout)).  Does not call nats_Close(). */
 void kvb_sink_destroy(struct kvb_sink **s);
 
+/* The loop's signalfd (-1: none): while a signal waits on it (poll only,
+ * never read), the sink cuts a handshake in progress that went unanswered
+ * for a tick.  nats.c holds its connection's lock through a reconnection's
+ * handshake; the loop, publishing, waits on that lock and cannot read its
+ * signal until the attempt ends (kvbridge(8) HOSTILE PEERS).  Call after
+ * create. */
+void kvb_sink_watch_signals(struct kvb_sink *s, int sigfd);
+
+/* The daemon stops: from now on a handshake unanswered for a tick is cut
+ * (the drain does not wait for a server that does not answer). */
+void kvb_sink_stopping(struct kvb_sink *s);
+
+/* Router event bytes not delivered yet: what nats.c's buffer holds (and,
+ * during an outage, the estimate of its reconnect buffer); in JetStream mode
+ * the publishes not acknowledged.  0 while no connection exists (unlike
+ * kvb_sink_pending_bytes, which reports a closed connection as a full
+ * buffer; what a connection given up held is counted in kvb_sink_losses).
+ * Loop thread only. */
+uint64_t kvb_sink_unsent_bytes(const struct kvb_sink *s);
+
 /* The daemon's drain already spent nats.flush_timeout_ms and gave up:
  * kvb_sink_destroy() then does not wait that long again (SIGTERM ends
  * kvbridge within one flush timeout, kvbridge(8) HOSTILE PEERS). */
@@ -140,8 +160,9 @@ void kvb_sink_unserve(struct kvb_sink *s);
 bool kvb_sink_serving(const struct kvb_sink *s);
 
 /* Publishes lost so far, as a count of losses (not of messages): each time
- * a connection was given up with its buffer (core mode; JetStream sends those
- * again), plus each JetStream publish the stream refused.  Monotonic; the
+ * a connection was given up with router events in its reconnect buffer (core
+ * mode; JetStream sends those again), plus each JetStream publish the stream
+ * refused.  Monotonic; the
  * caller publishes a "cleared" barrier after each change. */
 uint64_t kvb_sink_losses(const struct kvb_sink *s);
 

@@ -161,6 +161,7 @@ static int prepare(struct kvb_daemon *d, struct staged *st)
                 strerror(-rc));
         return rc;
     }
+    kvb_sink_watch_signals(st->sink, d->sigfd); /* NULL (the sink kept): nothing */
     struct kvb_pipeline_cfg pc = kvb_pipeline_cfg_of(nc);
     if ((rc = kvb_pipeline_reconfigure(d->pipe, &pc)) < 0)
         kvb_err("main", "reload: %s, keeping the running configuration", strerror(-rc));

@@ -89,6 +89,7 @@ static int start_nats(struct kvb_daemon *d)
                                                  : 1;
     }
     kvb_sink_defer_writes(d->sink);
+    kvb_sink_watch_signals(d->sink, d->sigfd);
     kvb_publish_set_sink(d->out, d->sink);
     kvb_mirror_attach(d->res, d->sink); /* NATS queries (query.subject) */
     if (d->resume &&

@@ -26,12 +26,21 @@
 #include "stats.h"
 #include "zap.h"
 
-/* Wait (at most nats.flush_timeout_ms in all) for NATS to be connected, then
- * flush what nats.c holds.  A second SIGTERM/SIGINT gives up. */
+/* Of nats.flush_timeout_ms, what the drain leaves for closing the sink (a
+ * handshake in progress is cut within a tick, nats.c's threads joined): the
+ * stop as a whole ends within the flush timeout. */
+#define CLOSE_RESERVE_MS 300u
+
+/* Wait (at most nats.flush_timeout_ms in all, less the close's reserve) for
+ * NATS to be connected, then flush what nats.c holds.  A second
+ * SIGTERM/SIGINT gives up. */
 static int drain(struct kvb_daemon *d)
 {
+    uint32_t ft = d->cfg->nats.flush_timeout_ms;
+    uint64_t deadline =
+        kvb_mono_ms() + (ft > 2 * CLOSE_RESERVE_MS ? ft - CLOSE_RESERVE_MS : ft / 2);
+    kvb_sink_stopping(d->sink); /* no waiting for a handshake that does not answer */
     kvb_publish_flush(d->out);
-    uint64_t deadline = kvb_mono_ms() + d->cfg->nats.flush_timeout_ms;
     while (!kvb_sink_connected(d->sink)) {
         uint64_t now = kvb_mono_ms();
         if (now >= deadline)
@@ -61,16 +70,16 @@ int kvb_daemon_stop(struct kvb_daemon *d)
     if (rc < 0) {
         /* what NATS has not confirmed is lost with the process: say so in
          * the exit status (kvbridge(8), EXIT STATUS), unless nothing waits */
-        uint64_t left = kvb_sink_pending_bytes(d->sink), sent = 0;
-        for (int f = 0; f < KVB_FMT__COUNT; f++)
-            sent += kvb_get(&d->m.messages_published_total[f]);
-        sent += kvb_get(&d->m.load_messages_published_total[0]);
-        /* a connection nats.c gave up reports its buffer as full: only a
-         * loss if anything was ever published */
-        undelivered = left > 0 && sent > 0;
+        uint64_t left = kvb_sink_unsent_bytes(d->sink);
+        /* router events lost earlier (a connection nats.c gave up with its
+         * buffer, a refused publish) whose barrier is still owed */
+        bool owed = d->barrier_due || kvb_sink_losses(d->sink) != d->losses_seen;
+        undelivered = left > 0 || owed;
         kvb_sink_skip_final_flush(d->sink); /* one flush timeout, not two */
-        kvb_warn("sink", "flush at shutdown: %s (%llu bytes of router events not delivered%s)",
-                 strerror(-rc), (unsigned long long)left, undelivered ? ": exit status 75" : "");
+        kvb_warn("sink", "flush at shutdown: %s (%llu bytes of router events not delivered%s%s)",
+                 strerror(-rc), (unsigned long long)left,
+                 owed ? ", and events lost earlier without their barrier" : "",
+                 undelivered ? ": exit status 75" : "");
     } else {
         kvb_daemon_save_state(d, true);
     }

@@ -59,7 +59,7 @@ struct kvb_source {
     struct stream *streams[MAX_STREAMS];
     size_t n_streams;
     struct kvb_replay *rp; /* the sequence and replay rules (replay.h) */
-    struct kvb_ratelimit rl_frames, rl_expire, rl_peers;
+    struct kvb_ratelimit rl_frames, rl_expire, rl_peers, rl_drops;
     long peers; /* bind mode: connections accepted and not yet gone */
     long conns; /* connect mode: connections up (0 or 1) */
     /* connect mode with CURVE: the client keys, for the replay DEALER too */
@@ -246,6 +246,7 @@ static int copy_params(struct kvb_source *s, const struct kvb_source_params *p)
     s->rl_topics = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->rl_expire = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->rl_peers = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
+    s->rl_drops = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(10000, 5);
     s->p.topics = NULL;
     s->p.n_topics = 0;
     if (p->n_topics && !(s->topics = calloc(p->n_topics, sizeof *s->topics)))
@@ -938,8 +939,10 @@ static void apply_drop(struct kvb_source *s, int fd, const char *addr)
         any |= st->st.has_last;
         kvb_replay_peer_reset(s->rp, &st->st, kvb_mono_ms());
     }
-    kvb_info("source", "%s: engine connection dropped (%s)%s", s->name, addr,
-             any ? ": the next batches must prove they continue the stream" : "");
+    /* rate-limited as the refusal is: a peer closed over max_peers that
+     * reconnects at once drops a connection every few milliseconds */
+    kvb_log_rl(&s->rl_drops, KVB_LOG_INFO, "source", "%s: engine connection dropped (%s)%s",
+               s->name, addr, any ? ": the next batches must prove they continue the stream" : "");
 }
 
 /* One event of the SUB's monitor.  A drop is applied at once only when no

@@ -30,9 +30,15 @@
  * logged (rate-limited).  With a nats.c that does not spin the attempt ends
  * at its deadline by itself and the guard never acts.
  *
- * When destroy starts (kvb_sink_guard_hurry) it no longer waits for the
- * attempt's timeout: a handshake unanswered for GUARD_TICK_MS is cut at once,
- * so that stopping does not wait for nats.c's attempt.
+ * When destroy or the daemon's stop starts (kvb_sink_guard_hurry), and
+ * whenever a signal waits on the loop's signalfd (kvb_sink_watch_signals), it
+ * no longer waits for the attempt's timeout: a handshake unanswered for
+ * GUARD_TICK_MS is cut at once.  nats.c holds its connection's lock through
+ * a reconnection's handshake, so the loop thread, publishing, waits on that
+ * lock and cannot read its signalfd: cutting the handshake frees it, and
+ * SIGTERM is seen within a tick instead of after the attempt's timeout (a
+ * server that answers the PING, however late, would otherwise hold it that
+ * long at every attempt).
  *
  * The guard never calls nats.c (it must run while nats.c is stuck), sleeps
  * while the sink is connected (set_state kicks it) and looks every
@@ -46,6 +52,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,15 +202,23 @@ static void abandon(struct kvb_sink *s, const struct sockinfo *si, uint64_t age)
                addr, (unsigned)si->peer, age, nats_GetVersion());
 }
 
+/* A signal waits on the loop's signalfd (poll only: the loop reads it). */
+static bool signal_waits(const struct kvb_sink *s)
+{
+    struct pollfd p = {atomic_load(&s->guard_sigfd), POLLIN, 0};
+    return p.fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+}
+
 static void guard_scan(struct kvb_sink *s, struct sockinfo *socks)
 {
     ino_t attached[16];
     size_t n_att = kvb_sink_io_attached(s, attached, 16);
     size_t n = nats_sockets(s, socks);
     uint64_t now = kvb_mono_ms();
-    /* destroy is waiting for the attempt in progress: no need to give it
-     * its full time, only to see that it went unanswered for a tick */
-    bool hurry = atomic_load(&s->guard_hurry);
+    /* destroy (or the loop, for its signal) is waiting for the attempt in
+     * progress: no need to give it its full time, only to see that it went
+     * unanswered for a tick */
+    bool hurry = atomic_load(&s->guard_hurry) || signal_waits(s);
     uint64_t limit = hurry ? 0 : s->guard_limit_ms;
     uint32_t quiet = hurry ? GUARD_TICK_MS : s->guard_limit_ms - GUARD_GRACE_MS;
 

@@ -50,8 +50,17 @@
  *   what has no ack (what was in flight when the server went), and when nats.c
  *   closes a connection it takes back all of it before the context goes, so
  *   nothing waits for an ack timeout that a dead connection cannot deliver.
- *   What can still land out of order: a message whose ack timed out while
- *   later ones were stored (the few sent in the instant a connection broke).
+ * - Order per pair: a message without a positive ack is sent again only
+ *   while nothing later of its (worker_id, dp_rank) has been handed to
+ *   nats.c (order_mu's table: the greatest Nats-Msg-Id handed over, per
+ *   pair).  Otherwise a later event of its pair may already be stored (its
+ *   ack lost with the connection or timed out, or nats.c's reconnect buffer
+ *   delivered it first) and the resend would be stored after it: the
+ *   message is given up instead, as a loss (kvb_sink_losses), and the
+ *   daemon repairs its pairs ("cleared", then their resident blocks from
+ *   the mirror).  So the stream holds each pair's events in event_id order,
+ *   perhaps with a hole before the barrier (docs/design.md, "JetStream
+ *   order").
  */
 #include "sink_priv.h"
 
@@ -169,6 +178,81 @@ static struct slot slot_of(natsMsg *m, bool keyed)
     return sl;
 }
 
+/* order_mu held: the table's slot for K's pair (NULL when full and out of
+ * memory). */
+static struct order_slot *order_find(struct kvb_sink *s, const uint64_t k[4])
+{
+    if (s->order_len * 2 >= s->order_cap) {
+        size_t cap = s->order_cap ? s->order_cap * 2 : 64;
+        struct order_slot *v = calloc(cap, sizeof(*v));
+        if (v) {
+            for (size_t i = 0; i < s->order_cap; i++) {
+                if (!s->order[i].used)
+                    continue;
+                size_t j = (s->order[i].k[0] * 31 + s->order[i].k[1]) % cap;
+                while (v[j].used)
+                    j = (j + 1) % cap;
+                v[j] = s->order[i];
+            }
+            free(s->order);
+            s->order = v;
+            s->order_cap = cap;
+        } else if (s->order_len + 1 >= s->order_cap) {
+            return NULL;
+        }
+    }
+    size_t j = (k[0] * 31 + k[1]) % s->order_cap;
+    while (s->order[j].used && (s->order[j].k[0] != k[0] || s->order[j].k[1] != k[1]))
+        j = (j + 1) % s->order_cap;
+    return &s->order[j];
+}
+
+/* (epoch, event_id) of A after B's. */
+static bool key_after(const uint64_t a[4], const uint64_t b[4])
+{
+    return a[2] != b[2] ? a[2] > b[2] : a[3] > b[3];
+}
+
+/* SL is handed to nats.c now: the greatest of its pair so far?  False when
+ * a later message of its pair was handed over before (a resend would land
+ * after it).  Messages without an id are not ordered. */
+static bool order_hand_over(struct kvb_sink *s, const struct slot *sl)
+{
+    if (!sl->k[0] && !sl->k[1] && !sl->k[2] && !sl->k[3])
+        return true;
+    pthread_mutex_lock(&s->order_mu);
+    struct order_slot *o = order_find(s, sl->k);
+    bool in_order = true;
+    if (o && !o->used) {
+        memcpy(o->k, sl->k, sizeof(o->k));
+        o->used = true;
+        s->order_len++;
+    } else if (o) {
+        in_order = !key_after(o->k, sl->k);
+        if (in_order)
+            memcpy(o->k, sl->k, sizeof(o->k));
+    }
+    pthread_mutex_unlock(&s->order_mu);
+    return in_order;
+}
+
+/* MSG is stored at stream sequence SEQ: the greatest acknowledged of its
+ * pair, and of the stream, so far? */
+static void order_acked(struct kvb_sink *s, natsMsg *msg, uint64_t seq)
+{
+    struct slot sl = slot_of(msg, true);
+    uint64_t was = atomic_load(&s->js_ack_seq);
+    while (seq > was && !atomic_compare_exchange_weak(&s->js_ack_seq, &was, seq)) {
+    }
+    if (!sl.k[0] && !sl.k[1] && !sl.k[2] && !sl.k[3])
+        return;
+    pthread_mutex_lock(&s->order_mu);
+    struct order_slot *o = order_find(s, sl.k);
+    if (o && o->used && key_after(sl.k, o->acked))
+        memcpy(o->acked, sl.k, sizeof(o->acked));
+    pthread_mutex_unlock(&s->order_mu);
+}
+
 /* rb_mu held: publishes go through the queues from now on. */
 static void set_ordered(struct kvb_sink *s, bool on)
 {
@@ -210,6 +294,27 @@ static void give_up(struct kvb_sink *s, natsMsg *m)
     atomic_fetch_add(&s->losses, 1);
     settle(s, cost);
     kvb_sink_wake(s);
+}
+
+/* A message without an ack that cannot be sent again in order (a later
+ * event of its pair was handed to nats.c, and may be stored): given up, so
+ * the daemon repairs its pair. */
+static void give_up_order(struct kvb_sink *s, natsMsg *m)
+{
+    const char *id = NULL;
+    if (natsMsgHeader_Get(m, JS_MSG_ID_HDR, &id) != NATS_OK || !id)
+        id = "?";
+    if (atomic_load(&s->live)) {
+        pthread_mutex_lock(&s->order_mu);
+        kvb_log_rl(&s->order_rl, KVB_LOG_WARN, STAGE,
+                   "JetStream: router event %s had no ack and a later event of its pair went "
+                   "out before it (and is, or may be, stored): not sent again, so that the "
+                   "stream keeps the pair's order; the pair is repaired (a barrier, then its "
+                   "blocks)",
+                   id);
+        pthread_mutex_unlock(&s->order_mu);
+    }
+    give_up(s, m);
 }
 
 /* JetStream errors that say "not now" rather than "never". */
@@ -302,6 +407,7 @@ static void ack_stored(struct kvb_sink *s, natsMsg *msg, const jsPubAck *pa, boo
         }
         pthread_mutex_unlock(&s->rb_mu);
     }
+    order_acked(s, msg, pa->Sequence);
     uint64_t cost = msg_cost(msg);
     natsMsg_Destroy(msg);
     settle(s, cost);
@@ -409,17 +515,126 @@ natsStatus kvb_sink_js_new(struct kvb_sink *s, natsConnection *nc, jsCtx **out)
     return natsConnection_JetStream(out, nc, &o);
 }
 
+enum verdict { V_RESEND, V_STORED, V_LOST };
+
+/* The greatest key of K's pair known stored: its greatest acknowledged,
+ * or the greatest of K[from..to) that STORED marks. */
+static void stored_max(struct kvb_sink *s, const struct slot *k, const bool *stored, size_t from,
+                       size_t to, uint64_t h[4])
+{
+    memset(h, 0, 4 * sizeof(h[0]));
+    pthread_mutex_lock(&s->order_mu);
+    struct order_slot *o = order_find(s, k[from].k);
+    if (o && o->used)
+        memcpy(h, o->acked, 4 * sizeof(h[0]));
+    pthread_mutex_unlock(&s->order_mu);
+    for (size_t i = from; i < to; i++)
+        if (stored[i] && key_after(k[i].k, h))
+            memcpy(h, k[i].k, 4 * sizeof(h[0]));
+}
+
+/* Read the stream's messages FROM..LAST, marking which of K[0..n) it holds.
+ * False when it does not answer. */
+static bool read_range(struct kvb_sink *s, jsCtx *js, jsOptions *o, uint64_t from, uint64_t last,
+                       const struct slot *k, size_t n, bool *stored)
+{
+    jsErrCode ec = 0;
+    for (uint64_t seq = from; seq <= last && last >= from; seq++) {
+        natsMsg *m = NULL;
+        natsStatus st = js_GetMsg(&m, js, s->js_stream, seq, o, &ec);
+        if (st == NATS_NOT_FOUND || (st == NATS_ERR && ec == JSNoMessageFoundErr))
+            continue; /* deleted */
+        if (st != NATS_OK)
+            return false;
+        struct slot probe = slot_of(m, true);
+        natsMsg_Destroy(m);
+        const struct slot *hit = bsearch(&probe, k, n, sizeof(*k), slot_cmp);
+        if (hit)
+            stored[hit - k] = true;
+    }
+    return true;
+}
+
+#define READ_BACK_ROUNDS 5    /* until two looks at the stream agree */
+#define READ_BACK_PAUSE_MS 20 /* between them: what the server took may still be queued */
+
+/* Which of K[0..n) (sorted by slot_cmp, nothing of them in flight any more)
+ * the stream holds: read back what it stored after the greatest sequence
+ * acknowledged, until its last sequence stays the same.  1: read; 0: too
+ * much to read (another publisher's traffic: the per-pair rule alone
+ * decides); -1: no answer (try again later). */
+static int read_back(struct kvb_sink *s, jsCtx *js, const struct slot *k, size_t n, bool *stored)
+{
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = s->js_ack_timeout_ms;
+    uint64_t from = atomic_load(&s->js_ack_seq) + 1, cap = (uint64_t)s->js_max_pending * 4 + 1024;
+    for (int round = 0; round < READ_BACK_ROUNDS; round++) {
+        jsStreamInfo *si = NULL;
+        jsErrCode ec = 0;
+        if (round)
+            kvb_sink_sleep_ms(READ_BACK_PAUSE_MS);
+        if (js_GetStreamInfo(&si, js, s->js_stream, &o, &ec) != NATS_OK)
+            return -1;
+        uint64_t first = si->State.FirstSeq, last = si->State.LastSeq;
+        jsStreamInfo_Destroy(si);
+        if (from < first)
+            from = first;
+        if (last + 1 == from && round)
+            return 1; /* nothing new since the last look */
+        if (last >= from && last - from >= cap)
+            return 0;
+        if (!read_range(s, js, &o, from, last, k, n, stored))
+            return -1;
+        from = last + 1 > from ? last + 1 : from;
+    }
+    return 1;
+}
+
+/* After read_back: per pair, the stored messages are done with; the others
+ * are sent again when nothing later of their pair is stored (they then land
+ * in order), else lost (a resend would land after a later event).  The
+ * pair's greatest handed-over key becomes its greatest stored one. */
+static void judge(struct kvb_sink *s, const struct slot *k, size_t n, const bool *stored,
+                  enum verdict *v)
+{
+    for (size_t a = 0, b; a < n; a = b) {
+        for (b = a + 1; b < n && k[b].k[0] == k[a].k[0] && k[b].k[1] == k[a].k[1];)
+            b++;
+        uint64_t h[4];
+        stored_max(s, k, stored, a, b, h);
+        for (size_t i = a; i < b; i++)
+            v[i] = stored[i] ? V_STORED : key_after(h, k[i].k) ? V_LOST : V_RESEND;
+        pthread_mutex_lock(&s->order_mu);
+        struct order_slot *o = order_find(s, k[a].k);
+        if (o && o->used) {
+            o->k[2] = h[2];
+            o->k[3] = h[3];
+        }
+        pthread_mutex_unlock(&s->order_mu);
+    }
+}
+
 /* Take every message JS still waits an ack for (its connection was lost or
  * is about to be replaced) into the resend queue, which stays in Nats-Msg-Id
- * order.  Worker only. */
-void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
+ * order.  While connected, first read back what the stream stored of them
+ * ("Order" above): those are done, and the others are sent again only where
+ * that keeps their pair's order.  Worker only. */
+bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
 {
+    bool judged = atomic_load(&s->state) != ST_CONNECTED; /* closed: nothing to read */
     natsMsgList list = {0};
     bool got = js && js_PublishAsyncGetPendingList(&list, js) == NATS_OK;
     int n_rec = got ? list.Count : 0;
     pthread_mutex_lock(&s->rb_mu);
     size_t total = s->rq.len + (size_t)(n_rec > 0 ? n_rec : 0), n = 0;
     struct slot *k = calloc(total + 1, sizeof(*k));
+    bool *stored = calloc(total + 1, sizeof(*stored));
+    enum verdict *v = calloc(total + 1, sizeof(*v));
+    if (!stored || !v) {
+        free(k);
+        k = NULL;
+    }
     if (k)
         while (ring_pop(&s->rq, &k[n]))
             n++;
@@ -436,14 +651,45 @@ void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
             pthread_mutex_lock(&s->rb_mu);
         }
     }
+    pthread_mutex_unlock(&s->rb_mu);
+    size_t n_stored = 0, n_lost = 0;
     if (k) {
         qsort(k, n, sizeof(*k), slot_cmp);
+        if (!n) {
+            judged = true;
+        } else if (!judged) {
+            int rb = read_back(s, js, k, n, stored);
+            if (rb > 0)
+                judge(s, k, n, stored, v);
+            judged = rb >= 0; /* too much to read: each waits for the rule */
+        }
         for (size_t i = 0; i < n; i++)
-            if (!ring_push(&s->rq, k[i], false)) {
-                pthread_mutex_unlock(&s->rb_mu);
+            n_stored += v[i] == V_STORED;
+        if (n_stored) { /* the stream stores again, as a positive ack says:
+                         * before they settle (a flush may return then) */
+            atomic_store(&s->ack_ok, true);
+            atomic_store_explicit(&s->js_last_ack_ms, kvb_mono_ms(), memory_order_relaxed);
+            stall_end(s);
+        }
+        pthread_mutex_lock(&s->rb_mu);
+        for (size_t i = 0; i < n; i++) {
+            if (v[i] == V_RESEND && ring_push(&s->rq, k[i], false))
+                continue;
+            pthread_mutex_unlock(&s->rb_mu);
+            if (v[i] == V_STORED) { /* as if acknowledged */
+                uint64_t cost = msg_cost(k[i].m);
+                natsMsg_Destroy(k[i].m);
+                settle(s, cost);
+            } else if (v[i] == V_LOST) {
+                give_up_order(s, k[i].m);
+                n_lost++;
+            } else {
                 give_up(s, k[i].m);
-                pthread_mutex_lock(&s->rb_mu);
             }
+            pthread_mutex_lock(&s->rb_mu);
+        }
+    } else {
+        pthread_mutex_lock(&s->rb_mu);
     }
     atomic_store(&s->probe, NULL); /* if it was out, it is back in the queue */
     if (s->rq.len)
@@ -451,10 +697,20 @@ void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why)
     pthread_mutex_unlock(&s->rb_mu);
     if (got)
         natsMsgList_Destroy(&list);
-    if (n_rec > 0)
-        kvb_info(STAGE, "JetStream: %d router event(s) without an ack %s will be sent again", n_rec,
-                 why);
+    if (!judged) {
+        kvb_log_rl(&s->order_rl, KVB_LOG_WARN, STAGE,
+                   "JetStream: cannot read back what the stream stored of %zu router event(s) "
+                   "without an ack: they wait, and it is read again",
+                   n);
+    } else if (n_rec > 0)
+        kvb_info(STAGE,
+                 "JetStream: %d router event(s) without an ack %s: %zu found stored, %zu lost "
+                 "out of order (their pair repaired), the others sent again",
+                 n_rec, why, n_stored, n_lost);
     free(k);
+    free(stored);
+    free(v);
+    return judged;
 }
 
 /* NATS subject PATTERN (with * and > wildcards) matches SUBJ. */
@@ -595,7 +851,7 @@ bool kvb_sink_js_due(struct kvb_sink *s, uint64_t now, uint64_t *at)
     }
     if (s->recover_due)
         return true;
-    if ((s->rq.len || s->fq.len) && !(s->probing && atomic_load(&s->probe))) {
+    if ((s->rq.len || s->fq.len || s->reconcile_due) && !(s->probing && atomic_load(&s->probe))) {
         if (now >= s->rq_not_before)
             return true;
         if (!*at || s->rq_not_before < *at)
@@ -634,12 +890,24 @@ void kvb_sink_js_work(struct kvb_sink *s)
         }
         return;
     }
-    if (s->recover_due) {
+    if (s->recover_due || (s->reconcile_due && now >= s->rq_not_before)) {
+        const char *what = s->recover_due ? "when the connection was lost"
+                                          : "before one is sent again after later ones";
         s->recover_due = false;
         pthread_mutex_unlock(&s->rb_mu);
-        kvb_sink_js_recover(s, s->js, "when the connection was lost");
+        bool judged = kvb_sink_js_recover(s, s->js, what);
         pthread_mutex_lock(&s->rb_mu);
+        s->reconcile_due = !judged;
+        if (!judged) { /* JetStream not answering: again after a pause */
+            s->rq_not_before = kvb_mono_ms() + (s->retry_ms ? s->retry_ms : JS_RETRY_MIN_MS);
+            s->retry_ms = s->retry_ms * 2 > JS_RETRY_MAX_MS ? JS_RETRY_MAX_MS
+                          : s->retry_ms                     ? s->retry_ms * 2
+                                                            : JS_RETRY_MIN_MS * 2;
+            return;
+        }
     }
+    if (s->reconcile_due)
+        return;
     /* the resend queue first, then what was published behind it; while
      * probing, one message until JetStream answers it */
     while (!s->rb_stop && !s->rb_needed && atomic_load(&s->state) == ST_CONNECTED &&
@@ -648,6 +916,21 @@ void kvb_sink_js_work(struct kvb_sink *s)
         struct slot sl;
         if (!r || !ring_pop(r, &sl))
             break;
+        if (!order_hand_over(s, &sl)) { /* a later one of its pair went out before */
+            if (!s->order_retry && ring_push(r, sl, true)) {
+                /* read the stream back first: that later one may not be
+                 * stored (no responders), and then this one goes in order */
+                s->order_retry = true;
+                s->reconcile_due = true;
+                pthread_cond_signal(&s->rb_cond);
+                break;
+            }
+            pthread_mutex_unlock(&s->rb_mu);
+            give_up_order(s, sl.m);
+            pthread_mutex_lock(&s->rb_mu);
+            continue;
+        }
+        s->order_retry = false;
         bool probe = s->probing;
         if (probe)
             atomic_store(&s->probe, sl.m); /* before: its answer may come first */
@@ -755,7 +1038,7 @@ int kvb_sink_js_publish(struct kvb_sink *s, const char *subject, const void *dat
             direct = !s->ordered;
         }
         if (!direct) {
-            if ((queued = ring_push(&s->fq, slot_of(msg, false), false))) {
+            if ((queued = ring_push(&s->fq, slot_of(msg, true), false))) {
                 atomic_fetch_add(&s->inflight_bytes, cost);
                 atomic_fetch_add(&s->inflight, 1);
                 set_ordered(s, true);
@@ -778,7 +1061,9 @@ int kvb_sink_js_publish(struct kvb_sink *s, const char *subject, const void *dat
     }
     atomic_fetch_add(&s->inflight_bytes, cost); /* before: its ack may come first */
     atomic_fetch_add(&s->inflight, 1);
-    s->in_publish = true; /* js_publish runs on the loop thread only */
+    struct slot sl = slot_of(msg, true);
+    (void)order_hand_over(s, &sl); /* new: the greatest of its pair */
+    s->in_publish = true;          /* js_publish runs on the loop thread only */
     st = js_PublishMsgAsync(s->js, &msg, &s->js_pubopts);
     s->in_publish = false;
     pthread_mutex_unlock(&s->conn_mu);
@@ -847,6 +1132,7 @@ int kvb_sink_js_init(struct kvb_sink *s, const struct kvb_config *cfg)
     s->js_pubopts.MaxWait = s->js_ack_timeout_ms;
     s->ack_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(REFUSAL_LOG_MS, REFUSAL_LOG_BURST);
     s->stall_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(REFUSAL_LOG_MS, 1);
+    s->order_rl = (struct kvb_ratelimit)KVB_RATELIMIT_INIT(REFUSAL_LOG_MS, REFUSAL_LOG_BURST);
     s->js_byte_cap = s->full_bytes;
     s->js_stream = strdup(st_name);
     s->js_subject = strdup(sj_name);
@@ -917,6 +1203,7 @@ void kvb_sink_js_free(struct kvb_sink *s)
         natsMsg_Destroy(sl.m);
     free(s->rq.v);
     free(s->fq.v);
+    free(s->order);
     free(s->js_stream);
     free(s->js_subject);
 }

@@ -185,8 +185,10 @@ static void on_closed(natsConnection *nc, void *closure)
                     "a new one, publishes are refused meanwhile",
                     txt && *txt ? txt : natsStatus_GetText(st));
         }
-        if (!s->js_on) /* its reconnect buffer is gone (JetStream: the worker */
-            atomic_fetch_add(&s->losses, 1); /* takes the unacknowledged back) */
+        /* its reconnect buffer is gone, a loss when anything was published
+         * into it (JetStream: the worker takes the unacknowledged back) */
+        if (!s->js_on && atomic_load(&s->outage_bytes) > 0)
+            atomic_fetch_add(&s->losses, 1);
         pthread_mutex_lock(&s->rb_mu);
         s->rb_needed = true;
         pthread_cond_signal(&s->rb_cond);
@@ -571,6 +573,7 @@ static void sink_free(struct kvb_sink *s)
     }
     pthread_cond_destroy(&s->ack_cond);
     pthread_mutex_destroy(&s->ack_mu);
+    pthread_mutex_destroy(&s->order_mu);
     pthread_cond_destroy(&s->rb_cond);
     pthread_mutex_destroy(&s->rb_mu);
     pthread_mutex_destroy(&s->conn_mu);
@@ -613,12 +616,14 @@ static int sink_alloc(struct kvb_sink **out)
         return rc;
     }
     pthread_mutex_init(&s->ack_mu, NULL);
+    pthread_mutex_init(&s->order_mu, NULL);
     pthread_mutex_init(&s->rb_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_mutex_init(&s->evl_mu, NULL);
     pthread_cond_init(&s->evl_cond, NULL);
     atomic_init(&s->owner_write, false);
     atomic_init(&s->defer, false);
+    atomic_init(&s->guard_sigfd, -1);
     s->owner = pthread_self();
     *out = s;
     return 0;
@@ -795,6 +800,18 @@ int kvb_sink_create(const struct kvb_config *cfg, struct kvb_metrics *m, int wak
 fail:
     sink_free(s);
     return rc;
+}
+
+void kvb_sink_watch_signals(struct kvb_sink *s, int sigfd)
+{
+    if (s)
+        atomic_store(&s->guard_sigfd, sigfd);
+}
+
+void kvb_sink_stopping(struct kvb_sink *s)
+{
+    if (s)
+        kvb_sink_guard_hurry(s);
 }
 
 void kvb_sink_skip_final_flush(struct kvb_sink *s)
@@ -989,6 +1006,28 @@ uint64_t kvb_sink_pending_bytes(const struct kvb_sink *s)
         n = kvb_sink_js_window(w, n);
     if (s->m)
         atomic_store_explicit(&s->m->nats_pending_bytes[0], n, memory_order_relaxed);
+    return n;
+}
+
+uint64_t kvb_sink_unsent_bytes(const struct kvb_sink *s)
+{
+    struct kvb_sink *w = (struct kvb_sink *)s; /* atomics and the lock */
+    int b = 0;
+
+    if (!s)
+        return 0;
+    if (s->js_on) /* published, not acknowledged: sent or not, not stored yet */
+        return atomic_load(&w->inflight_bytes);
+    pthread_mutex_lock(&w->conn_mu);
+    bool closed = !w->conn || atomic_load(&w->state) == ST_CLOSED;
+    if (!closed)
+        b = natsConnection_Buffered(w->conn);
+    pthread_mutex_unlock(&w->conn_mu);
+    if (closed)
+        return 0; /* nothing buffered: what a closed connection held is a loss */
+    uint64_t n = b > 0 ? (uint64_t)b : 0;
+    if (atomic_load(&w->state) != ST_CONNECTED)
+        n += atomic_load(&w->outage_bytes);
     return n;
 }
 

@@ -33,6 +33,9 @@
  *            call.
  *   ack_mu + ack_cond (jetstream.c)  only to wait for inflight to reach 0
  *            (kvb_sink_flush); inflight itself is atomic.
+ *   order_mu (jetstream.c)  the per-pair order table and order_rl; taken
+ *            by the loop, the worker and nats.c's ack thread, never held
+ *            across a nats.c call (rb_mu may be held when it is taken).
  *   evl_mu + evl_cond (io.c)  evls, io_busy, io_stop.  Taken inside
  *            nats.c's connection lock (its event-loop callbacks), so never
  *            held while calling into nats.c.
@@ -154,9 +157,25 @@ struct kvb_sink {
      * they may be sent, and the stream check the worker owes. */
     struct ring rq; /* sent before, no positive ack: to send again */
     struct ring fq; /* published while ordered, never sent yet */
-    bool ordered;   /* publishes queue up in fq (mirror: ordered_hint) */
+    /* order_mu: per (worker_id, dp_rank), the greatest (epoch, event_id)
+     * handed to nats.c so far (jetstream.c, "Order"): a message is sent
+     * again only while nothing later of its pair was. */
+    pthread_mutex_t order_mu;
+    struct order_slot {
+        uint64_t k[4];     /* worker_id, dp_rank, epoch, event_id */
+        uint64_t acked[4]; /* the greatest positively acknowledged (0: none) */
+        bool used;
+    } * order;
+    _Atomic uint64_t js_ack_seq; /* the greatest stream sequence acknowledged */
+    size_t order_cap, order_len;
+    struct kvb_ratelimit order_rl; /* under order_mu */
+    bool ordered;                  /* publishes queue up in fq (mirror: ordered_hint) */
     atomic_bool ordered_hint;
     bool recover_due;         /* reconnected: take back what js still waits for */
+    bool reconcile_due;       /* the stream must be read back before resending
+                               * (jetstream.c, "Order"); nothing is sent meanwhile */
+    bool order_retry;         /* a resend out of order was found since the last
+                               * read back: the next one is given up */
     bool sending;             /* the worker holds a message it took from a queue */
     bool probing;             /* JetStream answered "no responders"/"unavailable":
                               * send one message at a time until one is stored */
@@ -221,7 +240,8 @@ struct kvb_sink {
         bool seen;
     } guard_cand[GUARD_MAX_CAND]; /* handshakes in progress (seen, not attached) */
     size_t n_guard_cand;
-    atomic_bool guard_hurry;         /* destroy started: cut unanswered handshakes now */
+    atomic_bool guard_hurry;         /* stopping: cut unanswered handshakes now */
+    _Atomic int guard_sigfd;         /* the loop's signalfd (-1: none), polled, never read */
     _Atomic uint64_t stalls;         /* attempts abandoned */
     _Atomic uint64_t stalls_counted; /* of them, added to nats_connect_stalls_total */
     struct kvb_ratelimit guard_rl;
@@ -278,7 +298,8 @@ size_t kvb_sink_io_attached(struct kvb_sink *s, ino_t *out, size_t max);
 int kvb_sink_guard_start(struct kvb_sink *s, const struct kvb_config *cfg);
 /* The state left ST_CONNECTED: look for stuck handshakes. */
 void kvb_sink_guard_kick(struct kvb_sink *s);
-/* destroy: stop waiting for handshakes that do not answer (any state). */
+/* destroy, or the daemon's stop: stop waiting for handshakes that do not
+ * answer (any state). */
 void kvb_sink_guard_hurry(struct kvb_sink *s);
 /* Add the attempts abandoned so far to the metric (once the sink is live). */
 void kvb_sink_guard_count(struct kvb_sink *s);
@@ -293,8 +314,10 @@ int kvb_sink_js_init(struct kvb_sink *s, const struct kvb_config *cfg);
 int kvb_sink_js_start(struct kvb_sink *s, uint64_t deadline, uint32_t timeout_ms);
 /* A new JetStream context for NC (any state). */
 natsStatus kvb_sink_js_new(struct kvb_sink *s, natsConnection *nc, jsCtx **out);
-/* Worker: take back what JS still waits an ack for. */
-void kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why);
+/* Worker: take back what JS still waits an ack for, and (connected) read
+ * back what the stream stored of them.  False when connected but the stream
+ * could not be read back (everything waits in the resend queue). */
+bool kvb_sink_js_recover(struct kvb_sink *s, jsCtx *js, const char *why);
 /* rb_mu held: JetStream work due now (*at: when some will be). */
 bool kvb_sink_js_due(struct kvb_sink *s, uint64_t now, uint64_t *at);
 /* rb_mu held (released around nats.c calls): do that work. */

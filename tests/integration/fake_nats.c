@@ -11,6 +11,9 @@
  * With ADVERTISE (HOST:PORT), the INFO lists it in connect_urls, as a server
  * of a cluster advertises the others (a client that follows it sends its
  * credentials there).
+ * With FAKE_NATS_LATE_PONG_MS set (environment), a later connection is not
+ * mute but late: its PINGs are answered that many ms after it was accepted,
+ * and it is then served like a good one.
  * Prints "conn N good|mute" when a connection is accepted and "close N" when
  * it ends; stops on SIGTERM/SIGINT.  One thread, poll().
  */
@@ -40,6 +43,8 @@ struct conn {
     size_t len;
     long long skip; /* payload bytes (and CRLF) still to skip */
     long pubs;
+    long long late_until; /* a late connection: PONGs held until then */
+    int pongs_due;        /* PINGs held */
 };
 
 static volatile sig_atomic_t stop;
@@ -66,7 +71,9 @@ static void end(struct conn *c)
 /* A complete protocol line of a good connection. */
 static void on_line(struct conn *c, char *l)
 {
-    if (!strncmp(l, "PING", 4)) {
+    if (!strncmp(l, "PING", 4) && c->late_until > now_ms()) {
+        c->pongs_due++;
+    } else if (!strncmp(l, "PING", 4)) {
         if (write(c->fd, "PONG\r\n", 6) < 0) {
             /* the peer went away: the next read says so */
         }
@@ -113,6 +120,8 @@ int main(int argc, char **argv)
     }
     int port = atoi(argv[1]), good = atoi(argv[2]);
     long long hangup = argc > 3 ? atoll(argv[3]) : 0;
+    const char *late_env = getenv("FAKE_NATS_LATE_PONG_MS");
+    long long late = late_env ? atoll(late_env) : 0;
     char info[512];
     if (argc > 4)
         snprintf(info, sizeof(info), "%.*s,\"connect_urls\":[\"%s\"]}\r\n", (int)(strlen(INFO) - 3),
@@ -163,7 +172,10 @@ int main(int argc, char **argv)
                 if (c->good)
                     feed(c, buf, (size_t)r);
             }
-            if (c->fd >= 0 && c->good && hangup > 0 && now - c->t0 >= hangup)
+            for (; c->fd >= 0 && c->pongs_due && now >= c->late_until; c->pongs_due--)
+                if (write(c->fd, "PONG\r\n", 6) < 0)
+                    break; /* the peer went away: the next read says so */
+            if (c->fd >= 0 && c->good && !c->late_until && hangup > 0 && now - c->t0 >= hangup)
                 end(c);
         }
         if (pf[0].revents & POLLIN) {
@@ -179,7 +191,14 @@ int main(int argc, char **argv)
             }
             accepted++;
             cs[i] = (struct conn){.fd = fd, .n = accepted, .good = accepted <= good, .t0 = now};
-            printf("conn %d %s\n", accepted, cs[i].good ? "good" : "mute");
+            if (!cs[i].good && late > 0) {
+                cs[i].good = 1; /* served, but its PONGs come late */
+                cs[i].late_until = now + late;
+            }
+            printf("conn %d %s\n", accepted,
+                   cs[i].late_until ? "late"
+                   : cs[i].good     ? "good"
+                                    : "mute");
             if (write(fd, info, strlen(info)) < 0)
                 end(&cs[i]);
         }

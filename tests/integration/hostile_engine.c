@@ -20,6 +20,10 @@
  *   partial  --peers N raw TCP connections speaking ZMTP 3.0 (NULL, a PUB):
  *            each announces a frame of --decl-mb MiB, sends --send-mb MiB of it
  *            and stalls until --seconds ran out
+ *   many     --peers N ZMQ PUB sockets connect to --pub at once and hold on
+ *            for --seconds; libzmq connects each again 10 ms after kvbridge
+ *            closes it (sources[].max_peers), the way attack_live.py's
+ *            bind_many peers do
  *
  * Prints "sent live=N last=S" when done (and "peers=N" in partial mode).
  * Stops on SIGTERM/SIGINT.  Payloads are built with msgpack-c.
@@ -370,6 +374,30 @@ static int run_partial(const struct opts *o)
     return 0;
 }
 
+static int run_many(const struct opts *o)
+{
+    void *ctx = zmq_ctx_new();
+    void **socks = calloc((size_t)o->peers, sizeof(void *));
+    int ivl = 10, zero = 0;
+    long up = 0;
+    for (long i = 0; socks && i < o->peers; i++) {
+        socks[i] = zmq_socket(ctx, ZMQ_PUB);
+        zmq_setsockopt(socks[i], ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &zero, sizeof(zero));
+        up += zmq_connect(socks[i], o->pub) == 0;
+    }
+    printf("peers=%ld\n", up);
+    fflush(stdout);
+    long long end = now_ms() + o->seconds * 1000;
+    while (!stop && now_ms() < end)
+        sleep_ms(50);
+    for (long i = 0; socks && i < o->peers; i++)
+        zmq_close(socks[i]);
+    free(socks);
+    zmq_ctx_term(ctx);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o = {.rate = 50,
@@ -386,7 +414,8 @@ int main(int argc, char **argv)
                      .send_mb = 200,
                      .tail_topic = "t0"};
     if (argc < 2) {
-        fprintf(stderr, "usage: hostile_engine flood|trickle|topics|ranks|partial [options]\n");
+        fprintf(stderr,
+                "usage: hostile_engine flood|trickle|topics|ranks|partial|many [options]\n");
         return 2;
     }
     o.mode = argv[1];
@@ -441,6 +470,8 @@ int main(int argc, char **argv)
         return run_live(&o);
     if (!strcmp(o.mode, "partial"))
         return run_partial(&o);
+    if (!strcmp(o.mode, "many"))
+        return run_many(&o);
     fprintf(stderr, "hostile_engine: unknown mode %s\n", o.mode);
     return 2;
 }

@@ -16,6 +16,14 @@
 #      Before: every peer's partial frame was kept (12 x 3 MiB), and frames
 #      up to 64 MiB were taken from any number of peers (4.8 GB at 20 peers
 #      of 240 MiB each).
+#   d. reconnecting peers: 40 PUB sockets connect at once with
+#      sources[].max_peers 4, and libzmq connects each refused one again
+#      10 ms later, for 6 s: hundreds of connections closed over max_peers.
+#      Each drop is still counted (kvbridge_peers_refused_total), but
+#      "engine connection dropped" is rate-limited like the refusal warning
+#      beside it: at most 5 lines per 10 s, plus a count of those
+#      suppressed.  Before: one info line per drop (5,807 lines at 1,245/s
+#      from attack_live.py bind_many).
 source "$(dirname "$0")/lib.sh"
 
 # shellcheck disable=SC2046
@@ -116,6 +124,30 @@ if start_kvbridge kvb-c "$T/c.yaml"; then
   expect_eq "c: exit status 0 after SIGTERM" "$RC" 0
 else
   bad "c: kvbridge did not start"
+fi
+
+# ---- d. peers closed over max_peers that reconnect at once ----
+ep=$(daemon_port); mp=$(daemon_port)
+conf "$T/d.yaml" "$ep" "$mp" "    max_peers: 4"
+if start_kvbridge kvb-d "$T/d.yaml"; then
+  kpid=$KVB_PID
+  start eng-d "$T/hostile_engine" many --pub "tcp://127.0.0.1:$ep" --peers 40 --seconds 6
+  epid=$LAST_PID
+  wait_log "$T/eng-d.log" "peers=40" 10 && ok "d: 40 peers connecting" || bad "d: peers not started"
+  end=$((SECONDS + 10))
+  until [ "$(metric "$mp" kvbridge_peers_refused_total)" -ge 200 ] || [ $SECONDS -ge $end ]; do sleep 0.2; done
+  refused=$(metric "$mp" kvbridge_peers_refused_total)
+  expect_ge "d: connections closed over max_peers (they reconnect)" "$refused" 200
+  wait_pid "$epid" 15
+  drops=$(count_log "$T/kvb-d.log" "engine connection dropped")
+  echo "     d: $refused refused, $drops \"engine connection dropped\" lines, $(count_log "$T/kvb-d.log" "similar messages suppressed") \"suppressed\" lines"
+  expect_le "d: \"engine connection dropped\" lines (5 per 10 s)" "$drops" 10
+  http_get "$mp" /healthz
+  expect_eq "d: /healthz" "$HTTP_STATUS" 200
+  signal_pid "$kpid" TERM 15
+  expect_eq "d: exit status 0 after SIGTERM" "$RC" 0
+else
+  bad "d: kvbridge did not start"
 fi
 
 finish

@@ -1304,9 +1304,12 @@ START_TEST(test_js_window_resend)
                   kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_REFUSED]), kvb_sink_losses(s),
                   kvb_get(&fx.m.nats_disconnects_total[0]), kvb_sink_connected(s),
                   kvb_get(&fx.m.jetstream_pending[0]));
-    sleep_ms(800); /* past the ack timeout: sent again, still unanswered */
-    ck_assert_uint_ge(kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_TIMEOUT]),
-                      (uint64_t)accepted);
+    /* past the ack timeout: the first one's times out; before anything is
+     * sent again after later ones, the worker takes everything back and
+     * reads the stream back, which does not answer either: nothing is sent
+     * meanwhile (a resend could land after a later event) */
+    sleep_ms(800);
+    ck_assert_uint_ge(kvb_get(&fx.m.jetstream_ack_failures_total[KVB_JSF_TIMEOUT]), 1);
     /* nothing stored yet, only ack timeouts: a stall, counted once */
     ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalled[0]), 1);
     ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalls_total[0]), 1);
@@ -1317,8 +1320,9 @@ START_TEST(test_js_window_resend)
     ck_assert_uint_eq(kvb_get(&fx.m.jetstream_stalls_total[0]), 1);
     ck_assert_msg(wait_until_ms(pending_zero, 2000), "pending did not drop to 0");
     ck_assert_uint_lt(kvb_sink_pending_bytes(s), RBUF);
-    ck_assert_uint_ge(kvb_get(&fx.m.jetstream_resends_total[0]), (uint64_t)accepted);
-    ck_assert_int_eq(js_msgs(port, JS_STREAM), accepted); /* each once */
+    /* the stopped server had them all: read back, found stored, none sent
+     * again, each stored once */
+    ck_assert_int_eq(js_msgs(port, JS_STREAM), accepted);
     ck_assert_uint_eq(kvb_sink_losses(s), 0);
     ck_assert_uint_eq(kvb_get(&fx.m.jetstream_publish_errors_total[0]), 0);
     /* and it goes on */
