@@ -3327,6 +3327,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
         fprintf(stderr, "kvsim: --lora-id-only is not for the multimodal and eagle workloads\n");
         return -EINVAL;
     }
+    if (o->report_full && !wl_parity(o->wl)) {
+        fprintf(stderr, "kvsim: --report-full is for the hybrid, twogroups, salted and remote "
+                        "workloads\n");
+        return -EINVAL;
+    }
     if (o->hold_file && !o->mark_after) {
         fprintf(stderr, "kvsim: --hold-file needs --mark-after\n");
         return -EINVAL;
