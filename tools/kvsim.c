@@ -1255,7 +1255,7 @@ static const char *par_decide_store(struct parity *p, const struct batch *b, str
         map_put(&p->count, par_count_key(tier, h), n == MAP_NONE ? 1 : n + 1);
         added++;
     }
-    return added ? NULL : "repeated_store";
+    return added ? NULL : "resident_repeat";
 }
 
 /* A remove: the hashes whose last copy goes, appended to batch.h. */
@@ -1280,7 +1280,7 @@ static const char *par_decide_remove(struct parity *p, struct batch *b, size_t e
         *batch_hashes(b, 1) = h;
         b->ev[ei].nrel++;
     }
-    return b->ev[ei].nrel ? NULL : "held";
+    return b->ev[ei].nrel ? NULL : "copies_remain";
 }
 
 static void par_decide(struct rank *r)
