@@ -231,6 +231,7 @@ struct kvb_config {
         uint32_t max_tokens_per_event;
         uint32_t max_depth;
         uint64_t max_resident_blocks; /* residency mirror; 0 = off */
+        uint64_t max_tracked_blocks;  /* pipeline's block tracker; 0 = off */
     } limits;
 
     struct {

@@ -38,6 +38,9 @@ struct kvb_convert_cfg {
      * outlive the converter's use of this configuration. */
     const struct kvb_lora_name_cfg *lora_names;
     size_t n_lora_names;
+    /* limits.max_tracked_blocks: copies and cache namespaces the converter
+     * remembers (docs/router-events.md section 8); 0 = none */
+    uint64_t max_tracked;
 };
 
 /* The worker a stream's events belong to (a source's or a topic's, issue
@@ -111,6 +114,15 @@ struct kvb_worker_cfg kvb_convert_cfg_worker(const struct kvb_convert_cfg *cfg);
 /* An event_id counter exists for (worker, rank): something was published
  * for the pair (or its counter was restored). */
 bool kvb_converter_has_counter(const struct kvb_converter *c, uint64_t worker, uint32_t rank);
+
+/* The router forgets (worker, dp_rank) (a "cleared" that is not a repair):
+ * the converter forgets the pair's copies and cache namespaces too. */
+void kvb_converter_forget(struct kvb_converter *c, uint32_t dp_rank);
+/* The block tracker was full since the last call (limits.max_tracked_blocks):
+ * it is emptied now, counted, and true is returned; the caller then publishes
+ * "cleared" for every pair (kvb_converter_counters()) so that the router
+ * forgets what the tracker no longer knows. */
+bool kvb_converter_take_overflow(struct kvb_converter *c);
 
 /* Convert one decoded event.  Returns 1 and fills *out when a router event is
  * to be published (its event_id is taken), 0 when the event publishes nothing

@@ -38,6 +38,7 @@ enum kvb_event_type {
     KVB_EV_STORED = 0,
     KVB_EV_REMOVED,
     KVB_EV_CLEARED,
+    KVB_EV_IGNORED,   /* vLLM's "Ignored" tag: decoded, then dropped (ignored_event) */
     KVB_EV_UNKNOWN,   /* valid tag we do not know: skipped, counted */
     KVB_EV_MALFORMED, /* wrong shape or field type: skipped, counted */
 };
@@ -87,6 +88,13 @@ struct kvb_event {
     uint32_t n_hashes;
     struct kvb_str medium;
     struct kvb_opt_int group_idx;
+    struct kvb_str spec_kind; /* kv_cache_spec_kind (removes: map key, or the string
+                                 after group_idx in the array) */
+    /* vLLM 0.26+: "LOCAL", "REMOTE", ... (absent: local), and who owns the
+     * block (absent: the framework; "kvcr", ...).  Also AllBlocksCleared's
+     * ownership (array index 1, or the map key). */
+    struct kvb_str locality;
+    struct kvb_str ownership;
 
     /* BlockStored only */
     struct kvb_hash parent; /* kind KVB_HASH_NIL when nil/absent */
@@ -107,7 +115,6 @@ struct kvb_event {
     const struct kvb_extra_key *xkeys;
     const uint32_t *xkey_off; /* n_xkey_blocks + 1 entries */
     uint32_t n_xkey_blocks;
-    struct kvb_str spec_kind; /* kv_cache_spec_kind */
     struct kvb_opt_int sliding_window;
 };
 

@@ -24,14 +24,28 @@
 /* clang-format off */
 #define KVB_EVENT_TYPES(X)                                                     \
     X(STORED, "stored") X(REMOVED, "removed") X(CLEARED, "cleared")            \
-    X(UNKNOWN, "unknown") X(MALFORMED, "malformed")
+    X(IGNORED, "ignored") X(UNKNOWN, "unknown") X(MALFORMED, "malformed")
 
 #define KVB_REV_TYPES(X) X(STORED, "stored") X(REMOVED, "removed") X(CLEARED, "cleared")
 
-/* docs/router-events.md section 4: reasons an engine event publishes nothing. */
+/* docs/router-events.md section 4: reasons an engine event publishes
+ * nothing.  The rows from ignored_event to unlearned_group_idx carry the
+ * label Dynamo's relay gives the same decision (zmq_wire/mod.rs,
+ * ZmqEventFilterReason). */
 #define KVB_DROP_REASONS(X)                                                    \
-    X(NON_MAIN_GROUP, "non_main_group")                                        \
-    X(NON_FULL_ATTENTION, "non_full_attention")                                \
+    X(IGNORED_EVENT, "ignored_event")                                          \
+    X(UNSUPPORTED_OWNERSHIP, "unsupported_ownership")                          \
+    X(UNKNOWN_OWNERSHIP, "unknown_ownership")                                  \
+    X(NON_LOCAL_LOCALITY, "non_local_locality")                                \
+    X(UNKNOWN_MEDIUM, "unknown_medium")                                        \
+    X(NON_MAIN_ATTENTION_KIND, "non_main_attention_kind")                      \
+    X(UNKNOWN_KIND, "unknown_kind")                                            \
+    X(NON_MAIN_ATTENTION_GROUP, "non_main_attention_group")                    \
+    X(UNLEARNED_GROUP_IDX, "unlearned_group_idx")                              \
+    X(AMBIGUOUS_CACHE_NAMESPACE, "ambiguous_cache_namespace")                  \
+    X(DUPLICATE_HASH, "duplicate_hash")                                        \
+    X(RESIDENT_REPEAT, "resident_repeat")                                      \
+    X(COPIES_REMAIN, "copies_remain")                                          \
     X(TIER_FILTERED, "tier_filtered")                                          \
     X(BLOCK_SIZE_MISMATCH, "block_size_mismatch")                              \
     X(UNSUPPORTED_TOKENS, "unsupported_tokens")                                \
@@ -59,7 +73,7 @@
     X(START, "start") X(GAP, "gap") X(RESTART, "restart")                      \
     X(MALFORMED, "malformed_batch") X(NATS_LOST, "nats_lost")                 \
     X(MIRROR_FULL, "mirror_full") X(ENGINE_GONE, "engine_gone")              \
-    X(NATS_RECONNECT, "nats_reconnect")
+    X(NATS_RECONNECT, "nats_reconnect") X(TRACKER_FULL, "tracker_full")
 
 /* docs/router-events.md section 6, "Repairs": why a pair was repaired. */
 #define KVB_REPAIR_CAUSES(X)                                                   \
@@ -104,7 +118,15 @@
     X(counter, stores_unsalted_total, "reason", KVB_UNSALTED_REASONS,          \
       "BlockStored events of a LoRA published without its salt, by reason")    \
     X(counter, unknown_medium_total, "", KVB_NO_LABEL,                         \
-      "Events whose medium was not recognised (forwarded as device)")          \
+      "Events whose medium was not recognised (dropped: unknown_medium)")      \
+    X(counter, blocks_held_total, "", KVB_NO_LABEL,                            \
+      "Removed block hashes held back: another copy (KV cache group) is still resident") \
+    X(counter, blocks_repeated_total, "", KVB_NO_LABEL,                        \
+      "Stored blocks already resident in their group (report mode full): no new copy, not republished") \
+    X(gauge, tracked_blocks, "", KVB_NO_LABEL,                                 \
+      "Entries the pipeline's block tracker holds (copies and cache namespaces)") \
+    X(counter, tracker_overflows_total, "", KVB_NO_LABEL,                      \
+      "Times the block tracker was full (limits.max_tracked_blocks): the pair got a barrier") \
     X(counter, malformed_messages_total, "kind", KVB_MALFORMED_KINDS,          \
       "Messages that could not be used, by kind")                              \
     X(counter, curve_clients_rejected_total, "", KVB_NO_LABEL,                 \

@@ -545,6 +545,15 @@ static const struct opt opts[] = {
              "blocks in 48-85 MB. A store past it is refused with a loud error and a "
              "\"cleared\" barrier for that pair. 0 turns the mirror and the query API "
              "off."},
+    {.key = "limits.max_tracked_blocks", .type = T_U64,
+     .off = TOP(limits.max_tracked_blocks, uint64_t), .def = "1048576", .min = 0,
+     .max = 1073741824, .flags = R,
+     .help = "Most entries the pipeline's block tracker holds over every (worker_id, "
+             "dp_rank): one per (tier, block hash) resident copy set and one per "
+             "salted block's cache namespace, 53-107 bytes each. When it is full, the "
+             "tracker starts again empty and every pair gets a \"cleared\" barrier "
+             "(cause tracker_full). 0 tracks nothing: removes are published at the "
+             "first copy and no store inherits its parent's namespace."},
 
     {.key = "query.recent_events", .type = T_U32,
      .off = TOP(query.recent_events, uint32_t), .def = "4096", .min = 0, .max = 1048576,

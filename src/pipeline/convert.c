@@ -4,10 +4,11 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+
+#include "track.h"
 
 struct kvb_converter {
     struct kvb_convert_cfg cfg;
@@ -21,6 +22,9 @@ struct kvb_converter {
 
     bool has_ns;      /* cfg.cache_namespace given: its term of the seed */
     uint64_t ns_term; /* XXH3_64(cache_namespace, seed 1) */
+
+    struct kvb_track *track; /* kinds, namespaces and copies (track.h) */
+    bool overflow;           /* the tracker was full since the last take */
 
     struct kvb_block *blocks; /* scratch for one event, grows to the largest seen */
     uint64_t *hashes;
@@ -51,6 +55,10 @@ int kvb_converter_create(const struct kvb_convert_cfg *cfg, struct kvb_metrics *
         return -ENOMEM;
     set_cfg(c, cfg);
     c->m = m;
+    if (kvb_track_create(cfg->max_tracked, &c->track) < 0) {
+        free(c);
+        return -ENOMEM;
+    }
     *out = c;
     return 0;
 }
@@ -60,6 +68,7 @@ void kvb_converter_destroy(struct kvb_converter **pc)
     if (!pc || !*pc)
         return;
     struct kvb_converter *c = *pc;
+    kvb_track_destroy(&c->track);
     free(c->ctr);
     free(c->clean);
     free(c->blocks);
@@ -77,6 +86,29 @@ void kvb_converter_destroy(struct kvb_converter **pc)
 void kvb_converter_set_config(struct kvb_converter *c, const struct kvb_convert_cfg *cfg)
 {
     set_cfg(c, cfg);
+    kvb_track_set_max(c->track, cfg->max_tracked);
+}
+
+static struct kvb_pair pair_of(const struct kvb_converter *c, uint32_t rank)
+{
+    return (struct kvb_pair){c->cfg.worker_id, rank};
+}
+
+void kvb_converter_forget(struct kvb_converter *c, uint32_t dp_rank)
+{
+    kvb_track_reset_pair(c->track, pair_of(c, dp_rank));
+    kvb_set(&c->m->tracked_blocks[0], kvb_track_entries(c->track));
+}
+
+bool kvb_converter_take_overflow(struct kvb_converter *c)
+{
+    if (!c->overflow)
+        return false;
+    c->overflow = false;
+    kvb_track_reset(c->track);
+    kvb_set(&c->m->tracked_blocks[0], 0);
+    kvb_inc(&c->m->tracker_overflows_total[0]);
+    return true;
 }
 
 struct kvb_worker_cfg kvb_convert_cfg_worker(const struct kvb_convert_cfg *cfg)
@@ -317,42 +349,27 @@ uint64_t kvb_tokens_hash(const uint32_t *tokens, size_t n, uint64_t seed)
 #endif
 }
 
-static bool str_ieq(const struct kvb_str *s, const char *lit)
-{
-    size_t n = strlen(lit);
-    return s->len == n && strncasecmp(s->ptr, lit, n) == 0;
-}
-
+/* Dynamo's StorageTier::from_kv_medium (protocols.rs): exact,
+ * case-sensitive names; an empty medium is an absent one. */
 int kvb_tier_from_medium(const struct kvb_str *medium, bool *unknown)
 {
     static const struct {
         const char *name;
         int tier;
     } map[] = {
-        {"GPU", KVB_TIER_DEVICE},
-        {"DEVICE", KVB_TIER_DEVICE},
-        {"CPU", KVB_TIER_HOST_PINNED},
-        {"CPU_PINNED", KVB_TIER_HOST_PINNED},
-        {"CPU_TIER1", KVB_TIER_HOST_PINNED},
-        {"CPU_TIER2", KVB_TIER_DISK},
-        {"DISK", KVB_TIER_DISK},
-        {"NVME", KVB_TIER_DISK},
-        {"STORAGE", KVB_TIER_DISK},
-        {"FS", KVB_TIER_DISK},
-        {"OBJ", KVB_TIER_DISK},
-        {"EXTERNAL", KVB_TIER_EXTERNAL},
-        {"NETWORK", KVB_TIER_EXTERNAL},
-        {"REMOTE", KVB_TIER_EXTERNAL},
+        {"GPU", KVB_TIER_DEVICE},          {"DEVICE", KVB_TIER_DEVICE},
+        {"CPU", KVB_TIER_HOST_PINNED},     {"CPU_PINNED", KVB_TIER_HOST_PINNED},
+        {"CPU_TIER1", KVB_TIER_HOST_PINNED}, {"CPU_TIER2", KVB_TIER_DISK},
+        {"DISK", KVB_TIER_DISK},           {"NVME", KVB_TIER_DISK},
+        {"STORAGE", KVB_TIER_DISK},        {"EXTERNAL", KVB_TIER_EXTERNAL},
+        {"NETWORK", KVB_TIER_EXTERNAL},    {"REMOTE", KVB_TIER_EXTERNAL},
         {"SHARED", KVB_TIER_EXTERNAL},
     };
     *unknown = false;
-    if (!medium->ptr)
-        return KVB_TIER_DEVICE;
-    /* what engines send for nearly every event: skip the table */
-    if (medium->len == 3 && memcmp(medium->ptr, "GPU", 3) == 0)
+    if (!medium->ptr || medium->len == 0)
         return KVB_TIER_DEVICE;
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-        if (str_ieq(medium, map[i].name))
+        if (medium->len == strlen(map[i].name) && memcmp(medium->ptr, map[i].name, medium->len) == 0)
             return map[i].tier;
     *unknown = true;
     return KVB_TIER_DEVICE;
@@ -367,29 +384,61 @@ static int drop(struct kvb_converter *c, int reason, int *why)
     return 0;
 }
 
-static bool full_attention(const struct kvb_str *kind)
+static bool str_is(const struct kvb_str *s, const char *lit)
 {
-    static const char *ok[] = {"full_attention", "mla_attention", "sink_full_attention"};
-    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
-        if (kind->len == strlen(ok[i]) && memcmp(kind->ptr, ok[i], kind->len) == 0)
-            return true;
-    return false;
+    size_t n = strlen(lit);
+    return s->ptr && s->len == n && memcmp(s->ptr, lit, n) == 0;
 }
 
-/* Group and tier filters, shared by stored and removed events. */
-static int common_filters(struct kvb_converter *c, const struct kvb_event *ev, int *tier)
+/* Steps 1-3 of Dynamo's preprocess (zmq_wire/mod.rs,
+ * preprocess_with_reason and preprocess_residency_with_reason): ownership,
+ * locality, medium.  A drop reason, or -1 with *tier set and *lower true for
+ * disk and external (which skip the group and namespace rules). */
+static int relay_filters(struct kvb_converter *c, const struct kvb_event *ev, int *tier,
+                         bool *lower)
 {
-    if (ev->group_idx.has && ev->group_idx.v != 0)
-        return KVB_DROP_NON_MAIN_GROUP;
-    if (ev->type == KVB_EV_STORED && ev->spec_kind.ptr && !full_attention(&ev->spec_kind))
-        return KVB_DROP_NON_FULL_ATTENTION;
+    if (ev->ownership.ptr)
+        return str_is(&ev->ownership, "kvcr") ? KVB_DROP_UNSUPPORTED_OWNERSHIP
+                                              : KVB_DROP_UNKNOWN_OWNERSHIP;
+    if (ev->locality.ptr && !str_is(&ev->locality, "LOCAL"))
+        return KVB_DROP_NON_LOCAL_LOCALITY;
     bool unknown;
     *tier = kvb_tier_from_medium(&ev->medium, &unknown);
-    if (unknown)
+    if (unknown) {
         kvb_inc(&c->m->unknown_medium_total[0]);
-    if (!(c->cfg.forward_tiers & (1u << *tier)))
-        return KVB_DROP_TIER_FILTERED;
+        return KVB_DROP_UNKNOWN_MEDIUM;
+    }
+    *lower = *tier == KVB_TIER_DISK || *tier == KVB_TIER_EXTERNAL;
     return -1;
+}
+
+/* Steps 4-5 (learn_metadata, filter_reason): a store with group and kind
+ * teaches the kind of (pair, group); an event's own kind, else its group's
+ * learned kind, judges it; an unlearned group other than 0 is dropped. */
+static int group_filter(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank)
+{
+    struct kvb_pair p = pair_of(c, rank);
+    int own = ev->spec_kind.ptr ? kvb_kind_of(ev->spec_kind.ptr, ev->spec_kind.len) : 0;
+    if (ev->type == KVB_EV_STORED && own && ev->group_idx.has)
+        kvb_track_learn(c->track, p, ev->group_idx.v, own);
+    if (own)
+        return own == KVB_KIND_MAIN      ? -1
+               : own == KVB_KIND_UNKNOWN ? KVB_DROP_UNKNOWN_KIND
+                                         : KVB_DROP_NON_MAIN_ATTENTION_KIND;
+    if (!ev->group_idx.has)
+        return -1;
+    int learned = kvb_track_kind(c->track, p, ev->group_idx.v);
+    if (learned == KVB_KIND_NONE)
+        return ev->group_idx.v == 0 ? -1 : KVB_DROP_UNLEARNED_GROUP_IDX;
+    return learned == KVB_KIND_MAIN      ? -1
+           : learned == KVB_KIND_UNKNOWN ? KVB_DROP_UNKNOWN_KIND
+                                         : KVB_DROP_NON_MAIN_ATTENTION_GROUP;
+}
+
+static void tracker_full(struct kvb_converter *c, int rc)
+{
+    if (rc == -ENOSPC)
+        c->overflow = true;
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -455,24 +504,56 @@ int kvb_lora_name_of(const struct kvb_lora_name_cfg *names, size_t n, const stru
     return KVB_LORA_UNMAPPED;
 }
 
+/* A stored event's own cache namespace: its cache_salt, else its tagged
+ * extra_keys salt.  *term: the namespace's term of the seed (never 0). */
+static bool own_namespace(const struct kvb_event *ev, uint64_t *term)
+{
+    struct kvb_str ns = {NULL, 0};
+    if (ev->cache_salt.len > 0)
+        ns = ev->cache_salt;
+    else
+        xkeys_namespace(ev, &ns);
+    if (ns.len == 0)
+        return false;
+    *term = XXH3_64bits_withSeed(ns.ptr, ns.len, 1);
+    *term += *term == 0; /* 0 means none in the tracker */
+    return true;
+}
+
+/* Step 6 for a store (propagate_cache_namespace): its own namespace, else
+ * its parent's recorded one (ambiguous: dropped); every block hash recorded
+ * under it.  A drop reason or -1; *has and *term: the namespace the blocks are
+ * hashed under (none: the configured one). */
+static int store_namespace(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
+                           bool *has, uint64_t *term)
+{
+    struct kvb_pair p = pair_of(c, rank);
+    *has = own_namespace(ev, term);
+    if (!*has && ev->parent.kind != KVB_HASH_NIL) {
+        int st = kvb_track_ns_get(c->track, p, kvb_hash_normalize(&ev->parent), term);
+        if (st == KVB_NS_AMBIGUOUS)
+            return KVB_DROP_AMBIGUOUS_CACHE_NAMESPACE;
+        *has = st == KVB_NS_SET;
+    }
+    for (uint32_t i = 0; i < ev->n_hashes; i++)
+        tracker_full(c, kvb_track_ns_store(c->track, p, kvb_hash_normalize(&ev->hashes[i]), *has,
+                                           *has ? *term : 0));
+    return -1;
+}
+
 /* The seed of one stored event: LoRA name (its own, or the one lora_names
- * gives its lora_id; unless lora_salt is off) and cache namespace (the
- * event's cache_salt, else its tagged extra_keys salt, else the configured
- * one). */
-static uint64_t event_seed(const struct kvb_converter *c, const struct kvb_event *ev)
+ * gives its lora_id; unless lora_salt is off) and cache namespace (its own
+ * or inherited one, else the configured one). */
+static uint64_t event_seed(const struct kvb_converter *c, const struct kvb_event *ev, bool has_ns,
+                           uint64_t ns_term)
 {
     uint64_t seed = KVB_TOKENS_HASH_SEED;
     struct kvb_str lora;
     if (c->cfg.lora_salt &&
         kvb_lora_name_of(c->cfg.lora_names, c->cfg.n_lora_names, ev, &lora) == KVB_LORA_NAMED)
         seed = kvb_lora_seed(lora.ptr, lora.len);
-    struct kvb_str ns = {NULL, 0};
-    if (ev->cache_salt.len > 0)
-        ns = ev->cache_salt;
-    else
-        xkeys_namespace(ev, &ns);
-    if (ns.len > 0)
-        seed += XXH3_64bits_withSeed(ns.ptr, ns.len, 1);
+    if (has_ns)
+        seed += ns_term;
     else if (c->has_ns)
         seed += c->ns_term;
     return seed;
@@ -500,10 +581,72 @@ static int cmp_u64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* A store that names one hash twice, or its parent as one of its blocks
+ * (Dynamo's zmq_wire/convert.rs turns it into an empty remove). */
+static bool repeats_a_hash(struct kvb_converter *c, const struct kvb_event *ev)
+{
+    uint32_t n = ev->n_hashes;
+    if (grow((void **)&c->hashes, &c->cap_hashes, (size_t)n + 1, sizeof(*c->hashes)) < 0)
+        return false; /* no room to look: not judged */
+    for (uint32_t i = 0; i < n; i++)
+        c->hashes[i] = kvb_hash_normalize(&ev->hashes[i]);
+    if (ev->parent.kind != KVB_HASH_NIL)
+        c->hashes[n++] = kvb_hash_normalize(&ev->parent);
+    qsort(c->hashes, n, sizeof(*c->hashes), cmp_u64);
+    for (uint32_t i = 1; i < n; i++)
+        if (c->hashes[i] == c->hashes[i - 1])
+            return true;
+    return false;
+}
+
+/* Every rule that may drop a store before its blocks are cut, in Dynamo's
+ * order; then kvbridge's forward_tiers.  A drop reason or -1. */
+static int stored_rules(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
+                        int *tier, bool *has_ns, uint64_t *ns_term)
+{
+    bool lower = false;
+    int r = relay_filters(c, ev, tier, &lower);
+    *has_ns = false;
+    if (r < 0 && !lower && (r = group_filter(c, ev, rank)) < 0)
+        r = store_namespace(c, ev, rank, has_ns, ns_term);
+    if (r >= 0)
+        return r;
+    if (repeats_a_hash(c, ev))
+        return KVB_DROP_DUPLICATE_HASH;
+    if (!(c->cfg.forward_tiers & (1u << *tier)))
+        return KVB_DROP_TIER_FILTERED;
+    return -1;
+}
+
+/* The copies a store adds (distinct (hash, group) holdings): its leading
+ * blocks that the group already holds are repeats (vLLM's
+ * kv_cache_report_mode: full), cut from the store.  Returns how many. */
+static uint64_t hold_blocks(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
+                            int tier, uint64_t nb)
+{
+    struct kvb_pair p = pair_of(c, rank);
+    int64_t g = ev->group_idx.has ? ev->group_idx.v : -1;
+    uint64_t lead = 0;
+    bool leading = true;
+    for (uint64_t i = 0; i < nb; i++) {
+        int rc = kvb_track_hold(c->track, p, (uint8_t)tier, c->blocks[i].block_hash, g);
+        tracker_full(c, rc);
+        if (rc == 0 && leading)
+            lead++;
+        else
+            leading = false;
+    }
+    kvb_set(&c->m->tracked_blocks[0], kvb_track_entries(c->track));
+    return lead;
+}
+
 static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
                           struct kvb_rev *out, int *why)
 {
-    int tier, r = common_filters(c, ev, &tier);
+    int tier;
+    bool has_ns;
+    uint64_t ns_term = 0;
+    int r = stored_rules(c, ev, rank, &tier, &has_ns, &ns_term);
     if (r >= 0)
         return drop(c, r, why);
     /* B: the configured block size, or (auto) the event's own. */
@@ -538,7 +681,7 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
             return -ENOMEM;
     }
 
-    uint64_t seed = event_seed(c, ev);
+    uint64_t seed = event_seed(c, ev, has_ns, ns_term);
     uint32_t n_mm = 0;
     for (uint64_t i = 0; i < nb; i++) {
         struct kvb_block *b = &c->blocks[i];
@@ -560,15 +703,23 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
     }
     if (n_x)
         c->mm_off[nb] = n_mm;
+    uint64_t lead = hold_blocks(c, ev, rank, tier, nb);
+    if (lead == nb) {
+        kvb_add(&c->m->blocks_repeated_total[0], nb);
+        return drop(c, KVB_DROP_RESIDENT_REPEAT, why);
+    }
+    kvb_add(&c->m->blocks_repeated_total[0], lead);
     out->type = KVB_REVT_STORED;
     out->tier = (uint8_t)tier;
-    out->has_parent = ev->parent.kind != KVB_HASH_NIL;
-    out->parent = out->has_parent ? kvb_hash_normalize(&ev->parent) : 0;
-    out->blocks = c->blocks;
+    out->has_parent = lead > 0 || ev->parent.kind != KVB_HASH_NIL;
+    out->parent = lead > 0               ? c->blocks[lead - 1].block_hash
+                  : out->has_parent ? kvb_hash_normalize(&ev->parent)
+                                    : 0;
+    out->blocks = c->blocks + lead;
     out->hashes = NULL;
-    out->n = (uint32_t)nb;
+    out->n = (uint32_t)(nb - lead);
     out->mm_hashes = n_mm ? c->mm : NULL;
-    out->mm_off = n_mm ? c->mm_off : NULL;
+    out->mm_off = n_mm ? c->mm_off + lead : NULL;
     out->n_mm = n_mm;
     return take_id(c, rank, out);
 }
@@ -576,22 +727,42 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
 static int convert_removed(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
                            struct kvb_rev *out, int *why)
 {
-    int tier, r = common_filters(c, ev, &tier);
+    int tier;
+    bool lower = false;
+    int r = relay_filters(c, ev, &tier, &lower);
+    if (r < 0 && !lower)
+        r = group_filter(c, ev, rank);
     if (r >= 0)
         return drop(c, r, why);
+    struct kvb_pair p = pair_of(c, rank);
+    if (!lower)
+        for (uint32_t i = 0; i < ev->n_hashes; i++)
+            kvb_track_ns_remove(c->track, p, kvb_hash_normalize(&ev->hashes[i]));
+    if (!(c->cfg.forward_tiers & (1u << tier)))
+        return drop(c, KVB_DROP_TIER_FILTERED, why);
     if (ev->n_hashes == 0)
         return drop(c, KVB_DROP_EMPTY_REMOVE, why);
     if (grow((void **)&c->hashes, &c->cap_hashes, ev->n_hashes, sizeof(*c->hashes)) < 0)
         return -ENOMEM;
-    for (uint32_t i = 0; i < ev->n_hashes; i++)
-        c->hashes[i] = kvb_hash_normalize(&ev->hashes[i]);
+    /* a hash is published when its last copy goes (or it was never tracked) */
+    int64_t g = ev->group_idx.has ? ev->group_idx.v : -1;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < ev->n_hashes; i++) {
+        uint64_t h = kvb_hash_normalize(&ev->hashes[i]);
+        if (kvb_track_release(c->track, p, (uint8_t)tier, h, g))
+            c->hashes[n++] = h;
+    }
+    kvb_add(&c->m->blocks_held_total[0], ev->n_hashes - n);
+    kvb_set(&c->m->tracked_blocks[0], kvb_track_entries(c->track));
+    if (n == 0)
+        return drop(c, KVB_DROP_COPIES_REMAIN, why);
     out->type = KVB_REVT_REMOVED;
     out->tier = (uint8_t)tier;
     out->has_parent = false;
     out->parent = 0;
     out->blocks = NULL;
     out->hashes = c->hashes;
-    out->n = ev->n_hashes;
+    out->n = n;
     out->mm_hashes = NULL;
     out->mm_off = NULL;
     out->n_mm = 0;
@@ -623,7 +794,16 @@ int kvb_convert_event(struct kvb_converter *c, const struct kvb_event *ev, uint3
         return convert_removed(c, ev, dp_rank, out, why);
     case KVB_EV_CLEARED:
         kvb_inc(&c->m->events_received_total[KVB_EVT_CLEARED]);
+        if (ev->ownership.ptr)
+            return drop(c,
+                        str_is(&ev->ownership, "kvcr") ? KVB_DROP_UNSUPPORTED_OWNERSHIP
+                                                       : KVB_DROP_UNKNOWN_OWNERSHIP,
+                        why);
+        kvb_converter_forget(c, dp_rank);
         return kvb_convert_cleared(c, dp_rank, out);
+    case KVB_EV_IGNORED:
+        kvb_inc(&c->m->events_received_total[KVB_EVT_IGNORED]);
+        return drop(c, KVB_DROP_IGNORED_EVENT, why);
     case KVB_EV_UNKNOWN:
         kvb_inc(&c->m->events_received_total[KVB_EVT_UNKNOWN]);
         return drop(c, KVB_DROP_UNKNOWN_EVENT_TYPE, why);

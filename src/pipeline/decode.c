@@ -557,6 +557,8 @@ enum field_id {
     F_GROUP_IDX,
     F_SPEC_KIND,
     F_SLIDING_WINDOW,
+    F_LOCALITY,
+    F_OWNERSHIP,
 };
 
 static const struct field {
@@ -573,8 +575,12 @@ static const struct field {
     [F_LORA_NAME] = {"lora_name", 7, 0},
     [F_EXTRA_KEYS] = {"extra_keys", 8, 0},
     [F_GROUP_IDX] = {"group_idx", 9, 3},
-    [F_SPEC_KIND] = {"kv_cache_spec_kind", 10, 0},
-    [F_SLIDING_WINDOW] = {"kv_cache_spec_sliding_window", 11, 0},
+    [F_SPEC_KIND] = {"kv_cache_spec_kind", 10, 4},
+    [F_SLIDING_WINDOW] = {"kv_cache_spec_sliding_window", 11, 5},
+    /* vLLM 0.26+ appends them after the group metadata (Dynamo's
+     * zmq_wire/deserialize.rs reads them only when the whole tail is there) */
+    [F_LOCALITY] = {"locality", 12, 6},
+    [F_OWNERSHIP] = {"ownership", 13, 7},
 };
 #define N_FIELDS (sizeof(fields) / sizeof(fields[0]))
 
@@ -596,9 +602,16 @@ static void set_field(struct walk *w, enum field_id f, const msgpack_object *o,
     case F_EXTRA_KEYS: get_extra_keys(w, o, ev); break;
     case F_GROUP_IDX: get_opt_int(w, o, &ev->group_idx, "group_idx is not an integer"); break;
     case F_SPEC_KIND:
+        /* a short BlockRemoved array may carry the window where the kind goes */
+        if (ev->type == KVB_EV_REMOVED && o->type != MSGPACK_OBJECT_STR)
+            break;
         get_opt_str(w, o, &ev->spec_kind, "kv_cache_spec_kind is not a string");
         break;
+    case F_LOCALITY: get_opt_str(w, o, &ev->locality, "locality is not a string"); break;
+    case F_OWNERSHIP: get_opt_str(w, o, &ev->ownership, "ownership is not a string"); break;
     case F_SLIDING_WINDOW:
+        if (ev->type == KVB_EV_REMOVED && o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+            break;
         get_opt_int(w, o, &ev->sliding_window, "sliding window is not an integer");
         break;
     }
@@ -622,6 +635,8 @@ static void set_type(struct walk *w, const msgpack_object *tag, struct kvb_event
         ev->type = KVB_EV_REMOVED;
     else if (str_eq(tag, "AllBlocksCleared"))
         ev->type = KVB_EV_CLEARED;
+    else if (str_eq(tag, "Ignored"))
+        ev->type = KVB_EV_IGNORED;
     else
         ev->type = KVB_EV_UNKNOWN;
 }
@@ -640,7 +655,10 @@ static void decode_positional(struct walk *w, const msgpack_object_array *a, str
         return;
     }
     set_type(w, &a->ptr[0], ev);
-    if (w->err || ev->type == KVB_EV_UNKNOWN || ev->type == KVB_EV_CLEARED)
+    if (!w->err && ev->type == KVB_EV_CLEARED && a->size >= 2)
+        get_opt_str(w, &a->ptr[1], &ev->ownership, "ownership is not a string");
+    if (w->err || ev->type == KVB_EV_UNKNOWN || ev->type == KVB_EV_CLEARED ||
+        ev->type == KVB_EV_IGNORED)
         return;
     if (a->size < 2) {
         fail_event(w, "event has no block_hashes");
@@ -665,7 +683,12 @@ static void decode_map(struct walk *w, const msgpack_object_map *m, struct kvb_e
         return;
     }
     set_type(w, tag, ev);
-    if (w->err || ev->type == KVB_EV_UNKNOWN || ev->type == KVB_EV_CLEARED)
+    if (!w->err && ev->type == KVB_EV_CLEARED)
+        for (uint32_t i = 0; i < m->size; i++)
+            if (str_eq(&m->ptr[i].key, "ownership"))
+                get_opt_str(w, &m->ptr[i].val, &ev->ownership, "ownership is not a string");
+    if (w->err || ev->type == KVB_EV_UNKNOWN || ev->type == KVB_EV_CLEARED ||
+        ev->type == KVB_EV_IGNORED)
         return;
     bool have_hashes = false;
     for (uint32_t i = 0; i < m->size; i++) {

@@ -122,9 +122,13 @@ static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause, bool repair
      * what NATS lost may be that last "cleared". */
     bool nats = cause == KVB_BAR_NATS_LOST || cause == KVB_BAR_NATS_RECONNECT;
     if (!nats && kvb_convert_pair_state(p->conv, rank) == KVB_PAIR_CLEAN) {
+        kvb_converter_forget(p->conv, rank);
         kvb_inc(&p->m->barriers_redundant_total[0]);
         return 0;
     }
+    /* a repair publishes the resident blocks again: the copies stay known */
+    if (!repair)
+        kvb_converter_forget(p->conv, rank);
     struct kvb_rev r;
     int rc = kvb_convert_cleared(p->conv, rank, &r);
     if (rc < 0)
@@ -180,6 +184,32 @@ int kvb_pipeline_barrier(struct kvb_pipeline *p, const struct kvb_stream *s, int
         n += rc;
     }
     return n;
+}
+
+/* The block tracker was full: it forgot everything, so every pair the
+ * converter published for gets its "cleared" (docs/router-events.md section
+ * 8), then the stream's worker is selected again.  The number published, or
+ * a negative errno. */
+static int tracker_overflow(struct kvb_pipeline *p, const struct kvb_worker_cfg *w)
+{
+    if (!kvb_converter_take_overflow(p->conv))
+        return 0;
+    kvb_warn("convert", "the block tracker is full (limits.max_tracked_blocks): it starts "
+                        "again empty, and every pair gets a barrier");
+    size_t n = kvb_converter_counters(p->conv, NULL, 0);
+    struct kvb_id_counter *all = calloc(n ? n : 1, sizeof(*all));
+    if (!all)
+        return -ENOMEM;
+    kvb_converter_counters(p->conv, all, n);
+    int sum = 0, rc = 0;
+    for (size_t i = 0; i < n && rc >= 0; i++) {
+        use_worker(p, all[i].worker_id);
+        rc = cleared(p, all[i].dp_rank, KVB_BAR_TRACKER_FULL, false);
+        sum += rc > 0 ? rc : 0;
+    }
+    free(all);
+    use(p, w);
+    return rc < 0 ? rc : sum;
 }
 
 static int malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
@@ -287,11 +317,14 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
                 kvb_log_rl(&p->rl_malformed, KVB_LOG_WARN, "decode",
                            "%s: seq %llu event %u skipped: %s", s->name, (unsigned long long)seq, i,
                            b.events[i].error);
+            if ((rc = tracker_overflow(p, w)) < 0)
+                return rc;
+            n += rc;
             continue;
         }
         if (r.type == KVB_REVT_STORED)
             unmapped_lora(p, s, w, &b.events[i]);
-        if ((rc = emit(p, &r)) < 0)
+        if ((rc = emit(p, &r)) < 0 || (n += rc, rc = tracker_overflow(p, w)) < 0)
             return rc;
         n += rc;
     }
@@ -335,7 +368,8 @@ struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
                     .block_size = c->block_size,
                     .lora_salt = c->lora_salt,
                     .forward_tiers = c->forward_tiers,
-                    .cache_namespace = c->cache_namespace},
+                    .cache_namespace = c->cache_namespace,
+                    .max_tracked = c->limits.max_tracked_blocks},
         .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
                    c->limits.max_tokens_per_event, c->limits.max_depth},
     };
