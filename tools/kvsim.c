@@ -829,7 +829,8 @@ static void gen_chain(struct sim *s, struct rank *r)
  *              then a store that repeats a hash
  *   salted:    SGLang multi-turn conversations: a request's first store
  *              carries a cache salt in block 0's extra_keys, its later turns
- *              none (they inherit it)
+ *              none (they inherit it); now and then a block hash under two
+ *              salts (par_ambiguous())
  *   remote:    vLLM 0.26+ maps: locality, ownership and medium names, fixed
  *              per request
  * --report-full (kv_cache_report_mode: full): each batch first re-emits the
@@ -882,8 +883,9 @@ struct parity {
     struct pring ring[PAR_GROUPS];
     uint64_t last;
     bool has_last;
-    int conv_ns; /* salted: the conversation's salt (1-based), 0 = none */
-    int attr;    /* remote: the request's placement */
+    int conv_ns;   /* salted: the conversation's salt (1-based), 0 = none */
+    int attr;      /* remote: the request's placement */
+    bool end_conv; /* salted: the next batch starts a new conversation */
     struct psaved saved[PAR_SAVED], cur[PAR_SAVED];
     size_t nsaved, ncur;
     /* the bridge's state under Dynamo's rules */
@@ -1072,14 +1074,90 @@ static const char *par_kind0(struct rank *r)
     return k < 4 ? "sliding_window" : k < 7 ? "mamba" : "full_attention";
 }
 
+/* hybrid, twogroups: each request's blocks in group 1 and group 0 */
+static void gen_parity_groups(struct sim *s, struct rank *r, size_t nb)
+{
+    struct parity *p = r->g.par;
+    struct gen *g = &r->g;
+    enum workload wl = s->o.wl;
+    size_t ei = par_store(s, r, nb, 1, "full_attention"), e0;
+
+    r->b.ev[ei].tier_s = "device";
+    p->last = r->b.h[r->b.ev[ei].h_off + nb - 1];
+    p->has_last = true;
+    e0 = par_store_again(r, ei, 0, wl == WL_HYBRID ? par_kind0(r) : "full_attention");
+    par_save(s, r, ei);
+    par_save(s, r, e0);
+    par_hold(r, ei);
+    par_hold(r, e0);
+    if (wl == WL_TWOGROUPS && rnd_below(&g->rng, 12) == 0) {
+        /* an engine that repeats a block hash in one store */
+        bool had = p->has_last;
+        p->has_last = false;
+        size_t d = par_store(s, r, 2, 0, "full_attention");
+        p->has_last = had;
+        r->b.ev[d].tier_s = "device";
+        r->b.h[r->b.ev[d].h_off + 1] = r->b.h[r->b.ev[d].h_off];
+    }
+    if (wl == WL_HYBRID && rnd_below(&g->rng, 10) == 0) {
+        size_t ri = batch_ev(&r->b, EV_REMOVED);
+        r->b.ev[ri].parity = true;
+        r->b.ev[ri].group = 2;
+        r->b.ev[ri].tier_s = "device";
+        *batch_hashes(&r->b, 1) = rnd(&g->rng);
+        r->b.ev[ri].nh = 1;
+    }
+}
+
+/* salted, now and then: an engine whose block hashes ignore the salt
+ * stores the conversation's last block again as another tenant's root, so
+ * the hash has two namespaces; the next turn (no salt of its own, that
+ * parent) is dropped, and the conversation ends there. */
+static void par_ambiguous(struct sim *s, struct rank *r)
+{
+    struct parity *p = r->g.par;
+    bool had = p->has_last;
+    size_t ei;
+
+    p->has_last = false;
+    ei = par_store(s, r, 1, 0, "full_attention");
+    p->has_last = had;
+    r->b.h[r->b.ev[ei].h_off] = p->last;
+    r->b.ev[ei].salt_ns = p->conv_ns == 1 ? 2 : 1;
+    r->b.ev[ei].tier_s = "device";
+    p->end_conv = true;
+}
+
+/* salted, remote: one chain per request in group 0 */
+static void gen_parity_chain(struct sim *s, struct rank *r, size_t nb, bool fresh)
+{
+    struct parity *p = r->g.par;
+    size_t ei;
+
+    if (s->o.wl == WL_SALTED && !fresh && rnd_below(&r->g.rng, 20) == 0)
+        par_ambiguous(s, r);
+    ei = par_store(s, r, nb, 0, "full_attention");
+    p->last = r->b.h[r->b.ev[ei].h_off + nb - 1];
+    p->has_last = true;
+    if (s->o.wl == WL_SALTED) {
+        r->b.ev[ei].salt_ns = fresh ? p->conv_ns : 0;
+        r->b.ev[ei].tier_s = "device";
+    } else {
+        r->b.ev[ei].attr = p->attr;
+        par_attr_apply(&r->b.ev[ei], p->attr);
+    }
+    par_save(s, r, ei);
+    par_hold(r, ei);
+}
+
 /* One batch of a parity workload. */
 static void gen_parity(struct sim *s, struct rank *r)
 {
     struct parity *p = r->g.par;
     struct gen *g = &r->g;
     enum workload wl = s->o.wl;
-    size_t nb = 1 + rnd_below(&g->rng, 3), ei;
-    bool fresh = !p->has_last || rnd_below(&g->rng, 4) == 0;
+    size_t nb = 1 + rnd_below(&g->rng, 3);
+    bool fresh = !p->has_last || p->end_conv || rnd_below(&g->rng, 4) == 0;
 
     for (int i = 0; i < PAR_GROUPS; i++)
         p->ring[i].keep = wl == WL_HYBRID && i == 0 ? PAR_KEEP0 : PAR_KEEP;
@@ -1087,51 +1165,14 @@ static void gen_parity(struct sim *s, struct rank *r)
         par_report_full(s, r);
     p->ncur = 0;
     if (fresh) {
-        p->has_last = false;
+        p->has_last = p->end_conv = false;
         p->conv_ns = rnd_below(&g->rng, 3) ? 1 + (int)rnd_below(&g->rng, 2) : 0;
         p->attr = rnd_below(&g->rng, 2) ? 0 : (int)rnd_below(&g->rng, PAR_NATTRS);
     }
-    if (wl == WL_HYBRID || wl == WL_TWOGROUPS) {
-        ei = par_store(s, r, nb, 1, "full_attention");
-        r->b.ev[ei].tier_s = "device";
-        p->last = r->b.h[r->b.ev[ei].h_off + nb - 1];
-        p->has_last = true;
-        size_t e0 = par_store_again(r, ei, 0, wl == WL_HYBRID ? par_kind0(r) : "full_attention");
-        par_save(s, r, ei);
-        par_save(s, r, e0);
-        par_hold(r, ei);
-        par_hold(r, e0);
-        if (wl == WL_TWOGROUPS && rnd_below(&g->rng, 12) == 0) {
-            /* an engine that repeats a block hash in one store */
-            bool had = p->has_last;
-            p->has_last = false;
-            size_t d = par_store(s, r, 2, 0, "full_attention");
-            p->has_last = had;
-            r->b.ev[d].tier_s = "device";
-            r->b.h[r->b.ev[d].h_off + 1] = r->b.h[r->b.ev[d].h_off];
-        }
-        if (wl == WL_HYBRID && rnd_below(&g->rng, 10) == 0) {
-            size_t ri = batch_ev(&r->b, EV_REMOVED);
-            r->b.ev[ri].parity = true;
-            r->b.ev[ri].group = 2;
-            r->b.ev[ri].tier_s = "device";
-            *batch_hashes(&r->b, 1) = rnd(&g->rng);
-            r->b.ev[ri].nh = 1;
-        }
-    } else {
-        ei = par_store(s, r, nb, 0, "full_attention");
-        p->last = r->b.h[r->b.ev[ei].h_off + nb - 1];
-        p->has_last = true;
-        if (wl == WL_SALTED) {
-            r->b.ev[ei].salt_ns = fresh ? p->conv_ns : 0;
-            r->b.ev[ei].tier_s = "device";
-        } else {
-            r->b.ev[ei].attr = p->attr;
-            par_attr_apply(&r->b.ev[ei], p->attr);
-        }
-        par_save(s, r, ei);
-        par_hold(r, ei);
-    }
+    if (wl == WL_HYBRID || wl == WL_TWOGROUPS)
+        gen_parity_groups(s, r, nb);
+    else
+        gen_parity_chain(s, r, nb, fresh);
     memcpy(p->saved, p->cur, p->ncur * sizeof *p->cur);
     p->nsaved = p->ncur;
     par_decide(r);

@@ -357,19 +357,26 @@ int kvb_tier_from_medium(const struct kvb_str *medium, bool *unknown)
         const char *name;
         int tier;
     } map[] = {
-        {"GPU", KVB_TIER_DEVICE},          {"DEVICE", KVB_TIER_DEVICE},
-        {"CPU", KVB_TIER_HOST_PINNED},     {"CPU_PINNED", KVB_TIER_HOST_PINNED},
-        {"CPU_TIER1", KVB_TIER_HOST_PINNED}, {"CPU_TIER2", KVB_TIER_DISK},
-        {"DISK", KVB_TIER_DISK},           {"NVME", KVB_TIER_DISK},
-        {"STORAGE", KVB_TIER_DISK},        {"EXTERNAL", KVB_TIER_EXTERNAL},
-        {"NETWORK", KVB_TIER_EXTERNAL},    {"REMOTE", KVB_TIER_EXTERNAL},
+        {"GPU", KVB_TIER_DEVICE},
+        {"DEVICE", KVB_TIER_DEVICE},
+        {"CPU", KVB_TIER_HOST_PINNED},
+        {"CPU_PINNED", KVB_TIER_HOST_PINNED},
+        {"CPU_TIER1", KVB_TIER_HOST_PINNED},
+        {"CPU_TIER2", KVB_TIER_DISK},
+        {"DISK", KVB_TIER_DISK},
+        {"NVME", KVB_TIER_DISK},
+        {"STORAGE", KVB_TIER_DISK},
+        {"EXTERNAL", KVB_TIER_EXTERNAL},
+        {"NETWORK", KVB_TIER_EXTERNAL},
+        {"REMOTE", KVB_TIER_EXTERNAL},
         {"SHARED", KVB_TIER_EXTERNAL},
     };
     *unknown = false;
     if (!medium->ptr || medium->len == 0)
         return KVB_TIER_DEVICE;
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
-        if (medium->len == strlen(map[i].name) && memcmp(medium->ptr, map[i].name, medium->len) == 0)
+        if (medium->len == strlen(map[i].name) &&
+            memcmp(medium->ptr, map[i].name, medium->len) == 0)
             return map[i].tier;
     *unknown = true;
     return KVB_TIER_DEVICE;
@@ -712,7 +719,7 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
     out->type = KVB_REVT_STORED;
     out->tier = (uint8_t)tier;
     out->has_parent = lead > 0 || ev->parent.kind != KVB_HASH_NIL;
-    out->parent = lead > 0               ? c->blocks[lead - 1].block_hash
+    out->parent = lead > 0          ? c->blocks[lead - 1].block_hash
                   : out->has_parent ? kvb_hash_normalize(&ev->parent)
                                     : 0;
     out->blocks = c->blocks + lead;

@@ -65,8 +65,8 @@ int kvb_kind_of(const char *s, size_t n)
 {
     static const char *const main_kinds[] = {"full_attention", "mla_attention",
                                              "sink_full_attention"};
-    static const char *const other_kinds[] = {"sliding_window", "chunked_local_attention",
-                                              "mamba", "cross_attention", "encoder_only_attention"};
+    static const char *const other_kinds[] = {"sliding_window", "chunked_local_attention", "mamba",
+                                              "cross_attention", "encoder_only_attention"};
     for (size_t i = 0; i < sizeof(main_kinds) / sizeof(main_kinds[0]); i++)
         if (n == strlen(main_kinds[i]) && memcmp(s, main_kinds[i], n) == 0)
             return KVB_KIND_MAIN;
@@ -124,14 +124,12 @@ static size_t slot_of(const struct kvb_track *t, uint64_t worker, uint32_t rank,
     return (size_t)h & (t->cap - 1);
 }
 
-static bool same(const struct entry *e, uint64_t worker, uint32_t rank, uint8_t tier,
-                 uint64_t hash)
+static bool same(const struct entry *e, uint64_t worker, uint32_t rank, uint8_t tier, uint64_t hash)
 {
     return e->used && e->hash == hash && e->worker == worker && e->rank == rank && e->tier == tier;
 }
 
-static struct entry *find(const struct kvb_track *t, struct kvb_pair p, uint8_t tier,
-                          uint64_t hash)
+static struct entry *find(const struct kvb_track *t, struct kvb_pair p, uint8_t tier, uint64_t hash)
 {
     if (t->cap == 0)
         return NULL;

@@ -7,7 +7,8 @@
 #   twogroups: one hash held in two full-attention groups (the remove goes
 #              out with the last copy), stores that repeat a hash;
 #   salted:    SGLang conversations, only each first turn salted (later
-#              turns inherit the salt: their tokens_hash uses it);
+#              turns inherit the salt: their tokens_hash uses it), a
+#              block hash under two salts (the next turn dropped);
 #   remote:    vLLM 0.26+ maps with locality, ownership, medium names;
 #   and each again with --report-full (kv_cache_report_mode: full: every
 #   batch first stores the previous batch's blocks again).
@@ -94,7 +95,7 @@ HELD=kvbridge_blocks_held_total REPEATED=kvbridge_blocks_repeated_total
 COUNTERS=$HELD run_parity hybrid hybrid "non_main_attention_kind non_main_attention_group unlearned_group_idx"
 run_parity hybrid-map hybrid "non_main_attention_kind non_main_attention_group" --encoding map
 COUNTERS=$HELD run_parity twogroups twogroups "duplicate_hash copies_remain"
-run_parity salted salted ""
+run_parity salted salted "ambiguous_cache_namespace resident_repeat"
 run_parity remote remote "non_local_locality unsupported_ownership unknown_ownership unknown_medium"
 
 # --report-full: the repeats publish nothing, removes still release blocks
