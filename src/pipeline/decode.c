@@ -465,6 +465,19 @@ static void get_opt_str(struct walk *w, const msgpack_object *o, struct kvb_str 
     s->len = o->via.str.size;
 }
 
+/* locality, ownership: nil is absent; a value that is not a string is
+ * present but names nothing known (""), so the event is dropped by the rule
+ * (non_local_locality, unknown_ownership), not refused as malformed. */
+static void get_tag_str(struct walk *w, const msgpack_object *o, struct kvb_str *s)
+{
+    if (o->type != MSGPACK_OBJECT_NIL && o->type != MSGPACK_OBJECT_STR) {
+        s->ptr = "";
+        s->len = 0;
+        return;
+    }
+    get_opt_str(w, o, s, "not a string");
+}
+
 /* lora_name: a string, or (SGLang, index 7) a metadata map {"cache_salt":..}. */
 static void get_lora_or_meta(struct walk *w, const msgpack_object *o, struct kvb_event *ev)
 {
@@ -607,8 +620,8 @@ static void set_field(struct walk *w, enum field_id f, const msgpack_object *o,
             break;
         get_opt_str(w, o, &ev->spec_kind, "kv_cache_spec_kind is not a string");
         break;
-    case F_LOCALITY: get_opt_str(w, o, &ev->locality, "locality is not a string"); break;
-    case F_OWNERSHIP: get_opt_str(w, o, &ev->ownership, "ownership is not a string"); break;
+    case F_LOCALITY: get_tag_str(w, o, &ev->locality); break;
+    case F_OWNERSHIP: get_tag_str(w, o, &ev->ownership); break;
     case F_SLIDING_WINDOW:
         if (ev->type == KVB_EV_REMOVED && o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
             break;
@@ -656,7 +669,7 @@ static void decode_positional(struct walk *w, const msgpack_object_array *a, str
     }
     set_type(w, &a->ptr[0], ev);
     if (!w->err && ev->type == KVB_EV_CLEARED && a->size >= 2)
-        get_opt_str(w, &a->ptr[1], &ev->ownership, "ownership is not a string");
+        get_tag_str(w, &a->ptr[1], &ev->ownership);
     if (w->err || ev->type == KVB_EV_UNKNOWN || ev->type == KVB_EV_CLEARED ||
         ev->type == KVB_EV_IGNORED)
         return;
@@ -686,7 +699,7 @@ static void decode_map(struct walk *w, const msgpack_object_map *m, struct kvb_e
     if (!w->err && ev->type == KVB_EV_CLEARED)
         for (uint32_t i = 0; i < m->size; i++)
             if (str_eq(&m->ptr[i].key, "ownership"))
-                get_opt_str(w, &m->ptr[i].val, &ev->ownership, "ownership is not a string");
+                get_tag_str(w, &m->ptr[i].val, &ev->ownership);
     if (w->err || ev->type == KVB_EV_UNKNOWN || ev->type == KVB_EV_CLEARED ||
         ev->type == KVB_EV_IGNORED)
         return;

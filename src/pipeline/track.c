@@ -227,7 +227,7 @@ int kvb_track_ns_store(struct kvb_track *t, struct kvb_pair p, uint64_t hash, bo
             e->state = KVB_NS_AMBIGUOUS;
         return 0;
     }
-    if (!has_ns)
+    if (!has_ns || t->max == 0)
         return 0; /* unsalted blocks are not kept (Dynamo keeps none either) */
     if (!(e = insert(t, p, NS_TIER, hash)))
         return -ENOSPC;
@@ -253,6 +253,8 @@ static uint64_t group_bit(int64_t group)
 int kvb_track_hold(struct kvb_track *t, struct kvb_pair p, uint8_t tier, uint64_t hash,
                    int64_t group)
 {
+    if (t->max == 0)
+        return 1; /* tracking off: every store a new copy */
     struct entry *e = find(t, p, tier, hash);
     if (!e && !(e = insert(t, p, tier, hash)))
         return -ENOSPC;

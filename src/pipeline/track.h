@@ -41,7 +41,8 @@ struct kvb_pair {
 struct kvb_track;
 
 /* max_entries: copies and namespaces together (limits.max_tracked_blocks);
- * 0 = no tracking at all (every lookup finds nothing, nothing is kept). */
+ * 0 = no tracking at all (every lookup finds nothing, nothing is kept,
+ * every store is a new copy, never -ENOSPC). */
 int kvb_track_create(uint64_t max_entries, struct kvb_track **out);
 void kvb_track_destroy(struct kvb_track **t);
 /* A new bound (reload): entries beyond it stay until the next reset. */

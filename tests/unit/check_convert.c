@@ -256,7 +256,7 @@ START_TEST(filters_count_by_reason)
     e.group_idx.has = true;
     e.group_idx.v = 1;
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
-    ck_assert_int_eq(why, KVB_DROP_NON_MAIN_GROUP);
+    ck_assert_int_eq(why, KVB_DROP_UNLEARNED_GROUP_IDX); /* no kind learned for group 1 */
     e.group_idx.v = 0; /* main group: published */
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
 
@@ -267,10 +267,11 @@ START_TEST(filters_count_by_reason)
     }
     e.spec_kind = S("sliding_window");
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
-    ck_assert_int_eq(why, KVB_DROP_NON_FULL_ATTENTION);
+    ck_assert_int_eq(why, KVB_DROP_NON_MAIN_ATTENTION_KIND);
     e.spec_kind = S(NULL);
+    e.group_idx.has = false; /* group 0 learned sliding_window: not judged here */
 
-    e.medium = S("cpu");
+    e.medium = S("CPU");
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
     ck_assert_int_eq(why, KVB_DROP_TIER_FILTERED);
 
@@ -289,8 +290,8 @@ START_TEST(filters_count_by_reason)
     ck_assert_int_eq(kvb_convert_event(conv, &bad, 0, &r, &why), 0);
     ck_assert_int_eq(why, KVB_DROP_MALFORMED_EVENT);
 
-    ck_assert_uint_eq(drops(KVB_DROP_NON_MAIN_GROUP), 1);
-    ck_assert_uint_eq(drops(KVB_DROP_NON_FULL_ATTENTION), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_UNLEARNED_GROUP_IDX), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_NON_MAIN_ATTENTION_KIND), 1);
     ck_assert_uint_eq(drops(KVB_DROP_TIER_FILTERED), 1);
     ck_assert_uint_eq(drops(KVB_DROP_UNSUPPORTED_TOKENS), 0);
     ck_assert_uint_eq(drops(KVB_DROP_UNKNOWN_EVENT_TYPE), 1);
@@ -315,7 +316,7 @@ START_TEST(removed_events)
     e.group_idx.has = true;
     e.group_idx.v = 2;
     ck_assert_int_eq(kvb_convert_event(conv, &e, 3, &r, &why), 0);
-    ck_assert_int_eq(why, KVB_DROP_NON_MAIN_GROUP);
+    ck_assert_int_eq(why, KVB_DROP_UNLEARNED_GROUP_IDX);
     e.group_idx.has = false;
     e.medium = S("DISK");
     ck_assert_int_eq(kvb_convert_event(conv, &e, 3, &r, &why), 0);
@@ -338,24 +339,28 @@ START_TEST(storage_tiers)
         int tier;
         bool unknown;
     } cases[] = {
+        /* Dynamo's StorageTier::from_kv_medium: exact, case-sensitive */
         {NULL, KVB_TIER_DEVICE, false},
+        {"", KVB_TIER_DEVICE, false}, /* empty: absent */
         {"GPU", KVB_TIER_DEVICE, false},
-        {"device", KVB_TIER_DEVICE, false},
+        {"DEVICE", KVB_TIER_DEVICE, false},
+        {"device", KVB_TIER_DEVICE, true},
         {"CPU", KVB_TIER_HOST_PINNED, false},
-        {"cpu_pinned", KVB_TIER_HOST_PINNED, false},
+        {"CPU_PINNED", KVB_TIER_HOST_PINNED, false},
+        {"cpu_pinned", KVB_TIER_DEVICE, true},
         {"CPU_TIER1", KVB_TIER_HOST_PINNED, false},
         {"CPU_TIER2", KVB_TIER_DISK, false},
-        {"Disk", KVB_TIER_DISK, false},
+        {"DISK", KVB_TIER_DISK, false},
+        {"Disk", KVB_TIER_DEVICE, true},
         {"NVME", KVB_TIER_DISK, false},
-        {"storage", KVB_TIER_DISK, false},
-        {"FS", KVB_TIER_DISK, false},
-        {"obj", KVB_TIER_DISK, false},
+        {"STORAGE", KVB_TIER_DISK, false},
+        {"FS", KVB_TIER_DEVICE, true}, /* vLLM 0.26.0's FS and OBJ: unknown to Dynamo */
+        {"OBJ", KVB_TIER_DEVICE, true},
         {"EXTERNAL", KVB_TIER_EXTERNAL, false},
-        {"network", KVB_TIER_EXTERNAL, false},
+        {"NETWORK", KVB_TIER_EXTERNAL, false},
         {"REMOTE", KVB_TIER_EXTERNAL, false},
-        {"Shared", KVB_TIER_EXTERNAL, false},
+        {"SHARED", KVB_TIER_EXTERNAL, false},
         {"HBM3", KVB_TIER_DEVICE, true},
-        {"", KVB_TIER_DEVICE, true},
         {"CPUX", KVB_TIER_DEVICE, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -374,10 +379,11 @@ START_TEST(storage_tiers)
     e.medium = S("CPU");
     ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
     ck_assert_int_eq(r.tier, KVB_TIER_HOST_PINNED);
-    e.medium = S("HBM3");
-    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
-    ck_assert_int_eq(r.tier, KVB_TIER_DEVICE);
+    e.medium = S("HBM3"); /* an unknown medium is dropped, counted twice */
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 0);
+    ck_assert_int_eq(why, KVB_DROP_UNKNOWN_MEDIUM);
     ck_assert_uint_eq(kvb_get(&m.unknown_medium_total[0]), 1);
+    ck_assert_uint_eq(drops(KVB_DROP_UNKNOWN_MEDIUM), 1);
 }
 END_TEST
 

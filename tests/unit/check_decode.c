@@ -224,6 +224,71 @@ START_TEST(removed_and_cleared_positional)
 }
 END_TEST
 
+/* vLLM 0.26+: locality and ownership after the group metadata (stored
+ * index 12 and 13; removed 6 and 7), AllBlocksCleared's ownership at index
+ * 1, and the "Ignored" tag, which decodes and leaves the batch alone. */
+START_TEST(locality_ownership_ignored)
+{
+    struct mp m;
+    struct kvb_batch b;
+    mp_init(&m);
+    pack_batch_head(&m, 5);
+    msgpack_pack_array(&m.pk, 14);
+    mp_str(&m, "BlockStored");
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_uint64(&m.pk, 5);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_array(&m.pk, 0);
+    msgpack_pack_int(&m.pk, 16);
+    for (int i = 5; i <= 8; i++)
+        msgpack_pack_nil(&m.pk);
+    msgpack_pack_int(&m.pk, 1);
+    mp_str(&m, "full_attention");
+    msgpack_pack_nil(&m.pk);
+    mp_str(&m, "REMOTE");
+    mp_str(&m, "kvcr");
+    msgpack_pack_array(&m.pk, 8);
+    mp_str(&m, "BlockRemoved");
+    msgpack_pack_array(&m.pk, 1);
+    msgpack_pack_uint64(&m.pk, 5);
+    mp_str(&m, "GPU");
+    msgpack_pack_int(&m.pk, 0);
+    mp_str(&m, "mamba");
+    msgpack_pack_nil(&m.pk);
+    mp_str(&m, "LOCAL");
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_array(&m.pk, 5); /* legacy short tail: group, then the window */
+    mp_str(&m, "BlockRemoved");
+    msgpack_pack_array(&m.pk, 0);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_int(&m.pk, 2);
+    msgpack_pack_int(&m.pk, 4096);
+    msgpack_pack_array(&m.pk, 2);
+    mp_str(&m, "AllBlocksCleared");
+    mp_str(&m, "kvcr");
+    msgpack_pack_array(&m.pk, 3);
+    mp_str(&m, "Ignored");
+    msgpack_pack_int(&m.pk, 1);
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_nil(&m.pk); /* dp_rank */
+    ck_assert_int_eq(decode_mp(&m, &b), 0);
+    const struct kvb_event *e = b.events;
+    ck_assert_int_eq(e[0].type, KVB_EV_STORED);
+    ck_assert(e[0].locality.len == 6 && memcmp(e[0].locality.ptr, "REMOTE", 6) == 0);
+    ck_assert(e[0].ownership.len == 4 && memcmp(e[0].ownership.ptr, "kvcr", 4) == 0);
+    ck_assert(e[0].group_idx.has && e[0].group_idx.v == 1);
+    ck_assert_int_eq(e[1].type, KVB_EV_REMOVED);
+    ck_assert(e[1].spec_kind.len == 5 && memcmp(e[1].spec_kind.ptr, "mamba", 5) == 0);
+    ck_assert(e[1].locality.len == 5 && e[1].ownership.ptr == NULL);
+    ck_assert_int_eq(e[2].type, KVB_EV_REMOVED);
+    ck_assert(e[2].spec_kind.ptr == NULL && e[2].group_idx.v == 2);
+    ck_assert_int_eq(e[3].type, KVB_EV_CLEARED);
+    ck_assert(e[3].ownership.len == 4);
+    ck_assert_int_eq(e[4].type, KVB_EV_IGNORED);
+    mp_free(&m);
+}
+END_TEST
+
 /* ---- map events --------------------------------------------------------- */
 
 START_TEST(stored_map_any_order_unknown_keys_map16)
@@ -294,6 +359,9 @@ START_TEST(stored_map_any_order_unknown_keys_map16)
     ck_assert(e->sliding_window.has && e->sliding_window.v == 4096);
     ck_assert(!e->lora_id.has);
     ck_assert_int_eq(e->spec_kind.len, 13);
+    /* an ownership that is no string: present, naming nothing (unknown_ownership) */
+    ck_assert(e->ownership.ptr != NULL && e->ownership.len == 0);
+    ck_assert(e->locality.len == 6 && memcmp(e->locality.ptr, "rack-1", 6) == 0);
     ck_assert_int_eq(b.events[1].type, KVB_EV_REMOVED);
     ck_assert_int_eq(b.events[1].n_hashes, 0);
     ck_assert(b.events[1].medium.ptr == NULL);
@@ -929,6 +997,7 @@ static Suite *decode_suite(void)
     tcase_add_test(tc, limits_enforced);
     tcase_add_test(tc, arena_reused_across_batches);
     tcase_add_test(tc, utf8_validation);
+    tcase_add_test(tc, locality_ownership_ignored);
     suite_add_tcase(s, tc);
     return s;
 }

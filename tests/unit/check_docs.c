@@ -197,7 +197,7 @@ struct family {
     const char *name;  /* without the kvbridge_ prefix */
     const char *kind;  /* counter, gauge, histogram */
     const char *label; /* "" when none */
-    const char *values[16];
+    const char *values[32];
     int n_values;
 };
 

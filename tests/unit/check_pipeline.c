@@ -315,7 +315,7 @@ START_TEST(event_ids_contiguous_through_filters)
         const char *nl = strchr(l, '\n');
         ck_assert(memmem(l, (size_t)(nl - l), want, strlen(want)) != NULL);
     }
-    ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_NON_MAIN_GROUP]), 3);
+    ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_UNLEARNED_GROUP_IDX]), 3);
     ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_MALFORMED_EVENT]), 3);
     ck_assert_uint_eq(kvb_get(&m.events_dropped_total[KVB_DROP_UNKNOWN_EVENT_TYPE]), 3);
 }

@@ -1,0 +1,388 @@
+/* Dynamo's relay decisions (docs/router-events.md section 8), rule by rule:
+ * known answers written from Dynamo's zmq_wire/mod.rs (preprocess, group
+ * filter, cache namespace) and publisher/dedup.rs (copies), with kvbridge's
+ * distinct (hash, group) copies; and the block tracker (track.c) alone. */
+#include <check.h>
+
+#include "testutil.h"
+#include <errno.h>
+#include <string.h>
+
+#include "convert.h"
+#include "decode.h"
+#include "pipeline/track.h"
+
+static struct kvb_metrics m;
+static struct kvb_converter *conv;
+static const struct kvb_convert_cfg cfg = {.worker_id = 9,
+                                           .block_size = 4,
+                                           .lora_salt = true,
+                                           .forward_tiers = (1u << KVB_TIER_DEVICE) |
+                                                            (1u << KVB_TIER_DISK),
+                                           .max_tracked = 1u << 16};
+
+static void setup(void)
+{
+    memset(&m, 0, sizeof(m));
+    ck_assert_int_eq(kvb_converter_create(&cfg, &m, &conv), 0);
+}
+static void teardown(void) { kvb_converter_destroy(&conv); }
+
+static struct kvb_str S(const char *s)
+{
+    struct kvb_str r = {s, s ? (uint32_t)strlen(s) : 0};
+    return r;
+}
+
+static uint64_t drops(int reason) { return kvb_get(&m.events_dropped_total[reason]); }
+
+/* Events of block size 4: block hash h holds tokens h*4 .. h*4+3. */
+#define MAXB 8
+struct ev {
+    struct kvb_event e;
+    struct kvb_hash h[MAXB];
+    uint32_t t[MAXB * 4];
+};
+
+static struct kvb_hash uh(uint64_t v)
+{
+    struct kvb_hash h = {.kind = KVB_HASH_UINT};
+    h.v.u = v;
+    return h;
+}
+
+/* A store of blocks hs[0..n) under parent (0: none), group g (< 0: none),
+ * kind (NULL: none). */
+static struct kvb_event *store(struct ev *x, const uint64_t *hs, uint32_t n, uint64_t parent,
+                               int g, const char *kind)
+{
+    memset(x, 0, sizeof(*x));
+    for (uint32_t i = 0; i < n; i++) {
+        x->h[i] = uh(hs[i]);
+        for (uint32_t k = 0; k < 4; k++)
+            x->t[i * 4 + k] = (uint32_t)(hs[i] * 4 + k);
+    }
+    x->e.type = KVB_EV_STORED;
+    x->e.hashes = x->h;
+    x->e.n_hashes = n;
+    x->e.tokens = x->t;
+    x->e.n_tokens = n * 4;
+    x->e.block_size = (struct kvb_opt_int){true, 4};
+    if (parent)
+        x->e.parent = uh(parent);
+    if (g >= 0)
+        x->e.group_idx = (struct kvb_opt_int){true, g};
+    x->e.spec_kind = S(kind);
+    return &x->e;
+}
+
+static struct kvb_event *removal(struct ev *x, const uint64_t *hs, uint32_t n, int g)
+{
+    memset(x, 0, sizeof(*x));
+    for (uint32_t i = 0; i < n; i++)
+        x->h[i] = uh(hs[i]);
+    x->e.type = KVB_EV_REMOVED;
+    x->e.hashes = x->h;
+    x->e.n_hashes = n;
+    if (g >= 0)
+        x->e.group_idx = (struct kvb_opt_int){true, g};
+    return &x->e;
+}
+
+static struct kvb_rev r;
+static int why;
+
+/* 1 (published) or the drop reason, negated minus one: one int to compare */
+static int run(const struct kvb_event *e)
+{
+    why = -1;
+    int rc = kvb_convert_event(conv, e, 0, &r, &why);
+    ck_assert_int_ge(rc, 0);
+    return rc == 1 ? 1 : -1 - why;
+}
+#define PUB 1
+#define DROP(reason) (-1 - (reason))
+
+START_TEST(ownership_locality)
+{
+    struct ev x;
+    const uint64_t h[] = {1};
+    struct kvb_event *e = store(&x, h, 1, 0, -1, NULL);
+    e->ownership = S("kvcr"); /* zmq_wire: KvEventOwnership::Kvcr, unsupported */
+    ck_assert_int_eq(run(e), DROP(KVB_DROP_UNSUPPORTED_OWNERSHIP));
+    e->ownership = S("ENGINE");
+    ck_assert_int_eq(run(e), DROP(KVB_DROP_UNKNOWN_OWNERSHIP));
+    e->ownership = S(NULL);
+    e->locality = S("REMOTE");
+    ck_assert_int_eq(run(e), DROP(KVB_DROP_NON_LOCAL_LOCALITY));
+    e->locality = S("local"); /* case-sensitive */
+    ck_assert_int_eq(run(e), DROP(KVB_DROP_NON_LOCAL_LOCALITY));
+    e->medium = S("STORAGE"); /* the gate runs before the lower-tier bypass */
+    ck_assert_int_eq(run(e), DROP(KVB_DROP_NON_LOCAL_LOCALITY));
+    e->medium = S(NULL);
+    e->locality = S("LOCAL");
+    ck_assert_int_eq(run(e), PUB);
+    /* a remove and AllBlocksCleared carry ownership too */
+    struct ev y;
+    struct kvb_event *d = removal(&y, h, 1, -1);
+    d->ownership = S("kvcr");
+    ck_assert_int_eq(run(d), DROP(KVB_DROP_UNSUPPORTED_OWNERSHIP));
+    struct kvb_event c = {.type = KVB_EV_CLEARED, .ownership = S("kvcr")};
+    ck_assert_int_eq(run(&c), DROP(KVB_DROP_UNSUPPORTED_OWNERSHIP));
+    struct kvb_event ig = {.type = KVB_EV_IGNORED};
+    ck_assert_int_eq(run(&ig), DROP(KVB_DROP_IGNORED_EVENT));
+    ck_assert_uint_eq(drops(KVB_DROP_UNSUPPORTED_OWNERSHIP), 3);
+    ck_assert_uint_eq(drops(KVB_DROP_NON_LOCAL_LOCALITY), 3);
+    ck_assert_uint_eq(kvb_get(&m.events_received_total[KVB_EVT_IGNORED]), 1);
+}
+END_TEST
+
+/* Disk and external skip the kind and group rules (zmq_wire/mod.rs: the
+ * lower-tier bypass); unknown media are dropped. */
+START_TEST(lower_tiers_skip_group_rules)
+{
+    struct ev x;
+    const uint64_t h[] = {5};
+    struct kvb_event *e = store(&x, h, 1, 0, 3, "mamba");
+    e->medium = S("DISK");
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_int_eq(r.tier, KVB_TIER_DISK);
+    /* and it taught nothing: group 3 is still unlearned on the device */
+    e->medium = S(NULL);
+    e->spec_kind = S(NULL);
+    ck_assert_int_eq(run(e), DROP(KVB_DROP_UNLEARNED_GROUP_IDX));
+    e->medium = S("OBJ");
+    ck_assert_int_eq(run(e), DROP(KVB_DROP_UNKNOWN_MEDIUM));
+}
+END_TEST
+
+/* A hybrid model: full attention in group 1, sliding window and mamba in
+ * group 0.  Main kinds pass in any group; a kind is learned per group and
+ * judges the removes that carry none. */
+START_TEST(hybrid_stream)
+{
+    struct ev x;
+    const uint64_t a[] = {10, 11}, b[] = {20};
+    ck_assert_int_eq(run(store(&x, a, 2, 0, 1, "full_attention")), PUB);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_int_eq(run(store(&x, a, 2, 0, 0, "sliding_window")),
+                     DROP(KVB_DROP_NON_MAIN_ATTENTION_KIND));
+    ck_assert_int_eq(run(store(&x, b, 1, 0, 0, "mamba")), DROP(KVB_DROP_NON_MAIN_ATTENTION_KIND));
+    /* group 0's removes follow its last kind (mamba): dropped */
+    ck_assert_int_eq(run(removal(&x, a, 2, 0)), DROP(KVB_DROP_NON_MAIN_ATTENTION_GROUP));
+    /* group 1's follow full_attention: published, the copies released */
+    ck_assert_int_eq(run(removal(&x, a, 1, 1)), PUB);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_uint_eq(r.hashes[0], 10);
+    /* an unknown kind drops, and is learned as unknown */
+    ck_assert_int_eq(run(store(&x, b, 1, 0, 2, "future_kind")), DROP(KVB_DROP_UNKNOWN_KIND));
+    ck_assert_int_eq(run(removal(&x, b, 1, 2)), DROP(KVB_DROP_UNKNOWN_KIND));
+    /* a group never seen, other than 0: dropped; an unlearned group 0 passes */
+    ck_assert_int_eq(run(removal(&x, b, 1, 5)), DROP(KVB_DROP_UNLEARNED_GROUP_IDX));
+    /* a group-0 full-attention store teaches the kind back */
+    ck_assert_int_eq(run(store(&x, b, 1, 0, 0, "full_attention")), PUB);
+    ck_assert_int_eq(run(removal(&x, b, 1, 0)), PUB);
+    /* a remove with its own kind is judged by it */
+    struct kvb_event *d = removal(&x, a, 1, 0);
+    d->spec_kind = S("sliding_window");
+    ck_assert_int_eq(run(d), DROP(KVB_DROP_NON_MAIN_ATTENTION_KIND));
+}
+END_TEST
+
+/* One hash stored in two groups: two copies; the remove is published when
+ * the second goes (vLLM issue 55092; publisher/dedup.rs). */
+START_TEST(one_hash_two_groups)
+{
+    struct ev x;
+    const uint64_t h[] = {7}, hh[] = {7, 8};
+    ck_assert_int_eq(run(store(&x, h, 1, 0, 0, "full_attention")), PUB);
+    ck_assert_int_eq(run(store(&x, h, 1, 0, 1, "full_attention")), PUB);
+    ck_assert_int_eq(run(removal(&x, h, 1, 1)), DROP(KVB_DROP_COPIES_REMAIN));
+    ck_assert_uint_eq(kvb_get(&m.blocks_held_total[0]), 1);
+    /* untracked 8 passes, 7's last copy goes */
+    ck_assert_int_eq(run(removal(&x, hh, 2, 0)), PUB);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_uint_eq(r.hashes[0], 7);
+    ck_assert_uint_eq(r.hashes[1], 8);
+    /* a group-0 remove of a hash only group 1 holds still removes a copy */
+    ck_assert_int_eq(run(store(&x, h, 1, 0, 1, NULL)), PUB);
+    ck_assert_int_eq(run(removal(&x, h, 1, 0)), PUB);
+}
+END_TEST
+
+/* vLLM's kv_cache_report_mode: full re-emits stores of resident blocks:
+ * the leading ones are cut (the rest re-parented), a store of nothing new
+ * is dropped, and one eviction still releases the block. */
+START_TEST(report_full_repeats)
+{
+    struct ev x;
+    const uint64_t ab[] = {1, 2}, abc[] = {1, 2, 3}, a[] = {1};
+    ck_assert_int_eq(run(store(&x, ab, 2, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(run(store(&x, abc, 3, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_uint_eq(r.blocks[0].block_hash, 3);
+    ck_assert(r.has_parent);
+    ck_assert_uint_eq(r.parent, 2);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t + 8, 4, KVB_TOKENS_HASH_SEED));
+    ck_assert_int_eq(run(store(&x, a, 1, 0, 0, NULL)), DROP(KVB_DROP_RESIDENT_REPEAT));
+    ck_assert_uint_eq(kvb_get(&m.blocks_repeated_total[0]), 3);
+    ck_assert_int_eq(run(removal(&x, a, 1, 0)), PUB); /* one copy: released */
+    ck_assert_uint_eq(kvb_get(&m.blocks_held_total[0]), 0);
+}
+END_TEST
+
+/* zmq_wire/convert.rs: a store that names one hash twice, or its parent. */
+START_TEST(duplicate_hash)
+{
+    struct ev x;
+    const uint64_t twice[] = {4, 4}, one[] = {4};
+    ck_assert_int_eq(run(store(&x, twice, 2, 0, -1, NULL)), DROP(KVB_DROP_DUPLICATE_HASH));
+    ck_assert_int_eq(run(store(&x, one, 1, 4, -1, NULL)), DROP(KVB_DROP_DUPLICATE_HASH));
+    ck_assert_int_eq(run(store(&x, one, 1, 3, -1, NULL)), PUB);
+}
+END_TEST
+
+/* A salted conversation whose later stores carry no salt: they inherit the
+ * parent's namespace (propagate_cache_namespace); an ambiguous parent drops. */
+START_TEST(salted_conversation)
+{
+    struct ev x;
+    const uint64_t t1[] = {30}, t2[] = {31}, t3[] = {32};
+    struct kvb_event *e = store(&x, t1, 1, 0, -1, NULL);
+    e->cache_salt = S("conv-1");
+    uint64_t salted = kvb_salt_seed(NULL, 0, "conv-1", 6);
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, salted));
+    ck_assert_int_eq(run(store(&x, t2, 1, 30, -1, NULL)), PUB); /* no salt of its own */
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, salted));
+    ck_assert_int_eq(run(store(&x, t3, 1, 31, -1, NULL)), PUB); /* and its child */
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, salted));
+    /* 30 stored again without salt: ambiguous; a child without salt drops */
+    ck_assert_int_eq(run(store(&x, t1, 1, 0, 1, "full_attention")), PUB);
+    ck_assert_int_eq(run(store(&x, t2, 1, 30, -1, NULL)),
+                     DROP(KVB_DROP_AMBIGUOUS_CACHE_NAMESPACE));
+    /* a remove forgets 31 (and its copy); stored again under its own salt it
+     * is hashed under that one, and its child inherits it */
+    ck_assert_int_eq(run(removal(&x, t2, 1, -1)), PUB);
+    e = store(&x, t2, 1, 30, -1, NULL);
+    e->cache_salt = S("conv-2");
+    uint64_t salted2 = kvb_salt_seed(NULL, 0, "conv-2", 6);
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, salted2));
+    ck_assert_int_eq(run(removal(&x, t3, 1, -1)), PUB);
+    ck_assert_int_eq(run(store(&x, t3, 1, 31, -1, NULL)), PUB);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, salted2));
+    ck_assert_int_eq(run(removal(&x, t3, 1, -1)), PUB);
+    /* an unknown parent: unsalted (the configured namespace, here none) */
+    ck_assert_int_eq(run(store(&x, t3, 1, 99, -1, NULL)), PUB);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, KVB_TOKENS_HASH_SEED));
+}
+END_TEST
+
+/* A remove forgets a namespace (unless ambiguous); AllBlocksCleared forgets
+ * the pair's namespaces and copies, not its learned kinds. */
+START_TEST(cleared_resets)
+{
+    struct ev x;
+    const uint64_t h[] = {7}, c1[] = {8};
+    struct kvb_event *e = store(&x, h, 1, 0, 0, "full_attention");
+    e->cache_salt = S("s");
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_int_eq(run(store(&x, h, 1, 0, 1, "full_attention")), PUB); /* ambiguous now */
+    ck_assert_int_eq(run(store(&x, h, 1, 0, 2, "sliding_window")),
+                     DROP(KVB_DROP_NON_MAIN_ATTENTION_KIND));
+    struct kvb_event c = {.type = KVB_EV_CLEARED};
+    ck_assert_int_eq(run(&c), PUB);
+    ck_assert_int_eq(r.type, KVB_REVT_CLEARED);
+    /* copies gone: one store, one remove publishes */
+    ck_assert_int_eq(run(store(&x, h, 1, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(run(removal(&x, h, 1, 0)), PUB);
+    /* namespaces gone: 7 is no longer ambiguous */
+    ck_assert_int_eq(run(store(&x, h, 1, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(run(store(&x, c1, 1, 7, 0, NULL)), PUB);
+    /* kinds stay: group 2 is still sliding window */
+    ck_assert_int_eq(run(removal(&x, h, 1, 2)), DROP(KVB_DROP_NON_MAIN_ATTENTION_GROUP));
+    /* kvbridge's own barriers forget the pair too */
+    ck_assert_int_eq(run(store(&x, h, 1, 0, 1, NULL)), PUB);
+    kvb_converter_forget(conv, 0);
+    ck_assert_int_eq(run(removal(&x, h, 1, 0)), PUB);
+    ck_assert_uint_eq(kvb_get(&m.tracked_blocks[0]), 0);
+}
+END_TEST
+
+/* limits.max_tracked_blocks: past it the converter reports the overflow
+ * once, the tracker starts again empty, and it is counted. */
+START_TEST(tracker_bound)
+{
+    struct kvb_convert_cfg small = cfg;
+    small.max_tracked = 2;
+    kvb_converter_set_config(conv, &small);
+    struct ev x;
+    const uint64_t abc[] = {1, 2, 3};
+    ck_assert_int_eq(run(store(&x, abc, 3, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(r.n, 3); /* published whole all the same */
+    ck_assert(kvb_converter_take_overflow(conv));
+    ck_assert(!kvb_converter_take_overflow(conv));
+    ck_assert_uint_eq(kvb_get(&m.tracker_overflows_total[0]), 1);
+    ck_assert_uint_eq(kvb_get(&m.tracked_blocks[0]), 0);
+    /* 0: nothing tracked, never full */
+    small.max_tracked = 0;
+    kvb_converter_set_config(conv, &small);
+    ck_assert_int_eq(run(store(&x, abc, 3, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(run(store(&x, abc, 3, 0, 0, NULL)), PUB);
+    ck_assert(!kvb_converter_take_overflow(conv));
+}
+END_TEST
+
+/* The tracker's table alone: many entries in, half out, the rest intact
+ * (backward-shift deletion keeps every probe run reachable). */
+START_TEST(track_table)
+{
+    struct kvb_track *t;
+    ck_assert_int_eq(kvb_track_create(100000, &t), 0);
+    struct kvb_pair p = {1, 0}, q = {1, 1};
+    for (uint64_t h = 0; h < 20000; h++)
+        ck_assert_int_eq(kvb_track_hold(t, h & 1 ? p : q, 0, h * 0x9e3779b97f4a7c15ULL, 0), 1);
+    ck_assert_uint_eq(kvb_track_entries(t), 20000);
+    for (uint64_t h = 0; h < 20000; h += 2)
+        ck_assert_int_eq(kvb_track_release(t, q, 0, h * 0x9e3779b97f4a7c15ULL, 0), 1);
+    ck_assert_uint_eq(kvb_track_entries(t), 10000);
+    for (uint64_t h = 1; h < 20000; h += 2)
+        ck_assert(kvb_track_holds(t, p, 0, h * 0x9e3779b97f4a7c15ULL, 0));
+    /* a tier is its own key; a pair reset leaves the other pair */
+    ck_assert(!kvb_track_holds(t, p, 1, 0x9e3779b97f4a7c15ULL, -1));
+    ck_assert_int_eq(kvb_track_ns_store(t, q, 5, true, 77), 0);
+    kvb_track_reset_pair(t, p);
+    ck_assert_uint_eq(kvb_track_entries(t), 1);
+    uint64_t ns = 0;
+    ck_assert_int_eq(kvb_track_ns_get(t, q, 5, &ns), KVB_NS_SET);
+    ck_assert_uint_eq(ns, 77);
+    ck_assert_int_eq(kvb_track_ns_store(t, q, 5, true, 78), 0);
+    ck_assert_int_eq(kvb_track_ns_get(t, q, 5, &ns), KVB_NS_AMBIGUOUS);
+    kvb_track_ns_remove(t, q, 5); /* an ambiguous record stays */
+    ck_assert_int_eq(kvb_track_ns_get(t, q, 5, &ns), KVB_NS_AMBIGUOUS);
+    kvb_track_destroy(&t);
+    ck_assert(t == NULL);
+}
+END_TEST
+
+static Suite *relay_suite(void)
+{
+    Suite *s = suite_create("relay");
+    TCase *tc = tcase_create("relay");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, ownership_locality);
+    tcase_add_test(tc, lower_tiers_skip_group_rules);
+    tcase_add_test(tc, hybrid_stream);
+    tcase_add_test(tc, one_hash_two_groups);
+    tcase_add_test(tc, report_full_repeats);
+    tcase_add_test(tc, duplicate_hash);
+    tcase_add_test(tc, salted_conversation);
+    tcase_add_test(tc, cleared_resets);
+    tcase_add_test(tc, tracker_bound);
+    tcase_add_test(tc, track_table);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return kvb_run_suite(relay_suite()); }
