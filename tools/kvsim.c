@@ -269,6 +269,14 @@ struct ev {
     int ns_inherited;
     /* --workload eagle: nh * bs + 1 flat tokens, sent as nh * bs bigrams */
     bool eagle;
+    /* parity workloads (gen_parity()): the wire's strings (NULL: absent),
+     * the request's placement (attr), the salt block 0 carries (1-based);
+     * par_decide()'s truth: published or why not, released hashes, the
+     * namespace the router hashes with */
+    bool parity, fwd;
+    const char *kind_s, *medium_s, *locality_s, *ownership_s, *tier_s, *drop;
+    int attr, salt_ns, truth_ns;
+    size_t rel_off, nrel;
 };
 
 struct batch {
@@ -326,7 +334,17 @@ static uint32_t *batch_tokens(struct batch *b, size_t n)
 
 enum encoding { ENC_POSITIONAL, ENC_MAP };
 enum hashkind { HASH_UINT, HASH_INT, HASH_BIN };
-enum workload { WL_REALISTIC, WL_DECODE, WL_PREFILL, WL_MULTIMODAL, WL_EAGLE };
+enum workload {
+    WL_REALISTIC,
+    WL_DECODE,
+    WL_PREFILL,
+    WL_MULTIMODAL,
+    WL_EAGLE,
+    WL_HYBRID,
+    WL_TWOGROUPS,
+    WL_SALTED,
+    WL_REMOTE
+};
 
 enum engine_kind { EK_VLLM, EK_SGLANG };
 /* The body of GET /kv_event_sources: vLLM's route has been a bare array and
@@ -345,6 +363,7 @@ struct opts {
     const char *node_ip;    /* --node-ip: what a port-0 wildcard endpoint binds */
     int sources_shape;      /* --sources-shape: enum sources_shape */
     bool lora_id_only;      /* TensorRT-LLM: lora_id without lora_name */
+    bool report_full;       /* vLLM kv_cache_report_mode: full (parity workloads) */
     unsigned lora_unmapped; /* with lora_id_only: the id the bridge cannot name */
     unsigned dp, bs;
     enum encoding enc;
@@ -407,8 +426,9 @@ struct gen {
     size_t ring_n, ring_head;
     uint64_t last;
     bool has_last;
-    int cur_lora; /* multimodal: the current request's LoRA */
-    int cur_ns;   /* multimodal: the current request's cache namespace (ev.ns) */
+    int cur_lora;       /* multimodal: the current request's LoRA */
+    int cur_ns;         /* multimodal: the current request's cache namespace (ev.ns) */
+    struct parity *par; /* the parity workloads' state */
 };
 
 struct rbent {
@@ -503,6 +523,14 @@ static void bind_endpoint(const char *ep, const char *node_ip, char *out, size_t
 
 /* ------------------------------------------------------- generator: common */
 
+/* the parity workloads (defined with them, below) */
+struct parity;
+static bool wl_parity(enum workload w);
+static void par_init(struct gen *g);
+static void par_clear(struct gen *g);
+static void par_free(struct gen *g);
+static void par_decide(struct rank *r);
+
 static uint64_t block_hash(uint64_t parent, bool has_parent, const uint32_t *tok, unsigned bs,
                            int lora)
 {
@@ -551,6 +579,8 @@ static void gen_init(struct sim *s, struct rank *r)
         fifo_init(&g->cpu, CPU_CAP);
         fifo_init(&g->g1, G1_CAP);
     }
+    if (wl_parity(s->o.wl))
+        par_init(g);
 }
 
 /* Engine restart or AllBlocksCleared: the engine's caches are empty. */
@@ -570,6 +600,7 @@ static void gen_clear(struct gen *g)
         g->act[i].live = false;
     g->ring_n = g->ring_head = 0;
     g->has_last = false;
+    par_clear(g);
 }
 
 static void gen_free(struct gen *g)
@@ -581,6 +612,7 @@ static void gen_free(struct gen *g)
         fifo_free(&g->cpu);
         fifo_free(&g->g1);
     }
+    par_free(g);
 }
 
 /* ---------------------------------------------------- generator: decode */
@@ -786,6 +818,542 @@ static void gen_chain(struct sim *s, struct rank *r)
         size_t ri = batch_ev(b, EV_REMOVED);
         memcpy(batch_hashes(b, nrm), rm, nrm * sizeof *rm);
         b->ev[ri].nh = nrm;
+    }
+}
+
+/* -------------------------------- parity workloads (Dynamo's relay rules) */
+
+/* --workload hybrid, twogroups, salted, remote: engine streams that exercise
+ * the decisions of Dynamo's relay (docs/router-events.md), with the truth of
+ * what a bridge that follows them publishes (par_decide()), written here
+ * from those rules, independently of the daemon.
+ *   hybrid:    vLLM 0.22-0.26 with a hybrid model: every block stored in
+ *              group 1 (full_attention) and, under the same hash, in group 0
+ *              (sliding_window, mamba or full_attention); removes carry no
+ *              kind; group 0 evicts sooner (its window); now and then a
+ *              remove in group 2, a group no store ever named
+ *   twogroups: two full-attention groups (no kinds on removes): one hash
+ *              held twice, its remove published with the last copy; now and
+ *              then a store that repeats a hash
+ *   salted:    SGLang multi-turn conversations: a request's first store
+ *              carries a cache salt in block 0's extra_keys, its later turns
+ *              none (they inherit it); now and then a block hash under two
+ *              salts (par_ambiguous())
+ *   remote:    vLLM 0.26+ maps: locality, ownership and medium names, fixed
+ *              per request
+ * --report-full (kv_cache_report_mode: full): each batch first re-emits the
+ * previous batch's stores, blocks the next request reuses. */
+
+#define PAR_GROUPS 3
+#define PAR_KEEP 48  /* blocks a group holds before it evicts */
+#define PAR_KEEP0 20 /* hybrid's group 0 (a window) */
+#define PAR_SAVED 8  /* --report-full: stores of the last batch kept */
+
+struct pattr {
+    const char *medium, *tier, *locality, *ownership;
+};
+
+/* remote: a request's placement, the first ones the common ones */
+static const struct pattr par_attrs[] = {
+    {NULL, "device", NULL, NULL},
+    {"GPU", "device", "LOCAL", NULL},
+    {"DEVICE", "device", NULL, NULL},
+    {"", "device", "LOCAL", NULL},
+    {"CPU_PINNED", "host_pinned", "LOCAL", NULL},
+    {"CPU_TIER1", "host_pinned", NULL, NULL},
+    {"NVME", "disk", "LOCAL", NULL},
+    {"GPU", "device", "REMOTE", NULL},
+    {"GPU", "device", "local", NULL},
+    {"GPU", "device", NULL, "kvcr"},
+    {"GPU", "device", "LOCAL", "ENGINE"},
+    {"cpu", "device", NULL, NULL},
+    {"FS", "device", "LOCAL", NULL},
+};
+#define PAR_NATTRS (sizeof par_attrs / sizeof par_attrs[0])
+
+struct pring {
+    uint64_t h[PAR_KEEP];
+    uint8_t attr[PAR_KEEP];
+    size_t head, n, keep;
+};
+
+struct psaved {
+    uint64_t h[3], parent;
+    uint32_t tok[3 * 4096];
+    size_t nh;
+    bool has_parent;
+    int group, salt_ns, attr;
+    const char *kind;
+};
+
+struct parity {
+    /* the engine */
+    struct pring ring[PAR_GROUPS];
+    uint64_t last;
+    bool has_last;
+    int conv_ns;   /* salted: the conversation's salt (1-based), 0 = none */
+    int attr;      /* remote: the request's placement */
+    bool end_conv; /* salted: the next batch starts a new conversation */
+    struct psaved saved[PAR_SAVED], cur[PAR_SAVED];
+    size_t nsaved, ncur;
+    /* the bridge's state under Dynamo's rules */
+    int learned[PAR_GROUPS]; /* 0 unlearned, 1 main kind, 2 other kind */
+    struct u64map copies;    /* (tier, group, hash): a counted copy */
+    struct u64map count;     /* (tier, hash): copies counted */
+    struct u64map ns;        /* hash: its namespace (1-based), PAR_AMBIG */
+};
+#define PAR_AMBIG 0xffu
+
+static bool wl_parity(enum workload w)
+{
+    return w == WL_HYBRID || w == WL_TWOGROUPS || w == WL_SALTED || w == WL_REMOTE;
+}
+
+static void par_init(struct gen *g)
+{
+    struct parity *p = xcalloc(1, sizeof *p);
+    map_init(&p->copies, 4 * PAR_KEEP);
+    map_init(&p->count, 4 * PAR_KEEP);
+    map_init(&p->ns, 4 * PAR_KEEP);
+    g->par = p;
+}
+
+/* An engine restart: caches empty; the bridge sees AllBlocksCleared. */
+static void par_clear(struct gen *g)
+{
+    struct parity *p = g->par;
+    if (!p)
+        return;
+    for (int i = 0; i < PAR_GROUPS; i++)
+        p->ring[i].head = p->ring[i].n = 0;
+    p->has_last = false;
+    p->nsaved = p->ncur = 0;
+    map_clear(&p->copies);
+    map_clear(&p->count);
+    map_clear(&p->ns);
+}
+
+static void par_free(struct gen *g)
+{
+    if (!g->par)
+        return;
+    map_free(&g->par->copies);
+    map_free(&g->par->count);
+    map_free(&g->par->ns);
+    free(g->par);
+    g->par = NULL;
+}
+
+/* Appends a parity store of nh blocks (tokens random); its index. */
+static size_t par_store(struct sim *s, struct rank *r, size_t nh, int group, const char *kind)
+{
+    struct parity *p = r->g.par;
+    struct batch *b = &r->b;
+    size_t ei = batch_ev(b, EV_STORED), h_off = b->nh, t_off = b->ntok;
+    unsigned bs = s->o.bs;
+    struct ev *e;
+
+    random_tokens(&r->g.rng, batch_tokens(b, nh * bs), nh * bs);
+    batch_hashes(b, nh);
+    e = &b->ev[ei];
+    e->parity = true;
+    e->nh = nh;
+    e->has_parent = p->has_last;
+    e->parent = p->last;
+    e->group = group;
+    e->kind_s = kind;
+    for (size_t i = 0; i < nh; i++) {
+        uint64_t parent = i ? b->h[h_off + i - 1] : p->last;
+        bool hp = i ? true : p->has_last;
+        b->h[h_off + i] = block_hash(parent, hp, b->tok + t_off + i * bs, bs, 0);
+    }
+    return ei;
+}
+
+/* The same blocks again in another group (same hashes, parent, tokens). */
+static size_t par_store_again(struct rank *r, size_t src, int group, const char *kind)
+{
+    struct batch *b = &r->b;
+    size_t ei = batch_ev(b, EV_STORED);
+    struct ev *e = &b->ev[ei];
+    uint64_t *h = batch_hashes(b, b->ev[src].nh);
+
+    memcpy(h, b->h + b->ev[src].h_off, b->ev[src].nh * sizeof *h);
+    *e = b->ev[src];
+    e->h_off = (size_t)(h - b->h);
+    e->group = group;
+    e->kind_s = kind;
+    return ei;
+}
+
+static void par_attr_apply(struct ev *e, int attr)
+{
+    const struct pattr *a = &par_attrs[attr];
+    e->medium_s = a->medium;
+    e->tier_s = a->tier;
+    e->locality_s = a->locality;
+    e->ownership_s = a->ownership;
+}
+
+/* The engine holds e's blocks in its group; what falls out of the group's
+ * window is removed (one BlockRemoved per group, no kind). */
+static void par_hold(struct rank *r, size_t ei)
+{
+    struct parity *p = r->g.par;
+    struct batch *b = &r->b;
+    struct pring *q = &p->ring[b->ev[ei].group];
+
+    for (size_t i = 0; i < b->ev[ei].nh; i++) {
+        size_t at = (q->head + q->n) % q->keep;
+        if (q->n == q->keep) {
+            at = q->head;
+            q->head = (q->head + 1) % q->keep;
+            q->n--;
+            size_t ri = b->nev && b->ev[b->nev - 1].type == EV_REMOVED &&
+                                b->ev[b->nev - 1].group == b->ev[ei].group &&
+                                b->ev[b->nev - 1].attr == q->attr[at] &&
+                                b->ev[b->nev - 1].h_off + b->ev[b->nev - 1].nh == b->nh
+                            ? b->nev - 1
+                            : SIZE_MAX;
+            if (ri == SIZE_MAX) {
+                ri = batch_ev(b, EV_REMOVED);
+                b->ev[ri].parity = true;
+                b->ev[ri].group = b->ev[ei].group;
+                b->ev[ri].attr = q->attr[at];
+                par_attr_apply(&b->ev[ri], q->attr[at]);
+            }
+            *batch_hashes(b, 1) = q->h[at];
+            b->ev[ri].nh++;
+        }
+        q->h[at] = b->h[b->ev[ei].h_off + i];
+        q->attr[at] = (uint8_t)b->ev[ei].attr;
+        q->n++;
+    }
+}
+
+/* --report-full: the last batch's stores again, exactly. */
+static void par_report_full(struct sim *s, struct rank *r)
+{
+    struct parity *p = r->g.par;
+    struct batch *b = &r->b;
+    unsigned bs = s->o.bs;
+
+    for (size_t k = 0; k < p->nsaved; k++) {
+        const struct psaved *sv = &p->saved[k];
+        size_t ei = batch_ev(b, EV_STORED);
+        struct ev *e = &b->ev[ei];
+        e->parity = true;
+        e->nh = sv->nh;
+        e->has_parent = sv->has_parent;
+        e->parent = sv->parent;
+        e->group = sv->group;
+        e->kind_s = sv->kind;
+        e->salt_ns = sv->salt_ns;
+        e->attr = sv->attr;
+        par_attr_apply(e, sv->attr);
+        memcpy(batch_hashes(b, sv->nh), sv->h, sv->nh * sizeof *sv->h);
+        memcpy(batch_tokens(b, sv->nh * bs), sv->tok, sv->nh * bs * sizeof *sv->tok);
+    }
+}
+
+static void par_save(struct sim *s, struct rank *r, size_t ei)
+{
+    struct parity *p = r->g.par;
+    const struct ev *e = &r->b.ev[ei];
+    struct psaved *sv;
+
+    if (!s->o.report_full || p->ncur == PAR_SAVED || s->o.bs > 4096)
+        return;
+    sv = &p->cur[p->ncur++];
+    sv->nh = e->nh;
+    sv->has_parent = e->has_parent;
+    sv->parent = e->parent;
+    sv->group = e->group;
+    sv->kind = e->kind_s;
+    sv->salt_ns = e->salt_ns;
+    sv->attr = e->attr;
+    memcpy(sv->h, r->b.h + e->h_off, e->nh * sizeof *sv->h);
+    memcpy(sv->tok, r->b.tok + e->t_off, e->nh * s->o.bs * sizeof *sv->tok);
+}
+
+static const char *par_kind0(struct rank *r)
+{
+    uint32_t k = rnd_below(&r->g.rng, 10);
+    return k < 4 ? "sliding_window" : k < 7 ? "mamba" : "full_attention";
+}
+
+/* hybrid, twogroups: each request's blocks in group 1 and group 0 */
+static void gen_parity_groups(struct sim *s, struct rank *r, size_t nb)
+{
+    struct parity *p = r->g.par;
+    struct gen *g = &r->g;
+    enum workload wl = s->o.wl;
+    size_t ei = par_store(s, r, nb, 1, "full_attention"), e0;
+
+    r->b.ev[ei].tier_s = "device";
+    p->last = r->b.h[r->b.ev[ei].h_off + nb - 1];
+    p->has_last = true;
+    e0 = par_store_again(r, ei, 0, wl == WL_HYBRID ? par_kind0(r) : "full_attention");
+    par_save(s, r, ei);
+    par_save(s, r, e0);
+    par_hold(r, ei);
+    par_hold(r, e0);
+    if (wl == WL_TWOGROUPS && rnd_below(&g->rng, 12) == 0) {
+        /* an engine that repeats a block hash in one store */
+        bool had = p->has_last;
+        p->has_last = false;
+        size_t d = par_store(s, r, 2, 0, "full_attention");
+        p->has_last = had;
+        r->b.ev[d].tier_s = "device";
+        r->b.h[r->b.ev[d].h_off + 1] = r->b.h[r->b.ev[d].h_off];
+    }
+    if (wl == WL_HYBRID && rnd_below(&g->rng, 10) == 0) {
+        size_t ri = batch_ev(&r->b, EV_REMOVED);
+        r->b.ev[ri].parity = true;
+        r->b.ev[ri].group = 2;
+        r->b.ev[ri].tier_s = "device";
+        *batch_hashes(&r->b, 1) = rnd(&g->rng);
+        r->b.ev[ri].nh = 1;
+    }
+}
+
+/* salted, now and then: an engine whose block hashes ignore the salt
+ * stores the conversation's last block again as another tenant's root, so
+ * the hash has two namespaces; the next turn (no salt of its own, that
+ * parent) is dropped, and the conversation ends there. */
+static void par_ambiguous(struct sim *s, struct rank *r)
+{
+    struct parity *p = r->g.par;
+    bool had = p->has_last;
+    size_t ei;
+
+    p->has_last = false;
+    ei = par_store(s, r, 1, 0, "full_attention");
+    p->has_last = had;
+    r->b.h[r->b.ev[ei].h_off] = p->last;
+    r->b.ev[ei].salt_ns = p->conv_ns == 1 ? 2 : 1;
+    r->b.ev[ei].tier_s = "device";
+    p->end_conv = true;
+}
+
+/* salted, remote: one chain per request in group 0 */
+static void gen_parity_chain(struct sim *s, struct rank *r, size_t nb, bool fresh)
+{
+    struct parity *p = r->g.par;
+    size_t ei;
+
+    if (s->o.wl == WL_SALTED && !fresh && rnd_below(&r->g.rng, 20) == 0)
+        par_ambiguous(s, r);
+    ei = par_store(s, r, nb, 0, "full_attention");
+    p->last = r->b.h[r->b.ev[ei].h_off + nb - 1];
+    p->has_last = true;
+    if (s->o.wl == WL_SALTED) {
+        r->b.ev[ei].salt_ns = fresh ? p->conv_ns : 0;
+        r->b.ev[ei].tier_s = "device";
+    } else {
+        r->b.ev[ei].attr = p->attr;
+        par_attr_apply(&r->b.ev[ei], p->attr);
+    }
+    par_save(s, r, ei);
+    par_hold(r, ei);
+}
+
+/* One batch of a parity workload. */
+static void gen_parity(struct sim *s, struct rank *r)
+{
+    struct parity *p = r->g.par;
+    struct gen *g = &r->g;
+    enum workload wl = s->o.wl;
+    size_t nb = 1 + rnd_below(&g->rng, 3);
+    bool fresh = !p->has_last || p->end_conv || rnd_below(&g->rng, 4) == 0;
+
+    for (int i = 0; i < PAR_GROUPS; i++)
+        p->ring[i].keep = wl == WL_HYBRID && i == 0 ? PAR_KEEP0 : PAR_KEEP;
+    if (s->o.report_full)
+        par_report_full(s, r);
+    p->ncur = 0;
+    if (fresh) {
+        p->has_last = p->end_conv = false;
+        p->conv_ns = rnd_below(&g->rng, 3) ? 1 + (int)rnd_below(&g->rng, 2) : 0;
+        p->attr = rnd_below(&g->rng, 2) ? 0 : (int)rnd_below(&g->rng, PAR_NATTRS);
+    }
+    if (wl == WL_HYBRID || wl == WL_TWOGROUPS)
+        gen_parity_groups(s, r, nb);
+    else
+        gen_parity_chain(s, r, nb, fresh);
+    memcpy(p->saved, p->cur, p->ncur * sizeof *p->cur);
+    p->nsaved = p->ncur;
+    par_decide(r);
+}
+
+/* ------------------------- parity truth: what a bridge publishes for them */
+
+/* Dynamo's relay, rule by rule (docs/router-events.md; Dynamo's
+ * lib/kv-router/src/zmq_wire/mod.rs and lib/llm/src/kv_router/publisher/
+ * dedup.rs), applied to each event of the batch in order: e->fwd, e->drop
+ * (the reason a store or remove publishes nothing), the hashes a remove
+ * releases (e->rel_off, e->nrel in batch.h) and the namespace the router
+ * hashes a store with (e->truth_ns).  One rule differs from dedup.rs, as
+ * kvbridge's: copies are counted per (tier, group, hash), so a store that
+ * repeats a resident copy (kv_cache_report_mode: full) adds none and is
+ * not republished, and a remove releases only a copy that was counted. */
+
+static int par_tier(const char *medium)
+{
+    static const struct {
+        const char *name;
+        int tier;
+    } map[] = {{"GPU", 0},       {"DEVICE", 0}, {"CPU", 1},   {"CPU_PINNED", 1}, {"CPU_TIER1", 1},
+               {"CPU_TIER2", 2}, {"DISK", 2},   {"NVME", 2},  {"STORAGE", 2},    {"EXTERNAL", 3},
+               {"NETWORK", 3},   {"REMOTE", 3}, {"SHARED", 3}};
+    if (!medium || !*medium)
+        return 0;
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(medium, map[i].name))
+            return map[i].tier;
+    return -1;
+}
+
+static bool par_main_kind(const char *k)
+{
+    return !strcmp(k, "full_attention") || !strcmp(k, "mla_attention") ||
+           !strcmp(k, "sink_full_attention");
+}
+
+static uint64_t par_copy_key(int tier, int group, uint64_t h)
+{
+    return h ^ mix64(0x636f7079ULL + (uint64_t)tier * 16 + (uint64_t)group);
+}
+
+static uint64_t par_count_key(int tier, uint64_t h)
+{
+    return h ^ mix64(0x636e74ULL + (uint64_t)tier);
+}
+
+/* Steps 1-5 (placement, kind): NULL when the event goes on, else the reason. */
+static const char *par_filter(struct parity *p, const struct ev *e, int *tier)
+{
+    if (e->ownership_s)
+        return !strcmp(e->ownership_s, "kvcr") ? "unsupported_ownership" : "unknown_ownership";
+    if (e->locality_s && strcmp(e->locality_s, "LOCAL"))
+        return "non_local_locality";
+    if ((*tier = par_tier(e->medium_s)) < 0)
+        return "unknown_medium";
+    if (*tier >= 2)
+        return NULL; /* disk and external: no group rules */
+    if (e->type == EV_STORED && e->kind_s)
+        p->learned[e->group] = par_main_kind(e->kind_s) ? 1 : 2;
+    if (e->kind_s)
+        return par_main_kind(e->kind_s) ? NULL : "non_main_attention_kind";
+    if (p->learned[e->group])
+        return p->learned[e->group] == 1 ? NULL : "non_main_attention_group";
+    return e->group == 0 ? NULL : "unlearned_group_idx";
+}
+
+/* Step 6 for a store: its namespace (own, else its parent's); false when
+ * the parent's is ambiguous. */
+static bool par_namespace(struct parity *p, const struct batch *b, struct ev *e)
+{
+    uint32_t ns = (uint32_t)e->salt_ns;
+
+    if (!ns && e->has_parent) {
+        uint32_t pn = map_get(&p->ns, e->parent);
+        if (pn == PAR_AMBIG)
+            return false;
+        ns = pn == MAP_NONE ? 0 : pn;
+    }
+    e->truth_ns = (int)ns;
+    for (size_t i = 0; i < e->nh; i++) {
+        uint64_t h = b->h[e->h_off + i];
+        uint32_t old = map_get(&p->ns, h);
+        if (old == MAP_NONE && ns)
+            map_put(&p->ns, h, ns);
+        else if (old != MAP_NONE && old != ns)
+            map_put(&p->ns, h, PAR_AMBIG);
+    }
+    return true;
+}
+
+static bool par_dup_hash(const struct batch *b, const struct ev *e)
+{
+    for (size_t i = 0; i < e->nh; i++) {
+        if (e->has_parent && b->h[e->h_off + i] == e->parent)
+            return true;
+        for (size_t j = 0; j < i; j++)
+            if (b->h[e->h_off + i] == b->h[e->h_off + j])
+                return true;
+    }
+    return false;
+}
+
+static const char *par_decide_store(struct parity *p, const struct batch *b, struct ev *e, int tier)
+{
+    size_t added = 0;
+
+    if (tier < 2 && !par_namespace(p, b, e))
+        return "ambiguous_cache_namespace";
+    if (par_dup_hash(b, e))
+        return "duplicate_hash";
+    for (size_t i = 0; i < e->nh; i++) {
+        uint64_t h = b->h[e->h_off + i], ck = par_copy_key(tier, e->group, h);
+        uint32_t n;
+        if (map_get(&p->copies, ck) != MAP_NONE)
+            continue;
+        map_put(&p->copies, ck, 1);
+        n = map_get(&p->count, par_count_key(tier, h));
+        map_put(&p->count, par_count_key(tier, h), n == MAP_NONE ? 1 : n + 1);
+        added++;
+    }
+    return added ? NULL : "resident_repeat";
+}
+
+/* A remove: the hashes whose last copy goes, appended to batch.h. */
+static const char *par_decide_remove(struct parity *p, struct batch *b, size_t ei, int tier)
+{
+    size_t nh = b->ev[ei].nh, off = b->ev[ei].h_off;
+    int group = b->ev[ei].group;
+
+    b->ev[ei].rel_off = b->nh;
+    for (size_t i = 0; i < nh; i++) {
+        uint64_t h = b->h[off + i], ck = par_copy_key(tier, group, h), nk = par_count_key(tier, h);
+        uint32_t n = map_get(&p->count, nk);
+        if (tier < 2 && map_get(&p->ns, h) != PAR_AMBIG)
+            map_del(&p->ns, h);
+        if (n != MAP_NONE && !map_del(&p->copies, ck))
+            continue; /* another group's copy: that one is still there */
+        if (n != MAP_NONE && n > 1) {
+            map_put(&p->count, nk, n - 1);
+            continue;
+        }
+        map_del(&p->count, nk);
+        *batch_hashes(b, 1) = h;
+        b->ev[ei].nrel++;
+    }
+    return b->ev[ei].nrel ? NULL : "copies_remain";
+}
+
+static void par_decide(struct rank *r)
+{
+    struct parity *p = r->g.par;
+    struct batch *b = &r->b;
+
+    for (size_t i = 0; i < b->nev; i++) {
+        struct ev *e = &b->ev[i];
+        const char *why;
+        int tier = 0;
+        if (e->type == EV_CLEARED) {
+            map_clear(&p->copies);
+            map_clear(&p->count);
+            map_clear(&p->ns);
+            continue;
+        }
+        why = par_filter(p, e, &tier);
+        if (!why)
+            why = e->type == EV_STORED ? par_decide_store(p, b, e, tier)
+                                       : par_decide_remove(p, b, i, tier);
+        e = &b->ev[i];
+        e->fwd = !why;
+        e->drop = why;
     }
 }
 
@@ -1351,6 +1919,126 @@ static void pack_event_map(struct sim *s, struct rank *r, const struct batch *b,
     }
 }
 
+/* ---------------------------------------------- parity workloads: encoding */
+
+static void pack_opt_cstr(msgpack_packer *pk, const char *str)
+{
+    if (str)
+        pack_cstr(pk, str);
+    else
+        msgpack_pack_nil(pk);
+}
+
+/* salted: block 0's extra_keys carry the salt (SGLang's and vLLM's tag) */
+static void pack_parity_extra(msgpack_packer *pk, const struct ev *e)
+{
+    char salt[64];
+
+    if (!e->salt_ns) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    snprintf(salt, sizeof salt, SALT_PREFIX "%s", cache_namespaces[e->salt_ns - 1]);
+    msgpack_pack_array(pk, e->nh);
+    msgpack_pack_array(pk, 1);
+    pack_cstr(pk, salt);
+    for (size_t i = 1; i < e->nh; i++)
+        msgpack_pack_nil(pk);
+}
+
+static void pack_parity_window(msgpack_packer *pk, const struct ev *e)
+{
+    if (e->kind_s && !strcmp(e->kind_s, "sliding_window"))
+        msgpack_pack_int(pk, 4096);
+    else
+        msgpack_pack_nil(pk);
+}
+
+/* Tagged arrays (vLLM <= 0.23, SGLang): BlockStored of 12 elements (group,
+ * kind, window), BlockRemoved of 4 (group; no kind). */
+static void pack_parity_positional(struct sim *s, const struct batch *b, const struct ev *e)
+{
+    msgpack_packer *pk = &s->pk;
+
+    if (e->type == EV_REMOVED) {
+        msgpack_pack_array(pk, 4);
+        pack_cstr(pk, "BlockRemoved");
+        pack_hashes(s, pk, b, e);
+        pack_opt_cstr(pk, e->medium_s);
+        msgpack_pack_int(pk, e->group);
+        return;
+    }
+    msgpack_pack_array(pk, 12);
+    pack_cstr(pk, "BlockStored");
+    pack_hashes(s, pk, b, e);
+    pack_parent(s, pk, e);
+    pack_tokens(s, pk, b, e);
+    msgpack_pack_unsigned_int(pk, s->o.bs);
+    msgpack_pack_nil(pk); /* lora_id */
+    pack_opt_cstr(pk, e->medium_s);
+    msgpack_pack_nil(pk); /* lora_name */
+    pack_parity_extra(pk, e);
+    msgpack_pack_int(pk, e->group);
+    pack_opt_cstr(pk, e->kind_s);
+    pack_parity_window(pk, e);
+}
+
+/* Maps (vLLM >= 0.24; 0.26+ with locality and ownership): absent keys for
+ * what the event does not carry. */
+static void pack_parity_map(struct sim *s, const struct batch *b, const struct ev *e)
+{
+    msgpack_packer *pk = &s->pk;
+    bool st = e->type == EV_STORED;
+    size_t n =
+        4 + (e->locality_s ? 1 : 0) + (e->ownership_s ? 1 : 0) + (st ? 6 + (e->kind_s ? 2 : 0) : 0);
+
+    msgpack_pack_map(pk, n);
+    pack_cstr(pk, "type");
+    pack_cstr(pk, st ? "BlockStored" : "BlockRemoved");
+    pack_cstr(pk, "block_hashes");
+    pack_hashes(s, pk, b, e);
+    pack_cstr(pk, "medium");
+    pack_opt_cstr(pk, e->medium_s);
+    pack_cstr(pk, "group_idx");
+    msgpack_pack_int(pk, e->group);
+    if (st) {
+        pack_cstr(pk, "parent_block_hash");
+        pack_parent(s, pk, e);
+        pack_cstr(pk, "token_ids");
+        pack_tokens(s, pk, b, e);
+        pack_cstr(pk, "block_size");
+        msgpack_pack_unsigned_int(pk, s->o.bs);
+        pack_cstr(pk, "lora_id");
+        msgpack_pack_nil(pk);
+        pack_cstr(pk, "lora_name");
+        msgpack_pack_nil(pk);
+        pack_cstr(pk, "extra_keys");
+        pack_parity_extra(pk, e);
+        if (e->kind_s) {
+            pack_cstr(pk, "kv_cache_spec_kind");
+            pack_cstr(pk, e->kind_s);
+            pack_cstr(pk, "kv_cache_spec_sliding_window");
+            pack_parity_window(pk, e);
+        }
+    }
+    if (e->locality_s) {
+        pack_cstr(pk, "locality");
+        pack_cstr(pk, e->locality_s);
+    }
+    if (e->ownership_s) {
+        pack_cstr(pk, "ownership");
+        pack_cstr(pk, e->ownership_s);
+    }
+}
+
+static void pack_parity_event(struct sim *s, const struct batch *b, const struct ev *e)
+{
+    if (s->o.enc == ENC_MAP || s->o.wl == WL_REMOTE)
+        pack_parity_map(s, b, e);
+    else
+        pack_parity_positional(s, b, e);
+}
+
 static void encode_batch(struct sim *s, struct rank *r)
 {
     const struct batch *b = &r->b;
@@ -1360,7 +2048,9 @@ static void encode_batch(struct sim *s, struct rank *r)
     msgpack_pack_double(&s->pk, wall_seconds());
     msgpack_pack_array(&s->pk, b->nev);
     for (size_t i = 0; i < b->nev; i++) {
-        if (s->o.enc == ENC_MAP)
+        if (b->ev[i].parity)
+            pack_parity_event(s, b, &b->ev[i]);
+        else if (s->o.enc == ENC_MAP)
             pack_event_map(s, r, b, &b->ev[i]);
         else
             pack_event_positional(s, b, &b->ev[i]);
@@ -1591,6 +2281,45 @@ static void rec_event(struct sim *s, const struct batch *b, const struct ev *e)
     }
 }
 
+/* A parity workload's event: the common keys, then what a bridge that
+ * follows Dynamo's rules publishes (tools/README.md): "fwd" on a store,
+ * "released" on a remove, "drop" with the reason when nothing goes out. */
+static void rec_event_parity(struct sim *s, const struct batch *b, const struct ev *e)
+{
+    FILE *f = s->rec;
+    struct mm_item salt = {.kind = MMI_SALT};
+
+    if (e->type == EV_STORED) {
+        if (e->truth_ns)
+            snprintf(salt.str, sizeof salt.str, SALT_PREFIX "%s",
+                     cache_namespaces[e->truth_ns - 1]);
+        fputs("{\"type\":\"stored\",\"parent\":", f);
+        if (e->has_parent)
+            fprintf(f, "%" PRIu64, e->parent);
+        else
+            fputs("null", f);
+        fputs(",\"hashes\":", f);
+        rec_hash_list(f, b, e);
+        fputs(",\"tokens_hashes\":[", f);
+        for (size_t i = 0; i < e->nh; i++)
+            fprintf(f, "%s%" PRIu64, i ? "," : "",
+                    oracle_hash(s->orbuf, b->tok + e->t_off + i * s->o.bs, s->o.bs, NULL, &salt,
+                                e->truth_ns ? 1 : 0, NULL, 0));
+        fprintf(f, "],\"tier\":\"%s\",\"group\":%d,\"lora\":null,\"fwd\":%s", e->tier_s, e->group,
+                e->fwd ? "true" : "false");
+    } else {
+        fputs("{\"type\":\"removed\",\"hashes\":", f);
+        rec_hash_list(f, b, e);
+        fprintf(f, ",\"tier\":\"%s\",\"group\":%d,\"released\":[", e->tier_s, e->group);
+        for (size_t i = 0; e->fwd && i < e->nrel; i++)
+            fprintf(f, "%s%" PRIu64, i ? "," : "", b->h[e->rel_off + i]);
+        fputc(']', f);
+    }
+    if (e->drop)
+        fprintf(f, ",\"drop\":\"%s\"", e->drop);
+    fputc('}', f);
+}
+
 static void rec_batch(struct sim *s, struct rank *r, uint64_t seq, bool live, bool replay,
                       const char *fault)
 {
@@ -1605,7 +2334,10 @@ static void rec_batch(struct sim *s, struct rank *r, uint64_t seq, bool live, bo
     for (size_t i = 0; i < b->nev; i++) {
         if (i)
             fputc(',', f);
-        rec_event(s, b, &b->ev[i]);
+        if (b->ev[i].parity)
+            rec_event_parity(s, b, &b->ev[i]);
+        else
+            rec_event(s, b, &b->ev[i]);
     }
     fputs("]}\n", f);
 }
@@ -1783,6 +2515,10 @@ static void publish_one(struct sim *s, struct rank *r)
     case WL_PREFILL: gen_prefill(s, r); break;
     case WL_MULTIMODAL:
     case WL_EAGLE: gen_chain(s, r); break;
+    case WL_HYBRID:
+    case WL_TWOGROUPS:
+    case WL_SALTED:
+    case WL_REMOTE: gen_parity(s, r); break;
     }
 
     track_usage(s, r);
@@ -2328,8 +3064,9 @@ enum {
 static const char *const layout_names[] = {"old", "new", NULL};
 static const char *const encoding_names[] = {"positional", "map", NULL};
 static const char *const hash_names[] = {"uint", "int", "bin", NULL};
-static const char *const workload_names[] = {"realistic",  "decode", "prefill",
-                                             "multimodal", "eagle",  NULL};
+static const char *const workload_names[] = {"realistic", "decode", "prefill",   "multimodal",
+                                             "eagle",     "hybrid", "twogroups", "salted",
+                                             "remote",    NULL};
 static const char *const engine_kind_names[] = {"vllm", "sglang", NULL};
 static const char *const rank_naming_names[] = {"port", "trtllm", NULL};
 static const char *const sources_shape_names[] = {"array", "envelope", "ranks", NULL};
@@ -2399,6 +3136,9 @@ static const struct tool_opt options[] = {
     {.name = "hash", .arg = "H", .kind = TOOL_CHOICE, F(hash), .choices = hash_names,
      .help = "uint (u64, default) | int (signed, often negative) |\n"
               "bin (32-byte digest, last 8 bytes big-endian = hash)"},
+    {.name = "report-full", .kind = TOOL_FLAG, F(report_full),
+     .help = "parity workloads: vLLM kv_cache_report_mode: full: every\n"
+              "batch first stores the previous batch's blocks again"},
     {.name = "lora-id-only", .kind = TOOL_FLAG, F(lora_id_only),
      .help = "LoRA adapters by id alone, as TensorRT-LLM sends them:\n"
               "lora_id 1 or 2 with lora_name nil (and no name in\n"
@@ -2418,7 +3158,13 @@ static const struct tool_opt options[] = {
               "| multimodal: vLLM with images: 1-3 block stores whose\n"
               "extra_keys carry mm identifiers (every shape), LoRA\n"
               "names, cache salts, digests; a remove 512 blocks later\n"
-              "| eagle: SGLang with EAGLE: token_ids as bigram pairs"},
+              "| eagle: SGLang with EAGLE: token_ids as bigram pairs\n"
+              "| Dynamo's relay rules, the record saying what a bridge that\n"
+              "follows them publishes: hybrid: group 1 full attention,\n"
+              "group 0 sliding window / mamba, shared hashes | twogroups:\n"
+              "one hash in two full-attention groups | salted: multi-turn\n"
+              "conversations, only the first store salted | remote: vLLM\n"
+              "0.26+ locality, ownership, medium names"},
     {.name = "cache-blocks", .arg = "N", .kind = TOOL_U64, F(cache_blocks), .min = 2 * MAX_CHAIN,
      .max = 100000000,
      .help = "realistic: device cache capacity in blocks (default 4096)"},
@@ -2643,6 +3389,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (o->lora_id_only && (o->wl == WL_MULTIMODAL || o->wl == WL_EAGLE)) {
         fprintf(stderr, "kvsim: --lora-id-only is not for the multimodal and eagle workloads\n");
+        return -EINVAL;
+    }
+    if (o->report_full && !wl_parity(o->wl)) {
+        fprintf(stderr, "kvsim: --report-full is for the hybrid, twogroups, salted and remote "
+                        "workloads\n");
         return -EINVAL;
     }
     if (o->hold_file && !o->mark_after) {

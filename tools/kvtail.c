@@ -277,6 +277,7 @@ struct opts {
     uint64_t count;
     long timeout_ms;
     bool quiet, check, index, allow_offset;
+    bool index_set;    /* --index-set: a block indexed once, as Dynamo's radix tree */
     const char *query; /* kvbridge's query subject */
     bool recover;
     struct pair_arg pairs[MAX_PAIRS]; /* --pair: dumps asked at start */
@@ -565,7 +566,8 @@ static void apply_index(struct tail *t, const struct rev *ev)
             return;
         }
         for (size_t i = 0; i < ev->h.n; i++)
-            hset_add(&sp->set, ev->h.v[i], ev->th.v[i]);
+            if (!t->o.index_set || !hset_has(&sp->set, ev->h.v[i], NULL))
+                hset_add(&sp->set, ev->h.v[i], ev->th.v[i]);
         break;
     case K_REMOVED:
         sp = space_get(&t->index, ev->worker, ev->rank, ev->tier, true);
@@ -1263,12 +1265,16 @@ struct recev {
     int tier;
     uint64_t group;
     size_t h_off, nh, th_off, nth;
+    /* a parity record's truth: fwd (-1 absent), the hashes a remove releases */
+    int fwd;
+    bool has_rel;
+    size_t rel_off, nrel;
 };
 
 struct recline {
     struct recev *ev;
     size_t nev, cap;
-    struct vec h, th;
+    struct vec h, th, rel;
 };
 
 static int tier_from_name(const char *s)
@@ -1287,6 +1293,8 @@ static bool rec_event(struct cur *c, struct recline *rl)
     e.kind = (enum kind) - 1;
     e.h_off = rl->h.n;
     e.th_off = rl->th.n;
+    e.rel_off = rl->rel.n;
+    e.fwd = -1;
     if (!jlit(c, "{"))
         return false;
     if (!jlit(c, "}")) {
@@ -1314,6 +1322,14 @@ static bool rec_event(struct cur *c, struct recline *rl)
                 skip_ws(c);
                 if (!num(c, &e.group))
                     return false;
+            } else if (!strcmp(key, "fwd")) {
+                e.fwd = jlit(c, "true") ? 1 : 0;
+                if (!e.fwd && !jlit(c, "false"))
+                    return false;
+            } else if (!strcmp(key, "released")) {
+                if (!jnum_array(c, &rl->rel))
+                    return false;
+                e.has_rel = true;
             } else if (!jskip(c, 0)) {
                 return false;
             }
@@ -1328,6 +1344,7 @@ static bool rec_event(struct cur *c, struct recline *rl)
         return false;
     e.nh = rl->h.n - e.h_off;
     e.nth = rl->th.n - e.th_off;
+    e.nrel = rl->rel.n - e.rel_off;
     if (e.kind == K_STORED && e.nth != e.nh)
         return false;
     if (rl->nev == rl->cap) {
@@ -1338,6 +1355,25 @@ static bool rec_event(struct cur *c, struct recline *rl)
     return true;
 }
 
+/* A parity workload's event (kvsim --workload hybrid, ...): the record
+ * says what a bridge following Dynamo's rules publishes, whatever the
+ * group: a store with fwd true, a remove's released hashes.  A block is
+ * held once (a router's block has a set of workers, not a count). */
+static void truth_parity(struct tail *t, const struct recline *rl, const struct recev *e,
+                         uint64_t rank)
+{
+    struct space *sp = space_get(&t->truth, 0, rank, e->tier, true);
+
+    if (e->kind == K_STORED) {
+        for (size_t k = 0; e->fwd == 1 && k < e->nh; k++)
+            if (!hset_has(&sp->set, rl->h.v[e->h_off + k], NULL))
+                hset_add(&sp->set, rl->h.v[e->h_off + k], rl->th.v[e->th_off + k]);
+        return;
+    }
+    for (size_t k = 0; k < e->nrel; k++)
+        hset_del(&sp->set, rl->rel.v[e->rel_off + k]);
+}
+
 /* One record line: the engine's own view, so every event applies (live or not). */
 static bool rec_line(struct tail *t, struct recline *rl, const char *line, size_t len)
 {
@@ -1346,7 +1382,7 @@ static bool rec_line(struct tail *t, struct recline *rl, const char *line, size_
     uint64_t rank = 0;
     bool have_rank = false;
 
-    rl->nev = rl->h.n = rl->th.n = 0;
+    rl->nev = rl->h.n = rl->th.n = rl->rel.n = 0;
     if (!jlit(&c, "{"))
         return false;
     for (;;) {
@@ -1387,6 +1423,10 @@ static bool rec_line(struct tail *t, struct recline *rl, const char *line, size_
         struct space *sp;
         if (e->kind == K_CLEARED) {
             spaces_clear(&t->truth, 0, rank);
+            continue;
+        }
+        if (e->fwd >= 0 || e->has_rel) {
+            truth_parity(t, rl, e, rank);
             continue;
         }
         if (e->group != 0)
@@ -1430,6 +1470,7 @@ static int load_record(struct tail *t)
     free(rl.ev);
     free(rl.h.v);
     free(rl.th.v);
+    free(rl.rel.v);
     fclose(f);
     return rc;
 }
@@ -1733,6 +1774,10 @@ static const struct tool_opt options[] = {
               "Dynamo's indexer: a store with an unknown parent is dropped\n"
               "whole (orphans=), unknown removes are ignored (counted),\n"
               "\"cleared\" empties every tier of the pair"},
+    {.name = "index-set", .kind = TOOL_FLAG, F(index_set),
+     .help = "with --index: a store of an indexed block adds nothing (one\n"
+              "copy per block, as Dynamo's radix tree; the bridge counts\n"
+              "copies), so one remove deletes it"},
     {.name = "expect-record", .arg = "FILE", .kind = TOOL_STR, F(expect),
      .help = "kvsim --record file (implies --index): at exit, an indexed\n"
               "block that the engine no longer holds, or a wrong tokens_hash,\n"
