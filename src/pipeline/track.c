@@ -281,8 +281,14 @@ int kvb_track_release(struct kvb_track *t, struct kvb_pair p, uint8_t tier, uint
     if (!e)
         return 1;
     uint64_t b = group_bit(group);
-    if (!(e->val & b))
-        b = e->val & (~e->val + 1); /* one copy gone: the lowest group's */
+    if (!(e->val & b)) {
+        /* A group that holds no copy (its store was filtered, or never
+         * seen) takes none of the others': they still hold the block.  A
+         * remove that names no group is one copy gone: the lowest group's. */
+        if (b != group_bit(-1))
+            return 0;
+        b = e->val & (~e->val + 1);
+    }
     e->val &= ~b;
     if (e->val)
         return 0;

@@ -80,7 +80,9 @@ bool kvb_track_holds(const struct kvb_track *t, struct kvb_pair p, uint8_t tier,
                      int64_t group);
 /* A remove of (tier, hash) by group: 1 release (no copy left, or the hash
  * was never tracked), 0 held (other groups still hold it).  A group that
- * holds no copy drops one of the others' (a remove is one copy gone). */
+ * holds no copy releases nothing (Dynamo's dedup.rs takes another group's
+ * copy, and the router loses a block the engine still holds); a remove
+ * without a group takes the lowest group's copy. */
 int kvb_track_release(struct kvb_track *t, struct kvb_pair p, uint8_t tier, uint64_t hash,
                       int64_t group);
 
