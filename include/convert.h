@@ -38,6 +38,9 @@ struct kvb_convert_cfg {
      * outlive the converter's use of this configuration. */
     const struct kvb_lora_name_cfg *lora_names;
     size_t n_lora_names;
+    /* The model's image token (sources[].image_token_id): a block with mm
+     * hashes is hashed with its runs of it pad-substituted (mm.h); 0 = off. */
+    uint32_t image_token_id;
 };
 
 /* The worker a stream's events belong to (a source's or a topic's, issue
@@ -52,6 +55,7 @@ struct kvb_worker_cfg {
      * configuration, like the worker itself: NULL when none. */
     const struct kvb_lora_name_cfg *lora_names;
     size_t n_lora_names;
+    uint32_t image_token_id; /* 0 = off (kvb_convert_cfg) */
 };
 
 /* Where a stored event's LoRA adapter name comes from (its salt). */

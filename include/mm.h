@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVB_MM_PAD_SHIFT 1000000u               /* SGLang's pad shift */
+#define KVB_MM_PAD_SHIFT 1000000u                 /* SGLang's pad shift */
 #define KVB_MM_PAD_MASK ((UINT64_C(1) << 30) - 1) /* low 30 bits of the mm hash */
 
 /* The pad value of one mm hash: 1000000 + (mm_hash & (2^30 - 1)). */

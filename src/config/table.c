@@ -162,6 +162,14 @@ static const struct opt opts[] = {
      .def = "~", .values = tier_values, .flags = R | F_WORKER | F_INHERIT,
      .help = "forward_tiers for this engine's events; ~ (or absent) = the top-level "
              "forward_tiers."},
+    {.key = "sources[].image_token_id", .type = T_U64, .off = SRC(image_token_id, uint64_t),
+     .def = "0", .min = 0, .max = UINT32_MAX, .flags = R | F_WORKER,
+     .help = "The model's image placeholder token id (Qwen-VL style, e.g. 151655), for a "
+             "router given the same image_token_id: a block with multimodal hashes is "
+             "hashed with each run of this token replaced by 1000000 + (mm_hash & "
+             "(2^30 - 1)), one mm hash per run in order, and without the mm hashes "
+             "themselves (Dynamo's pad-value substitution, docs/router-events.md). "
+             "0 = off: tokens plus sorted mm hashes."},
     {.key = "sources[].lora_names", .type = T_LORA_NAMES,
      .off = SRC(lora_names, struct kvb_lora_name_cfg *), .noff = SRC(n_lora_names, size_t),
      .def = "", .flags = R | F_WORKER,

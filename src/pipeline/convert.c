@@ -1,5 +1,6 @@
 /* convert: decoded engine events -> router events.  See include/convert.h. */
 #include "convert.h"
+#include "mm.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -28,6 +29,8 @@ struct kvb_converter {
     uint64_t *mm, *mm_sorted; /* multimodal hashes of one event / of one block */
     uint32_t *mm_off;         /* per block of one event, + 1 */
     size_t cap_mm, cap_mm_sorted, cap_mm_off;
+    uint32_t *pad; /* one block's tokens, pad-substituted (mm.h) */
+    size_t cap_pad;
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     uint32_t *le_tokens;
     size_t cap_le;
@@ -67,6 +70,7 @@ void kvb_converter_destroy(struct kvb_converter **pc)
     free(c->mm);
     free(c->mm_sorted);
     free(c->mm_off);
+    free(c->pad);
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     free(c->le_tokens);
 #endif
@@ -82,7 +86,8 @@ void kvb_converter_set_config(struct kvb_converter *c, const struct kvb_convert_
 struct kvb_worker_cfg kvb_convert_cfg_worker(const struct kvb_convert_cfg *cfg)
 {
     return (struct kvb_worker_cfg){cfg->worker_id,     cfg->block_size, cfg->lora_salt,
-                                   cfg->forward_tiers, cfg->lora_names, cfg->n_lora_names};
+                                   cfg->forward_tiers, cfg->lora_names, cfg->n_lora_names,
+                                   cfg->image_token_id};
 }
 
 void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *w)
@@ -93,6 +98,7 @@ void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *
     c->cfg.forward_tiers = w->forward_tiers;
     c->cfg.lora_names = w->lora_names;
     c->cfg.n_lora_names = w->n_lora_names;
+    c->cfg.image_token_id = w->image_token_id;
 }
 
 bool kvb_converter_has_counter(const struct kvb_converter *c, uint64_t worker, uint32_t rank)
@@ -500,6 +506,16 @@ static int cmp_u64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Dynamo's create_stored_block_from_parts() with image_token_id set: the
+ * block's tokens with image runs pad-substituted (mm.h, mm hashes in
+ * extra_keys order), hashed without mm info.  c->pad holds WINDOW tokens. */
+static uint64_t pad_hash(struct kvb_converter *c, const uint32_t *t, uint64_t window,
+                         const uint64_t *mm, uint32_t k, uint64_t seed)
+{
+    kvb_mm_pad_substitute(t, window, c->cfg.image_token_id, mm, k, c->pad);
+    return kvb_tokens_hash(c->pad, window, seed);
+}
+
 static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
                           struct kvb_rev *out, int *why)
 {
@@ -536,6 +552,9 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
             grow((void **)&c->mm_sorted, &c->cap_mm_sorted, n_x, sizeof(*c->mm_sorted)) < 0 ||
             grow((void **)&c->mm_off, &c->cap_mm_off, nb + 1, sizeof(*c->mm_off)) < 0)
             return -ENOMEM;
+        if (c->cfg.image_token_id &&
+            grow((void **)&c->pad, &c->cap_pad, window, sizeof(*c->pad)) < 0)
+            return -ENOMEM;
     }
 
     uint64_t seed = event_seed(c, ev);
@@ -552,6 +571,8 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
         uint32_t k = n_mm - off;
         if (k == 0) {
             b->tokens_hash = kvb_tokens_hash(t, window, seed);
+        } else if (c->cfg.image_token_id) {
+            b->tokens_hash = pad_hash(c, t, window, c->mm + off, k, seed);
         } else {
             memcpy(c->mm_sorted, c->mm + off, k * sizeof(*c->mm));
             qsort(c->mm_sorted, k, sizeof(*c->mm_sorted), cmp_u64);
