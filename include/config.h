@@ -140,6 +140,7 @@ struct kvb_config {
         char *endpoint;        /* {endpoint}: the worker's KV-state endpoint */
         int format;            /* enum kvb_format */
         bool batch;            /* dynamo-msgpack: arrays of RouterEvents per message */
+        bool coalesce;         /* merge adjacent events of one engine batch */
         bool residency_domain; /* dynamo-msgpack: write residency_domain "worker" */
         /* Authentication: at most one method (user+password, token, nkey,
          * credentials).  Paths are resolved at load (a relative name is looked

@@ -139,6 +139,12 @@ int kvb_convert_stamp(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev 
 enum { KVB_PAIR_NONE, KVB_PAIR_CLEAN, KVB_PAIR_DIRTY };
 int kvb_convert_pair_state(const struct kvb_converter *c, uint32_t dp_rank);
 
+/* R (the last event kvb_convert_event() returned for its pair) is not
+ * published on its own (nats.coalesce merged it into the event before): its
+ * event_id goes back to the pair's counter, and it is not counted as
+ * published.  Nothing when R's id is not the pair's last. */
+void kvb_convert_give_back(struct kvb_converter *c, const struct kvb_rev *r);
+
 /* event_id counters, for persistence (reliability): next id and epoch. */
 struct kvb_id_counter {
     uint64_t worker_id;

@@ -286,6 +286,13 @@ static const struct opt opts[] = {
              "(worker_id, dp_rank) from one engine batch, at most 128 events or 8192 "
              "blocks (routers from mid 2026); false: one RouterEvent per message (the event plane's first "
              "routers)."},
+    {.key = "nats.coalesce", .type = T_BOOL, .off = TOP(nats.coalesce, bool), .def = "false",
+     .help = "Merge adjacent router events of one engine batch into one, as Dynamo's "
+             "publisher does: a store whose parent is the previous store's last block "
+             "(same worker, dp_rank and tier), removes after removes, at most 128 blocks "
+             "each; event_ids stay without holes. A store without a parent is never "
+             "merged under another (Dynamo's publisher does that after an empty store). "
+             "Fewer, larger messages; the router's index is the same."},
     {.key = "nats.residency_domain", .type = T_BOOL,
      .off = TOP(nats.residency_domain, bool), .def = "true",
      .help = "dynamo-msgpack: write residency_domain \"worker\" in every RouterEvent, "

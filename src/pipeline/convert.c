@@ -192,6 +192,16 @@ static int take_id(struct kvb_converter *c, uint32_t rank, struct kvb_rev *out)
     return 1;
 }
 
+void kvb_convert_give_back(struct kvb_converter *c, const struct kvb_rev *r)
+{
+    struct kvb_id_counter *k = counter(c, r->worker_id, r->dp_rank);
+    if (!k || k->epoch != r->epoch || k->next_id != r->event_id + 1)
+        return; /* not the pair's last id: keep the counter as it is */
+    k->next_id--;
+    /* single writer: adding 2^64 - 1 is taking one away */
+    kvb_add(&c->m->router_events_published_total[r->type], UINT64_MAX);
+}
+
 /* ---- building blocks ---------------------------------------------------- */
 
 uint64_t kvb_hash_normalize(const struct kvb_hash *h)

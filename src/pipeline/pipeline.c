@@ -1,6 +1,8 @@
 /* pipeline: see include/pipeline.h. */
 #include "pipeline.h"
 
+#include "coalesce.h"
+
 #include <errno.h>
 #include <stdlib.h>
 
@@ -26,6 +28,7 @@ struct kvb_pipeline {
     struct lora_seen lora_logged[LORA_LOGGED_MAX]; /* unmapped ids already logged */
     size_t n_lora_logged;
     struct kvb_ratelimit rl_lora;
+    struct kvb_coalesce co; /* cfg.coalesce: the pending merged event */
 };
 
 /* Convert for worker w from now on. */
@@ -75,6 +78,7 @@ void kvb_pipeline_destroy(struct kvb_pipeline **pp)
     struct kvb_pipeline *p = *pp;
     kvb_decoder_destroy(&p->dec);
     kvb_converter_destroy(&p->conv);
+    kvb_coalesce_free(&p->co);
     free(p);
     *pp = NULL;
 }
@@ -111,6 +115,33 @@ static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
         return 1;
     int rc = cleared(p, r->dp_rank, KVB_BAR_MIRROR_FULL, false);
     return rc < 0 ? rc : 1 + rc;
+}
+
+/* nats.coalesce: the pending merged event, published. */
+static int flush(struct kvb_pipeline *p)
+{
+    const struct kvb_rev *q = kvb_coalesce_take(&p->co);
+    return q ? emit(p, q) : 0;
+}
+
+/* One converted event of a batch: published (emit()), or, with
+ * nats.coalesce, merged into the pending one (its event_id given back) or
+ * held as the new pending one.  What it published, as emit(). */
+static int offer(struct kvb_pipeline *p, const struct kvb_rev *r)
+{
+    if (!p->cfg.coalesce)
+        return emit(p, r);
+    if (kvb_coalesce_can_join(&p->co, r) && kvb_coalesce_join(&p->co, r) == 0) {
+        kvb_convert_give_back(p->conv, r);
+        return 0;
+    }
+    int n = flush(p);
+    if (n < 0)
+        return n;
+    if (r->type != KVB_REVT_CLEARED && kvb_coalesce_hold(&p->co, r) == 0)
+        return n;
+    int rc = emit(p, r); /* a "cleared", or no memory to hold it */
+    return rc < 0 ? rc : n + rc;
 }
 
 static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause, bool repair)
@@ -225,9 +256,13 @@ static void unmapped_lora(struct kvb_pipeline *p, const struct kvb_stream *s,
 int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
                        const uint8_t *payload, size_t len, struct kvb_applied *out)
 {
+    /* what an earlier batch left pending (it returned an error) is its own */
+    int rc = flush(p);
+    if (rc < 0)
+        return rc;
     kvb_publish_cut(p->pub); /* one message per engine batch (dynamo-msgpack) */
     struct kvb_batch b;
-    int rc = kvb_decode_batch(p->dec, payload, len, &b);
+    rc = kvb_decode_batch(p->dec, payload, len, &b);
     p->last.serial++;
     p->last.decoded = rc == 0;
     p->last.ts = rc == 0 ? b.ts : 0;
@@ -291,11 +326,13 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
         }
         if (r.type == KVB_REVT_STORED)
             unmapped_lora(p, s, w, &b.events[i]);
-        if ((rc = emit(p, &r)) < 0)
+        if ((rc = offer(p, &r)) < 0)
             return rc;
         n += rc;
     }
-    return n;
+    if ((rc = flush(p)) < 0)
+        return rc;
+    return n + rc;
 }
 
 int kvb_pipeline_malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
@@ -338,6 +375,7 @@ struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
                     .cache_namespace = c->cache_namespace},
         .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
                    c->limits.max_tokens_per_event, c->limits.max_depth},
+        .coalesce = c->nats.coalesce,
     };
     return p;
 }

@@ -36,9 +36,9 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 bool kvb_coalesce_can_join(const struct kvb_coalesce *c, const struct kvb_rev *r)
 {
     const struct kvb_rev *p = &c->pend;
-    if (!c->has || r->type != p->type || r->worker_id != p->worker_id ||
-        r->dp_rank != p->dp_rank || r->tier != p->tier || r->epoch != p->epoch || r->repair ||
-        p->repair || p->n + (uint64_t)r->n > KVB_COALESCE_MAX)
+    if (!c->has || r->type != p->type || r->worker_id != p->worker_id || r->dp_rank != p->dp_rank ||
+        r->tier != p->tier || r->epoch != p->epoch || r->repair || p->repair ||
+        p->n + (uint64_t)r->n > KVB_COALESCE_MAX)
         return false;
     if (r->type == KVB_REVT_REMOVED)
         return true;

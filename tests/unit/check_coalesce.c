@@ -16,8 +16,12 @@ static struct kvb_rev store(bool has_parent, uint64_t parent, uint32_t first, ui
 {
     for (uint32_t i = 0; i < n; i++)
         blk[first + i] = (struct kvb_block){1000 + first + i, 5000 + first + i};
-    return (struct kvb_rev){.type = KVB_REVT_STORED, .worker_id = 7, .has_parent = has_parent,
-                            .parent = parent, .blocks = blk + first, .n = n};
+    return (struct kvb_rev){.type = KVB_REVT_STORED,
+                            .worker_id = 7,
+                            .has_parent = has_parent,
+                            .parent = parent,
+                            .blocks = blk + first,
+                            .n = n};
 }
 
 static struct kvb_rev removed(uint32_t first, uint32_t n)
