@@ -516,14 +516,22 @@ static int cmp_u64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Dynamo's create_stored_block_from_parts() with image_token_id set: the
- * block's tokens with image runs pad-substituted (mm.h, mm hashes in
- * extra_keys order), hashed without mm info.  c->pad holds WINDOW tokens. */
-static uint64_t pad_hash(struct kvb_converter *c, const uint32_t *t, uint64_t window,
-                         const uint64_t *mm, uint32_t k, uint64_t seed)
+/* The tokens_hash of a block with K mm hashes at c->mm[off]: tokens plus
+ * the sorted hashes, or, with image_token_id set (Dynamo's
+ * create_stored_block_from_parts()), the tokens with image runs
+ * pad-substituted (mm.h, hashes in extra_keys order) and no mm hashes;
+ * c->pad then holds WINDOW tokens.  Out of line: the common block has none. */
+static __attribute__((noinline)) uint64_t mm_block_hash(struct kvb_converter *c, const uint32_t *t,
+                                                        uint64_t window, uint32_t off, uint32_t k,
+                                                        uint64_t seed)
 {
-    kvb_mm_pad_substitute(t, window, c->cfg.image_token_id, mm, k, c->pad);
-    return kvb_tokens_hash(c->pad, window, seed);
+    if (c->cfg.image_token_id) {
+        kvb_mm_pad_substitute(t, window, c->cfg.image_token_id, c->mm + off, k, c->pad);
+        return kvb_tokens_hash(c->pad, window, seed);
+    }
+    memcpy(c->mm_sorted, c->mm + off, k * sizeof(*c->mm));
+    qsort(c->mm_sorted, k, sizeof(*c->mm_sorted), cmp_u64);
+    return kvb_tokens_mm_hash(t, window, c->mm_sorted, k, seed);
 }
 
 static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
@@ -579,15 +587,8 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
             block_mm(c, ev, (uint32_t)i, &n_mm);
         }
         uint32_t k = n_mm - off;
-        if (k == 0) {
-            b->tokens_hash = kvb_tokens_hash(t, window, seed);
-        } else if (c->cfg.image_token_id) {
-            b->tokens_hash = pad_hash(c, t, window, c->mm + off, k, seed);
-        } else {
-            memcpy(c->mm_sorted, c->mm + off, k * sizeof(*c->mm));
-            qsort(c->mm_sorted, k, sizeof(*c->mm_sorted), cmp_u64);
-            b->tokens_hash = kvb_tokens_mm_hash(t, window, c->mm_sorted, k, seed);
-        }
+        b->tokens_hash =
+            k == 0 ? kvb_tokens_hash(t, window, seed) : mm_block_hash(c, t, window, off, k, seed);
     }
     if (n_x)
         c->mm_off[nb] = n_mm;

@@ -120,17 +120,16 @@ static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
 /* nats.coalesce: the pending merged event, published. */
 static int flush(struct kvb_pipeline *p)
 {
+    if (!p->co.has) /* the common case, and always with coalesce off */
+        return 0;
     const struct kvb_rev *q = kvb_coalesce_take(&p->co);
     return q ? emit(p, q) : 0;
 }
 
-/* One converted event of a batch: published (emit()), or, with
- * nats.coalesce, merged into the pending one (its event_id given back) or
+/* nats.coalesce: one converted event of a batch merged into the pending one (its event_id given back) or
  * held as the new pending one.  What it published, as emit(). */
 static int offer(struct kvb_pipeline *p, const struct kvb_rev *r)
 {
-    if (!p->cfg.coalesce)
-        return emit(p, r);
     if (kvb_coalesce_can_join(&p->co, r) && kvb_coalesce_join(&p->co, r) == 0) {
         kvb_convert_give_back(p->conv, r);
         return 0;
@@ -256,13 +255,9 @@ static void unmapped_lora(struct kvb_pipeline *p, const struct kvb_stream *s,
 int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
                        const uint8_t *payload, size_t len, struct kvb_applied *out)
 {
-    /* what an earlier batch left pending (it returned an error) is its own */
-    int rc = flush(p);
-    if (rc < 0)
-        return rc;
     kvb_publish_cut(p->pub); /* one message per engine batch (dynamo-msgpack) */
     struct kvb_batch b;
-    rc = kvb_decode_batch(p->dec, payload, len, &b);
+    int rc = kvb_decode_batch(p->dec, payload, len, &b);
     p->last.serial++;
     p->last.decoded = rc == 0;
     p->last.ts = rc == 0 ? b.ts : 0;
@@ -308,8 +303,10 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
         struct kvb_rev r;
         int why = -1;
         rc = kvb_convert_event(p->conv, &b.events[i], rank, &r, &why);
-        if (rc < 0)
+        if (rc < 0) {
+            flush(p); /* what is pending has its event_id: out it goes */
             return rc;
+        }
         if (rc == 0) {
             if (why == KVB_DROP_BLOCK_SIZE_MISMATCH)
                 kvb_log_rl(&p->rl_mismatch, KVB_LOG_ERROR, "convert",
@@ -326,7 +323,7 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
         }
         if (r.type == KVB_REVT_STORED)
             unmapped_lora(p, s, w, &b.events[i]);
-        if ((rc = offer(p, &r)) < 0)
+        if ((rc = p->cfg.coalesce ? offer(p, &r) : emit(p, &r)) < 0)
             return rc;
         n += rc;
     }
