@@ -102,6 +102,9 @@ struct kvb_source_cfg {
      * lora_name (a worker key: a reload hands it to the running source). */
     struct kvb_lora_name_cfg *lora_names;
     size_t n_lora_names;
+    /* The model's image token id, 0 = none (a worker key): pad substitution,
+     * docs/router-events.md. */
+    uint64_t image_token_id;
     /* Exact topic -> worker_id (several engines on one bind-mode SUB); a
      * batch on a topic not listed is dropped.  n_topics == 0: no map, every
      * topic is this source's worker_id.  A source key: a change reopens it. */
@@ -137,6 +140,7 @@ struct kvb_config {
         char *endpoint;        /* {endpoint}: the worker's KV-state endpoint */
         int format;            /* enum kvb_format */
         bool batch;            /* dynamo-msgpack: arrays of RouterEvents per message */
+        bool coalesce;         /* merge adjacent events of one engine batch */
         bool residency_domain; /* dynamo-msgpack: write residency_domain "worker" */
         /* Authentication: at most one method (user+password, token, nkey,
          * credentials).  Paths are resolved at load (a relative name is looked

@@ -41,6 +41,9 @@ struct kvb_convert_cfg {
     /* limits.max_tracked_blocks: copies and cache namespaces the converter
      * remembers (docs/router-events.md section 8); 0 = none */
     uint64_t max_tracked;
+    /* The model's image token (sources[].image_token_id): a block with mm
+     * hashes is hashed with its runs of it pad-substituted (mm.h); 0 = off. */
+    uint32_t image_token_id;
 };
 
 /* The worker a stream's events belong to (a source's or a topic's, issue
@@ -55,6 +58,7 @@ struct kvb_worker_cfg {
      * configuration, like the worker itself: NULL when none. */
     const struct kvb_lora_name_cfg *lora_names;
     size_t n_lora_names;
+    uint32_t image_token_id; /* 0 = off (kvb_convert_cfg) */
 };
 
 /* Where a stored event's LoRA adapter name comes from (its salt). */
@@ -146,6 +150,12 @@ int kvb_convert_stamp(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev 
  * "cleared" (KVB_PAIR_DIRTY). */
 enum { KVB_PAIR_NONE, KVB_PAIR_CLEAN, KVB_PAIR_DIRTY };
 int kvb_convert_pair_state(const struct kvb_converter *c, uint32_t dp_rank);
+
+/* R (the last event kvb_convert_event() returned for its pair) is not
+ * published on its own (nats.coalesce merged it into the event before): its
+ * event_id goes back to the pair's counter, and it is not counted as
+ * published.  Nothing when R's id is not the pair's last. */
+void kvb_convert_give_back(struct kvb_converter *c, const struct kvb_rev *r);
 
 /* event_id counters, for persistence (reliability): next id and epoch. */
 struct kvb_id_counter {

@@ -30,6 +30,7 @@
 struct kvb_pipeline_cfg {
     struct kvb_convert_cfg convert;
     struct kvb_decode_limits limits;
+    bool coalesce; /* nats.coalesce: merge adjacent events of a batch (coalesce.h) */
 };
 
 struct kvb_pipeline;

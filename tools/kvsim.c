@@ -365,6 +365,7 @@ struct opts {
     bool lora_id_only;      /* TensorRT-LLM: lora_id without lora_name */
     bool report_full;       /* vLLM kv_cache_report_mode: full (parity workloads) */
     unsigned lora_unmapped; /* with lora_id_only: the id the bridge cannot name */
+    unsigned image_token;   /* --image-token-id: multimodal blocks hold runs of it */
     unsigned dp, bs;
     enum encoding enc;
     enum hashkind hash;
@@ -760,6 +761,24 @@ static int mm_block_items(const struct ev *e, size_t i, struct mm_item *it)
     return n;
 }
 
+/* --image-token-id: two runs of image placeholders in each of the nb blocks
+ * (one token for blocks under 4), a token of text between them, so that a
+ * block's k-th run takes its k-th mm hash. */
+static void image_runs(uint32_t *tok, size_t nb, unsigned bs, uint32_t img)
+{
+    for (size_t i = 0; i < nb; i++) {
+        uint32_t *t = tok + i * bs;
+        if (bs < 4) {
+            t[0] = img;
+            continue;
+        }
+        for (unsigned k = bs / 4; k < bs / 2; k++)
+            t[k] = img;
+        for (unsigned k = bs / 2 + 1; k < bs * 3 / 4 + 1; k++)
+            t[k] = img;
+    }
+}
+
 static void gen_chain(struct sim *s, struct rank *r)
 {
     struct gen *g = &r->g;
@@ -774,6 +793,8 @@ static void gen_chain(struct sim *s, struct rank *r)
     struct ev *e;
 
     random_tokens(&g->rng, batch_tokens(b, ntok), ntok);
+    if (s->o.image_token)
+        image_runs(b->tok + t_off, nb, bs, s->o.image_token);
     batch_hashes(b, nb);
     e = &b->ev[ei];
     e->nh = nb;
@@ -2114,7 +2135,7 @@ static int cmp_u64(const void *a, const void *b)
  * 0's extra_keys items (n0 < 0: nil; the namespace), the block's own items. */
 static uint64_t oracle_hash_ns(unsigned char *buf, const uint32_t *tok, size_t ntok,
                                const char *lora, const char *inherited, const struct mm_item *first,
-                               int n0, const struct mm_item *it, int n)
+                               int n0, const struct mm_item *it, int n, uint32_t img)
 {
     uint64_t seed = TOKENS_SEED, mm[MM_MAX_ITEMS];
     size_t nmm = 0, len = 0;
@@ -2144,6 +2165,26 @@ static uint64_t oracle_hash_ns(unsigned char *buf, const uint32_t *tok, size_t n
         if (has)
             mm[nmm++] = h;
     }
+    if (img && nmm) {
+        /* a router given image_token_id IMG: the k-th run of IMG becomes
+         * 1000000 + (low 30 bits of the k-th mm hash, extra_keys order;
+         * the last for further runs), and no mm hash is appended */
+        size_t obj = 0;
+        bool in_run = false;
+        for (size_t k = 0; k < ntok; k++) {
+            uint32_t v = tok[k];
+            if (v == img) {
+                in_run = true;
+                v = 1000000u + (uint32_t)(mm[obj < nmm ? obj : nmm - 1] & 0x3fffffffu);
+            } else if (in_run) {
+                in_run = false;
+                obj++;
+            }
+            for (int j = 0; j < 4; j++)
+                buf[len++] = (unsigned char)(v >> (8 * j));
+        }
+        return XXH3_64bits_withSeed(buf, len, seed);
+    }
     qsort(mm, nmm, sizeof *mm, cmp_u64);
     for (size_t k = 0; k < ntok; k++)
         for (int j = 0; j < 4; j++)
@@ -2155,9 +2196,10 @@ static uint64_t oracle_hash_ns(unsigned char *buf, const uint32_t *tok, size_t n
 }
 
 static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok, const char *lora,
-                            const struct mm_item *first, int n0, const struct mm_item *it, int n)
+                            const struct mm_item *first, int n0, const struct mm_item *it, int n,
+                            uint32_t img)
 {
-    return oracle_hash_ns(buf, tok, ntok, lora, NULL, first, n0, it, n);
+    return oracle_hash_ns(buf, tok, ntok, lora, NULL, first, n0, it, n, img);
 }
 
 static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const struct ev *e,
@@ -2173,7 +2215,7 @@ static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const s
     return oracle_hash_ns(s->orbuf, b->tok + e->t_off + i * s->o.bs, s->o.bs + (e->eagle ? 1 : 0),
                           e->lora ? lora_names[e->lora] : NULL,
                           e->ns_inherited ? cache_namespaces[e->ns_inherited - 1] : NULL, first, n0,
-                          it, n);
+                          it, n, s->o.image_token);
 }
 
 /* --oracle-selftest: the known answers of docs/router-events.md section 3.4 (computed there
@@ -2200,12 +2242,13 @@ static int oracle_selftest(void)
             bad++;                                                                         \
         }                                                                                  \
     } while (0)
-    EXPECT("no salt", oracle_hash(buf, qwen, 16, NULL, NULL, 0, NULL, 0), 7652252100776996844ULL);
-    EXPECT("lora", oracle_hash(buf, qwen, 16, "adapter-a", NULL, 0, NULL, 0),
+    EXPECT("no salt", oracle_hash(buf, qwen, 16, NULL, NULL, 0, NULL, 0, 0),
+           7652252100776996844ULL);
+    EXPECT("lora", oracle_hash(buf, qwen, 16, "adapter-a", NULL, 0, NULL, 0, 0),
            18179192224704087310ULL);
-    EXPECT("namespace", oracle_hash(buf, qwen, 16, NULL, &salt, 1, NULL, 0),
+    EXPECT("namespace", oracle_hash(buf, qwen, 16, NULL, &salt, 1, NULL, 0, 0),
            6220064897286669353ULL);
-    EXPECT("lora + namespace", oracle_hash(buf, qwen, 16, "adapter-a", &salt, 1, NULL, 0),
+    EXPECT("lora + namespace", oracle_hash(buf, qwen, 16, "adapter-a", &salt, 1, NULL, 0, 0),
            17508456296452210659ULL);
     /* sha256 hex digests: img1 -> 933467652192968450, img2 -> 6487179950600636046 */
     a[0].kind = MMI_HEX;
@@ -2213,25 +2256,35 @@ static int oracle_selftest(void)
     a[1].kind = MMI_OPAQUE_OFF;
     snprintf(a[1].str, sizeof a[1].str, "opaque-image-0");
     a[1].off = 3;
-    EXPECT("img1 + opaque", oracle_hash(buf, qwen, 16, NULL, NULL, 0, a, 2),
+    EXPECT("img1 + opaque", oracle_hash(buf, qwen, 16, NULL, NULL, 0, a, 2, 0),
            18076277279652650428ULL);
     /* img2 as [identifier, offset] (vLLM >= 0.19) */
     a[2].kind = MMI_HEX_OFF;
     snprintf(a[2].str, sizeof a[2].str, "%s", img2);
     a[2].off = -4;
     struct mm_item two[2] = {a[2], a[0]};
-    EXPECT("img2 + img1", oracle_hash(buf, qwen, 16, NULL, NULL, 0, two, 2),
+    EXPECT("img2 + img1", oracle_hash(buf, qwen, 16, NULL, NULL, 0, two, 2, 0),
            11552180366119068694ULL);
-    EXPECT("eagle 16 pairs", oracle_hash(buf, qwen, 17, NULL, NULL, 0, NULL, 0),
+    EXPECT("eagle 16 pairs", oracle_hash(buf, qwen, 17, NULL, NULL, 0, NULL, 0, 0),
            8531672197035749033ULL);
     for (uint32_t i = 0; i < 33; i++)
         eag[i] = i * 7 + 1;
-    EXPECT("eagle block 0", oracle_hash(buf, eag, 17, NULL, NULL, 0, NULL, 0),
+    EXPECT("eagle block 0", oracle_hash(buf, eag, 17, NULL, NULL, 0, NULL, 0, 0),
            7581774737841154026ULL);
-    EXPECT("eagle block 1", oracle_hash(buf, eag + 16, 17, NULL, NULL, 0, NULL, 0),
+    EXPECT("eagle block 1", oracle_hash(buf, eag + 16, 17, NULL, NULL, 0, NULL, 0, 0),
            18042718775135788396ULL);
+    /* --image-token-id: the known answer of check_convert's
+     * mm_pad_substitution (pads by hand, libxxhash in a standalone program) */
+    enum { IMG = 151655 };
+    static const uint32_t pt[16] = {10, 20,  IMG, IMG, IMG, IMG, IMG, IMG,
+                                    30, IMG, IMG, IMG, IMG, 40,  50,  60};
+    struct mm_item pm[2] = {{.kind = MMI_HEX}, {.kind = MMI_HEX}};
+    snprintf(pm[0].str, sizeof pm[0].str, "00000000ffffffff%048d", 0);
+    snprintf(pm[1].str, sizeof pm[1].str, "0000000000000005%048d", 0);
+    EXPECT("image pads", oracle_hash(buf, pt, 16, NULL, NULL, 0, pm, 2, IMG),
+           6199498804420141183ULL);
     EXPECT("eagle + lora + namespace + img1",
-           oracle_hash(buf, qwen, 17, "adapter-a", &salt, 1, a, 1), 7299114549342135128ULL);
+           oracle_hash(buf, qwen, 17, "adapter-a", &salt, 1, a, 1, 0), 7299114549342135128ULL);
 #undef EXPECT
     fprintf(stderr, "kvsim: oracle self-test: %s\n", bad ? "FAILED" : "ok");
     return bad ? 1 : 0;
@@ -3148,6 +3201,13 @@ static const struct tool_opt options[] = {
      .max = NLORA,
      .help = "with --lora-id-only: the bridge has no name for lora_id ID:\n"
               "the record has its stores unsalted (as published)"},
+    {.name = "image-token-id", .arg = "ID", .kind = TOOL_U64, F(image_token), .min = 1,
+     .max = UINT32_MAX,
+     .help = "multimodal workload: every block holds two runs of token ID\n"
+              "(image placeholders), and the record hashes a block with mm\n"
+              "hashes as a router given image_token_id ID does: each run\n"
+              "replaced by 1000000 + (mm_hash & (2^30-1)), in order, no mm\n"
+              "hashes (the bridge needs sources[].image_token_id: ID)"},
     {.name = "block-size", .arg = "N", .kind = TOOL_U64, F(bs), .min = 1, .max = 4096,
      .help = "tokens per block (default 16)"},
     {.name = "workload", .arg = "W", .kind = TOOL_CHOICE, F(wl), .choices = workload_names,
@@ -3394,6 +3454,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
     if (o->report_full && !wl_parity(o->wl)) {
         fprintf(stderr, "kvsim: --report-full is for the hybrid, twogroups, salted and remote "
                         "workloads\n");
+        return -1;
+    }
+    if (o->image_token && o->wl != WL_MULTIMODAL) {
+        fprintf(stderr, "kvsim: --image-token-id is for the multimodal workload\n");
         return -EINVAL;
     }
     if (o->hold_file && !o->mark_after) {

@@ -162,6 +162,14 @@ static const struct opt opts[] = {
      .def = "~", .values = tier_values, .flags = R | F_WORKER | F_INHERIT,
      .help = "forward_tiers for this engine's events; ~ (or absent) = the top-level "
              "forward_tiers."},
+    {.key = "sources[].image_token_id", .type = T_U64, .off = SRC(image_token_id, uint64_t),
+     .def = "0", .min = 0, .max = UINT32_MAX, .flags = R | F_WORKER,
+     .help = "The model's image placeholder token id (Qwen-VL style, e.g. 151655), for a "
+             "router given the same image_token_id: a block with multimodal hashes is "
+             "hashed with each run of this token replaced by 1000000 + (mm_hash & "
+             "(2^30 - 1)), one mm hash per run in order, and without the mm hashes "
+             "themselves (Dynamo's pad-value substitution, docs/router-events.md). "
+             "0 = off: tokens plus sorted mm hashes."},
     {.key = "sources[].lora_names", .type = T_LORA_NAMES,
      .off = SRC(lora_names, struct kvb_lora_name_cfg *), .noff = SRC(n_lora_names, size_t),
      .def = "", .flags = R | F_WORKER,
@@ -278,6 +286,13 @@ static const struct opt opts[] = {
              "(worker_id, dp_rank) from one engine batch, at most 128 events or 8192 "
              "blocks (routers from mid 2026); false: one RouterEvent per message (the event plane's first "
              "routers)."},
+    {.key = "nats.coalesce", .type = T_BOOL, .off = TOP(nats.coalesce, bool), .def = "false",
+     .help = "Merge adjacent router events of one engine batch into one, as Dynamo's "
+             "publisher does: a store whose parent is the previous store's last block "
+             "(same worker, dp_rank and tier), removes after removes, at most 128 blocks "
+             "each; event_ids stay without holes. A store without a parent is never "
+             "merged under another (Dynamo's publisher does that after an empty store). "
+             "Fewer, larger messages; the router's index is the same."},
     {.key = "nats.residency_domain", .type = T_BOOL,
      .off = TOP(nats.residency_domain, bool), .def = "true",
      .help = "dynamo-msgpack: write residency_domain \"worker\" in every RouterEvent, "

@@ -1,5 +1,6 @@
 /* convert: decoded engine events -> router events.  See include/convert.h. */
 #include "convert.h"
+#include "mm.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -32,6 +33,8 @@ struct kvb_converter {
     uint64_t *mm, *mm_sorted; /* multimodal hashes of one event / of one block */
     uint32_t *mm_off;         /* per block of one event, + 1 */
     size_t cap_mm, cap_mm_sorted, cap_mm_off;
+    uint32_t *pad; /* one block's tokens, pad-substituted (mm.h) */
+    size_t cap_pad;
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     uint32_t *le_tokens;
     size_t cap_le;
@@ -76,6 +79,7 @@ void kvb_converter_destroy(struct kvb_converter **pc)
     free(c->mm);
     free(c->mm_sorted);
     free(c->mm_off);
+    free(c->pad);
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     free(c->le_tokens);
 #endif
@@ -114,7 +118,8 @@ bool kvb_converter_take_overflow(struct kvb_converter *c)
 struct kvb_worker_cfg kvb_convert_cfg_worker(const struct kvb_convert_cfg *cfg)
 {
     return (struct kvb_worker_cfg){cfg->worker_id,     cfg->block_size, cfg->lora_salt,
-                                   cfg->forward_tiers, cfg->lora_names, cfg->n_lora_names};
+                                   cfg->forward_tiers, cfg->lora_names, cfg->n_lora_names,
+                                   cfg->image_token_id};
 }
 
 void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *w)
@@ -125,6 +130,7 @@ void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *
     c->cfg.forward_tiers = w->forward_tiers;
     c->cfg.lora_names = w->lora_names;
     c->cfg.n_lora_names = w->n_lora_names;
+    c->cfg.image_token_id = w->image_token_id;
 }
 
 bool kvb_converter_has_counter(const struct kvb_converter *c, uint64_t worker, uint32_t rank)
@@ -216,6 +222,16 @@ static int take_id(struct kvb_converter *c, uint32_t rank, struct kvb_rev *out)
     out->repair = false;
     kvb_inc(&c->m->router_events_published_total[out->type]);
     return 1;
+}
+
+void kvb_convert_give_back(struct kvb_converter *c, const struct kvb_rev *r)
+{
+    struct kvb_id_counter *k = counter(c, r->worker_id, r->dp_rank);
+    if (!k || k->epoch != r->epoch || k->next_id != r->event_id + 1)
+        return; /* not the pair's last id: keep the counter as it is */
+    k->next_id--;
+    /* single writer: adding 2^64 - 1 is taking one away */
+    kvb_add(&c->m->router_events_published_total[r->type], UINT64_MAX);
 }
 
 /* ---- building blocks ---------------------------------------------------- */
@@ -648,6 +664,24 @@ static uint64_t hold_blocks(struct kvb_converter *c, const struct kvb_event *ev,
     return lead;
 }
 
+/* The tokens_hash of a block with K mm hashes at c->mm[off]: tokens plus
+ * the sorted hashes, or, with image_token_id set (Dynamo's
+ * create_stored_block_from_parts()), the tokens with image runs
+ * pad-substituted (mm.h, hashes in extra_keys order) and no mm hashes;
+ * c->pad then holds WINDOW tokens.  Out of line: the common block has none. */
+static __attribute__((noinline)) uint64_t mm_block_hash(struct kvb_converter *c, const uint32_t *t,
+                                                        uint64_t window, uint32_t off, uint32_t k,
+                                                        uint64_t seed)
+{
+    if (c->cfg.image_token_id) {
+        kvb_mm_pad_substitute(t, window, c->cfg.image_token_id, c->mm + off, k, c->pad);
+        return kvb_tokens_hash(c->pad, window, seed);
+    }
+    memcpy(c->mm_sorted, c->mm + off, k * sizeof(*c->mm));
+    qsort(c->mm_sorted, k, sizeof(*c->mm_sorted), cmp_u64);
+    return kvb_tokens_mm_hash(t, window, c->mm_sorted, k, seed);
+}
+
 static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
                           struct kvb_rev *out, int *why)
 {
@@ -687,6 +721,9 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
             grow((void **)&c->mm_sorted, &c->cap_mm_sorted, n_x, sizeof(*c->mm_sorted)) < 0 ||
             grow((void **)&c->mm_off, &c->cap_mm_off, nb + 1, sizeof(*c->mm_off)) < 0)
             return -ENOMEM;
+        if (c->cfg.image_token_id &&
+            grow((void **)&c->pad, &c->cap_pad, window, sizeof(*c->pad)) < 0)
+            return -ENOMEM;
     }
 
     uint64_t seed = event_seed(c, ev, has_ns, ns_term);
@@ -701,13 +738,8 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
             block_mm(c, ev, (uint32_t)i, &n_mm);
         }
         uint32_t k = n_mm - off;
-        if (k == 0) {
-            b->tokens_hash = kvb_tokens_hash(t, window, seed);
-        } else {
-            memcpy(c->mm_sorted, c->mm + off, k * sizeof(*c->mm));
-            qsort(c->mm_sorted, k, sizeof(*c->mm_sorted), cmp_u64);
-            b->tokens_hash = kvb_tokens_mm_hash(t, window, c->mm_sorted, k, seed);
-        }
+        b->tokens_hash =
+            k == 0 ? kvb_tokens_hash(t, window, seed) : mm_block_hash(c, t, window, off, k, seed);
     }
     if (n_x)
         c->mm_off[nb] = n_mm;

@@ -1,6 +1,8 @@
 /* pipeline: see include/pipeline.h. */
 #include "pipeline.h"
 
+#include "coalesce.h"
+
 #include <errno.h>
 #include <stdlib.h>
 
@@ -26,6 +28,7 @@ struct kvb_pipeline {
     struct lora_seen lora_logged[LORA_LOGGED_MAX]; /* unmapped ids already logged */
     size_t n_lora_logged;
     struct kvb_ratelimit rl_lora;
+    struct kvb_coalesce co; /* cfg.coalesce: the pending merged event */
 };
 
 /* Convert for worker w from now on. */
@@ -75,6 +78,7 @@ void kvb_pipeline_destroy(struct kvb_pipeline **pp)
     struct kvb_pipeline *p = *pp;
     kvb_decoder_destroy(&p->dec);
     kvb_converter_destroy(&p->conv);
+    kvb_coalesce_free(&p->co);
     free(p);
     *pp = NULL;
 }
@@ -111,6 +115,32 @@ static int emit(struct kvb_pipeline *p, const struct kvb_rev *r)
         return 1;
     int rc = cleared(p, r->dp_rank, KVB_BAR_MIRROR_FULL, false);
     return rc < 0 ? rc : 1 + rc;
+}
+
+/* nats.coalesce: the pending merged event, published. */
+static int flush(struct kvb_pipeline *p)
+{
+    if (!p->co.has) /* the common case, and always with coalesce off */
+        return 0;
+    const struct kvb_rev *q = kvb_coalesce_take(&p->co);
+    return q ? emit(p, q) : 0;
+}
+
+/* nats.coalesce: one converted event of a batch merged into the pending one (its event_id given back) or
+ * held as the new pending one.  What it published, as emit(). */
+static int offer(struct kvb_pipeline *p, const struct kvb_rev *r)
+{
+    if (kvb_coalesce_can_join(&p->co, r) && kvb_coalesce_join(&p->co, r) == 0) {
+        kvb_convert_give_back(p->conv, r);
+        return 0;
+    }
+    int n = flush(p);
+    if (n < 0)
+        return n;
+    if (r->type != KVB_REVT_CLEARED && kvb_coalesce_hold(&p->co, r) == 0)
+        return n;
+    int rc = emit(p, r); /* a "cleared", or no memory to hold it */
+    return rc < 0 ? rc : n + rc;
 }
 
 static int cleared(struct kvb_pipeline *p, uint32_t rank, int cause, bool repair)
@@ -194,6 +224,11 @@ static int tracker_overflow(struct kvb_pipeline *p, const struct kvb_worker_cfg 
 {
     if (!kvb_converter_take_overflow(p->conv))
         return 0;
+    /* the pending merged event was converted before the barriers: it goes
+     * first, so event_ids stay in order */
+    int sum = flush(p), rc = 0;
+    if (sum < 0)
+        return sum;
     kvb_warn("convert", "the block tracker is full (limits.max_tracked_blocks): it starts "
                         "again empty, and every pair gets a barrier");
     size_t n = kvb_converter_counters(p->conv, NULL, 0);
@@ -201,7 +236,6 @@ static int tracker_overflow(struct kvb_pipeline *p, const struct kvb_worker_cfg 
     if (!all)
         return -ENOMEM;
     kvb_converter_counters(p->conv, all, n);
-    int sum = 0, rc = 0;
     for (size_t i = 0; i < n && rc >= 0; i++) {
         use_worker(p, all[i].worker_id);
         rc = cleared(p, all[i].dp_rank, KVB_BAR_TRACKER_FULL, false);
@@ -303,8 +337,10 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
         struct kvb_rev r;
         int why = -1;
         rc = kvb_convert_event(p->conv, &b.events[i], rank, &r, &why);
-        if (rc < 0)
+        if (rc < 0) {
+            flush(p); /* what is pending has its event_id: out it goes */
             return rc;
+        }
         if (rc == 0) {
             if (why == KVB_DROP_BLOCK_SIZE_MISMATCH)
                 kvb_log_rl(&p->rl_mismatch, KVB_LOG_ERROR, "convert",
@@ -324,11 +360,14 @@ int kvb_pipeline_batch(struct kvb_pipeline *p, const struct kvb_stream *s, uint6
         }
         if (r.type == KVB_REVT_STORED)
             unmapped_lora(p, s, w, &b.events[i]);
-        if ((rc = emit(p, &r)) < 0 || (n += rc, rc = tracker_overflow(p, w)) < 0)
+        if ((rc = p->cfg.coalesce ? offer(p, &r) : emit(p, &r)) < 0 ||
+            (n += rc, rc = tracker_overflow(p, w)) < 0)
             return rc;
         n += rc;
     }
-    return n;
+    if ((rc = flush(p)) < 0)
+        return rc;
+    return n + rc;
 }
 
 int kvb_pipeline_malformed(struct kvb_pipeline *p, const struct kvb_stream *s, uint64_t seq,
@@ -372,6 +411,7 @@ struct kvb_pipeline_cfg kvb_pipeline_cfg_of(const struct kvb_config *c)
                     .max_tracked = c->limits.max_tracked_blocks},
         .limits = {c->limits.max_events_per_batch, c->limits.max_hashes_per_event,
                    c->limits.max_tokens_per_event, c->limits.max_depth},
+        .coalesce = c->nats.coalesce,
     };
     return p;
 }

@@ -13,6 +13,10 @@
 # dynamo-msgpack: one envelope per engine batch (every batch of these
 # profiles publishes a stored event; the start barrier rides with the first).
 # Runs both formats whatever KVB_FORMAT says.
+# multimodal with an image token (Qwen-VL style): kvsim --image-token-id puts
+# runs of it in every block and its record hashes blocks with mm hashes by pad
+# substitution; kvbridge gets the same sources[].image_token_id. A bridge
+# without the key publishes tokens plus mm hashes: kvtail's badtok catches it.
 source "$(dirname "$0")/lib.sh"
 
 # the oracle itself first: the known answers of docs/router-events.md section 3.4
@@ -22,11 +26,17 @@ NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 BATCHES=1200
 
-run_profile() { # run_profile FORMAT WORKLOAD ENCODING
-  local KVB_FORMAT=$1 wl=$2 enc=$3 tag="$1-$2-$3" p rc want
+run_profile() { # run_profile FORMAT WORKLOAD ENCODING [IMAGE_TOKEN_ID]
+  local KVB_FORMAT=$1 wl=$2 enc=$3 img=${4:-} tag="$1-$2-$3${4:+-img}" p rc want
+  local sim_img=() src_img=""
+  if [ -n "$img" ]; then
+    sim_img=(--image-token-id "$img")
+    src_img="
+    image_token_id: $img"
+  fi
   p=$(daemon_port 2)
   SOURCES="  - endpoint: tcp://127.0.0.1:$p
-    replay_endpoint: tcp://127.0.0.1:$((p + 1))" NATS_URLS="nats://127.0.0.1:$NP" \
+    replay_endpoint: tcp://127.0.0.1:$((p + 1))$src_img" NATS_URLS="nats://127.0.0.1:$NP" \
     kvbridge_config "$T/$tag.yaml"
   start_kvbridge "kvb-$tag" "$T/$tag.yaml" || { bad "$tag: kvbridge did not start"; return; }
   local kvb_pid=$KVB_PID
@@ -39,7 +49,7 @@ run_profile() { # run_profile FORMAT WORKLOAD ENCODING
   # proves their continuity with the engine instead of publishing a restart
   # barrier (reported to the lead: the batches arrive with the drop)
   timeout 60 "$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
-    --workload "$wl" --encoding "$enc" --batches "$BATCHES" --rate 6000 --lossless --seed 5 \
+    --workload "$wl" --encoding "$enc" "${sim_img[@]}" --batches "$BATCHES" --rate 6000 --lossless --seed 5 \
     --wait-subscribers 1000 --linger 2000 \
     --record "$T/$tag.rec" 2>"$T/sim-$tag.log" || bad_log "$tag: kvsim failed" "$T/sim-$tag.log"
   wait_pid "$tail_pid" 30; rc=$RC
@@ -72,6 +82,7 @@ run_profile() { # run_profile FORMAT WORKLOAD ENCODING
 for fmt in dynamo-json dynamo-msgpack; do
   run_profile "$fmt" multimodal positional
   run_profile "$fmt" multimodal map
+  run_profile "$fmt" multimodal map 151655
   run_profile "$fmt" eagle positional
 done
 

@@ -2118,6 +2118,10 @@ START_TEST(test_worker_keys)
     ck_assert(!kvb_config_source_equal(&x, &s[2]));
     ck_assert(kvb_config_worker_equal(&x, &s[2]));
     ck_assert(kvb_config_worker_equal(&s[2], &s[2]));
+    x = s[1];
+    x.image_token_id = 151655; /* a worker key: handed to the running source */
+    ck_assert(kvb_config_source_equal(&x, &s[1]));
+    ck_assert(!kvb_config_worker_equal(&x, &s[1]));
     /* --check -v shows the effective values */
     char *out = NULL;
     size_t len = 0;
@@ -2127,6 +2131,7 @@ START_TEST(test_worker_keys)
     ck_assert_msg(strstr(out, "sources[0].worker_id: 5\nsources[0].block_size: 16\n"
                               "sources[0].lora_salt: false\n"
                               "sources[0].forward_tiers: [device, disk]\n"
+                              "sources[0].image_token_id: 0\n"
                               "sources[0].lora_names: {}\n"
                               "sources[0].topics: {}\n"),
                   "%s", out);

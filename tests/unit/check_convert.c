@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "convert.h"
+#include "mm.h"
 
 static struct kvb_metrics m;
 static struct kvb_converter *conv;
@@ -619,6 +620,76 @@ START_TEST(multimodal_blocks)
 }
 END_TEST
 
+/* Dynamo's pad-value substitution (zmq_wire/convert.rs
+ * substitute_pad_values(), protocols.rs pad_value_for_mm_hash()).  The
+ * expected tokens_hash values were computed outside kvbridge: the pad values
+ * by hand from the formula 1000000 + (mm_hash & (2^30 - 1)), the substituted
+ * tokens written out as u32 little-endian bytes and hashed with libxxhash's
+ * XXH3_64bits_withSeed(seed 1337) in a ten-line standalone program. */
+START_TEST(mm_pad_substitution)
+{
+    /* the formula, with the values Dynamo's own Python test pins */
+    ck_assert_uint_eq(kvb_mm_pad_value(0), 1000000);
+    ck_assert_uint_eq(kvb_mm_pad_value((1u << 30) - 1), 1000000 + (1u << 30) - 1);
+    ck_assert_uint_eq(kvb_mm_pad_value((UINT64_C(1) << 30) | 0xCAFE), 1000000 + 0xCAFE);
+
+    enum { IMG = 151655 };
+    const uint32_t p1 = 1000000u + 0x3fffffffu, p2 = 1000005u;
+    static const char *id1 = "00000000ffffffff000000000000000000000000000000000000000000000000";
+    static const char *id2 = "0000000000000005000000000000000000000000000000000000000000000000";
+    static uint32_t t[16] = {10, 20,  IMG, IMG, IMG, IMG, IMG, IMG,
+                             30, IMG, IMG, IMG, IMG, 40,  50,  60};
+    uint32_t out[16];
+    uint64_t mm[2] = {0xffffffffu, 5};
+    ck_assert_uint_eq(kvb_mm_pad_substitute(t, 16, IMG, mm, 2, out), 2);
+    ck_assert_uint_eq(out[2], p1);
+    ck_assert_uint_eq(out[7], p1);
+    ck_assert_uint_eq(out[8], 30);
+    ck_assert_uint_eq(out[9], p2);
+    ck_assert_uint_eq(out[12], p2);
+    ck_assert_uint_eq(out[13], 40);
+
+    /* through the converter: mm hashes in extra_keys order (the larger
+     * first, so sorting would swap the pads), hashed without them */
+    struct kvb_event e = qwen_event(t, 16);
+    struct kvb_extra_key xk[2] = {{S(id1), false}, {S(id2), false}};
+    uint32_t off[2] = {0, 2};
+    e.xkeys = xk;
+    e.xkey_off = off;
+    e.n_xkey_blocks = 1;
+    struct kvb_convert_cfg c = cfg16;
+    c.image_token_id = IMG;
+    kvb_converter_set_config(conv, &c);
+    struct kvb_rev r;
+    int why;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 6199498804420141183ULL);
+    ck_assert_int_eq(r.n_mm, 2); /* still reported as mm_extra_info */
+
+    /* a third run takes the last mm hash */
+    static uint32_t u[16] = {IMG, IMG, 7, IMG, IMG, 8, IMG, IMG, IMG, 9, 9, 9, 9, 9, 9, 9};
+    e = qwen_event(u, 16);
+    e.xkeys = xk;
+    e.xkey_off = off;
+    e.n_xkey_blocks = 1;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 17871767788887772674ULL);
+
+    /* a block without mm hashes is hashed as plain tokens, image token or not */
+    e.n_xkey_blocks = 0;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(u, 16, KVB_TOKENS_HASH_SEED));
+
+    /* image_token_id off: tokens plus sorted mm hashes, as before */
+    kvb_converter_set_config(conv, &cfg16);
+    e.n_xkey_blocks = 1;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    uint64_t sorted[2] = {5, 0xffffffffu};
+    ck_assert_uint_eq(r.blocks[0].tokens_hash,
+                      kvb_tokens_mm_hash(u, 16, sorted, 2, KVB_TOKENS_HASH_SEED));
+}
+END_TEST
+
 START_TEST(eagle_windows)
 {
     /* 16 pairs flatten to 17 ids: one window of B+1 = 17 tokens */
@@ -692,6 +763,7 @@ static Suite *convert_suite(void)
     tcase_add_test(tc, salt_seed_known_answers);
     tcase_add_test(tc, cache_namespace_sources);
     tcase_add_test(tc, multimodal_blocks);
+    tcase_add_test(tc, mm_pad_substitution);
     tcase_add_test(tc, eagle_windows);
     suite_add_tcase(s, tc);
     return s;

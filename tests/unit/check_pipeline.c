@@ -327,6 +327,81 @@ START_TEST(event_ids_contiguous_through_filters)
 }
 END_TEST
 
+/* nats.coalesce: one positional BlockStored (vLLM) of hashes h[0..n). */
+static void mp_store(struct mp *mb, const uint64_t *h, int n, long long parent)
+{
+    msgpack_pack_array(&mb->pk, 6);
+    mp_str(mb, "BlockStored");
+    msgpack_pack_array(&mb->pk, (uint32_t)n);
+    for (int i = 0; i < n; i++)
+        msgpack_pack_uint64(&mb->pk, h[i]);
+    if (parent < 0)
+        msgpack_pack_nil(&mb->pk);
+    else
+        msgpack_pack_uint64(&mb->pk, (uint64_t)parent);
+    msgpack_pack_array(&mb->pk, (uint32_t)(16 * n));
+    for (int t = 0; t < 16 * n; t++)
+        msgpack_pack_int(&mb->pk, t);
+    msgpack_pack_int(&mb->pk, 16);
+    msgpack_pack_nil(&mb->pk);
+}
+
+static void mp_remove(struct mp *mb, uint64_t h)
+{
+    msgpack_pack_array(&mb->pk, 2);
+    mp_str(mb, "BlockRemoved");
+    msgpack_pack_array(&mb->pk, 1);
+    msgpack_pack_uint64(&mb->pk, h);
+}
+
+/* nats.coalesce: a chained store joins the store before, removes join,
+ * a store under another parent and a root store keep their own events;
+ * ids have no holes and only what went out is counted as published. */
+START_TEST(coalesce_merges_adjacent_events)
+{
+    test_pipeline_destroy(&pub, &p);
+    kvb_replay_destroy(&rules);
+    memset(&m, 0, sizeof(m));
+    struct kvb_pipeline_cfg c = test_pcfg(W, 16);
+    c.coalesce = true;
+    test_pipeline_create(&c, &m, &out, &pub, &p);
+    rules = test_rules(p, &m, 0);
+
+    struct kvb_stream s;
+    kvb_stream_init(&s, "t", 0);
+    struct mp mb;
+    mp_init(&mb);
+    msgpack_pack_array(&mb.pk, 3);
+    msgpack_pack_double(&mb.pk, 1.0);
+    msgpack_pack_array(&mb.pk, 6);
+    mp_store(&mb, (const uint64_t[]){1, 2}, 2, -1);
+    mp_store(&mb, (const uint64_t[]){3}, 1, 2); /* under 2: joins */
+    mp_remove(&mb, 10);
+    mp_remove(&mb, 11);                          /* joins */
+    mp_store(&mb, (const uint64_t[]){5}, 1, 99); /* another parent */
+    mp_store(&mb, (const uint64_t[]){6}, 1, -1); /* a root store */
+    msgpack_pack_nil(&mb.pk);
+    ck_assert_int_ge(feed(&s, 0, mp_data(&mb), mb.sb.size), 1);
+    ck_assert_int_ge(feed(&s, 1, mp_data(&mb), mb.sb.size), 1);
+    mp_free(&mb);
+    /* 1 start barrier + 2 x 4 events (not 2 x 6) = ids 0..8 */
+    ck_assert_uint_eq(out.n, 9);
+    for (unsigned i = 0; i < out.n; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "\"event_id\":%u,", i);
+        const char *l = line(i);
+        const char *nl = strchr(l, '\n');
+        ck_assert_msg(memmem(l, (size_t)(nl - l), want, strlen(want)) != NULL, "%.*s",
+                      (int)(nl - l), l);
+    }
+    ck_assert_ptr_nonnull(strstr(line(1), "\"block_hash\":3,"));
+    ck_assert_ptr_nonnull(strstr(line(2), "[10,11]"));
+    ck_assert_ptr_nonnull(strstr(line(4), "\"parent_hash\":null"));
+    ck_assert_uint_eq(kvb_get(&m.router_events_published_total[KVB_REVT_STORED]), 6);
+    ck_assert_uint_eq(kvb_get(&m.router_events_published_total[KVB_REVT_REMOVED]), 2);
+}
+END_TEST
+
 /* TensorRT-LLM's lora_id without lora_name: the stream's worker names it
  * (sources[].lora_names) or the store goes out unsalted, counted, and its
  * id logged once. */
@@ -447,6 +522,7 @@ static Suite *pipeline_suite(void)
     tcase_add_test(tc, too_many_ranks_on_a_stream);
     tcase_add_test(tc, redundant_barriers_not_published);
     tcase_add_test(tc, event_ids_contiguous_through_filters);
+    tcase_add_test(tc, coalesce_merges_adjacent_events);
     tcase_add_test(tc, lora_ids_named_or_counted);
     suite_add_tcase(s, tc);
     return s;
