@@ -13,6 +13,11 @@
 #   restart-above: the same, the new incarnation's first 200 batches not
 #       seen live, so its first seq seen is above the old last (50): the
 #       continuity proof fails (other bytes at seq 50): one restart barrier
+#   restart-quiet: the engine process restarts (bound again after 1 s) and
+#       publishes its new incarnation's first 400 batches at once, before
+#       kvbridge's SUB is back (kept in its replay buffer), then nothing: the
+#       proof runs as soon as the connection is up (no live batch to start
+#       it): one restart barrier, the new incarnation from seq 0
 #   late-kvbridge: kvbridge starts after the engine published 500 batches:
 #       start barrier, then the complete history from seq 0
 #   blip: the connection drops and comes back, no restart, batches lost
@@ -91,6 +96,12 @@ engine_late restart-above 0 --batches 800 --rate 1000 --seed 13 --restart-at 50 
 check_index restart-above 1
 expect_eq "restart-above: kvbridge log: continuity not proven, restart" \
   "$(count_log "$T/kvb-restart-above.log" 'engine reconnected and seq .*: engine restart')" 1
+
+engine_late restart-quiet 0 --batches 100000 --rate 1000 --seed 17 --restart-at 300 \
+  --restart-close 1000 --restart-quiet 400 --wait-subscribers 1500 --linger 3000
+check_index restart-quiet 1
+expect_eq "restart-quiet: kvbridge log: the new incarnation asked at reconnect" \
+  "$(count_log "$T/kvb-restart-quiet.log" 'the new incarnation: asking the engine for seq 0 on')" 1
 
 engine_late blip 0 --batches 1200 --rate 1000 --seed 14 --blip-at 400 --blip-ms 300 --drop-live 401-450
 check_index blip 0
