@@ -131,6 +131,11 @@ expect_eq "late-kvbridge: kvsim exit code" "$RC" 0
 check_index late-kvbridge 0
 expect_eq "late-kvbridge: kvbridge log: history from seq 0 asked" \
   "$(count_log "$T/kvb-late-kvbridge.log" 'stream starts at a later seq: asking the engine for seq 0\.\.')" 1
+# the start log names what was applied: the range asked, all of it held
+asked=$(sed -n 's/.*stream starts at a later seq: asking the engine for seq 0\.\.\([0-9]*\) .*/\1/p' \
+  "$T/kvb-late-kvbridge.log" | head -1)
+expect_eq "late-kvbridge: kvbridge log: seq 0..${asked:-?} applied from the engine's buffer" \
+  "$(count_log "$T/kvb-late-kvbridge.log" "stream start: seq 0\.\.${asked:-x} applied from the engine's buffer")" 1
 
 stop_pid "$NATS_PID" >/dev/null
 finish
