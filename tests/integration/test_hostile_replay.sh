@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A hostile replay ROUTER (hostile_engine.c), issue 18.
-#   a. flood: the live stream jumps from seq 9 to 10^11 and the ROUTER answers
+#   a. flood: the live stream jumps from seq 9 to 10^9 and the ROUTER answers
 #      the request with fat in-range batches (2000 events each) flat out for
 #      5 s, never END.  kvbridge's peak RSS stays under the ceiling of
 #      kvbridge(8) MEMORY for this configuration, /healthz answers all along,
@@ -19,7 +19,8 @@
 #      replay.timeout_ms 2000: the flood never waits, so only replay.max_ms
 #      (5 s of wall time) ends it: /readyz 503 while it holds the live
 #      stream, then the gap barrier, the live batches after the gap, /readyz
-#      200.  Before replay.max_ms: nothing after the gap for the whole flood.
+#      200 (replay.timeout_ms alone would hold the live stream for the whole
+#      flood: the flood never waits).
 #   e. a gap above replay.max_batches (the default, 10000): no request, the
 #      barrier at once, the live stream goes on.
 # a to d set replay.max_batches above their gap (10^9 seqs), to be replayed.
