@@ -197,7 +197,9 @@ struct kvb_config {
     } nats;
 
     struct {
-        uint32_t timeout_ms; /* whole replay request, then barrier */
+        uint32_t timeout_ms;  /* whole replay request, then barrier */
+        uint32_t max_ms;      /* whole replay, wall time, then barrier */
+        uint64_t max_batches; /* a larger gap (or reply) is a barrier */
     } replay;
 
     struct {

@@ -31,10 +31,19 @@
  * socket is asked for the last applied seq, and the same bytes (XXH3) prove
  * continuity (the gap, if any, is filled by the same request); anything else
  * is a restart (barrier).  Without a replay endpoint a reconnect is a
- * restart.  The first batch of a new stream (kvbridge's start, or after a
+ * restart.  The proof does not wait for a batch: as soon as the connection
+ * is up again (kvb_replay_connected) the replay socket is asked for the last
+ * applied seq and everything after it, so that an engine that restarted and
+ * went quiet before kvbridge reconnected gets its restart barrier and its
+ * new incarnation from seq 0 (what its buffer holds) at once.  The first batch of a new stream (kvbridge's start, or after a
  * restart) with seq S > 0 asks the replay socket for 0..S-1 and applies
  * what the engine still holds before S; what it no longer holds is covered
  * by the start or restart barrier already published.
+ *
+ * Bounds: a gap of more than replay.max_batches seqs is a barrier at once
+ * (no engine buffer holds it); a replay that reads more than that many, or
+ * lasts replay.max_ms of wall time (whatever it waited for), ends: what it
+ * did not get is a barrier, and the live batches held behind it go on.
  *
  * Ownership: kvb_replay_create() returns a replay state that owns the live
  * batches it holds; kvb_replay_destroy(&r) frees them (accepts NULL).  The
@@ -157,6 +166,8 @@ struct kvb_replay_cfg {
     const char *name;           /* the source, for logs (copied) */
     const char *endpoint;       /* replay endpoint, or "" / NULL: no replay (copied) */
     uint32_t timeout_ms;        /* replay.timeout_ms */
+    uint32_t max_ms;            /* replay.max_ms: a whole replay, wall time; 0: 30000 */
+    uint64_t max_batches;       /* replay.max_batches: a larger gap is a barrier; 0: 10000 */
     uint64_t max_payload_bytes; /* limits.max_payload_bytes; 0: no limit */
     size_t max_held_msgs;       /* 0: 100000 */
     size_t max_held_bytes;      /* 0: 256 MiB */
@@ -220,5 +231,13 @@ const struct kvb_stream *kvb_replay_stream(const struct kvb_replay *r);
  * it got is applied), and its next batch must prove it continues the stream
  * (else: restart barrier). */
 void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms);
+/* The connection that carries stream st is up again: a stream whose
+ * connection dropped since its last batch is proven now (the batch at its
+ * last seq, and what follows, from the replay socket; a different batch, or
+ * none, is the restart barrier and the new incarnation from seq 0), or
+ * without a replay endpoint it gets the restart barrier now.  Returns the
+ * router events emitted, -EBUSY while a replay of another stream runs (ask
+ * again later), 0 when there is nothing to prove. */
+int kvb_replay_connected(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms);
 
 #endif

@@ -41,6 +41,8 @@ struct kvb_source_params {
     uint32_t reconnect_max_ms; /* connect mode: reconnect interval cap (0: 250) */
     uint32_t max_peers;        /* bind mode: connections taken at once (0: 16) */
     uint32_t replay_timeout_ms;
+    uint32_t replay_max_ms;      /* 0: replay.h's default */
+    uint64_t replay_max_batches; /* 0: replay.h's default */
     uint64_t max_payload_bytes;
     /* Streams persisted by a previous run (state.dir): a stream found here
      * starts from its saved seq and dp_ranks, so a complete resume publishes

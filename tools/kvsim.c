@@ -378,6 +378,7 @@ struct opts {
     /* engine lifecycle (lifecycle_* below) */
     long restart_close_ms;      /* >= 0: --restart-at closes and rebinds like a new process */
     uint64_t restart_drop_live; /* new incarnation's first batches not sent live */
+    uint64_t restart_quiet;     /* --restart-quiet N: N batches at once unseen, then silence */
     bool blip;
     uint64_t blip_at;
     long blip_ms;
@@ -448,7 +449,8 @@ struct rank {
     char adv[512], adv_rep[512];
     uint64_t seq;
     bool restarted, blipped;
-    uint64_t drop_left; /* lifecycle: batches still not sent live */
+    uint64_t quiet_left; /* --restart-quiet: batches still to publish before silence */
+    uint64_t drop_left;  /* lifecycle: batches still not sent live */
     struct rbent *ring;
     size_t ring_head, ring_n;
     struct gen g;
@@ -2528,6 +2530,9 @@ static void wait_until(struct sim *s, int64_t deadline)
 static void lifecycle_process_restart(struct sim *s, struct rank *r);
 static void lifecycle_blip(struct sim *s, struct rank *r);
 static bool lifecycle_drop_live(struct rank *r);
+static void lifecycle_restart_quiet(struct sim *s, struct rank *r);
+static bool lifecycle_quiet_now(const struct rank *r);
+static bool lifecycle_quiet_done(const struct sim *s);
 
 /* ------------------------------------------------------------ publishing */
 
@@ -2611,6 +2616,8 @@ static void publish_one(struct sim *s, struct rank *r)
                   r->router && !forever && !garbage, fault);
 
     r->seq++;
+    if (r->quiet_left)
+        r->quiet_left--;
     if (o->restart && !r->restarted && seq == o->restart_at) {
         /* the engine process restarts: new seq stream, empty caches and buffer */
         r->restarted = true;
@@ -2668,6 +2675,35 @@ static void lifecycle_process_restart(struct sim *s, struct rank *r)
         exit(1);
     }
     r->drop_left = s->o.restart_drop_live;
+    lifecycle_restart_quiet(s, r);
+}
+
+/* --restart-quiet N: the new incarnation publishes its first N batches at
+ * once, before any subscriber is back (not sent live: a PUB drops what it
+ * publishes before a subscription arrives; kept for replay, as real engines
+ * keep them), then nothing more: an engine gone idle after its restart. */
+static void lifecycle_restart_quiet(struct sim *s, struct rank *r)
+{
+    if (!s->o.restart_quiet)
+        return;
+    r->quiet_left = s->o.restart_quiet;
+    if (r->drop_left < r->quiet_left)
+        r->drop_left = r->quiet_left;
+}
+
+/* --restart-quiet: true while rank r publishes its quiet batches (no
+ * pacing: at once). */
+static bool lifecycle_quiet_now(const struct rank *r) { return r->quiet_left > 0; }
+
+/* --restart-quiet: every rank published its quiet batches: silence. */
+static bool lifecycle_quiet_done(const struct sim *s)
+{
+    if (!s->o.restart_quiet)
+        return false;
+    for (unsigned i = 0; i < s->o.dp; i++)
+        if (!s->ranks[i].restarted || s->ranks[i].quiet_left)
+            return false;
+    return true;
 }
 
 /* --blip-at: the connection drops (the PUB closed and bound again after
@@ -3260,6 +3296,12 @@ static const struct tool_opt options[] = {
      .max = UINT64_MAX,
      .help = "after such a restart, the first N batches are not sent\n"
               "live (kept for replay), as with no subscriber yet"},
+    {.name = "restart-quiet", .arg = "N", .kind = TOOL_U64, F(restart_quiet), .min = 0,
+     .max = UINT64_MAX,
+     .help = "with --restart-at and --restart-close: the new incarnation\n"
+              "publishes its first N batches at once, before a subscriber\n"
+              "is back (kept for replay), then nothing more (replay is\n"
+              "served until --linger ends)"},
     {.name = "blip-at", .arg = "SEQ", .kind = TOOL_CALL, .id = OPT_BLIP_AT, .min = 0,
      .max = UINT64_MAX,
      .help = "after publishing SEQ, close the PUB and bind it again\n"
@@ -3462,6 +3504,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (o->hold_file && !o->mark_after) {
         fprintf(stderr, "kvsim: --hold-file needs --mark-after\n");
+        return -EINVAL;
+    }
+    if (o->restart_quiet && (!o->restart || o->restart_close_ms < 0)) {
+        fprintf(stderr, "kvsim: --restart-quiet needs --restart-at and --restart-close\n");
         return -EINVAL;
     }
     if (o->curve_secret_file)
@@ -3728,8 +3774,8 @@ static double publish_all(struct sim *s)
     int64_t t0 = now_ns(), next = t0;
     for (unsigned i = 0; i < s->o.dp; i++)
         atomic_store(&s->ranks[i].running, 1);
-    while (!stop_flag && (s->o.batches == 0 || tick < s->o.batches)) {
-        if (s->o.rate > 0) {
+    while (!stop_flag && (s->o.batches == 0 || tick < s->o.batches) && !lifecycle_quiet_done(s)) {
+        if (s->o.rate > 0 && !lifecycle_quiet_now(&s->ranks[0])) {
             int64_t interval = (int64_t)(1e9 / s->o.rate);
             int64_t now = now_ns();
             if (now - next > 1000000000LL)

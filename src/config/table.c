@@ -469,6 +469,18 @@ static const struct opt opts[] = {
              "milliseconds, counting only the time spent waiting for the engine (not "
              "kvbridge's own holding back or applying the replies); then a "
              "\"cleared\" barrier is published for what is still missing."},
+    {.key = "replay.max_ms", .type = T_U32, .off = TOP(replay.max_ms, uint32_t),
+     .def = "30000", .min = 1, .max = I32MAX, .flags = R,
+     .help = "Wall time allowed for a whole replay, in milliseconds, whatever it "
+             "spent the time on (an engine that answers flat out never makes "
+             "replay.timeout_ms run out); then a \"cleared\" barrier is published for "
+             "what is still missing and the live batches held behind it go on."},
+    {.key = "replay.max_batches", .type = T_U64, .off = TOP(replay.max_batches, uint64_t),
+     .def = "10000", .min = 1, .max = I32MAX, .flags = R,
+     .help = "The largest gap asked from the engine's replay socket, in batches "
+             "(default: vLLM's buffer_steps); a larger gap is a \"cleared\" barrier at "
+             "once, a new stream asks for this many batches before its first at most, "
+             "and a replay that reads more ends with a barrier."},
 
     {.key = "discovery.etcd.endpoints", .type = T_STRLIST,
      .off = TOP(discovery.etcd.endpoints, char **),

@@ -26,6 +26,7 @@
 static bool sources_equal(const struct kvb_config *a, const struct kvb_config *b)
 {
     if (a->n_sources != b->n_sources || a->replay.timeout_ms != b->replay.timeout_ms ||
+        a->replay.max_ms != b->replay.max_ms || a->replay.max_batches != b->replay.max_batches ||
         a->limits.max_payload_bytes != b->limits.max_payload_bytes)
         return false;
     for (size_t i = 0; i < a->n_sources; i++) {

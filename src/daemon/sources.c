@@ -77,6 +77,8 @@ static int open_at(struct kvb_daemon *d, const struct kvb_config *c,
                                   .reconnect_max_ms = sc->reconnect_max_ms,
                                   .max_peers = sc->max_peers,
                                   .replay_timeout_ms = c->replay.timeout_ms,
+                                  .replay_max_ms = c->replay.max_ms,
+                                  .replay_max_batches = c->replay.max_batches,
                                   .max_payload_bytes = c->limits.max_payload_bytes,
                                   .resume = resume,
                                   .curve = &sc->curve,
@@ -126,6 +128,8 @@ static ssize_t reusable(const struct kvb_daemon *d, const struct kvb_config *c,
                         const struct kvb_source_cfg *sc, uint32_t r)
 {
     if (c->replay.timeout_ms != d->cfg->replay.timeout_ms ||
+        c->replay.max_ms != d->cfg->replay.max_ms ||
+        c->replay.max_batches != d->cfg->replay.max_batches ||
         c->limits.max_payload_bytes != d->cfg->limits.max_payload_bytes)
         return -1;
     for (size_t k = 0; k < d->n_src; k++)

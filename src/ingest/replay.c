@@ -12,8 +12,13 @@
 
 #define DEFAULT_HELD_MSGS 100000 /* live batches held while a replay runs */
 #define DEFAULT_HELD_BYTES (256u << 20)
-#define REPLAY_STALL_MS 250    /* no reply for this long once replies flow: cut */
-#define REPLAY_MAX_ROUNDS 1000 /* re-requests after cut replies, per gap */
+#define REPLAY_STALL_MS 250       /* no reply for this long once replies flow: cut */
+#define REPLAY_MAX_ROUNDS 1000    /* re-requests after cut replies, per gap */
+#define DEFAULT_MAX_MS 30000      /* replay.max_ms */
+#define DEFAULT_MAX_BATCHES 10000 /* replay.max_batches: vLLM's buffer_steps */
+/* An open replay's until: the farthest seq ahead of from in serial
+ * arithmetic (the seq it ends at is not known). */
+#define OPEN_SPAN ((uint64_t)INT64_MAX)
 
 /* ---- streams ------------------------------------------------------------ */
 
@@ -145,8 +150,7 @@ enum rp_mode {
     RP_START, /* a new stream (kvbridge's start, or a restarted engine) whose first
                * seq seen is until > 0: its batches from 0 (what the engine holds) */
     RP_CHECK, /* after a pause, a quiet stream: everything after last, if any
-               * (until is not known: from + 2^63 - 1, the farthest seq ahead in
-               * serial arithmetic) */
+               * (open: until is not known) */
 };
 
 struct kvb_replay {
@@ -165,12 +169,20 @@ struct kvb_replay {
     uint64_t until;        /* seq of the first held live batch */
     uint64_t deadline_ms;  /* of the current request (stall or timeout) */
     uint64_t end_ms;       /* of the whole replay: replay.timeout_ms */
-    uint64_t req_want;     /* want when the last request was sent */
-    bool got_reply;        /* the current request has had a reply */
-    unsigned rounds;       /* requests sent again after a partial reply */
-    bool fresh;            /* a barrier covers everything before want: nothing
+    uint64_t hard_end_ms;  /* of the whole replay in wall time: replay.max_ms */
+    /* Open: the seq it ends at is not known (until = from + OPEN_SPAN): the
+     * engine's END, or the next live batch, ends it.  A check, and the
+     * proof of a stream whose connection came back (kvb_replay_connected)
+     * with what follows. */
+    bool open;
+    bool applied_any; /* a reply was applied: first_applied .. want - 1 */
+    uint64_t first_applied;
+    uint64_t req_want; /* want when the last request was sent */
+    bool got_reply;    /* the current request has had a reply */
+    unsigned rounds;   /* requests sent again after a partial reply */
+    bool fresh;        /* a barrier covers everything before want: nothing
                               * applied since it (a loss now needs no other) */
-    bool lost;             /* part of it was lost (barrier, or not decoded) */
+    bool lost;         /* part of it was lost (barrier, or not decoded) */
     struct held *held;
     size_t n_held, cap_held, held_bytes;
     /* What the last check applied to copy_st, seq copy_from .. copy_end - 1
@@ -202,6 +214,10 @@ int kvb_replay_create(const struct kvb_replay_cfg *cfg, struct kvb_metrics *m,
         r->cfg.max_held_msgs = DEFAULT_HELD_MSGS;
     if (!r->cfg.max_held_bytes)
         r->cfg.max_held_bytes = DEFAULT_HELD_BYTES;
+    if (!r->cfg.max_ms)
+        r->cfg.max_ms = DEFAULT_MAX_MS;
+    if (!r->cfg.max_batches)
+        r->cfg.max_batches = DEFAULT_MAX_BATCHES;
     r->m = m;
     r->ops = *ops;
     if (io)
@@ -328,7 +344,18 @@ static int send_request(struct kvb_replay *r, uint64_t now_ms)
     r->deadline_ms = now_ms + r->cfg.timeout_ms;
     if (r->deadline_ms > r->end_ms)
         r->deadline_ms = r->end_ms;
+    if (r->deadline_ms > r->hard_end_ms)
+        r->deadline_ms = r->hard_end_ms;
     return 0;
+}
+
+/* Live batches of an open replay's stream, as the replay applies them, are
+ * dropped when they come (the copies); from seq `from` on. */
+static void copies_from(struct kvb_replay *r, struct kvb_stream *st, uint64_t from)
+{
+    r->copy_st = st;
+    r->copy_from = r->copy_end = from;
+    r->n_copy = 0;
 }
 
 static const char *const mode_what[] = {
@@ -339,47 +366,60 @@ static const char *const mode_what[] = {
                   "engine may have dropped, seq")};
 
 /* A replay of stream st in mode, from seq `from` until the live batch at
- * `until` (which the caller then holds). */
+ * `until` (which the caller then holds), or open (until not known:
+ * OPEN_SPAN ahead). */
 static int start_replay(struct kvb_replay *r, struct kvb_stream *st, enum rp_mode mode,
-                        uint64_t from, uint64_t until, uint64_t now_ms)
+                        uint64_t from, uint64_t until, bool open, uint64_t now_ms)
 {
     r->st = st;
     r->mode = mode;
     r->from = from;
-    if (mode == RP_CHECK) {
-        r->copy_st = st;
-        r->copy_from = r->copy_end = from;
-        r->n_copy = 0;
-    } else if (r->copy_st == st) {
+    r->open = open || mode == RP_CHECK;
+    if (r->open)
+        copies_from(r, st, mode == RP_PROVE ? from + 1 : from);
+    else if (r->copy_st == st)
         r->copy_st = NULL;
-    }
     r->want = from;
-    r->until = until;
+    r->until = r->open ? from + OPEN_SPAN : until;
     r->fresh = mode == RP_START; /* a restart or the start barrier covers it */
     r->lost = false;
+    r->applied_any = false;
     r->rounds = 0;
     r->end_ms = now_ms + r->cfg.timeout_ms;
+    r->hard_end_ms = now_ms + r->cfg.max_ms;
     int rc = send_request(r, now_ms);
     if (rc < 0)
         return rc;
     r->active = true;
     kvb_inc(&r->m->replays_requested_total[0]);
-    if (mode == RP_CHECK)
+    if (mode == RP_PROVE)
+        kvb_info("replay", "%s: %s %llu%s from %s", st->name, mode_what[mode],
+                 (unsigned long long)from, r->open ? " and what follows" : "", r->endpoint);
+    else if (r->open)
         kvb_info("replay", "%s: %s %llu on from %s", st->name, mode_what[mode],
                  (unsigned long long)from, r->endpoint);
     else
         kvb_info("replay", "%s: %s %llu..%llu from %s", st->name, mode_what[mode],
-                 (unsigned long long)from,
-                 (unsigned long long)(mode == RP_PROVE ? from : until - 1), r->endpoint);
+                 (unsigned long long)from, (unsigned long long)(until - 1), r->endpoint);
     return 0;
 }
 
-/* The engine restarted: the barrier, and the stream starts afresh (nothing
- * of the new incarnation applied yet). */
-static int restart(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const char *why)
+/* The barrier of a new incarnation, and the stream starts afresh (nothing
+ * of it applied yet). */
+static int new_incarnation(struct kvb_replay *r, struct kvb_stream *st)
 {
     kvb_inc(&r->m->engine_restarts_total[0]);
     st->suspect = false;
+    int rc = barrier(&r->ops, st, KVB_BAR_RESTART);
+    st->has_last = false;
+    st->has_hash = false;
+    return rc;
+}
+
+/* The engine restarted (seq went back, or its batch at seq does not prove
+ * continuity: why). */
+static int restart(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const char *why)
+{
     if (why)
         kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
                    "%s: engine reconnected and seq %llu %s: engine restart, publishing barrier",
@@ -388,10 +428,7 @@ static int restart(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, co
         kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
                    "%s: seq went back from %llu to %llu: engine restart, publishing barrier",
                    st->name, (unsigned long long)st->last, (unsigned long long)seq);
-    int rc = barrier(&r->ops, st, KVB_BAR_RESTART);
-    st->has_last = false;
-    st->has_hash = false;
-    return rc;
+    return new_incarnation(r, st);
 }
 
 /* Apply (or reject) one batch whose seq is judged; *a (may be NULL): what
@@ -426,7 +463,7 @@ static int prove_or_restart(struct kvb_replay *r, struct kvb_stream *st, uint64_
                             uint64_t now_ms)
 {
     if (can && st->has_hash && kvb_seq_classify(st, seq) != KVB_SEQ_BACK &&
-        start_replay(r, st, RP_PROVE, st->last, seq, now_ms) == 0) {
+        start_replay(r, st, RP_PROVE, st->last, seq, false, now_ms) == 0) {
         st->suspect = false; /* the proof is under way */
         if ((*held = hold_behind(r, seq, data, len, reject)))
             return 0;
@@ -451,6 +488,13 @@ static bool duplicate(struct kvb_stream *st, uint64_t seq, const uint8_t *data, 
     return true;
 }
 
+/* The first seq a new stream whose first batch is at seq asks for: 0, or
+ * replay.max_batches before it (no engine buffer holds more). */
+static uint64_t start_from(const struct kvb_replay *r, uint64_t seq)
+{
+    return seq > r->cfg.max_batches ? seq - r->cfg.max_batches : 0;
+}
+
 /* A new stream (or a new incarnation) whose first seq is above 0: ask the
  * engine for what it still holds before it (when `can`); true when the batch
  * is held behind that replay. */
@@ -458,7 +502,7 @@ static bool start_held(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq
                        const uint8_t *data, size_t len, bool reject, bool can, uint64_t now_ms)
 {
     return can && seq > 0 && seq != UINT64_MAX &&
-           start_replay(r, st, RP_START, 0, seq, now_ms) == 0 &&
+           start_replay(r, st, RP_START, start_from(r, seq), seq, false, now_ms) == 0 &&
            hold_behind(r, seq, data, len, reject);
 }
 
@@ -469,16 +513,18 @@ static int gap(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const 
 {
     kvb_inc(&r->m->seq_gaps_total[0]);
     st->gaps++;
-    if (!can) {
+    uint64_t missing = kvb_seq_missing(st, seq);
+    if (!can || missing > r->cfg.max_batches) {
         kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
-                   "%s: seq gap: %llu missing before %llu, publishing barrier", st->name,
-                   (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
+                   "%s: seq gap: %llu missing before %llu%s, publishing barrier", st->name,
+                   (unsigned long long)missing, (unsigned long long)seq,
+                   can ? " (more than replay.max_batches)" : "");
         return barrier(&r->ops, st, KVB_BAR_GAP);
     }
     kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
                "%s: seq gap: %llu missing before %llu, asking for replay", st->name,
                (unsigned long long)kvb_seq_missing(st, seq), (unsigned long long)seq);
-    int rc = start_replay(r, st, RP_GAP, st->last + 1, seq, now_ms);
+    int rc = start_replay(r, st, RP_GAP, st->last + 1, seq, false, now_ms);
     if (rc == 0 &&
         (rc = reject ? hold(r, seq, NULL, 0, true) : hold(r, seq, data, len, false)) == 0) {
         *held = true;
@@ -534,17 +580,11 @@ static int step(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const
     return n + rc;
 }
 
-/* The replay is over (complete or not): publish the barrier if part of it
- * stayed missing, then the held live batches, oldest first, through the
- * rules again (a new gap among them, or a restart, is recovered the same
- * way; not when !again: a full hold queue, then barriers). */
-static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms, bool again)
+/* What the replay that ends did, in the log and the counters. */
+static void finish_log(struct kvb_replay *r, const char *why, bool missing)
 {
     struct kvb_stream *st = r->st;
-    int rc = 0, n = 0;
-    bool missing = r->want != r->until;
-    cancel(r); /* late replies of this request must not reach the next one */
-    r->active = false;
+    unsigned long long a = r->first_applied, b = r->want - 1;
     if (r->mode == RP_CHECK) {
         st->check_again = false;
         if (missing) {
@@ -558,9 +598,18 @@ static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms
             kvb_info("replay",
                      "%s: seq %llu..%llu, dropped while reading was paused, "
                      "recovered",
-                     st->name, (unsigned long long)r->from, (unsigned long long)(r->want - 1));
+                     st->name, (unsigned long long)r->from, b);
         } else {
             kvb_info("replay", "%s: the engine dropped nothing while reading was paused", st->name);
+        }
+    } else if (r->mode == RP_GAP && r->open && !missing && !r->lost) {
+        /* after a proven reconnect: what the engine published meanwhile */
+        if (r->want != r->from) {
+            kvb_inc(&r->m->replays_filled_total[0]);
+            kvb_info("replay", "%s: seq %llu..%llu, published while disconnected, recovered",
+                     st->name, (unsigned long long)r->from, b);
+        } else {
+            kvb_info("replay", "%s: the engine published nothing while disconnected", st->name);
         }
     } else if (r->mode == RP_GAP && !missing && !r->lost) {
         kvb_inc(&r->m->replays_filled_total[0]);
@@ -568,13 +617,35 @@ static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms
                  (unsigned long long)(r->until - 1));
     } else if (r->mode == RP_GAP || (missing && !r->fresh)) {
         kvb_inc(&r->m->replays_failed_total[0]);
-        kvb_warn("replay", "%s: gap before seq %llu not recovered (%s)%s", st->name,
-                 (unsigned long long)r->until, why,
-                 missing && !r->fresh ? ": publishing barrier" : "");
-    } else if (r->mode == RP_START) {
+        if (r->open)
+            kvb_warn("replay", "%s: seq %llu on not recovered (%s)%s", st->name,
+                     (unsigned long long)r->want, why,
+                     missing && !r->fresh ? ": publishing barrier" : "");
+        else
+            kvb_warn("replay", "%s: gap before seq %llu not recovered (%s)%s", st->name,
+                     (unsigned long long)r->until, why,
+                     missing && !r->fresh ? ": publishing barrier" : "");
+    } else if (r->mode == RP_START && r->applied_any) {
         kvb_info("replay", "%s: stream start: seq %llu..%llu applied from the engine's buffer",
-                 st->name, (unsigned long long)r->want, (unsigned long long)(r->until - 1));
+                 st->name, a, b);
+    } else if (r->mode == RP_START) {
+        kvb_info("replay", "%s: stream start: the engine's buffer held nothing before %s (%s)",
+                 st->name, r->open ? "now" : "its first live batch", why);
     }
+}
+
+/* The replay is over (complete or not): publish the barrier if part of it
+ * stayed missing, then the held live batches, oldest first, through the
+ * rules again (a new gap among them, or a restart, is recovered the same
+ * way; not when !again: a full hold queue, then barriers). */
+static int finish_replay_(struct kvb_replay *r, const char *why, uint64_t now_ms, bool again)
+{
+    struct kvb_stream *st = r->st;
+    int rc = 0, n = 0;
+    bool missing = r->want != r->until;
+    cancel(r); /* late replies of this request must not reach the next one */
+    r->active = false;
+    finish_log(r, why, missing);
     if (missing && !r->fresh) {
         if ((rc = barrier(&r->ops, st, KVB_BAR_GAP)) < 0)
             goto out;
@@ -620,26 +691,36 @@ static int finish_replay(struct kvb_replay *r, const char *why, uint64_t now_ms)
 }
 
 /* A proof after a reconnect failed (not held, other bytes, no answer): the
- * engine restarted.  Barrier, then the new stream's start from 0. */
-static int proof_failed(struct kvb_replay *r, uint64_t seq, const char *why, uint64_t now_ms)
+ * engine restarted.  Barrier, then the new stream's start from 0: up to the
+ * held live batch, or (open) all the engine holds. */
+static int proof_failed(struct kvb_replay *r, const char *why, uint64_t now_ms)
 {
     struct kvb_stream *st = r->st;
-    int n = restart(r, st, seq, why);
+    int n = restart(r, st, r->open ? st->last : r->until, why);
     if (n < 0)
         return n;
     cancel(r);
     r->mode = RP_START;
-    r->want = 0;
+    r->want = r->from = r->open ? 0 : start_from(r, r->until);
+    if (r->open) {
+        r->until = OPEN_SPAN;
+        copies_from(r, st, 0);
+    }
     r->fresh = true;
+    r->applied_any = false;
     r->rounds = 0;
     r->end_ms = now_ms + r->cfg.timeout_ms;
     if (r->until == 0 || r->until == UINT64_MAX || send_request(r, now_ms) < 0) {
-        r->want = r->until; /* nothing to ask: the held batches */
+        r->until = r->want = r->open ? 0 : r->until; /* nothing to ask: the held batches */
         int rc = finish_replay(r, why, now_ms);
         return rc < 0 ? rc : n + rc;
     }
-    kvb_info("replay", "%s: %s 0..%llu from %s", st->name, mode_what[RP_START],
-             (unsigned long long)(r->until - 1), r->endpoint);
+    if (r->open)
+        kvb_info("replay", "%s: the new incarnation: asking the engine for seq 0 on from %s",
+                 st->name, r->endpoint);
+    else
+        kvb_info("replay", "%s: %s %llu..%llu from %s", st->name, mode_what[RP_START],
+                 (unsigned long long)r->want, (unsigned long long)(r->until - 1), r->endpoint);
     return n;
 }
 
@@ -669,6 +750,8 @@ static void flowing(struct kvb_replay *r, uint64_t now_ms)
 {
     uint64_t stall = r->cfg.timeout_ms < REPLAY_STALL_MS ? r->cfg.timeout_ms : REPLAY_STALL_MS;
     r->deadline_ms = now_ms + stall < r->end_ms ? now_ms + stall : r->end_ms;
+    if (r->deadline_ms > r->hard_end_ms)
+        r->deadline_ms = r->hard_end_ms;
 }
 
 /* RP_PROVE: the engine's batch at our last seq, the same bytes or not. */
@@ -679,7 +762,7 @@ static int proof_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, 
     if (seq - r->want >= r->until - r->want)
         return 0; /* not what was asked */
     if (seq != r->want || big || XXH3_64bits(data, len) != st->last_hash)
-        return proof_failed(r, r->until,
+        return proof_failed(r,
                             seq != r->want ? "the engine no longer holds our last seq"
                                            : "the engine's batch at our last seq differs",
                             now_ms);
@@ -687,6 +770,7 @@ static int proof_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, 
              st->name, (unsigned long long)seq);
     r->mode = RP_GAP;
     r->want = seq + 1;
+    r->from = seq + 1; /* (open: what follows, from here) */
     r->got_reply = true;
     flowing(r, now_ms);
     return 0;
@@ -745,11 +829,14 @@ static int apply_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, 
         r->fresh = true; /* its malformed barrier */
         return rc;
     }
-    if (r->mode == RP_CHECK && r->copy_st == st)
+    if (r->open && r->copy_st == st)
         copies_add(r, seq, data, len);
     struct kvb_applied a;
     if ((rc = apply_one(r, st, seq, data, len, false, &a)) < 0)
         return rc;
+    if (!r->applied_any)
+        r->first_applied = seq;
+    r->applied_any = true;
     /* a batch the pipeline could not decode is a lost batch (it published
      * the malformed barrier): the replay did not fill the gap */
     if (!a.decoded)
@@ -776,6 +863,11 @@ static int on_reply_batch(struct kvb_replay *r, uint64_t seq, const uint8_t *dat
         return 0; /* after until in serial arithmetic: the stream wrapped */
     if (seq != r->want && ((n = later_than_asked(r, seq, now_ms, &done)) < 0 || done))
         return n;
+    if (r->open && seq - r->from >= r->cfg.max_batches) {
+        /* more than any engine's buffer holds: not a replay that ends */
+        r->until = seq;
+        return finish_replay(r, "more than replay.max_batches", now_ms);
+    }
     r->got_reply = true;
     r->want = seq + 1;
     flowing(r, now_ms);
@@ -788,11 +880,13 @@ int kvb_replay_reply(struct kvb_replay *r, uint64_t seq, const uint8_t *data, si
                      uint64_t now_ms)
 {
     if (!r->active)
-        return 0;                            /* a late reply to a request given up */
+        return 0; /* a late reply to a request given up */
+    if (now_ms >= r->hard_end_ms)
+        return finish_replay(r, "replay.max_ms reached", now_ms);
     if (seq == KVB_REPLAY_END && len == 0) { /* (a batch is never empty) */
         if (r->mode == RP_PROVE)
-            return proof_failed(r, r->until, "the engine no longer holds our last seq", now_ms);
-        if (r->mode == RP_CHECK) {
+            return proof_failed(r, "the engine no longer holds our last seq", now_ms);
+        if (r->open) {
             /* the engine has nothing after want, unless its ROUTER cut the
              * tail of this reply: asked again until an END comes alone */
             if (r->got_reply && r->rounds < REPLAY_MAX_ROUNDS && now_ms < r->end_ms) {
@@ -829,6 +923,8 @@ void kvb_replay_postpone(struct kvb_replay *r, uint64_t ms)
         return;
     r->deadline_ms += ms;
     r->end_ms += ms;
+    if (r->deadline_ms > r->hard_end_ms) /* wall time: not postponed */
+        r->deadline_ms = r->hard_end_ms;
 }
 
 long kvb_replay_next_deadline(const struct kvb_replay *r, uint64_t now_ms)
@@ -842,8 +938,10 @@ int kvb_replay_tick(struct kvb_replay *r, uint64_t now_ms)
 {
     if (!r->active || now_ms < r->deadline_ms)
         return 0;
+    if (now_ms >= r->hard_end_ms && r->mode != RP_PROVE)
+        return finish_replay(r, "replay.max_ms reached", now_ms);
     if (r->mode == RP_PROVE)
-        return proof_failed(r, r->until, "was not answered", now_ms);
+        return proof_failed(r, "was not answered", now_ms);
     /* progress since the last request, but no END: the ROUTER dropped the
      * rest of its reply (its HWM); ask again from where we are, within the
      * whole replay's time */
@@ -859,6 +957,44 @@ int kvb_replay_tick(struct kvb_replay *r, uint64_t now_ms)
     return finish_replay(r, "replay timed out", now_ms);
 }
 
+/* A live batch of the stream an open replay is for (not a copy of what it
+ * applied).  An unproven reconnect: a later seq becomes the live batch the
+ * proof holds (until); an earlier one ends the proof (the rules then say
+ * restart or duplicate).  Else the next seq after what the replay applied
+ * ends it (complete), a later one turns it into a replay up to it, and an
+ * earlier one means the engine restarted meanwhile.  Returns the router
+ * events emitted; the batch is then held or judged by the caller. */
+static int live_ends_open(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq,
+                          uint64_t now_ms)
+{
+    uint64_t ahead = seq - r->want;
+    if (r->mode == RP_PROVE) {
+        if (ahead - 1 < OPEN_SPAN) { /* after our last seq */
+            r->open = false;
+            r->until = seq;
+            r->copy_st = NULL;
+            return 0; /* held by the caller */
+        }
+        cancel(r);
+        r->active = false;
+        r->st = NULL;
+        r->copy_st = NULL;
+        st->suspect = true;
+        return 0;
+    }
+    if (ahead == 0 || ahead > OPEN_SPAN) {
+        r->until = r->want;
+        return finish_replay_(r, ahead == 0 ? "complete" : "the engine restarted meanwhile", now_ms,
+                              false);
+    }
+    /* a later live batch: an ordinary gap replay up to it */
+    if (r->mode == RP_CHECK)
+        r->mode = RP_GAP;
+    r->open = false;
+    r->until = seq;
+    return 0;
+}
+
 int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, const uint8_t *data,
                     size_t len, uint64_t now_ms)
 {
@@ -866,30 +1002,14 @@ int kvb_replay_live(struct kvb_replay *r, struct kvb_stream *st, uint64_t seq, c
     bool big = oversize(r, len), held;
     if (r->copy_st == st) {
         if (is_copy(r, seq, big ? NULL : data, len)) {
-            kvb_debug("replay", "%s: seq %llu live, as the check gave it: dropped", st->name,
+            kvb_debug("replay", "%s: seq %llu live, as the replay gave it: dropped", st->name,
                       (unsigned long long)seq);
             return 0;
         }
-        r->copy_st = NULL; /* the live stream is past what the check gave */
+        r->copy_st = NULL; /* the live stream is past what the replay gave */
     }
-    if (r->active && r->st == st && r->mode == RP_CHECK) {
-        if (seq == r->want || seq - r->want > (uint64_t)INT64_MAX) {
-            /* the next batch after what the check applied: complete; or one
-             * before it: the engine restarted (the rules below say so).
-             * Nothing of the check is missing (no batch is held during it). */
-            r->until = r->want;
-            if ((n = finish_replay_(r,
-                                    seq == r->want ? "complete"
-                                                   : "the engine restarted "
-                                                     "meanwhile",
-                                    now_ms, false)) < 0)
-                return n;
-        } else {
-            /* a later live batch: an ordinary gap replay up to it */
-            r->mode = RP_GAP;
-            r->until = seq;
-        }
-    }
+    if (r->active && r->st == st && r->open && (n = live_ends_open(r, st, seq, now_ms)) < 0)
+        return n;
     if (r->active && r->st == st) {
         uint64_t prev = r->n_held ? r->held[r->n_held - 1].seq : r->until - 1;
         if (seq != prev + 1 && seq <= prev) {
@@ -923,8 +1043,7 @@ int kvb_replay_check(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_m
     if (r->active)
         return -EBUSY;
     uint64_t from = st->last + 1;
-    if (r->endpoint[0] &&
-        start_replay(r, st, RP_CHECK, from, from + (uint64_t)INT64_MAX, now_ms) == 0)
+    if (r->endpoint[0] && start_replay(r, st, RP_CHECK, from, 0, true, now_ms) == 0)
         return 0;
     if (r->endpoint[0])
         kvb_inc(&r->m->replays_failed_total[0]);
@@ -943,6 +1062,13 @@ int kvb_replay_barrier(struct kvb_replay *r, struct kvb_stream *st, int cause)
 
 void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms)
 {
+    if (r->active && r->st == st && r->open && r->mode != RP_CHECK) {
+        /* a reconnect's proof, or what it read after it: the next
+         * connection proves the stream again from what is applied */
+        cancel(r);
+        r->active = false;
+        r->st = NULL;
+    }
     if (r->active && r->st == st) {
         /* what came before the drop is applied first, all of it (no new
          * replay: the batches after the drop must prove themselves) */
@@ -954,4 +1080,26 @@ void kvb_replay_peer_reset(struct kvb_replay *r, struct kvb_stream *st, uint64_t
         r->copy_st = NULL;
     if (st->has_last)
         st->suspect = true;
+}
+
+int kvb_replay_connected(struct kvb_replay *r, struct kvb_stream *st, uint64_t now_ms)
+{
+    if (!st->suspect || !st->has_last)
+        return 0;
+    if (r->active)
+        return -EBUSY;
+    if (r->endpoint[0] && st->has_hash &&
+        start_replay(r, st, RP_PROVE, st->last, 0, true, now_ms) == 0) {
+        st->suspect = false; /* the proof is under way */
+        return 0;
+    }
+    if (r->endpoint[0] && st->has_hash)
+        kvb_inc(&r->m->replays_failed_total[0]);
+    kvb_log_rl(&st->rl, KVB_LOG_WARN, "source",
+               "%s: engine reconnected and its stream after seq %llu %s: engine restart, "
+               "publishing barrier",
+               st->name, (unsigned long long)st->last,
+               !r->endpoint[0] ? "cannot be proven without a replay endpoint"
+                               : "cannot be proven to continue");
+    return new_incarnation(r, st);
 }

@@ -41,6 +41,7 @@ struct stream {
     int peer_fd;      /* bind mode: the connection it came on (ZMQ_SRCFD), or -1 */
     uint64_t used_ms; /* its last live batch (CLOCK_MONOTONIC) */
     bool check_due;   /* kvb_replay_check() once the source is quiet */
+    bool prove_due;   /* kvb_replay_connected() once no replay runs */
     char name[MAX_TOPIC + 320];
     struct kvb_worker_cfg w; /* its worker: st.worker points here */
     struct kvb_stream st;
@@ -310,6 +311,8 @@ static int make_rules(struct kvb_source *s, const struct kvb_source_params *p)
     struct kvb_replay_cfg rcfg = {.name = s->name,
                                   .endpoint = s->replay_endpoint,
                                   .timeout_ms = p->replay_timeout_ms,
+                                  .max_ms = p->replay_max_ms,
+                                  .max_batches = p->replay_max_batches,
                                   .max_payload_bytes = p->max_payload_bytes,
                                   .max_held_msgs = held};
     struct kvb_seq_ops ops = kvb_pipeline_seq_ops(p->pipeline);
@@ -679,6 +682,9 @@ long kvb_source_next_deadline(const struct kvb_source *s, uint64_t now_ms)
     if (t >= 0)
         return t; /* the checks wait for the replay */
     for (size_t i = 0; i < s->n_streams; i++)
+        if (s->streams[i]->prove_due)
+            return 0;
+    for (size_t i = 0; i < s->n_streams; i++)
         if (s->streams[i]->check_due || s->streams[i]->st.check_again)
             return s->live_ms + CHECK_QUIET_MS > now_ms
                        ? (long)(s->live_ms + CHECK_QUIET_MS - now_ms)
@@ -880,11 +886,29 @@ static void check_quiet(struct kvb_source *s, uint64_t now_ms)
     }
 }
 
+/* The streams whose connection came back, proven one at a time (a replay
+ * is for one stream). */
+static void prove_pending(struct kvb_source *s, uint64_t now_ms)
+{
+    for (size_t i = 0; i < s->n_streams && !kvb_replay_active(s->rp); i++) {
+        struct stream *st = s->streams[i];
+        if (!st->prove_due)
+            continue;
+        st->prove_due = false;
+        int rc = kvb_replay_connected(s->rp, &st->st, now_ms);
+        if (rc == -EBUSY)
+            st->prove_due = true;
+        else if (rc < 0)
+            kvb_err("replay", "%s: %s", st->name, strerror(-rc));
+    }
+}
+
 void kvb_source_tick(struct kvb_source *s, uint64_t now_ms)
 {
     int rc = kvb_replay_tick(s->rp, now_ms);
     if (rc < 0)
         kvb_err("replay", "%s: %s", s->name, strerror(-rc));
+    prove_pending(s, now_ms);
     check_quiet(s, now_ms);
     sync_slots(s);
 }
@@ -960,6 +984,13 @@ static void on_conn_event(struct kvb_source *s, unsigned ev, int fd, const char 
     if (ev == ZMQ_EVENT_CONNECTED || ev == ZMQ_EVENT_ACCEPTED) {
         s->conns += ev == ZMQ_EVENT_CONNECTED;
         kvb_info("source", "%s: engine connection up (%s)", s->name, addr);
+        /* connect mode: the one engine is back; its streams are proven now,
+         * not at their next batch (an engine that restarted and went quiet
+         * sends none).  Bind mode: which engine connected is known from its
+         * batches only. */
+        for (size_t i = 0; ev == ZMQ_EVENT_CONNECTED && i < s->n_streams; i++)
+            s->streams[i]->prove_due |= s->streams[i]->st.suspect;
+        prove_pending(s, kvb_mono_ms());
         return;
     }
     if (ev != ZMQ_EVENT_DISCONNECTED)

@@ -8,11 +8,17 @@
 #       no event lost, no barrier but the start barrier
 #   restart-below: the engine process restarts (sockets closed, bound again
 #       after 300 ms, seq from 0, buffer empty) and the first seq kvbridge
-#       sees of it is below the old stream's last: one restart barrier,
+#       sees of it is below the old stream's last (or the proof at
+#       reconnect fails first): one restart barrier,
 #       nothing of the old incarnation left, the new one complete
 #   restart-above: the same, the new incarnation's first 200 batches not
 #       seen live, so its first seq seen is above the old last (50): the
 #       continuity proof fails (other bytes at seq 50): one restart barrier
+#   restart-quiet: the engine process restarts (bound again after 1 s) and
+#       publishes its new incarnation's first 400 batches at once, before
+#       kvbridge's SUB is back (kept in its replay buffer), then nothing: the
+#       proof runs as soon as the connection is up (no live batch to start
+#       it): one restart barrier, the new incarnation from seq 0
 #   late-kvbridge: kvbridge starts after the engine published 500 batches:
 #       start barrier, then the complete history from seq 0
 #   blip: the connection drops and comes back, no restart, batches lost
@@ -77,8 +83,10 @@ done
 
 engine_late restart-below 0 --batches 1500 --rate 1000 --seed 12 --restart-at 900 --restart-close 300
 check_index restart-below 1
+# (by the proof at reconnect, or by the seq going back when the new
+# incarnation's first live batch comes before the proof's answer)
 expect_eq "restart-below: kvbridge log: restart detected" \
-  "$(count_log "$T/kvb-restart-below.log" 'seq went back from 900 to .*: engine restart')" 1
+  "$(count_log "$T/kvb-restart-below.log" 'seq went back from 900 to .*: engine restart\|engine reconnected and seq 900 .*: engine restart')" 1
 expect_ge "restart-below: kvbridge log: the new stream's start asked" \
   "$(count_log "$T/kvb-restart-below.log" 'stream starts at a later seq')" 1
 
@@ -91,6 +99,12 @@ engine_late restart-above 0 --batches 800 --rate 1000 --seed 13 --restart-at 50 
 check_index restart-above 1
 expect_eq "restart-above: kvbridge log: continuity not proven, restart" \
   "$(count_log "$T/kvb-restart-above.log" 'engine reconnected and seq .*: engine restart')" 1
+
+engine_late restart-quiet 0 --batches 100000 --rate 1000 --seed 17 --restart-at 300 \
+  --restart-close 1000 --restart-quiet 400 --wait-subscribers 1500 --linger 3000
+check_index restart-quiet 1
+expect_eq "restart-quiet: kvbridge log: the new incarnation asked at reconnect" \
+  "$(count_log "$T/kvb-restart-quiet.log" 'the new incarnation: asking the engine for seq 0 on')" 1
 
 engine_late blip 0 --batches 1200 --rate 1000 --seed 14 --blip-at 400 --blip-ms 300 --drop-live 401-450
 check_index blip 0
@@ -120,6 +134,11 @@ expect_eq "late-kvbridge: kvsim exit code" "$RC" 0
 check_index late-kvbridge 0
 expect_eq "late-kvbridge: kvbridge log: history from seq 0 asked" \
   "$(count_log "$T/kvb-late-kvbridge.log" 'stream starts at a later seq: asking the engine for seq 0\.\.')" 1
+# the start log names what was applied: the range asked, all of it held
+asked=$(sed -n 's/.*stream starts at a later seq: asking the engine for seq 0\.\.\([0-9]*\) .*/\1/p' \
+  "$T/kvb-late-kvbridge.log" | head -1)
+expect_eq "late-kvbridge: kvbridge log: seq 0..${asked:-?} applied from the engine's buffer" \
+  "$(count_log "$T/kvb-late-kvbridge.log" "stream start: seq 0\.\.${asked:-x} applied from the engine's buffer")" 1
 
 stop_pid "$NATS_PID" >/dev/null
 finish

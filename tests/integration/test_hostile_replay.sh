@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A hostile replay ROUTER (hostile_engine.c).
-#   a. flood: the live stream jumps from seq 9 to 10^11 and the ROUTER answers
+#   a. flood: the live stream jumps from seq 9 to 10^9 and the ROUTER answers
 #      the request with fat in-range batches (2000 events each) flat out for
 #      5 s, never END.  kvbridge's peak RSS stays under the ceiling of
 #      kvbridge(8) MEMORY for this configuration, /healthz answers all along,
@@ -15,6 +15,15 @@
 #      shows it and /readyz answers 503 saying so; replay.timeout_ms (4 s)
 #      bounds the whole replay: then the gap barrier, the held batches are
 #      applied and /readyz is 200 again.  Before: /readyz 200 all along.
+#   d. an endless flood (60 s of in-range batches flat out, never END) under
+#      replay.timeout_ms 2000: the flood never waits, so only replay.max_ms
+#      (5 s of wall time) ends it: /readyz 503 while it holds the live
+#      stream, then the gap barrier, the live batches after the gap, /readyz
+#      200 (replay.timeout_ms alone would hold the live stream for the whole
+#      flood: the flood never waits).
+#   e. a gap above replay.max_batches (the default, 10000): no request, the
+#      barrier at once, the live stream goes on.
+# a to d set replay.max_batches above their gap (10^9 seqs), to be replayed.
 source "$(dirname "$0")/lib.sh"
 
 # shellcheck disable=SC2046
@@ -25,8 +34,8 @@ gcc -O1 -o "$T/hostile_engine" "$ROOT/tests/integration/hostile_engine.c" \
 np=$(daemon_port)
 start_nats "$np" || { bad "nats-server did not start"; finish; exit 1; }
 
-GAP_TO=100000000000
-conf() { # conf FILE ENGINE_PORT REPLAY_PORT METRICS_PORT REPLAY_TIMEOUT_MS
+GAP_TO=1000000000
+conf() { # conf FILE ENGINE_PORT REPLAY_PORT METRICS_PORT REPLAY_TIMEOUT_MS [MAX_MS [MAX_BATCHES]]
   cat >"$1" <<YAML
 worker_id: 7
 block_size: 16
@@ -40,6 +49,8 @@ nats:
 $(kvb_format_yaml)
 replay:
   timeout_ms: $5
+  max_ms: ${6:-30000}
+  max_batches: ${7:-2000000000}
 metrics:
   listen: 127.0.0.1:$4
 YAML
@@ -134,6 +145,63 @@ if start_kvbridge kvb-c "$T/c.yaml"; then
   expect_eq "c: exit status 0 after SIGTERM" "$RC" 0
 else
   bad "c: kvbridge did not start"
+fi
+
+# ---- d. an endless flood: replay.max_ms 5000 ends it ----
+ep=$(daemon_port); rp=$(daemon_port); mp=$(daemon_port)
+conf "$T/d.yaml" "$ep" "$rp" "$mp" 2000 5000
+start eng-d "$T/hostile_engine" flood --pub "tcp://127.0.0.1:$ep" --router "tcp://127.0.0.1:$rp" \
+  --rate 50 --gap-to $GAP_TO --flood-ms 60000 --fat 2000 --seconds 60
+epid=$LAST_PID
+wait_log "$T/eng-d.log" listening 5 || bad "d: hostile_engine did not start"
+if start_kvbridge kvb-d "$T/d.yaml"; then
+  kpid=$KVB_PID
+  wait_log "$T/eng-d.log" "request from" 15 && ok "d: the replay was asked for" || bad "d: no replay request"
+  t_req=$SECONDS
+  end=$((SECONDS + 4))
+  until http_get "$mp" /readyz && [ "$HTTP_STATUS" = 503 ]; do [ $SECONDS -ge $end ] && break; sleep 0.1; done
+  expect_eq "d: /readyz while the flood holds the live stream" "$HTTP_STATUS" 503
+  check "d: /readyz says why ($(head -n 1 "$T/http.body"))" grep -q "held back behind a replay" "$T/http.body"
+  end=$((SECONDS + 15))
+  until [ "$(metric "$mp" kvbridge_replays_failed_total)" -ge 1 ] || [ $SECONDS -ge $end ]; do sleep 0.2; done
+  expect_le "d: the replay ended within replay.max_ms (+3 s, seconds)" $((SECONDS - t_req)) 8
+  expect_ge "d: the gap barrier" "$(metric "$mp" 'kvbridge_barriers_total{cause="gap"}')" 1
+  want=$((GAP_TO + 100))
+  end=$((SECONDS + 10))
+  until [ "$(last_seq "$mp")" -ge "$want" ] 2>/dev/null || [ $SECONDS -ge $end ]; do sleep 0.3; done
+  expect_ge "d: live batches after the gap applied, the flood still on (last seq)" "$(last_seq "$mp")" "$want"
+  end=$((SECONDS + 5))
+  until http_get "$mp" /readyz && [ "$HTTP_STATUS" = 200 ]; do [ $SECONDS -ge $end ] && break; sleep 0.1; done
+  expect_eq "d: /readyz once the live stream goes on" "$HTTP_STATUS" 200
+  check "d: kvbridge log: replay.max_ms named" grep -q "replay.max_ms reached" "$T/kvb-d.log"
+  signal_pid "$kpid" TERM 15
+  expect_eq "d: exit status 0 after SIGTERM" "$RC" 0
+  stop_pid "$epid" >/dev/null 2>&1
+else
+  bad "d: kvbridge did not start"
+fi
+
+# ---- e. a gap above replay.max_batches: a barrier, no request ----
+ep=$(daemon_port); rp=$(daemon_port); mp=$(daemon_port)
+conf "$T/e.yaml" "$ep" "$rp" "$mp" 4000 30000 10000
+if start_kvbridge kvb-e "$T/e.yaml"; then
+  kpid=$KVB_PID
+  start eng-e "$T/hostile_engine" trickle --pub "tcp://127.0.0.1:$ep" --router "tcp://127.0.0.1:$rp" \
+    --rate 10 --gap-to 100000 --seconds 30
+  # (10 batches/s: kvbridge's SUB is connected before the gap at seq 10)
+  end=$((SECONDS + 15))
+  until [ "$(last_seq "$mp")" -ge 100020 ] 2>/dev/null || [ $SECONDS -ge $end ]; do sleep 0.2; done
+  expect_ge "e: live batches after the gap applied (last seq)" "$(last_seq "$mp")" 100020
+  expect_ge "e: the gap barrier" "$(metric "$mp" 'kvbridge_barriers_total{cause="gap"}')" 1
+  # (a request from 0 is the stream's start, when the first batches went to
+  # nobody; the gap's would be from 10)
+  expect_eq "e: no replay request for the gap" "$(grep -c 'request from 10$' "$T/eng-e.log")" 0
+  check "e: kvbridge log: more than replay.max_batches" \
+    grep -q "99990 missing before 100000 (more than replay.max_batches), publishing barrier" "$T/kvb-e.log"
+  signal_pid "$kpid" TERM 15
+  expect_eq "e: exit status 0 after SIGTERM" "$RC" 0
+else
+  bad "e: kvbridge did not start"
 fi
 
 finish

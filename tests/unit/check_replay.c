@@ -511,7 +511,7 @@ START_TEST(start_engine_holds_part)
     reply(3, 1); /* 0..2 no longer held: no barrier of our own */
     reply(4, 1);
     TRACE("R0 A3 A4 C A5 ");
-    live(&st, 100000, 2); /* a later gap is a gap */
+    live(&st, 1000, 2); /* a later gap is a gap */
     TRACE("R0 A3 A4 C A5 R6 ");
 }
 END_TEST
@@ -520,8 +520,38 @@ START_TEST(start_nothing_held)
 {
     live(&st, 1764500000000000000ull, 0); /* a clock-seeded stream */
     end(1);
-    TRACE("R0 C A1764500000000000000 ");
+    /* replay.max_batches (10000) before it at most */
+    TRACE("R1764499999999990000 C A1764500000000000000 ");
     ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_GAP]), 0);
+}
+END_TEST
+
+/* A gap larger than replay.max_batches: no engine buffer holds it, the
+ * barrier at once, nothing held. */
+START_TEST(gap_above_max_batches_is_a_barrier)
+{
+    live(&st, 0, 0);
+    live(&st, 10002, 1); /* 10001 missing */
+    TRACE("A0 Bg A10002 ");
+    ck_assert(!kvb_replay_active(r));
+}
+END_TEST
+
+/* A replay socket that answers in-range batches without end: the whole
+ * replay is bounded by replay.max_ms of wall time (postponing for our own
+ * work does not move it), then the barrier and the held live batches. */
+START_TEST(replay_bounded_by_max_ms)
+{
+    live(&st, 0, 0);
+    live(&st, 5000, 0);
+    for (uint64_t q = 1; q < 100; q++) {
+        reply(q, q * 100);
+        kvb_replay_postpone(r, 100);
+    }
+    ck_assert(kvb_replay_active(r));
+    reply(100, 30000); /* replay.max_ms (30000) after the start */
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_msg(strstr(trace, "A99 C Bg A5000 ") != NULL, "%s", trace);
 }
 END_TEST
 
@@ -602,6 +632,88 @@ START_TEST(reconnect_not_held_is_a_restart)
     TRACE("R2 Br C R0 ");
     end(4);
     TRACE("R2 Br C R0 C A7 ");
+}
+END_TEST
+
+/* The connection came back and the engine stays quiet: the proof does not
+ * wait for a batch.  Same bytes at our last seq: what follows is applied
+ * up to the engine's END, no barrier; live copies of it are dropped. */
+START_TEST(connected_proves_at_once)
+{
+    for (uint64_t q = 0; q < 6; q++)
+        live(&st, q, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    trace[0] = 0;
+    ck_assert_int_eq(kvb_replay_connected(r, &st, 2), 0);
+    TRACE("R5 ");
+    for (uint64_t q = 5; q < 9; q++)
+        reply(q, 3);
+    end(3);
+    end(3); /* (the first END after replies could be a cut reply's: asked again) */
+    TRACE("R5 A6 A7 A8 C R9 C ");
+    ck_assert(!kvb_replay_active(r));
+    live(&st, 8, 4); /* a copy of what the replay gave */
+    live(&st, 9, 4);
+    TRACE("R5 A6 A7 A8 C R9 C A9 ");
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 0);
+    ck_assert_uint_eq(kvb_get(&m.barriers_total[KVB_BAR_GAP]), 0);
+}
+END_TEST
+
+/* The engine restarted while disconnected and went quiet: other bytes at
+ * our last seq: the restart barrier, then its new incarnation from 0, all
+ * the engine holds. */
+START_TEST(connected_restart_then_new_incarnation)
+{
+    for (uint64_t q = 0; q < 6; q++)
+        live(&st, q, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    trace[0] = 0;
+    kvb_replay_connected(r, &st, 2);
+    kvb_replay_reply(r, 5, pl2, sizeof(pl2), 3);
+    TRACE("R5 Br C R0 ");
+    for (uint64_t q = 0; q < 3; q++)
+        kvb_replay_reply(r, q, pl2, sizeof(pl2), 4);
+    end(4);
+    end(4);
+    TRACE("R5 Br C R0 A0 A1 A2 C R3 C ");
+    ck_assert(!kvb_replay_active(r));
+    ck_assert_uint_eq(st.last, 2);
+    ck_assert_uint_eq(kvb_get(&m.engine_restarts_total[0]), 1);
+}
+END_TEST
+
+/* A live batch after our last seq while the proof runs: held behind it,
+ * as when the batch started the proof. */
+START_TEST(connected_live_during_proof_is_held)
+{
+    for (uint64_t q = 0; q < 6; q++)
+        live(&st, q, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    kvb_replay_connected(r, &st, 2);
+    trace[0] = 0;
+    live(&st, 8, 2);
+    TRACE("");
+    for (uint64_t q = 5; q < 9; q++)
+        reply(q, 3);
+    TRACE("A6 A7 C A8 ");
+}
+END_TEST
+
+/* Without a replay endpoint a reconnect cannot be proven: the restart
+ * barrier at once, not at the next batch. */
+START_TEST(connected_without_replay_is_a_restart)
+{
+    kvb_replay_destroy(&r);
+    setup_norp();
+    for (uint64_t q = 0; q < 3; q++)
+        live(&st, q, 0);
+    kvb_replay_peer_reset(r, &st, 1);
+    trace[0] = 0;
+    kvb_replay_connected(r, &st, 2);
+    TRACE("Br ");
+    live(&st, 0, 3);
+    TRACE("Br A0 ");
 }
 END_TEST
 
@@ -931,6 +1043,12 @@ Suite *replay_suite(void)
     tcase_add_test(tc, reconnect_other_bytes_is_a_restart);
     tcase_add_test(tc, reconnect_not_held_is_a_restart);
     tcase_add_test(tc, reconnect_seq_back_is_a_restart);
+    tcase_add_test(tc, connected_proves_at_once);
+    tcase_add_test(tc, connected_restart_then_new_incarnation);
+    tcase_add_test(tc, connected_live_during_proof_is_held);
+    tcase_add_test(tc, connected_without_replay_is_a_restart);
+    tcase_add_test(tc, gap_above_max_batches_is_a_barrier);
+    tcase_add_test(tc, replay_bounded_by_max_ms);
     tcase_add_test(tc, restart_during_replay);
     tcase_add_test(tc, wrap_during_replay);
     tcase_add_test(tc, trickle_bounded_by_timeout);
