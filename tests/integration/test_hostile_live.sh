@@ -4,26 +4,25 @@
 #      36 others are dropped and counted), then, after 3 s of silence, a new
 #      topic comes: the least recently used idle stream is expired (counted
 #      in kvbridge_streams_expired_total) and the new one flows.
-#      Before: the table stayed full for good, the new topic was dropped.
+#      (A table that stays full for good would drop the new topic.)
 #   b. dp_rank churn: 2000 batches, each with a new dp_rank.  The first 64
 #      ranks start (one start barrier each); each later batch is dropped and
 #      counted as malformed, without a barrier on the 64 ranks it does not
-#      belong to.  Before: 64 barriers per batch (123,968 in all).
+#      belong to (a barrier per rank and batch would be 123,968 in all).
 #   c. partial frames: 12 raw ZMTP peers each announce a 4 MiB frame (the
 #      limit) and send 3 MiB of it, then stall.  With sources[].max_peers 4
 #      the 8 others are closed as they come (kvbridge_peers_refused_total),
 #      and the memory held stays under max_peers x max_payload_bytes.
-#      Before: every peer's partial frame was kept (12 x 3 MiB), and frames
-#      up to 64 MiB were taken from any number of peers (4.8 GB at 20 peers
-#      of 240 MiB each).
+#      (Keeping every peer's partial frame would hold 12 x 3 MiB here, and
+#      4.8 GB for 20 peers of 240 MiB frames.)
 #   d. reconnecting peers: 40 PUB sockets connect at once with
 #      sources[].max_peers 4, and libzmq connects each refused one again
 #      10 ms later, for 6 s: hundreds of connections closed over max_peers.
 #      Each drop is still counted (kvbridge_peers_refused_total), but
 #      "engine connection dropped" is rate-limited like the refusal warning
 #      beside it: at most 5 lines per 10 s, plus a count of those
-#      suppressed.  Before: one info line per drop (5,807 lines at 1,245/s
-#      from attack_live.py bind_many).
+#      suppressed (one line per drop would be thousands of lines a second,
+#      as attack_live.py bind_many shows).
 source "$(dirname "$0")/lib.sh"
 
 # shellcheck disable=SC2046

@@ -6,15 +6,15 @@
 #      kvbridge(8) MEMORY for this configuration, /healthz answers all along,
 #      the replay ends in a gap barrier within replay.timeout_ms, and the
 #      live batches after the gap are published.
-#      Before: one turn read 256 replies (512000 router events, 112 MB into
-#      nats.c's buffer at once): peak RSS about 210 MB.
+#      (A turn that read 256 replies would put 512,000 router events into
+#      nats.c's buffer at once and double the peak RSS.)
 #   b. the same flood under a long replay.timeout_ms: SIGTERM in the middle
 #      ends kvbridge within nats.flush_timeout_ms (+1 s), exit 0.
 #   c. trickle: the ROUTER answers one in-range batch every 200 ms, never END.
 #      While the replay holds the live stream back, kvbridge_live_held_batches
 #      shows it and /readyz answers 503 saying so; replay.timeout_ms (4 s)
 #      bounds the whole replay: then the gap barrier, the held batches are
-#      applied and /readyz is 200 again.  Before: /readyz 200 all along.
+#      applied and /readyz is 200 again.
 #   d. an endless flood (60 s of in-range batches flat out, never END) under
 #      replay.timeout_ms 2000: the flood never waits, so only replay.max_ms
 #      (5 s of wall time) ends it: /readyz 503 while it holds the live

@@ -14,8 +14,8 @@
 #      otherwise it is given up and the pair repaired (a barrier, then its
 #      resident blocks), and the index a consumer builds from the stream, in
 #      order, is the engine's.  What the stream already stored of them is
-#      read back first (found stored: not sent again).  Before: 1 of 18
-#      resends stored after later events (js_check's reorders).
+#      read back first (found stored: not sent again).  A resend stored after
+#      later events shows as one of js_check's reorders.
 # (the stream, not the sink's ordering logic, is what is checked)
 #   b. kvbridge SIGKILLed under load and restarted with state.dir: the
 #      events published after the last save are published again with the same
