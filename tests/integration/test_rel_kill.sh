@@ -127,6 +127,10 @@ for s in holes dups wrong missing orphans; do
   expect_eq "hybrid: kvtail $s across the restart" "$(tail_stat htail "$s")" 0
 done
 expect_ge "hybrid: blocks indexed and compared" "$(tail_stat htail indexed)" 20
+want=$(rec_counts "$T/hrec" all)
+expect_eq "hybrid: published stores = the record's" "$(tail_stat htail stored)" "$(field stored "$want")"
+expect_eq "hybrid: published removes = the record's" "$(tail_stat htail removed)" \
+  "$(field removed "$want")"
 expect_eq "hybrid: only the first run's start barrier" "$(tail_stat htail cleared)" \
   "$(( $(field cleared "$(rec_counts "$T/hrec" all)") + 1 ))"
 signal_pid "$k2" TERM 15
