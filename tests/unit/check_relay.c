@@ -375,6 +375,32 @@ START_TEST(track_table)
 }
 END_TEST
 
+/* A held block after a new one in a store: published again (the store is a
+ * chain: cutting it would hang the next block under the wrong parent, and
+ * Dynamo's dedup.rs passes every store whole; the router's store of a block
+ * it holds changes nothing), but no second copy: one remove releases it. */
+START_TEST(middle_repeat)
+{
+    struct ev x;
+    const uint64_t ab[] = {1, 2}, cad[] = {3, 1, 4}, a[] = {1}, cd[] = {3, 4};
+    ck_assert_int_eq(run(store(&x, ab, 2, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(run(store(&x, cad, 3, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(r.n, 3);
+    ck_assert_uint_eq(r.blocks[0].block_hash, 3);
+    ck_assert_uint_eq(r.blocks[1].block_hash, 1);
+    ck_assert_uint_eq(r.blocks[2].block_hash, 4);
+    ck_assert(!r.has_parent);
+    ck_assert_uint_eq(kvb_get(&m.blocks_repeated_total[0]), 0); /* none cut */
+    ck_assert_int_eq(run(removal(&x, a, 1, 0)), PUB);           /* its only copy */
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_uint_eq(r.hashes[0], 1);
+    ck_assert_uint_eq(kvb_get(&m.blocks_held_total[0]), 0);
+    ck_assert_int_eq(run(removal(&x, cd, 2, 0)), PUB);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_uint_eq(kvb_get(&m.tracked_blocks[0]), 1); /* 2, not released */
+}
+END_TEST
+
 /* A stream cut by a restart with state.dir: the tracker saved with the
  * cursors (kvbridge.state) and restored decides the rest as the uncut
  * stream does; a fresh tracker (no restore) does not. */
@@ -484,6 +510,7 @@ static Suite *relay_suite(void)
     tcase_add_test(tc, hybrid_stream);
     tcase_add_test(tc, one_hash_two_groups);
     tcase_add_test(tc, report_full_repeats);
+    tcase_add_test(tc, middle_repeat);
     tcase_add_test(tc, duplicate_hash);
     tcase_add_test(tc, salted_conversation);
     tcase_add_test(tc, cleared_resets);
