@@ -31,8 +31,8 @@ static void add_track(void *ctx, const struct kvb_track_rec *r)
 }
 
 /* Everything the pipeline has applied so far: counters, stream cursors and
- * the block tracker. */
-struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d)
+ * (tracker) the block tracker. */
+struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d, bool tracker)
 {
     struct kvb_state *st = kvb_state_new();
     struct kvb_converter *conv = kvb_pipeline_converter(d->pipe);
@@ -50,7 +50,8 @@ struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d)
     for (size_t i = 0; i < d->n_src; i++)
         if (d->src[i]) /* NULL: a listed rank not open */
             kvb_source_foreach_stream(d->src[i], add_stream, st);
-    kvb_converter_track_foreach(conv, add_track, st);
+    if (tracker)
+        kvb_converter_track_foreach(conv, add_track, st);
     if (st->n_track == SIZE_MAX) /* a state without its tracker would mislead a restart */
         kvb_state_free(&st);
     return st;
@@ -119,7 +120,7 @@ void kvb_daemon_save_state(struct kvb_daemon *d, bool force)
         kvb_debug("state", "not saved: NATS flush: %s", strerror(-frc));
         return; /* NATS away: keep the older, safe file */
     }
-    struct kvb_state *st = kvb_daemon_snapshot(d);
+    struct kvb_state *st = kvb_daemon_snapshot(d, true);
     bool async = kvb_mirror_persists(d->res) && !force;
     int rc = !st                           ? -ENOMEM
              : kvb_mirror_persists(d->res) ? kvb_mirror_save(d->res, dir, &st, force)
