@@ -170,6 +170,27 @@ size_t kvb_converter_counters(const struct kvb_converter *c, struct kvb_id_count
                               size_t cap);
 int kvb_converter_restore(struct kvb_converter *c, const struct kvb_id_counter *in);
 
+/* One entry of the block tracker (docs/router-events.md section 8), for
+ * persistence: saved with the counters, so that a resumed restart decides
+ * as if there had been none.  KIND: group's learned kind (val, enum
+ * kvb_kind); COPY: (tier, hash) held by the groups of bitmask val; NS: the
+ * cache namespace term val of hash, state 1 set or 2 ambiguous. */
+enum { KVB_TREC_KIND = 1, KVB_TREC_COPY, KVB_TREC_NS };
+struct kvb_track_rec {
+    uint64_t worker_id, hash, val;
+    int64_t group;
+    uint32_t dp_rank;
+    uint8_t what, tier, state;
+};
+/* Every tracker entry to cb (kinds first), in no particular order. */
+void kvb_converter_track_foreach(const struct kvb_converter *c,
+                                 void (*cb)(void *ctx, const struct kvb_track_rec *r), void *ctx);
+/* Put a saved entry back.  -EINVAL for a malformed one; -ENOSPC when the
+ * tracker is full (limits.max_tracked_blocks lowered since): the tracker
+ * is then marked full, and the next kvb_converter_take_overflow() empties it
+ * and asks for barriers, as when it fills up at run time. */
+int kvb_converter_track_restore(struct kvb_converter *c, const struct kvb_track_rec *r);
+
 /* The adapter name the salt of stored event EV takes: its lora_name, else
  * the name NAMES[0..N) give its lora_id (TensorRT-LLM sends only the id);
  * *name is set for KVB_LORA_NAMED.  Returns enum kvb_lora_of. */

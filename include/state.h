@@ -5,7 +5,10 @@
  * never half of one.  It holds, consistently as of one moment between two
  * batches (after a NATS flush confirmed everything before it):
  *   - every event_id counter: worker_id, dp_rank, next id, epoch;
- *   - every stream: source endpoint, topic, last applied seq, dp_ranks seen.
+ *   - every stream: source endpoint, topic, last applied seq, dp_ranks seen;
+ *   - the pipeline's block tracker (kinds, copies, cache namespaces:
+ *     docs/router-events.md section 8), so that a resumed restart decides
+ *     on later events as the uncut stream would.
  *
  * Ownership: kvb_state_load() allocates a kvb_state the caller frees with
  * kvb_state_free(&s) (accepts NULL).
@@ -32,6 +35,8 @@ struct kvb_state {
     size_t n_counters, cap_counters;
     struct kvb_state_stream *streams;
     size_t n_streams, cap_streams;
+    struct kvb_track_rec *track;
+    size_t n_track, cap_track;
 };
 
 /* Make DIR usable before anything is saved there (--check and start): create
@@ -51,6 +56,7 @@ struct kvb_state *kvb_state_new(void);
 int kvb_state_add_counter(struct kvb_state *s, const struct kvb_id_counter *c);
 int kvb_state_add_stream(struct kvb_state *s, const char *source, const char *topic,
                          const struct kvb_stream *st);
+int kvb_state_add_track(struct kvb_state *s, const struct kvb_track_rec *r);
 /* A copy of an entry of another state. */
 int kvb_state_add_entry(struct kvb_state *s, const struct kvb_state_stream *e);
 const struct kvb_state_stream *kvb_state_find_stream(const struct kvb_state *s, const char *source,

@@ -242,8 +242,10 @@ long kvb_daemon_repair_wait(struct kvb_daemon *d, uint64_t now);
 
 /* ---- save.c: state (state.dir) ------------------------------------------ */
 
-/* Everything the pipeline has applied so far: counters and stream cursors. */
-struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d);
+/* Everything the pipeline has applied so far: counters and stream cursors,
+ * and with `tracker` the block tracker (for a save; a reload that reopens
+ * sources keeps the running tracker and needs only the cursors). */
+struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d, bool tracker);
 /* Save the cursors (at most every STATE_SAVE_MS unless force), once NATS
  * confirmed everything published so far. */
 void kvb_daemon_save_state(struct kvb_daemon *d, bool force);

@@ -147,7 +147,7 @@ static int prepare(struct kvb_daemon *d, struct staged *st)
     int rc;
     if (!sources_equal(d->cfg, nc)) { /* reopened sources go on from where these are */
         kvb_state_free(&d->resume);
-        d->resume = kvb_daemon_snapshot(d);
+        d->resume = kvb_daemon_snapshot(d, false);
         if ((rc = rebuild_sources(d, nc, &st->src, &st->from, &st->n_src, &st->lent, &st->closed)) <
             0) {
             kvb_err("main",

@@ -23,8 +23,16 @@ static void add_stream(void *ctx, const char *source, const char *topic,
         kvb_state_add_stream(ctx, source, topic, st);
 }
 
-/* Everything the pipeline has applied so far: counters and stream cursors. */
-struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d)
+static void add_track(void *ctx, const struct kvb_track_rec *r)
+{
+    struct kvb_state *st = ctx;
+    if (kvb_state_add_track(st, r) < 0)
+        st->n_track = SIZE_MAX; /* short of memory: no state (see below) */
+}
+
+/* Everything the pipeline has applied so far: counters, stream cursors and
+ * (tracker) the block tracker. */
+struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d, bool tracker)
 {
     struct kvb_state *st = kvb_state_new();
     struct kvb_converter *conv = kvb_pipeline_converter(d->pipe);
@@ -42,6 +50,10 @@ struct kvb_state *kvb_daemon_snapshot(struct kvb_daemon *d)
     for (size_t i = 0; i < d->n_src; i++)
         if (d->src[i]) /* NULL: a listed rank not open */
             kvb_source_foreach_stream(d->src[i], add_stream, st);
+    if (tracker)
+        kvb_converter_track_foreach(conv, add_track, st);
+    if (st->n_track == SIZE_MAX) /* a state without its tracker would mislead a restart */
+        kvb_state_free(&st);
     return st;
 }
 
@@ -108,7 +120,7 @@ void kvb_daemon_save_state(struct kvb_daemon *d, bool force)
         kvb_debug("state", "not saved: NATS flush: %s", strerror(-frc));
         return; /* NATS away: keep the older, safe file */
     }
-    struct kvb_state *st = kvb_daemon_snapshot(d);
+    struct kvb_state *st = kvb_daemon_snapshot(d, true);
     bool async = kvb_mirror_persists(d->res) && !force;
     int rc = !st                           ? -ENOMEM
              : kvb_mirror_persists(d->res) ? kvb_mirror_save(d->res, dir, &st, force)
@@ -155,8 +167,21 @@ int kvb_daemon_load_state(struct kvb_daemon *d)
     for (size_t i = 0; i < d->resume->n_counters; i++)
         if ((rc = kvb_converter_restore(conv, &d->resume->counters[i])) < 0)
             return rc;
-    kvb_info("state", "%s: resuming %zu stream(s), %zu event_id counter(s)", dir,
-             d->resume->n_streams, d->resume->n_counters);
+    size_t full = 0;
+    for (size_t i = 0; i < d->resume->n_track; i++) {
+        int trc = kvb_converter_track_restore(conv, &d->resume->track[i]);
+        if (trc == -ENOSPC)
+            full++;
+        else if (trc < 0)
+            kvb_warn("state", "%s: a tracker entry is malformed (skipped)", dir);
+    }
+    if (full)
+        kvb_warn("state",
+                 "%s: %zu tracker entries beyond limits.max_tracked_blocks: the tracker "
+                 "starts empty, with barriers",
+                 dir, full);
+    kvb_info("state", "%s: resuming %zu stream(s), %zu event_id counter(s), %zu tracker entries",
+             dir, d->resume->n_streams, d->resume->n_counters, d->resume->n_track);
     return 0;
 }
 

@@ -2,11 +2,16 @@
  *
  * Format (text, one record per line, fields separated by one space; topic
  * hex-encoded so that any bytes survive):
- *   kvbridge-state 1
+ *   kvbridge-state 2
  *   counter WORKER_ID DP_RANK NEXT_ID EPOCH
  *   stream SOURCE TOPIC_HEX|- LAST_SEQ RANK[,RANK...]|-
+ *   kind WORKER_ID DP_RANK GROUP KIND
+ *   copy WORKER_ID DP_RANK TIER HASH_HEX GROUPS_HEX
+ *   ns WORKER_ID DP_RANK HASH_HEX STATE TERM_HEX
  *   end
- * A file without the final "end" line is corrupt (and ignored).
+ * (kind, copy, ns: the block tracker, struct kvb_track_rec.)  Version 1,
+ * the same without tracker lines, is still read (an empty tracker).  A file
+ * without the final "end" line is corrupt (and ignored).
  */
 #include "state.h"
 
@@ -32,6 +37,7 @@ void kvb_state_free(struct kvb_state **ps)
         return;
     free((*ps)->counters);
     free((*ps)->streams);
+    free((*ps)->track);
     free(*ps);
     *ps = NULL;
 }
@@ -54,6 +60,14 @@ int kvb_state_add_counter(struct kvb_state *s, const struct kvb_id_counter *c)
     if (grow((void **)&s->counters, &s->cap_counters, s->n_counters, sizeof(*c)) < 0)
         return -ENOMEM;
     s->counters[s->n_counters++] = *c;
+    return 0;
+}
+
+int kvb_state_add_track(struct kvb_state *s, const struct kvb_track_rec *r)
+{
+    if (grow((void **)&s->track, &s->cap_track, s->n_track, sizeof(*r)) < 0)
+        return -ENOMEM;
+    s->track[s->n_track++] = *r;
     return 0;
 }
 
@@ -131,6 +145,19 @@ static void path_of(char *buf, size_t n, const char *dir, const char *name)
     snprintf(buf, n, "%s/%s", dir, name);
 }
 
+static void put_track(FILE *f, const struct kvb_track_rec *r)
+{
+    if (r->what == KVB_TREC_KIND)
+        fprintf(f, "kind %" PRIu64 " %" PRIu32 " %" PRId64 " %" PRIu64 "\n", r->worker_id,
+                r->dp_rank, r->group, r->val);
+    else if (r->what == KVB_TREC_COPY)
+        fprintf(f, "copy %" PRIu64 " %" PRIu32 " %u %" PRIx64 " %" PRIx64 "\n", r->worker_id,
+                r->dp_rank, (unsigned)r->tier, r->hash, r->val);
+    else
+        fprintf(f, "ns %" PRIu64 " %" PRIu32 " %" PRIx64 " %u %" PRIx64 "\n", r->worker_id,
+                r->dp_rank, r->hash, (unsigned)r->state, r->val);
+}
+
 int kvb_state_save(const char *dir, const struct kvb_state *s)
 {
     char tmp[PATH_MAX], final[PATH_MAX];
@@ -140,7 +167,7 @@ int kvb_state_save(const char *dir, const struct kvb_state *s)
     FILE *f = fopen(tmp, "w");
     if (!f)
         return -errno;
-    fprintf(f, "kvbridge-state 1\n");
+    fprintf(f, "kvbridge-state 2\n");
     for (size_t i = 0; i < s->n_counters; i++) {
         const struct kvb_id_counter *c = &s->counters[i];
         fprintf(f, "counter %" PRIu64 " %" PRIu32 " %" PRIu64 " %" PRIu64 "\n", c->worker_id,
@@ -160,6 +187,8 @@ int kvb_state_save(const char *dir, const struct kvb_state *s)
             fprintf(f, "%s%" PRIu32, r ? "," : "", e->ranks[r]);
         fputc('\n', f);
     }
+    for (size_t i = 0; i < s->n_track; i++)
+        put_track(f, &s->track[i]);
     fprintf(f, "end\n");
     if (fflush(f) != 0 || fsync(fileno(f)) != 0)
         rc = -errno;
@@ -223,6 +252,47 @@ static int parse_stream(char *line, struct kvb_state_stream *e)
     return 0;
 }
 
+/* A tracker line (after its first word, `what`): 0 or -EINVAL. */
+static int parse_track(const char *line, uint8_t what, struct kvb_track_rec *r)
+{
+    unsigned a;
+    char extra;
+    int n;
+    memset(r, 0, sizeof(*r));
+    r->what = what;
+    if (what == KVB_TREC_KIND)
+        n = sscanf(line, "%" SCNu64 " %" SCNu32 " %" SCNd64 " %" SCNu64 " %c", &r->worker_id,
+                   &r->dp_rank, &r->group, &r->val, &extra);
+    else if (what == KVB_TREC_COPY)
+        n = sscanf(line, "%" SCNu64 " %" SCNu32 " %u %" SCNx64 " %" SCNx64 " %c", &r->worker_id,
+                   &r->dp_rank, &a, &r->hash, &r->val, &extra);
+    else
+        n = sscanf(line, "%" SCNu64 " %" SCNu32 " %" SCNx64 " %u %" SCNx64 " %c", &r->worker_id,
+                   &r->dp_rank, &r->hash, &a, &r->val, &extra);
+    if (n != (what == KVB_TREC_KIND ? 4 : 5) || (what != KVB_TREC_KIND && a > 0xff))
+        return -EINVAL;
+    if (what == KVB_TREC_COPY)
+        r->tier = (uint8_t)a;
+    else if (what == KVB_TREC_NS)
+        r->state = (uint8_t)a;
+    return 0;
+}
+
+/* The tracker's line kinds: their first word, and what they hold. */
+static uint8_t track_line(const char *line, const char **rest)
+{
+    static const struct {
+        const char *word;
+        uint8_t what;
+    } words[] = {{"kind ", KVB_TREC_KIND}, {"copy ", KVB_TREC_COPY}, {"ns ", KVB_TREC_NS}};
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+        if (strncmp(line, words[i].word, strlen(words[i].word)) == 0) {
+            *rest = line + strlen(words[i].word);
+            return words[i].what;
+        }
+    return 0;
+}
+
 int kvb_state_load(const char *dir, struct kvb_state **out)
 {
     char path[PATH_MAX], line[MAX_LINE];
@@ -233,11 +303,18 @@ int kvb_state_load(const char *dir, struct kvb_state **out)
     struct kvb_state *s = kvb_state_new();
     int rc = s ? -EINVAL : -ENOMEM;
     bool header = false, end = false;
+    int version = 0;
+    const char *rest;
+    uint8_t what;
     while (s && fgets(line, sizeof(line), f)) {
         if (!strchr(line, '\n') || end)
             goto out; /* overlong line, or data after "end" */
         if (!header) {
-            if (strcmp(line, "kvbridge-state 1\n") != 0)
+            if (strcmp(line, "kvbridge-state 1\n") == 0)
+                version = 1;
+            else if (strcmp(line, "kvbridge-state 2\n") == 0)
+                version = 2;
+            else
                 goto out;
             header = true;
         } else if (strncmp(line, "counter ", 8) == 0) {
@@ -255,6 +332,10 @@ int kvb_state_load(const char *dir, struct kvb_state **out)
             if (grow((void **)&s->streams, &s->cap_streams, s->n_streams, sizeof(e)) < 0)
                 goto out;
             s->streams[s->n_streams++] = e;
+        } else if (version >= 2 && (what = track_line(line, &rest)) != 0) {
+            struct kvb_track_rec r;
+            if (parse_track(rest, what, &r) < 0 || kvb_state_add_track(s, &r) < 0)
+                goto out;
         } else if (strcmp(line, "end\n") == 0) {
             end = true;
         } else {

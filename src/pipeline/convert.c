@@ -104,6 +104,21 @@ void kvb_converter_forget(struct kvb_converter *c, uint32_t dp_rank)
     kvb_set(&c->m->tracked_blocks[0], kvb_track_entries(c->track));
 }
 
+void kvb_converter_track_foreach(const struct kvb_converter *c,
+                                 void (*cb)(void *ctx, const struct kvb_track_rec *r), void *ctx)
+{
+    kvb_track_foreach(c->track, cb, ctx);
+}
+
+int kvb_converter_track_restore(struct kvb_converter *c, const struct kvb_track_rec *r)
+{
+    int rc = kvb_track_put(c->track, r);
+    if (rc == -ENOSPC)
+        c->overflow = true;
+    kvb_set(&c->m->tracked_blocks[0], kvb_track_entries(c->track));
+    return rc;
+}
+
 bool kvb_converter_take_overflow(struct kvb_converter *c)
 {
     if (!c->overflow)

@@ -318,3 +318,55 @@ void kvb_track_reset(struct kvb_track *t)
     t->tab = NULL;
     t->cap = t->n = 0;
 }
+
+/* ---- persistence --------------------------------------------------------- */
+
+void kvb_track_foreach(const struct kvb_track *t,
+                       void (*cb)(void *ctx, const struct kvb_track_rec *r), void *ctx)
+{
+    for (size_t i = 0; i < t->n_kinds; i++) {
+        const struct kind_rec *k = &t->kinds[i];
+        struct kvb_track_rec r = {.worker_id = k->worker,
+                                  .dp_rank = k->rank,
+                                  .group = k->group,
+                                  .val = k->kind,
+                                  .what = KVB_TREC_KIND};
+        cb(ctx, &r);
+    }
+    for (size_t i = 0; i < t->cap; i++) {
+        const struct entry *e = &t->tab[i];
+        if (!e->used)
+            continue;
+        struct kvb_track_rec r = {.worker_id = e->worker,
+                                  .dp_rank = e->rank,
+                                  .hash = e->hash,
+                                  .val = e->val,
+                                  .tier = e->tier == NS_TIER ? 0 : e->tier,
+                                  .state = e->state,
+                                  .what = e->tier == NS_TIER ? KVB_TREC_NS : KVB_TREC_COPY};
+        cb(ctx, &r);
+    }
+}
+
+int kvb_track_put(struct kvb_track *t, const struct kvb_track_rec *r)
+{
+    struct kvb_pair p = {r->worker_id, r->dp_rank};
+    bool ns = r->what == KVB_TREC_NS;
+    if (r->what == KVB_TREC_KIND) {
+        if (r->val > KVB_KIND_UNKNOWN)
+            return -EINVAL;
+        return kvb_track_learn(t, p, r->group, (int)r->val) ? 0 : -ENOSPC;
+    }
+    if ((!ns && r->what != KVB_TREC_COPY) || (!ns && (r->tier == NS_TIER || r->val == 0)) ||
+        (ns && r->state != KVB_NS_SET && r->state != KVB_NS_AMBIGUOUS))
+        return -EINVAL;
+    if (t->max == 0)
+        return 0; /* tracking off: nothing is kept */
+    uint8_t tier = ns ? NS_TIER : r->tier;
+    struct entry *e = find(t, p, tier, r->hash);
+    if (!e && !(e = insert(t, p, tier, r->hash)))
+        return -ENOSPC;
+    e->val = r->val;
+    e->state = ns ? r->state : 0;
+    return 0;
+}

@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "convert.h"
+
 #define KVB_TRACK_MAX_KINDS 1024 /* learned (worker, dp_rank, group) kinds */
 #define KVB_TRACK_NO_GROUP 63    /* copies of events without group_idx (or >= 63) */
 
@@ -91,6 +93,13 @@ int kvb_track_release(struct kvb_track *t, struct kvb_pair p, uint8_t tier, uint
 void kvb_track_reset_pair(struct kvb_track *t, struct kvb_pair p);
 /* Everything forgotten but the kinds. */
 void kvb_track_reset(struct kvb_track *t);
+
+/* Persistence (struct kvb_track_rec, convert.h): every entry to cb, kinds
+ * first; _put writes one back as it was (a kind replaces the learned one,
+ * a copy or namespace its entry): 0, -EINVAL (malformed) or -ENOSPC. */
+void kvb_track_foreach(const struct kvb_track *t,
+                       void (*cb)(void *ctx, const struct kvb_track_rec *r), void *ctx);
+int kvb_track_put(struct kvb_track *t, const struct kvb_track_rec *r);
 
 /* Entries held (copies and namespaces). */
 uint64_t kvb_track_entries(const struct kvb_track *t);

@@ -325,16 +325,29 @@ expect_tail_clean() {
   done
 }
 
+# REC_PUBLISHED: an awk function, rec_published(E): 1 when the record's event E
+# (its text after '{"type":"') goes out as a router event: by the record's own
+# word when it has one (a parity workload's "fwd" on a store, "released" on a
+# remove: tools/README.md), else by kvbridge's default filters (tier device,
+# group 0; an empty remove publishes nothing).  Not for "cleared".
+# shellcheck disable=SC2016
+REC_PUBLISHED='function rec_published(e) {
+  if (e ~ /^stored"/ && index(e, "\"fwd\":")) return index(e, "\"fwd\":true") > 0
+  if (e ~ /^removed"/ && index(e, "\"released\":")) return !index(e, "\"released\":[]")
+  if (!index(e, "\"tier\":\"device\",\"group\":0")) return 0
+  return e ~ /^stored"/ || (e ~ /^removed"/ && !index(e, "\"hashes\":[]"))
+}
+'
+
 # rec_counts RECORD [MODE] [RANK] [SEQ_BELOW]: the router events a correct bridge
-# publishes for the batches of a kvsim --record file, with kvbridge's default
-# filters (tier device, group 0; empty removes publish nothing), barriers not
-# included.  MODE: live (batches published live), delivered (live or
+# publishes for the batches of a kvsim --record file (rec_published() above),
+# barriers not included.  MODE: live (batches published live), delivered (live or
 # replayable: default), all.  RANK: only that rank.  SEQ_BELOW: only batches
 # of the first incarnation with seq < SEQ_BELOW.  Prints
 #   stored=N removed=N cleared=N events=N batches=N restarts=N
 rec_counts() {
   [ -f "$1" ] || { echo "stored=-1 removed=-1 cleared=-1 events=-1 batches=-1 restarts=-1"; return 0; }
-  awk -v mode="${2:-delivered}" -v rank="${3:-}" -v below="${4:-}" '
+  awk -v mode="${2:-delivered}" -v rank="${3:-}" -v below="${4:-}" "$REC_PUBLISHED"'
   /^\{"restart":true/ { if (rank == "" || index($0, "\"rank\":" rank ",")) { restarts++; if (below != "") stop = 1 } next }
   {
     if (stop) next
@@ -348,9 +361,7 @@ rec_counts() {
     for (i = 2; i <= n; i++) {
       e = ev[i]
       if (e ~ /^cleared"/) { cleared++; continue }
-      if (!index(e, "\"tier\":\"device\",\"group\":0")) continue
-      if (e ~ /^stored"/) stored++
-      else if (e ~ /^removed"/ && !index(e, "\"hashes\":[]")) removed++
+      if (rec_published(e)) { if (e ~ /^stored"/) stored++; else removed++ }
     }
   }
   END { printf "stored=%d removed=%d cleared=%d events=%d batches=%d restarts=%d\n",
@@ -358,15 +369,15 @@ rec_counts() {
 }
 
 # rec_cumulative RECORD: after each batch (in record order), the number of
-# router events published so far for it (start barrier not included)
+# router events published so far for it (rec_published() and the record's
+# "cleared"; start barrier not included)
 rec_cumulative() {
   [ -f "$1" ] || return 0
-  awk '/^\{"restart":true/ { next }
+  awk "$REC_PUBLISHED"'/^\{"restart":true/ { next }
   { n = split($0, ev, /\{"type":"/)
     for (i = 2; i <= n; i++) {
       e = ev[i]
-      if (e ~ /^cleared"/) c++
-      else if (index(e, "\"tier\":\"device\",\"group\":0") && (e ~ /^stored"/ || (e ~ /^removed"/ && !index(e, "\"hashes\":[]")))) c++
+      if (e ~ /^cleared"/ || rec_published(e)) c++
     }
     print c + 0 }' "$1"
 }

@@ -24,17 +24,16 @@ NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 BATCHES=800
 
-# rec_parity RECORD: the router events the record says go out, and its
-# drop reasons: "stored=N removed=N REASON=N ..."
+# rec_parity RECORD: the router events the record says go out (rec_counts:
+# its "fwd" and "released"), and its drop reasons: "stored=N removed=N REASON=N ..."
 rec_parity() {
+  local c
+  c=$(rec_counts "$1" all)
+  printf 'stored=%s removed=%s' "$(field stored "$c")" "$(field removed "$c")"
   awk '{ n = split($0, ev, /\{"type":"/)
-    for (i = 2; i <= n; i++) {
-      e = ev[i]
-      if (e ~ /^stored"/ && index(e, "\"fwd\":true")) st++
-      if (e ~ /^removed"/ && !index(e, "\"released\":[]")) rm++
-      if (match(e, /"drop":"[a-z_]*"/)) { r = substr(e, RSTART + 8, RLENGTH - 9); c[r]++ }
-    } }
-    END { printf "stored=%d removed=%d", st, rm; for (r in c) printf " %s=%d", r, c[r]; print "" }' "$1"
+    for (i = 2; i <= n; i++)
+      if (match(ev[i], /"drop":"[a-z_]*"/)) c[substr(ev[i], RSTART + 8, RLENGTH - 9)]++ }
+    END { for (r in c) printf " %s=%d", r, c[r]; print "" }' "$1"
 }
 
 # run_parity TAG WORKLOAD REASONS [kvsim options]: REASONS, the drop reasons

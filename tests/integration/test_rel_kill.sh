@@ -6,6 +6,11 @@
 # last save are published again with the same event_ids (JetStream drops
 # them by Nats-Msg-Id: test_rel_jetstream.sh): here 0 are lost and every
 # duplicate is an exact re-send.
+# Then a hybrid model's stream (kvsim --workload hybrid: two KV cache groups,
+# one hash in both) cut by a restart with state.dir: the block tracker saved
+# with the cursors decides the rest as the uncut stream would (kvtail's
+# index equals kvsim's truth): no group-1 remove dropped as an unlearned
+# group, no block released while another group still holds it.
 source "$(dirname "$0")/lib.sh"
 
 np=$(daemon_port); p=$(daemon_port 2); mp=$(daemon_port)
@@ -73,4 +78,61 @@ expect_eq "kvbridge exit code" "$RC" 0
 # a clean stop saves the final cursor
 last=$(awk '$1 == "stream" { print $4 }' "$T/state/kvbridge.state")
 expect_eq "state after a clean stop: the last seq" "$last" 15999
+
+# ---- a hybrid stream across a restart ------------------------------------
+p=$(daemon_port 2); mp=$(daemon_port)
+mkdir -p "$T/hstate"
+cat >"$T/h.yaml" <<YAML
+worker_id: 8
+block_size: 16
+forward_tiers: [device, host_pinned, disk, external]
+sources:
+  - endpoint: tcp://127.0.0.1:$p
+    replay_endpoint: tcp://127.0.0.1:$((p + 1))
+nats:
+  servers: [nats://127.0.0.1:$np]
+$(kvb_format_yaml)
+replay:
+  timeout_ms: 5000
+metrics:
+  listen: 127.0.0.1:$mp
+state:
+  dir: $T/hstate
+YAML
+start_kvtail htail "$np" --check --index --index-set --expect-record "$T/hrec" --timeout 10000 \
+  || { bad "hybrid: kvtail not ready"; finish; exit 1; }
+tpid=$TAIL_PID
+start_kvbridge hkvb1 "$T/h.yaml" || { bad "hybrid: kvbridge did not start"; finish; exit 1; }
+k1=$KVB_PID
+"$BIN/kvsim" --endpoint "tcp://127.0.0.1:$p" --replay "tcp://127.0.0.1:$((p + 1))" \
+  --workload hybrid --batches 3000 --rate 1000 --seed 23 --wait-subscribers 800 \
+  --linger 5000 --mark-after 1500 --mark-file "$T/hmark" --record "$T/hrec" 2>"$T/hsim.log" &
+spid=$!; PIDS+=("$spid")
+wait_file "$T/hmark" 30 || echo "     kvsim did not reach batch 1500 in 30 s"
+signal_pid "$k1" TERM 15
+expect_eq "hybrid: first kvbridge stopped cleanly" "$RC" 0
+expect_ge "hybrid: the tracker was saved with the cursors" \
+  "$(grep -c '^copy ' "$T/hstate/kvbridge.state")" 1
+expect_ge "hybrid: group kinds saved" "$(grep -c '^kind ' "$T/hstate/kvbridge.state")" 2
+start_kvbridge hkvb2 "$T/h.yaml" || { bad "hybrid: kvbridge did not restart"; finish; exit 1; }
+k2=$KVB_PID
+wait_log "$T/hkvb2.log" "resuming after seq" 20 || true
+expect_eq "hybrid: restart resumes" "$(count_log "$T/hkvb2.log" "resuming after seq")" 1
+expect_eq "hybrid: the tracker restored" \
+  "$(count_log "$T/hkvb2.log" "tracker entries$")" 1
+wait_pid "$spid" 40
+wait_pid "$tpid" 40
+expect_eq "hybrid: kvtail checks pass (exit code)" "$RC" 0
+for s in holes dups wrong missing orphans; do
+  expect_eq "hybrid: kvtail $s across the restart" "$(tail_stat htail "$s")" 0
+done
+expect_ge "hybrid: blocks indexed and compared" "$(tail_stat htail indexed)" 20
+want=$(rec_counts "$T/hrec" all)
+expect_eq "hybrid: published stores = the record's" "$(tail_stat htail stored)" "$(field stored "$want")"
+expect_eq "hybrid: published removes = the record's" "$(tail_stat htail removed)" \
+  "$(field removed "$want")"
+expect_eq "hybrid: only the first run's start barrier" "$(tail_stat htail cleared)" \
+  "$(( $(field cleared "$(rec_counts "$T/hrec" all)") + 1 ))"
+signal_pid "$k2" TERM 15
+expect_eq "hybrid: kvbridge exit code" "$RC" 0
 finish

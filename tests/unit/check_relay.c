@@ -6,11 +6,15 @@
 
 #include "testutil.h"
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "convert.h"
 #include "decode.h"
 #include "pipeline/track.h"
+#include "state.h"
 
 static struct kvb_metrics m;
 static struct kvb_converter *conv;
@@ -371,6 +375,131 @@ START_TEST(track_table)
 }
 END_TEST
 
+/* A held block after a new one in a store: published again (the store is a
+ * chain: cutting it would hang the next block under the wrong parent, and
+ * Dynamo's dedup.rs passes every store whole; the router's store of a block
+ * it holds changes nothing), but no second copy: one remove releases it. */
+START_TEST(middle_repeat)
+{
+    struct ev x;
+    const uint64_t ab[] = {1, 2}, cad[] = {3, 1, 4}, a[] = {1}, cd[] = {3, 4};
+    ck_assert_int_eq(run(store(&x, ab, 2, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(run(store(&x, cad, 3, 0, 0, NULL)), PUB);
+    ck_assert_int_eq(r.n, 3);
+    ck_assert_uint_eq(r.blocks[0].block_hash, 3);
+    ck_assert_uint_eq(r.blocks[1].block_hash, 1);
+    ck_assert_uint_eq(r.blocks[2].block_hash, 4);
+    ck_assert(!r.has_parent);
+    ck_assert_uint_eq(kvb_get(&m.blocks_repeated_total[0]), 0); /* none cut */
+    ck_assert_int_eq(run(removal(&x, a, 1, 0)), PUB);           /* its only copy */
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_uint_eq(r.hashes[0], 1);
+    ck_assert_uint_eq(kvb_get(&m.blocks_held_total[0]), 0);
+    ck_assert_int_eq(run(removal(&x, cd, 2, 0)), PUB);
+    ck_assert_int_eq(r.n, 2);
+    ck_assert_uint_eq(kvb_get(&m.tracked_blocks[0]), 1); /* 2, not released */
+}
+END_TEST
+
+/* A stream cut by a restart with state.dir: the tracker saved with the
+ * cursors (kvbridge.state) and restored decides the rest as the uncut
+ * stream does; a fresh tracker (no restore) does not. */
+#define CUT_EVENTS 10
+static struct kvb_event *cut_event(struct ev *x, int i)
+{
+    static const uint64_t a[] = {40, 41}, b[] = {50}, c[] = {41}, d[] = {60};
+    struct kvb_event *e;
+    switch (i) {
+    case 0: return store(x, a, 2, 0, 1, "full_attention");
+    case 1: return store(x, a, 2, 0, 2, "full_attention"); /* a second copy */
+    case 2: return store(x, b, 1, 0, 3, "sliding_window"); /* learned: OTHER */
+    case 3:
+        e = store(x, d, 1, 0, -1, NULL);
+        e->cache_salt = S("conv-9");
+        return e;
+    /* the restart comes here */
+    case 4: return removal(x, c, 1, 1);          /* group 2 still holds 41 */
+    case 5: return removal(x, b, 1, 3);          /* group 3: not main */
+    case 6: return store(x, b, 1, 60, -1, NULL); /* inherits conv-9 */
+    case 7: return removal(x, c, 1, 2);          /* the last copy */
+    case 8: return removal(x, a, 1, 2);          /* 40: group 1 still holds it */
+    default: return removal(x, a, 1, 1);
+    }
+}
+
+struct outcome {
+    int rc;
+    uint32_t n;
+    uint64_t first; /* hash removed, or tokens_hash stored */
+};
+
+static struct outcome run_one(int i)
+{
+    struct ev x;
+    struct outcome o = {run(cut_event(&x, i)), 0, 0};
+    if (o.rc == PUB) {
+        o.n = r.n;
+        o.first = r.type == KVB_REVT_REMOVED ? r.hashes[0] : r.blocks[0].tokens_hash;
+    }
+    return o;
+}
+
+static void add_rec(void *ctx, const struct kvb_track_rec *t)
+{
+    ck_assert_int_eq(kvb_state_add_track(ctx, t), 0);
+}
+
+START_TEST(track_survives_restart)
+{
+    struct outcome uncut[CUT_EVENTS], resumed[CUT_EVENTS], fresh[CUT_EVENTS];
+    for (int i = 0; i < CUT_EVENTS; i++)
+        uncut[i] = run_one(i);
+    char dir[] = "/tmp/kvb-relay.XXXXXX", path[64];
+    ck_assert(mkdtemp(dir) != NULL);
+    for (int pass = 0; pass < 2; pass++) {
+        kvb_converter_destroy(&conv);
+        ck_assert_int_eq(kvb_converter_create(&cfg, &m, &conv), 0);
+        for (int i = 0; i < 4; i++)
+            ck_assert_int_eq(run_one(i).rc, uncut[i].rc);
+        struct kvb_state *st = kvb_state_new(), *back = NULL;
+        kvb_converter_track_foreach(conv, add_rec, st);
+        ck_assert_uint_gt(st->n_track, 0);
+        ck_assert_int_eq(kvb_state_save(dir, st), 0);
+        ck_assert_int_eq(kvb_state_load(dir, &back), 0);
+        ck_assert_uint_eq(back->n_track, st->n_track);
+        kvb_converter_destroy(&conv); /* the restart */
+        ck_assert_int_eq(kvb_converter_create(&cfg, &m, &conv), 0);
+        for (size_t i = 0; pass == 0 && i < back->n_track; i++)
+            ck_assert_int_eq(kvb_converter_track_restore(conv, &back->track[i]), 0);
+        for (int i = 4; i < CUT_EVENTS; i++)
+            (pass == 0 ? resumed : fresh)[i] = run_one(i);
+        kvb_state_free(&st);
+        kvb_state_free(&back);
+    }
+    bool differs = false;
+    for (int i = 4; i < CUT_EVENTS; i++) {
+        ck_assert_msg(resumed[i].rc == uncut[i].rc && resumed[i].n == uncut[i].n &&
+                          resumed[i].first == uncut[i].first,
+                      "event %d: uncut %d/%u/%llx, resumed %d/%u/%llx", i, uncut[i].rc, uncut[i].n,
+                      (unsigned long long)uncut[i].first, resumed[i].rc, resumed[i].n,
+                      (unsigned long long)resumed[i].first);
+        differs |= fresh[i].rc != uncut[i].rc || fresh[i].first != uncut[i].first;
+    }
+    ck_assert_msg(differs, "a fresh tracker decided as the restored one: the test shows nothing");
+    /* the expected decisions themselves */
+    ck_assert_int_eq(uncut[4].rc, DROP(KVB_DROP_COPIES_REMAIN));
+    ck_assert_int_eq(uncut[5].rc, DROP(KVB_DROP_NON_MAIN_ATTENTION_GROUP));
+    ck_assert_int_eq(uncut[6].rc, PUB);
+    ck_assert_int_eq(uncut[7].rc, PUB);
+    ck_assert_uint_eq(uncut[7].first, 41);
+    ck_assert_int_eq(uncut[8].rc, DROP(KVB_DROP_COPIES_REMAIN));
+    ck_assert_int_eq(uncut[9].rc, PUB);
+    snprintf(path, sizeof(path), "%s/kvbridge.state", dir);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 static Suite *relay_suite(void)
 {
     Suite *s = suite_create("relay");
@@ -381,11 +510,13 @@ static Suite *relay_suite(void)
     tcase_add_test(tc, hybrid_stream);
     tcase_add_test(tc, one_hash_two_groups);
     tcase_add_test(tc, report_full_repeats);
+    tcase_add_test(tc, middle_repeat);
     tcase_add_test(tc, duplicate_hash);
     tcase_add_test(tc, salted_conversation);
     tcase_add_test(tc, cleared_resets);
     tcase_add_test(tc, tracker_bound);
     tcase_add_test(tc, track_table);
+    tcase_add_test(tc, track_survives_restart);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -84,13 +84,41 @@ START_TEST(round_trip)
 }
 END_TEST
 
+/* The block tracker's entries, every kind of record, through the file. */
+START_TEST(track_round_trip)
+{
+    struct kvb_state *s = kvb_state_new(), *l = NULL;
+    static const struct kvb_track_rec in[] = {
+        /* static: zero padding, for memcmp */
+        {.what = KVB_TREC_KIND, .worker_id = UINT64_MAX, .dp_rank = 3, .group = -1, .val = 2},
+        {.what = KVB_TREC_KIND, .worker_id = 9, .dp_rank = 0, .group = INT64_MAX, .val = 1},
+        {.what = KVB_TREC_COPY, .worker_id = 9, .tier = 2, .hash = UINT64_MAX, .val = 1ULL << 63},
+        {.what = KVB_TREC_NS, .worker_id = 9, .dp_rank = 1, .hash = 7, .state = 2, .val = 0xabc},
+    };
+    for (size_t i = 0; i < 4; i++)
+        ck_assert_int_eq(kvb_state_add_track(s, &in[i]), 0);
+    ck_assert_int_eq(kvb_state_save(dir, s), 0);
+    ck_assert_int_eq(kvb_state_load(dir, &l), 0);
+    ck_assert_uint_eq(l->n_track, 4);
+    for (size_t i = 0; i < 4; i++)
+        ck_assert_msg(memcmp(&l->track[i], &in[i], sizeof(in[i])) == 0, "record %zu", i);
+    kvb_state_free(&s);
+    kvb_state_free(&l);
+}
+END_TEST
+
 START_TEST(missing_and_corrupt)
 {
     struct kvb_state *l = NULL;
     ck_assert_int_eq(kvb_state_load(dir, &l), -ENOENT);
     static const char *bad[] = {
         "",
-        "kvbridge-state 2\nend\n",
+        "kvbridge-state 3\nend\n",                          /* a future version */
+        "kvbridge-state 1\ncopy 9 0 0 a 2\nend\n",          /* tracker lines: version 2 */
+        "kvbridge-state 2\ncopy 9 0 0 a\nend\n",            /* missing field */
+        "kvbridge-state 2\nkind 9 0 1 1 7\nend\n",          /* extra field */
+        "kvbridge-state 2\nns 9 0 a 256 5\nend\n",          /* state out of range */
+        "kvbridge-state 2\ncopy 9 0 0 zz 2\nend\n",         /* bad hex */
         "kvbridge-state 1\n",                               /* no end: cut short */
         "kvbridge-state 1\ncounter 1 2 3\nend\n",           /* missing field */
         "kvbridge-state 1\ncounter 1 2 3 4 5\nend\n",       /* extra field */
@@ -106,9 +134,11 @@ START_TEST(missing_and_corrupt)
         ck_assert_msg(kvb_state_load(dir, &l) == -EINVAL, "case %zu", i);
         ck_assert(l == NULL);
     }
+    /* version 1 (before the tracker) is still read: an empty tracker */
     write_file("kvbridge-state 1\ncounter 1 2 3 4\nstream tcp://a 6b76 10 0,1\nend\n");
     ck_assert_int_eq(kvb_state_load(dir, &l), 0);
     ck_assert_str_eq(l->streams[0].topic, "kv");
+    ck_assert_uint_eq(l->n_track, 0);
     kvb_state_free(&l);
 }
 END_TEST
@@ -180,6 +210,7 @@ static Suite *state_suite(void)
     TCase *tc = tcase_create("state");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, round_trip);
+    tcase_add_test(tc, track_round_trip);
     tcase_add_test(tc, missing_and_corrupt);
     tcase_add_test(tc, save_replaces_whole_file);
     tcase_add_test(tc, prepare_dir);
