@@ -621,16 +621,36 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* A store that names one hash twice, or its parent as one of its blocks
- * (Dynamo's zmq_wire/convert.rs turns it into an empty remove). */
+ * (Dynamo's zmq_wire/convert.rs turns it into an empty remove).  Up to
+ * DUP_SET_MAX hashes go into a set on the stack (open addressing, twice as
+ * many slots); a longer store is sorted. */
+#define DUP_SET_MAX 64u
 static bool repeats_a_hash(struct kvb_converter *c, const struct kvb_event *ev)
 {
-    uint32_t n = ev->n_hashes;
-    if (grow((void **)&c->hashes, &c->cap_hashes, (size_t)n + 1, sizeof(*c->hashes)) < 0)
+    uint32_t n = ev->n_hashes + (ev->parent.kind != KVB_HASH_NIL);
+    if (n < 2)
+        return false;
+    if (n <= DUP_SET_MAX) {
+        uint64_t slot[2 * DUP_SET_MAX];
+        uint8_t used[2 * DUP_SET_MAX] = {0};
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t h = kvb_hash_normalize(i < ev->n_hashes ? &ev->hashes[i] : &ev->parent);
+            size_t j = (size_t)((h * 0x9e3779b97f4a7c15ULL) >> 57); /* 7 bits: 128 slots */
+            for (; used[j]; j = (j + 1) & (2 * DUP_SET_MAX - 1))
+                // cppcheck-suppress uninitvar ; slot[j] is read only where used[j] is set
+                if (slot[j] == h)
+                    return true;
+            used[j] = 1;
+            slot[j] = h;
+        }
+        return false;
+    }
+    if (grow((void **)&c->hashes, &c->cap_hashes, n, sizeof(*c->hashes)) < 0)
         return false; /* no room to look: not judged */
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < ev->n_hashes; i++)
         c->hashes[i] = kvb_hash_normalize(&ev->hashes[i]);
     if (ev->parent.kind != KVB_HASH_NIL)
-        c->hashes[n++] = kvb_hash_normalize(&ev->parent);
+        c->hashes[n - 1] = kvb_hash_normalize(&ev->parent);
     qsort(c->hashes, n, sizeof(*c->hashes), cmp_u64);
     for (uint32_t i = 1; i < n; i++)
         if (c->hashes[i] == c->hashes[i - 1])

@@ -44,7 +44,7 @@ drops(int reason)
 }
 
 /* Events of block size 4: block hash h holds tokens h*4 .. h*4+3. */
-#define MAXB 8
+#define MAXB 80
 struct ev {
     struct kvb_event e;
     struct kvb_hash h[MAXB];
@@ -249,6 +249,28 @@ START_TEST(duplicate_hash)
     ck_assert_int_eq(run(store(&x, twice, 2, 0, -1, NULL)), DROP(KVB_DROP_DUPLICATE_HASH));
     ck_assert_int_eq(run(store(&x, one, 1, 4, -1, NULL)), DROP(KVB_DROP_DUPLICATE_HASH));
     ck_assert_int_eq(run(store(&x, one, 1, 3, -1, NULL)), PUB);
+}
+END_TEST
+
+/* The same rule for long stores: up to 64 hashes in a set on the stack
+ * (hashes that share their slot probe on), longer ones sorted. */
+START_TEST(duplicate_hash_long)
+{
+    struct ev x;
+    uint64_t hs[MAXB];
+    for (uint32_t len = 63; len <= 66; len++) {
+        /* i << 57 share one multiplicative slot pattern: every probe run is long */
+        for (uint32_t i = 0; i < len; i++)
+            hs[i] = ((uint64_t)(i + 1) << 57) + 1000 * len;
+        hs[len - 1] = hs[len / 2];
+        ck_assert_int_eq(run(store(&x, hs, len, 0, -1, NULL)), DROP(KVB_DROP_DUPLICATE_HASH));
+        hs[len - 1] = ((uint64_t)len << 57) + 1000 * len;
+        ck_assert_int_eq(run(store(&x, hs, len, hs[0], -1, NULL)), DROP(KVB_DROP_DUPLICATE_HASH));
+        ck_assert_int_eq(run(store(&x, hs, len, 0, -1, NULL)), PUB);
+    }
+    for (uint32_t i = 0; i < MAXB; i++)
+        hs[i] = 0x5000 + i;
+    ck_assert_int_eq(run(store(&x, hs, MAXB, 7, -1, NULL)), PUB);
 }
 END_TEST
 
@@ -512,6 +534,7 @@ static Suite *relay_suite(void)
     tcase_add_test(tc, report_full_repeats);
     tcase_add_test(tc, middle_repeat);
     tcase_add_test(tc, duplicate_hash);
+    tcase_add_test(tc, duplicate_hash_long);
     tcase_add_test(tc, salted_conversation);
     tcase_add_test(tc, cleared_resets);
     tcase_add_test(tc, tracker_bound);
