@@ -2359,7 +2359,7 @@ static void rec_event_parity(struct sim *s, const struct batch *b, const struct 
         for (size_t i = 0; i < e->nh; i++)
             fprintf(f, "%s%" PRIu64, i ? "," : "",
                     oracle_hash(s->orbuf, b->tok + e->t_off + i * s->o.bs, s->o.bs, NULL, &salt,
-                                e->truth_ns ? 1 : 0, NULL, 0));
+                                e->truth_ns ? 1 : 0, NULL, 0, 0));
         fprintf(f, "],\"tier\":\"%s\",\"group\":%d,\"lora\":null,\"fwd\":%s", e->tier_s, e->group,
                 e->fwd ? "true" : "false");
     } else {

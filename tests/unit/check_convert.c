@@ -10,7 +10,7 @@
 #include <xxhash.h>
 
 #include "convert.h"
-#include "mm.h"
+#include "pipeline/mm.h"
 
 static struct kvb_metrics m;
 static struct kvb_converter *conv;
