@@ -764,6 +764,37 @@ START_TEST(mm_video_substitution)
     ck_assert_uint_eq(r.blocks[1].tokens_hash,
                       kvb_tokens_mm_hash(t + 16, 16, one, 1, KVB_TOKENS_HASH_SEED));
 
+    /* EAGLE: kinds are inferred from a block's B tokens, not its window.
+     * Block 0 is all video with one hash, its window's last token block 1's
+     * image: hv is video, so block 1's [image, video] against [hv, hi]
+     * contradicts it and stays native (from the window, nothing would be
+     * inferred and block 1 would be pad-substituted). */
+    static uint32_t w[33];
+    for (int i = 0; i < 16; i++)
+        w[i] = V;
+    w[16] = I;
+    w[17] = V;
+    w[18] = V;
+    for (int i = 19; i < 33; i++)
+        w[i] = (uint32_t)(100 + i);
+    struct kvb_extra_key xw[3] = {{S(hv), false}, {S(hv), false}, {S(hi), false}};
+    uint32_t offw[3] = {0, 1, 3};
+    e = qwen_event(w, 33);
+    e.token_pairs = true;
+    e.hashes = h;
+    e.n_hashes = 2;
+    e.xkeys = xw;
+    e.xkey_off = offw;
+    e.n_xkey_blocks = 2;
+    c.video_token_id = V;
+    kvb_converter_set_config(conv, &c);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.n, 2);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash,
+                      kvb_tokens_mm_hash(w, 17, one, 1, KVB_TOKENS_HASH_SEED));
+    ck_assert_uint_eq(r.blocks[1].tokens_hash,
+                      kvb_tokens_mm_hash(w + 16, 17, s41, 2, KVB_TOKENS_HASH_SEED));
+
     /* video_token_id alone (Dynamo's vllm_video_event test, block of 16) */
     static uint32_t u[16] = {10, 20, V, V, V, V, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39};
     static const char *id1 = MMID("00000000ffffffff");
