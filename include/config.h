@@ -105,6 +105,7 @@ struct kvb_source_cfg {
     /* The model's image token id, 0 = none (a worker key): pad substitution,
      * docs/router-events.md. */
     uint64_t image_token_id;
+    uint64_t video_token_id;
     /* Exact topic -> worker_id (several engines on one bind-mode SUB); a
      * batch on a topic not listed is dropped.  n_topics == 0: no map, every
      * topic is this source's worker_id.  A source key: a change reopens it. */

@@ -44,6 +44,9 @@ struct kvb_convert_cfg {
     /* The model's image token (sources[].image_token_id): a block with mm
      * hashes is hashed with its runs of it pad-substituted (mm.h); 0 = off. */
     uint32_t image_token_id;
+    /* The model's video token (sources[].video_token_id): with it set, runs
+     * are mapped to mm hashes by modality (mm.h); 0 = off. */
+    uint32_t video_token_id;
 };
 
 /* The worker a stream's events belong to (a source's or a topic's, issue
@@ -59,6 +62,7 @@ struct kvb_worker_cfg {
     const struct kvb_lora_name_cfg *lora_names;
     size_t n_lora_names;
     uint32_t image_token_id; /* 0 = off (kvb_convert_cfg) */
+    uint32_t video_token_id; /* 0 = off (kvb_convert_cfg) */
 };
 
 /* Where a stored event's LoRA adapter name comes from (its salt). */

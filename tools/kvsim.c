@@ -366,6 +366,7 @@ struct opts {
     bool report_full;       /* vLLM kv_cache_report_mode: full (parity workloads) */
     unsigned lora_unmapped; /* with lora_id_only: the id the bridge cannot name */
     unsigned image_token;   /* --image-token-id: multimodal blocks hold runs of it */
+    unsigned video_token;   /* --video-token-id: and runs of this, one video per block */
     unsigned dp, bs;
     enum encoding enc;
     enum hashkind hash;
@@ -781,6 +782,23 @@ static void image_runs(uint32_t *tok, size_t nb, unsigned bs, uint32_t img)
     }
 }
 
+/* --video-token-id (with --image-token-id, blocks of 8 or more): in each
+ * block one video of two runs split by a text token (a timestamp), then
+ * text, then one image run: two objects per block, so that a block with two
+ * mm hashes is pad-substituted and every other keeps its native hash. */
+static void video_runs(uint32_t *tok, size_t nb, unsigned bs, uint32_t img, uint32_t vid)
+{
+    for (size_t i = 0; i < nb; i++) {
+        uint32_t *t = tok + i * bs;
+        for (unsigned k = bs / 8; k < bs / 4; k++)
+            t[k] = vid;
+        for (unsigned k = bs / 4 + 1; k < bs * 3 / 8 + 1; k++)
+            t[k] = vid;
+        for (unsigned k = bs / 2; k < bs * 3 / 4; k++)
+            t[k] = img;
+    }
+}
+
 static void gen_chain(struct sim *s, struct rank *r)
 {
     struct gen *g = &r->g;
@@ -795,7 +813,9 @@ static void gen_chain(struct sim *s, struct rank *r)
     struct ev *e;
 
     random_tokens(&g->rng, batch_tokens(b, ntok), ntok);
-    if (s->o.image_token)
+    if (s->o.video_token)
+        video_runs(b->tok + t_off, nb, bs, s->o.image_token, s->o.video_token);
+    else if (s->o.image_token)
         image_runs(b->tok + t_off, nb, bs, s->o.image_token);
     batch_hashes(b, nb);
     e = &b->ev[ei];
@@ -2133,11 +2153,50 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* A router given video_token_id VID too: an object is an image run or
+ * video runs one after another (text between them); objects take the mm
+ * hashes in order when they are as many.  kvsim's blocks each hold both
+ * kinds, so no block tells a hash's kind (that takes one kind and one
+ * hash): any other count is false, the native hash.  A block without runs
+ * is plain tokens.  Writes the tokens' bytes to BUF at *LEN. */
+static bool oracle_video(unsigned char *buf, size_t *len, const uint32_t *tok, size_t ntok,
+                         uint32_t img, uint32_t vid, const uint64_t *mm, size_t nmm)
+{
+    size_t objs = 0;
+    int last = 0, prev = 0;
+    for (size_t k = 0; k < ntok; k++) {
+        int kind = tok[k] == img ? 1 : tok[k] == vid ? 2 : 0;
+        if (kind && kind != prev) {
+            objs += kind == 1 || last != 2;
+            last = kind;
+        }
+        prev = kind;
+    }
+    if (objs != 0 && objs != nmm)
+        return false;
+    size_t obj = 0;
+    last = prev = 0;
+    for (size_t k = 0; k < ntok; k++) {
+        uint32_t v = tok[k];
+        int kind = v == img ? 1 : v == vid ? 2 : 0;
+        if (kind && kind != prev) {
+            obj += kind == 1 || last != 2;
+            last = kind;
+        }
+        prev = kind;
+        if (kind)
+            v = 1000000u + (uint32_t)(mm[obj - 1] & 0x3fffffffu);
+        for (int j = 0; j < 4; j++)
+            buf[(*len)++] = (unsigned char)(v >> (8 * j));
+    }
+    return true;
+}
+
 /* The rule on explicit inputs: ntok tokens, the LoRA name (or NULL), block
  * 0's extra_keys items (n0 < 0: nil; the namespace), the block's own items. */
 static uint64_t oracle_hash_ns(unsigned char *buf, const uint32_t *tok, size_t ntok,
                                const char *lora, const char *inherited, const struct mm_item *first,
-                               int n0, const struct mm_item *it, int n, uint32_t img)
+                               int n0, const struct mm_item *it, int n, uint32_t img, uint32_t vid)
 {
     uint64_t seed = TOKENS_SEED, mm[MM_MAX_ITEMS];
     size_t nmm = 0, len = 0;
@@ -2167,7 +2226,10 @@ static uint64_t oracle_hash_ns(unsigned char *buf, const uint32_t *tok, size_t n
         if (has)
             mm[nmm++] = h;
     }
-    if (img && nmm) {
+    if (vid && nmm) {
+        if (oracle_video(buf, &len, tok, ntok, img, vid, mm, nmm))
+            return XXH3_64bits_withSeed(buf, len, seed);
+    } else if (img && nmm) {
         /* a router given image_token_id IMG: the k-th run of IMG becomes
          * 1000000 + (low 30 bits of the k-th mm hash, extra_keys order;
          * the last for further runs), and no mm hash is appended */
@@ -2201,7 +2263,7 @@ static uint64_t oracle_hash(unsigned char *buf, const uint32_t *tok, size_t ntok
                             const struct mm_item *first, int n0, const struct mm_item *it, int n,
                             uint32_t img)
 {
-    return oracle_hash_ns(buf, tok, ntok, lora, NULL, first, n0, it, n, img);
+    return oracle_hash_ns(buf, tok, ntok, lora, NULL, first, n0, it, n, img, 0);
 }
 
 static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const struct ev *e,
@@ -2217,7 +2279,7 @@ static uint64_t oracle_tokens_hash(struct sim *s, const struct batch *b, const s
     return oracle_hash_ns(s->orbuf, b->tok + e->t_off + i * s->o.bs, s->o.bs + (e->eagle ? 1 : 0),
                           e->lora ? lora_names[e->lora] : NULL,
                           e->ns_inherited ? cache_namespaces[e->ns_inherited - 1] : NULL, first, n0,
-                          it, n, s->o.image_token);
+                          it, n, s->o.image_token, s->o.video_token);
 }
 
 /* --oracle-selftest: the known answers of docs/router-events.md section 3.4 (computed there
@@ -2267,6 +2329,15 @@ static int oracle_selftest(void)
     struct mm_item two[2] = {a[2], a[0]};
     EXPECT("img2 + img1", oracle_hash(buf, qwen, 16, NULL, NULL, 0, two, 2, 0),
            11552180366119068694ULL);
+    /* video (two runs split by 7) then image against [0x29.., 0x2a..]: the
+     * known answer of check_convert mm_video_substitution, block 0 */
+    static const uint32_t av[16] = {10,     151656, 151656, 7,  151656, 151656, 8,  151655,
+                                    151655, 20,     21,     22, 23,     24,     25, 26};
+    struct mm_item vi[2] = {{.kind = MMI_HEX}, {.kind = MMI_HEX}};
+    snprintf(vi[0].str, sizeof vi[0].str, "%016x%048d", 0x29, 0);
+    snprintf(vi[1].str, sizeof vi[1].str, "%016x%048d", 0x2a, 0);
+    EXPECT("video + image", oracle_hash_ns(buf, av, 16, NULL, NULL, NULL, 0, vi, 2, 151655, 151656),
+           6579184199688108642ULL);
     EXPECT("eagle 16 pairs", oracle_hash(buf, qwen, 17, NULL, NULL, 0, NULL, 0, 0),
            8531672197035749033ULL);
     for (uint32_t i = 0; i < 33; i++)
@@ -3244,6 +3315,14 @@ static const struct tool_opt options[] = {
               "hashes as a router given image_token_id ID does: each run\n"
               "replaced by 1000000 + (mm_hash & (2^30-1)), in order, no mm\n"
               "hashes (the bridge needs sources[].image_token_id: ID)"},
+    {.name = "video-token-id", .arg = "ID", .kind = TOOL_U64, F(video_token), .min = 1,
+     .max = UINT32_MAX,
+     .help = "with --image-token-id (blocks of 8 or more): every block\n"
+              "holds a video of two runs of token ID split by a text token,\n"
+              "then one image run; the record hashes a block as a router\n"
+              "given both ids does: a block with two mm hashes pad-\n"
+              "substituted (video first), any other natively (the bridge\n"
+              "needs sources[].video_token_id: ID too)"},
     {.name = "block-size", .arg = "N", .kind = TOOL_U64, F(bs), .min = 1, .max = 4096,
      .help = "tokens per block (default 16)"},
     {.name = "workload", .arg = "W", .kind = TOOL_CHOICE, F(wl), .choices = workload_names,
@@ -3497,6 +3576,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
         fprintf(stderr, "kvsim: --report-full is for the hybrid, twogroups, salted and remote "
                         "workloads\n");
         return -1;
+    }
+    if (o->video_token && (!o->image_token || o->bs < 8 || o->video_token == o->image_token)) {
+        fprintf(stderr, "kvsim: --video-token-id needs --image-token-id (another id) and "
+                        "--block-size of 8 or more\n");
+        return -EINVAL;
     }
     if (o->image_token && o->wl != WL_MULTIMODAL) {
         fprintf(stderr, "kvsim: --image-token-id is for the multimodal workload\n");

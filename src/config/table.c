@@ -170,6 +170,15 @@ static const struct opt opts[] = {
              "(2^30 - 1)), one mm hash per run in order, and without the mm hashes "
              "themselves (Dynamo's pad-value substitution, docs/router-events.md). "
              "0 = off: tokens plus sorted mm hashes."},
+    {.key = "sources[].video_token_id", .type = T_U64, .off = SRC(video_token_id, uint64_t),
+     .def = "0", .min = 0, .max = UINT32_MAX, .flags = R | F_WORKER,
+     .help = "The model's video placeholder token id (Qwen-VL style, e.g. 151656), for a "
+             "router given the same video_token_id: runs are then mapped to mm hashes by "
+             "modality (each image run one object, consecutive video runs one object, "
+             "objects in order or by the kinds the event's unambiguous blocks show) and "
+             "pad-substituted; a block that maps no single way, or an id equal to "
+             "image_token_id, is hashed natively (Dynamo's substitute_pad_values(), "
+             "docs/router-events.md). 0 = off."},
     {.key = "sources[].lora_names", .type = T_LORA_NAMES,
      .off = SRC(lora_names, struct kvb_lora_name_cfg *), .noff = SRC(n_lora_names, size_t),
      .def = "", .flags = R | F_WORKER,

@@ -32,7 +32,8 @@ struct kvb_worker_cfg kvb_daemon_worker_of(const struct kvb_source_cfg *sc)
                                    .forward_tiers = sc->forward_tiers,
                                    .lora_names = sc->lora_names,
                                    .n_lora_names = sc->n_lora_names,
-                                   .image_token_id = (uint32_t)sc->image_token_id};
+                                   .image_token_id = (uint32_t)sc->image_token_id,
+                                   .video_token_id = (uint32_t)sc->video_token_id};
 }
 
 /* WORKER_ID is one that configuration C publishes for. */

@@ -35,6 +35,10 @@ struct kvb_converter {
     size_t cap_mm, cap_mm_sorted, cap_mm_off;
     uint32_t *pad; /* one block's tokens, pad-substituted (mm.h) */
     size_t cap_pad;
+    uint32_t *map; /* one block's objects -> its mm hashes (video_token_id) */
+    size_t cap_map;
+    struct kvb_mm_kind_of *kinds; /* one event's inferred mm kinds */
+    size_t cap_kinds, n_kinds;
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     uint32_t *le_tokens;
     size_t cap_le;
@@ -80,6 +84,8 @@ void kvb_converter_destroy(struct kvb_converter **pc)
     free(c->mm_sorted);
     free(c->mm_off);
     free(c->pad);
+    free(c->map);
+    free(c->kinds);
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     free(c->le_tokens);
 #endif
@@ -132,9 +138,9 @@ bool kvb_converter_take_overflow(struct kvb_converter *c)
 
 struct kvb_worker_cfg kvb_convert_cfg_worker(const struct kvb_convert_cfg *cfg)
 {
-    return (struct kvb_worker_cfg){cfg->worker_id,     cfg->block_size, cfg->lora_salt,
-                                   cfg->forward_tiers, cfg->lora_names, cfg->n_lora_names,
-                                   cfg->image_token_id};
+    return (struct kvb_worker_cfg){cfg->worker_id,      cfg->block_size,    cfg->lora_salt,
+                                   cfg->forward_tiers,  cfg->lora_names,    cfg->n_lora_names,
+                                   cfg->image_token_id, cfg->video_token_id};
 }
 
 void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *w)
@@ -146,6 +152,7 @@ void kvb_converter_select(struct kvb_converter *c, const struct kvb_worker_cfg *
     c->cfg.lora_names = w->lora_names;
     c->cfg.n_lora_names = w->n_lora_names;
     c->cfg.image_token_id = w->image_token_id;
+    c->cfg.video_token_id = w->video_token_id;
 }
 
 bool kvb_converter_has_counter(const struct kvb_converter *c, uint64_t worker, uint32_t rank)
@@ -703,18 +710,58 @@ static uint64_t hold_blocks(struct kvb_converter *c, const struct kvb_event *ev,
  * the sorted hashes, or, with image_token_id set (Dynamo's
  * create_stored_block_from_parts()), the tokens with image runs
  * pad-substituted (mm.h, hashes in extra_keys order) and no mm hashes;
- * c->pad then holds WINDOW tokens.  Out of line: the common block has none. */
+ * c->pad then holds WINDOW tokens.  With video_token_id set, runs map to
+ * hashes by modality (Dynamo's substitute_pad_values()), and a block that
+ * maps no single way is hashed natively.  Out of line: the common block has
+ * none. */
 static __attribute__((noinline)) uint64_t mm_block_hash(struct kvb_converter *c, const uint32_t *t,
                                                         uint64_t window, uint32_t off, uint32_t k,
                                                         uint64_t seed)
 {
-    if (c->cfg.image_token_id) {
+    if (c->cfg.video_token_id) {
+        if (kvb_mm_pad_substitute_aware(t, window, c->cfg.image_token_id, c->cfg.video_token_id,
+                                        c->mm + off, k, c->kinds, c->n_kinds, c->map, c->pad) == 0)
+            return kvb_tokens_hash(c->pad, window, seed);
+    } else if (c->cfg.image_token_id) {
         kvb_mm_pad_substitute(t, window, c->cfg.image_token_id, c->mm + off, k, c->pad);
         return kvb_tokens_hash(c->pad, window, seed);
     }
     memcpy(c->mm_sorted, c->mm + off, k * sizeof(*c->mm));
     qsort(c->mm_sorted, k, sizeof(*c->mm_sorted), cmp_u64);
     return kvb_tokens_mm_hash(t, window, c->mm_sorted, k, seed);
+}
+
+/* With video_token_id: the kind of each mm hash that is a block's only one
+ * and whose block holds placeholders of one kind, over every block of B
+ * tokens the event has (Dynamo's infer_mm_object_kinds(): B tokens each,
+ * not the EAGLE window), hashes given two kinds dropped.  c->mm[0..] is
+ * scratch here: the blocks' hashes are gathered after. */
+static int infer_kinds(struct kvb_converter *c, const struct kvb_event *ev, uint64_t bs,
+                       uint64_t window)
+{
+    uint64_t nb = ev->n_tokens / bs;
+    if (nb > ev->n_hashes)
+        nb = ev->n_hashes;
+    if (nb > ev->n_xkey_blocks)
+        nb = ev->n_xkey_blocks;
+    c->n_kinds = 0;
+    if (grow((void **)&c->map, &c->cap_map, window, sizeof(*c->map)) < 0 ||
+        grow((void **)&c->kinds, &c->cap_kinds, nb ? nb : 1, sizeof(*c->kinds)) < 0 ||
+        grow((void **)&c->mm, &c->cap_mm, ev->xkey_off[nb] ? ev->xkey_off[nb] : 1, sizeof(*c->mm)) <
+            0)
+        return -ENOMEM;
+    for (uint64_t i = 0; i < nb; i++) {
+        uint32_t n = 0;
+        block_mm(c, ev, (uint32_t)i, &n);
+        if (n != 1)
+            continue;
+        enum kvb_mm_kind k = kvb_mm_block_kind(ev->tokens + i * bs, bs, c->cfg.image_token_id,
+                                               c->cfg.video_token_id);
+        if (k != KVB_MM_NONE)
+            c->kinds[c->n_kinds++] = (struct kvb_mm_kind_of){c->mm[0], k};
+    }
+    c->n_kinds = kvb_mm_kinds_finish(c->kinds, c->n_kinds);
+    return 0;
 }
 
 static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
@@ -756,8 +803,10 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
             grow((void **)&c->mm_sorted, &c->cap_mm_sorted, n_x, sizeof(*c->mm_sorted)) < 0 ||
             grow((void **)&c->mm_off, &c->cap_mm_off, nb + 1, sizeof(*c->mm_off)) < 0)
             return -ENOMEM;
-        if (c->cfg.image_token_id &&
+        if ((c->cfg.image_token_id || c->cfg.video_token_id) &&
             grow((void **)&c->pad, &c->cap_pad, window, sizeof(*c->pad)) < 0)
+            return -ENOMEM;
+        if (c->cfg.video_token_id && infer_kinds(c, ev, bs, window) < 0)
             return -ENOMEM;
     }
 

@@ -17,6 +17,10 @@
 # runs of it in every block and its record hashes blocks with mm hashes by pad
 # substitution; kvbridge gets the same sources[].image_token_id. A bridge
 # without the key publishes tokens plus mm hashes: kvtail's badtok catches it.
+# multimodal with image and video tokens: kvsim --video-token-id adds a video
+# of two timestamp-split runs to every block and records Dynamo's
+# modality-aware rule; kvbridge gets sources[].video_token_id too.  The same
+# run against a bridge given only image_token_id must fail kvtail's badtok.
 source "$(dirname "$0")/lib.sh"
 
 # the oracle itself first: the known answers of docs/router-events.md section 3.4
@@ -26,13 +30,19 @@ NP=$(daemon_port)
 start_nats "$NP" || { bad "nats-server did not start"; finish; exit 1; }
 BATCHES=1200
 
-run_profile() { # run_profile FORMAT WORKLOAD ENCODING [IMAGE_TOKEN_ID]
-  local KVB_FORMAT=$1 wl=$2 enc=$3 img=${4:-} tag="$1-$2-$3${4:+-img}" p rc want
+run_profile() { # run_profile FORMAT WORKLOAD ENCODING [IMAGE_TOKEN_ID [VIDEO_TOKEN_ID [nokey]]]
+  local KVB_FORMAT=$1 wl=$2 enc=$3 img=${4:-} vid=${5:-} nokey=${6:-}
+  local tag="$1-$2-$3${4:+-img}${5:+-vid}${6:+-nokey}" p rc want
   local sim_img=() src_img=""
   if [ -n "$img" ]; then
     sim_img=(--image-token-id "$img")
     src_img="
     image_token_id: $img"
+  fi
+  if [ -n "$vid" ]; then
+    sim_img+=(--video-token-id "$vid")
+    [ -n "$nokey" ] || src_img="$src_img
+    video_token_id: $vid"
   fi
   p=$(daemon_port 2)
   SOURCES="  - endpoint: tcp://127.0.0.1:$p
@@ -53,6 +63,15 @@ run_profile() { # run_profile FORMAT WORKLOAD ENCODING [IMAGE_TOKEN_ID]
     --wait-subscribers 1000 --linger 2000 \
     --record "$T/$tag.rec" 2>"$T/sim-$tag.log" || bad_log "$tag: kvsim failed" "$T/sim-$tag.log"
   wait_pid "$tail_pid" 30; rc=$RC
+  if [ -n "$nokey" ]; then
+    # the record's pad-substituted hashes are not what this bridge publishes
+    if [ "$rc" -ne 0 ]; then ok "$tag: kvtail checks fail without the bridge key (exit $rc)"
+    else bad "$tag: kvtail checks passed without the bridge key"; fi
+    expect_ge "$tag: kvtail badtok" "$(tail_stat "tail-$tag" badtok)" 100
+    signal_pid "$kvb_pid" TERM 15; rc=$RC
+    expect_eq "$tag: kvbridge exit code after SIGTERM" "$rc" 0
+    return
+  fi
   expect_eq "$tag: kvtail checks pass (exit code)" "$rc" 0
   want=$(rec_counts "$T/$tag.rec" live)
   expect_eq "$tag: all batches published live" "$(field batches "$want")" "$BATCHES"
@@ -83,8 +102,11 @@ for fmt in dynamo-json dynamo-msgpack; do
   run_profile "$fmt" multimodal positional
   run_profile "$fmt" multimodal map
   run_profile "$fmt" multimodal map 151655
+  run_profile "$fmt" multimodal map 151655 151656
   run_profile "$fmt" eagle positional
 done
+
+run_profile dynamo-json multimodal map 151655 151656 nokey
 
 stop_pid "$NATS_PID" >/dev/null
 finish

@@ -2122,6 +2122,10 @@ START_TEST(test_worker_keys)
     x.image_token_id = 151655; /* a worker key: handed to the running source */
     ck_assert(kvb_config_source_equal(&x, &s[1]));
     ck_assert(!kvb_config_worker_equal(&x, &s[1]));
+    x = s[1];
+    x.video_token_id = 151656; /* a worker key too */
+    ck_assert(kvb_config_source_equal(&x, &s[1]));
+    ck_assert(!kvb_config_worker_equal(&x, &s[1]));
     /* --check -v shows the effective values */
     char *out = NULL;
     size_t len = 0;
@@ -2132,6 +2136,7 @@ START_TEST(test_worker_keys)
                               "sources[0].lora_salt: false\n"
                               "sources[0].forward_tiers: [device, disk]\n"
                               "sources[0].image_token_id: 0\n"
+                              "sources[0].video_token_id: 0\n"
                               "sources[0].lora_names: {}\n"
                               "sources[0].topics: {}\n"),
                   "%s", out);

@@ -690,6 +690,168 @@ START_TEST(mm_pad_substitution)
 }
 END_TEST
 
+/* sources[].video_token_id (Dynamo's substitute_pad_values(), docs/router-events.md
+ * 3.2).  The literal hashes were computed by a standalone program using libxxhash
+ * that writes out the tokens Dynamo's algorithm yields, pads 1000000 + (h & (2^30
+ * - 1)), and hashes them with XXH3-64, seed 1337, as little-endian u32s. */
+#define MMID(h16) h16 "000000000000000000000000000000000000000000000000"
+START_TEST(mm_video_substitution)
+{
+    enum { I = 151655, V = 151656 };
+    static const char *hv = MMID("0000000000000029"), *hi = MMID("000000000000002a"),
+                      *hx = MMID("0000000000000007"), *hy = MMID("0000000000000008");
+    static uint32_t t[6 * 16] = {
+        /* b0: two timestamp-split video runs are one object, then an image */
+        10, V, V, 7, V, V, 8, I, I, 20, 21, 22, 23, 24, 25, 26,
+        /* b1: one object, video only: infers hv = video */
+        V, V, V, V, 30, V, V, V, V, 31, V, V, V, V, 32, 33,
+        /* b2: one image run, objects [hv, hi]: the one match by kind is hi */
+        40, I, I, I, I, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51,
+        /* b3: one object, image only: infers hi = image */
+        I, I, I, I, I, I, I, I, 50, 51, 52, 53, 54, 55, 56, 57,
+        /* b4: image then video against [hv, hi]: contradicts the kinds */
+        I, I, 60, V, V, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71,
+        /* b5: one video object, two unknown hashes: no single mapping */
+        V, 7, V, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92};
+    struct kvb_extra_key xk[10] = {{S(hv), false}, {S(hi), false}, {S(hv), false}, {S(hv), false},
+                                   {S(hi), false}, {S(hi), false}, {S(hv), false}, {S(hi), false},
+                                   {S(hx), false}, {S(hy), false}};
+    uint32_t off[7] = {0, 2, 3, 5, 6, 8, 10};
+    struct kvb_hash h[6];
+    for (int i = 0; i < 6; i++)
+        h[i] = uh(100 + (uint64_t)i);
+    struct kvb_event e = qwen_event(t, 6 * 16);
+    e.hashes = h;
+    e.n_hashes = 6;
+    e.xkeys = xk;
+    e.xkey_off = off;
+    e.n_xkey_blocks = 6;
+    struct kvb_convert_cfg c = cfg16;
+    c.image_token_id = I;
+    c.video_token_id = V;
+    kvb_converter_set_config(conv, &c);
+    struct kvb_rev r;
+    int why;
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.n, 6);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 6579184199688108642ULL);
+    ck_assert_uint_eq(r.blocks[1].tokens_hash, 1212202366291642913ULL);
+    ck_assert_uint_eq(r.blocks[2].tokens_hash, 3699055332954236586ULL);
+    ck_assert_uint_eq(r.blocks[3].tokens_hash, 14787588265469423199ULL);
+    /* native: tokens plus the sorted mm hashes */
+    uint64_t s41[2] = {41, 42}, s78[2] = {7, 8};
+    ck_assert_uint_eq(r.blocks[4].tokens_hash,
+                      kvb_tokens_mm_hash(t + 64, 16, s41, 2, KVB_TOKENS_HASH_SEED));
+    ck_assert_uint_eq(r.blocks[5].tokens_hash,
+                      kvb_tokens_mm_hash(t + 80, 16, s78, 2, KVB_TOKENS_HASH_SEED));
+    ck_assert_uint_eq(r.n_mm, 10); /* all still reported as mm_extra_info */
+
+    /* image_token_id alone keeps its run-order rule: b2's run takes hv */
+    c.video_token_id = 0;
+    kvb_converter_set_config(conv, &c);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_ne(r.blocks[2].tokens_hash, 3699055332954236586ULL);
+    uint32_t pad[16];
+    uint64_t mm2[2] = {41, 42};
+    kvb_mm_pad_substitute(t + 32, 16, I, mm2, 2, pad);
+    ck_assert_uint_eq(r.blocks[2].tokens_hash, kvb_tokens_hash(pad, 16, KVB_TOKENS_HASH_SEED));
+
+    /* a video id equal to the image id: every block native */
+    c.video_token_id = I;
+    kvb_converter_set_config(conv, &c);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    uint64_t one[1] = {41};
+    ck_assert_uint_eq(r.blocks[1].tokens_hash,
+                      kvb_tokens_mm_hash(t + 16, 16, one, 1, KVB_TOKENS_HASH_SEED));
+
+    /* EAGLE: kinds are inferred from a block's B tokens, not its window.
+     * Block 0 is all video with one hash, its window's last token block 1's
+     * image: hv is video, so block 1's [image, video] against [hv, hi]
+     * contradicts it and stays native (from the window, nothing would be
+     * inferred and block 1 would be pad-substituted). */
+    static uint32_t w[33];
+    for (int i = 0; i < 16; i++)
+        w[i] = V;
+    w[16] = I;
+    w[17] = V;
+    w[18] = V;
+    for (int i = 19; i < 33; i++)
+        w[i] = (uint32_t)(100 + i);
+    struct kvb_extra_key xw[3] = {{S(hv), false}, {S(hv), false}, {S(hi), false}};
+    uint32_t offw[3] = {0, 1, 3};
+    e = qwen_event(w, 33);
+    e.token_pairs = true;
+    e.hashes = h;
+    e.n_hashes = 2;
+    e.xkeys = xw;
+    e.xkey_off = offw;
+    e.n_xkey_blocks = 2;
+    c.video_token_id = V;
+    kvb_converter_set_config(conv, &c);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.n, 2);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash,
+                      kvb_tokens_mm_hash(w, 17, one, 1, KVB_TOKENS_HASH_SEED));
+    ck_assert_uint_eq(r.blocks[1].tokens_hash,
+                      kvb_tokens_mm_hash(w + 16, 17, s41, 2, KVB_TOKENS_HASH_SEED));
+
+    /* video_token_id alone (Dynamo's vllm_video_event test, block of 16) */
+    static uint32_t u[16] = {10, 20, V, V, V, V, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39};
+    static const char *id1 = MMID("00000000ffffffff");
+    struct kvb_extra_key x1 = {S(id1), false};
+    uint32_t off1[2] = {0, 1};
+    e = qwen_event(u, 16);
+    e.xkeys = &x1;
+    e.xkey_off = off1;
+    e.n_xkey_blocks = 1;
+    c.image_token_id = 0;
+    c.video_token_id = V;
+    kvb_converter_set_config(conv, &c);
+    ck_assert_int_eq(kvb_convert_event(conv, &e, 0, &r, &why), 1);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, 11157750116678778271ULL);
+}
+END_TEST
+
+START_TEST(mm_video_pure)
+{
+    enum { I = 900, V = 800 };
+    uint32_t out[8], map[8];
+    /* Dynamo's timestamped_video_runs_share_one_hash_before_an_image */
+    const uint32_t a[8] = {V, V, 7, V, V, 8, I, I};
+    const uint64_t mm[2] = {41, 42};
+    ck_assert_int_eq(kvb_mm_pad_substitute_aware(a, 8, I, V, mm, 2, NULL, 0, map, out), 0);
+    const uint32_t want[8] = {1000041, 1000041, 7, 1000041, 1000041, 8, 1000042, 1000042};
+    ck_assert_mem_eq(out, want, sizeof(want));
+    /* consecutive_video_objects_fail_closed_without_offsets */
+    const uint32_t b[3] = {V, 7, V};
+    ck_assert_int_eq(kvb_mm_pad_substitute_aware(b, 3, 0, V, mm, 2, NULL, 0, map, out), -1);
+    /* modality_aware_image_object_mismatch_fails_closed */
+    const uint32_t c1[3] = {I, 7, I}, c2[2] = {I, I};
+    ck_assert_int_eq(kvb_mm_pad_substitute_aware(c1, 3, I, V, mm, 1, NULL, 0, map, out), -1);
+    ck_assert_int_eq(kvb_mm_pad_substitute_aware(c2, 2, I, V, mm, 2, NULL, 0, map, out), -1);
+    /* two matches by kind: not guessed; one: taken */
+    struct kvb_mm_kind_of k[3] = {{42, KVB_MM_IMAGE}, {41, KVB_MM_IMAGE}, {43, KVB_MM_VIDEO}};
+    ck_assert_uint_eq(kvb_mm_kinds_finish(k, 3), 3);
+    const uint64_t m3[3] = {41, 42, 43};
+    ck_assert_int_eq(kvb_mm_pad_substitute_aware(c2, 2, I, V, m3, 3, k, 3, map, out), -1);
+    const uint32_t d[2] = {V, V};
+    ck_assert_int_eq(kvb_mm_pad_substitute_aware(d, 2, I, V, m3, 3, k, 3, map, out), 0);
+    ck_assert_uint_eq(out[0], 1000043);
+    /* a hash given two kinds is dropped; one given one kind twice is kept */
+    struct kvb_mm_kind_of k2[4] = {
+        {5, KVB_MM_IMAGE}, {6, KVB_MM_VIDEO}, {5, KVB_MM_VIDEO}, {6, KVB_MM_VIDEO}};
+    ck_assert_uint_eq(kvb_mm_kinds_finish(k2, 4), 1);
+    ck_assert_uint_eq(k2[0].hash, 6);
+    /* no placeholder: the tokens unchanged */
+    const uint32_t e1[2] = {1, 2};
+    ck_assert_int_eq(kvb_mm_pad_substitute_aware(e1, 2, I, V, mm, 2, NULL, 0, map, out), 0);
+    ck_assert_mem_eq(out, e1, sizeof(e1));
+    ck_assert_int_eq(kvb_mm_block_kind(a, 8, I, V), KVB_MM_NONE);
+    ck_assert_int_eq(kvb_mm_block_kind(a, 5, I, V), KVB_MM_VIDEO);
+    ck_assert_int_eq(kvb_mm_block_kind(c2, 2, I, I), KVB_MM_NONE);
+}
+END_TEST
+
 START_TEST(eagle_windows)
 {
     /* 16 pairs flatten to 17 ids: one window of B+1 = 17 tokens */
@@ -764,6 +926,8 @@ static Suite *convert_suite(void)
     tcase_add_test(tc, cache_namespace_sources);
     tcase_add_test(tc, multimodal_blocks);
     tcase_add_test(tc, mm_pad_substitution);
+    tcase_add_test(tc, mm_video_substitution);
+    tcase_add_test(tc, mm_video_pure);
     tcase_add_test(tc, eagle_windows);
     suite_add_tcase(s, tc);
     return s;
