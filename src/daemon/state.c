@@ -14,6 +14,7 @@
  * without the final "end" line is corrupt (and ignored).
  */
 #include "state.h"
+#include "grow.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -42,22 +43,9 @@ void kvb_state_free(struct kvb_state **ps)
     *ps = NULL;
 }
 
-static int grow(void **p, size_t *cap, size_t n, size_t elem)
-{
-    if (n < *cap)
-        return 0;
-    size_t c = *cap ? *cap * 2 : 8;
-    void *q = realloc(*p, c * elem);
-    if (!q)
-        return -ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 int kvb_state_add_counter(struct kvb_state *s, const struct kvb_id_counter *c)
 {
-    if (grow((void **)&s->counters, &s->cap_counters, s->n_counters, sizeof(*c)) < 0)
+    if (kvb_grow((void **)&s->counters, &s->cap_counters, s->n_counters + 1, sizeof(*c)) < 0)
         return -ENOMEM;
     s->counters[s->n_counters++] = *c;
     return 0;
@@ -65,7 +53,7 @@ int kvb_state_add_counter(struct kvb_state *s, const struct kvb_id_counter *c)
 
 int kvb_state_add_track(struct kvb_state *s, const struct kvb_track_rec *r)
 {
-    if (grow((void **)&s->track, &s->cap_track, s->n_track, sizeof(*r)) < 0)
+    if (kvb_grow((void **)&s->track, &s->cap_track, s->n_track + 1, sizeof(*r)) < 0)
         return -ENOMEM;
     s->track[s->n_track++] = *r;
     return 0;
@@ -73,7 +61,7 @@ int kvb_state_add_track(struct kvb_state *s, const struct kvb_track_rec *r)
 
 int kvb_state_add_entry(struct kvb_state *s, const struct kvb_state_stream *e)
 {
-    if (grow((void **)&s->streams, &s->cap_streams, s->n_streams, sizeof(*s->streams)) < 0)
+    if (kvb_grow((void **)&s->streams, &s->cap_streams, s->n_streams + 1, sizeof(*s->streams)) < 0)
         return -ENOMEM;
     s->streams[s->n_streams++] = *e;
     return 0;
@@ -329,7 +317,7 @@ int kvb_state_load(const char *dir, struct kvb_state **out)
             struct kvb_state_stream e;
             if (parse_stream(line + 7, &e) < 0)
                 goto out;
-            if (grow((void **)&s->streams, &s->cap_streams, s->n_streams, sizeof(e)) < 0)
+            if (kvb_grow((void **)&s->streams, &s->cap_streams, s->n_streams + 1, sizeof(e)) < 0)
                 goto out;
             s->streams[s->n_streams++] = e;
         } else if (version >= 2 && (what = track_line(line, &rest)) != 0) {

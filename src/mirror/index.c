@@ -7,6 +7,7 @@
  * 3/4 full): by block_hash, and by (parent, tokens_hash) for prefix walks.
  */
 #include "index.h"
+#include "grow.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -312,25 +313,12 @@ static struct space *space_get(const struct kvb_index *m, uint64_t worker, uint3
     return NULL;
 }
 
-static int grow(void **v, size_t *cap, size_t n, size_t size)
-{
-    if (n < *cap)
-        return 0;
-    size_t nc = *cap ? *cap * 2 : 8;
-    void *nv = realloc(*v, nc * size);
-    if (!nv)
-        return -ENOMEM;
-    *v = nv;
-    *cap = nc;
-    return 0;
-}
-
 static struct space *space_make(struct kvb_index *m, uint64_t worker, uint32_t rank, int tier)
 {
     struct space *s = space_get(m, worker, rank, tier);
     if (s)
         return s;
-    if (grow((void **)&m->sp, &m->cap_sp, m->n_sp, sizeof(*m->sp)) < 0 ||
+    if (kvb_grow((void **)&m->sp, &m->cap_sp, m->n_sp + 1, sizeof(*m->sp)) < 0 ||
         !(s = calloc(1, sizeof(*s))))
         return NULL;
     s->worker = worker;
@@ -354,7 +342,7 @@ static struct pair *pair_make(struct kvb_index *m, uint64_t worker, uint32_t ran
     if (p)
         return p;
     uint32_t nr = m->cfg.recent_events;
-    if (grow((void **)&m->pairs, &m->cap_pairs, m->n_pairs, sizeof(*m->pairs)) < 0 ||
+    if (kvb_grow((void **)&m->pairs, &m->cap_pairs, m->n_pairs + 1, sizeof(*m->pairs)) < 0 ||
         !(p = calloc(1, sizeof(*p))))
         return NULL;
     p->worker = worker;

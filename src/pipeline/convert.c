@@ -9,6 +9,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "grow.h"
 #include "track.h"
 
 struct kvb_converter {
@@ -487,21 +488,6 @@ static void tracker_full(struct kvb_converter *c, int rc)
         c->overflow = true;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap : 16;
-    while (n < need)
-        n *= 2;
-    void *q = realloc(*p, n * elem);
-    if (!q)
-        return -ENOMEM;
-    *p = q;
-    *cap = n;
-    return 0;
-}
-
 static bool str_eq_str(const struct kvb_str *a, const struct kvb_str *b)
 {
     return a->ptr && b->ptr && a->len == b->len && memcmp(a->ptr, b->ptr, a->len) == 0;
@@ -652,7 +638,7 @@ static bool repeats_a_hash(struct kvb_converter *c, const struct kvb_event *ev)
         }
         return false;
     }
-    if (grow((void **)&c->hashes, &c->cap_hashes, n, sizeof(*c->hashes)) < 0)
+    if (kvb_grow((void **)&c->hashes, &c->cap_hashes, n, sizeof(*c->hashes)) < 0)
         return false; /* no room to look: not judged */
     for (uint32_t i = 0; i < ev->n_hashes; i++)
         c->hashes[i] = kvb_hash_normalize(&ev->hashes[i]);
@@ -745,10 +731,10 @@ static int infer_kinds(struct kvb_converter *c, const struct kvb_event *ev, uint
     if (nb > ev->n_xkey_blocks)
         nb = ev->n_xkey_blocks;
     c->n_kinds = 0;
-    if (grow((void **)&c->map, &c->cap_map, window, sizeof(*c->map)) < 0 ||
-        grow((void **)&c->kinds, &c->cap_kinds, nb ? nb : 1, sizeof(*c->kinds)) < 0 ||
-        grow((void **)&c->mm, &c->cap_mm, ev->xkey_off[nb] ? ev->xkey_off[nb] : 1, sizeof(*c->mm)) <
-            0)
+    if (kvb_grow((void **)&c->map, &c->cap_map, window, sizeof(*c->map)) < 0 ||
+        kvb_grow((void **)&c->kinds, &c->cap_kinds, nb ? nb : 1, sizeof(*c->kinds)) < 0 ||
+        kvb_grow((void **)&c->mm, &c->cap_mm, ev->xkey_off[nb] ? ev->xkey_off[nb] : 1,
+                 sizeof(*c->mm)) < 0)
         return -ENOMEM;
     for (uint64_t i = 0; i < nb; i++) {
         uint32_t n = 0;
@@ -793,18 +779,18 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
         return drop(c, KVB_DROP_BLOCK_SIZE_MISMATCH, why);
     if (nb == 0)
         return drop(c, KVB_DROP_NO_COMPLETE_BLOCK, why);
-    if (grow((void **)&c->blocks, &c->cap_blocks, nb, sizeof(*c->blocks)) < 0)
+    if (kvb_grow((void **)&c->blocks, &c->cap_blocks, nb, sizeof(*c->blocks)) < 0)
         return -ENOMEM;
     uint32_t n_x = 0;
     if (ev->n_xkey_blocks) {
         uint64_t lim = nb < ev->n_xkey_blocks ? nb : ev->n_xkey_blocks;
         n_x = ev->xkey_off[lim];
-        if (grow((void **)&c->mm, &c->cap_mm, n_x, sizeof(*c->mm)) < 0 ||
-            grow((void **)&c->mm_sorted, &c->cap_mm_sorted, n_x, sizeof(*c->mm_sorted)) < 0 ||
-            grow((void **)&c->mm_off, &c->cap_mm_off, nb + 1, sizeof(*c->mm_off)) < 0)
+        if (kvb_grow((void **)&c->mm, &c->cap_mm, n_x, sizeof(*c->mm)) < 0 ||
+            kvb_grow((void **)&c->mm_sorted, &c->cap_mm_sorted, n_x, sizeof(*c->mm_sorted)) < 0 ||
+            kvb_grow((void **)&c->mm_off, &c->cap_mm_off, nb + 1, sizeof(*c->mm_off)) < 0)
             return -ENOMEM;
         if ((c->cfg.image_token_id || c->cfg.video_token_id) &&
-            grow((void **)&c->pad, &c->cap_pad, window, sizeof(*c->pad)) < 0)
+            kvb_grow((void **)&c->pad, &c->cap_pad, window, sizeof(*c->pad)) < 0)
             return -ENOMEM;
         if (c->cfg.video_token_id && infer_kinds(c, ev, bs, window) < 0)
             return -ENOMEM;
@@ -866,7 +852,7 @@ static int convert_removed(struct kvb_converter *c, const struct kvb_event *ev, 
         return drop(c, KVB_DROP_TIER_FILTERED, why);
     if (ev->n_hashes == 0)
         return drop(c, KVB_DROP_EMPTY_REMOVE, why);
-    if (grow((void **)&c->hashes, &c->cap_hashes, ev->n_hashes, sizeof(*c->hashes)) < 0)
+    if (kvb_grow((void **)&c->hashes, &c->cap_hashes, ev->n_hashes, sizeof(*c->hashes)) < 0)
         return -ENOMEM;
     /* a hash is published when its last copy goes (or it was never tracked) */
     int64_t g = ev->group_idx.has ? ev->group_idx.v : -1;

@@ -2,6 +2,7 @@
  * Dynamo's publisher does (lib/llm/src/kv_router/publisher/batching.rs),
  * without re-parenting a root store (docs/router-events.md section 5). */
 #include "coalesce.h"
+#include "grow.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -16,21 +17,6 @@ void kvb_coalesce_free(struct kvb_coalesce *c)
     free(c->mm);
     free(c->mm_off);
     kvb_coalesce_init(c);
-}
-
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap : 16;
-    while (n < need)
-        n *= 2;
-    void *q = realloc(*p, n * elem);
-    if (!q)
-        return -ENOMEM;
-    *p = q;
-    *cap = n;
-    return 0;
 }
 
 bool kvb_coalesce_can_join(const struct kvb_coalesce *c, const struct kvb_rev *r)
@@ -54,12 +40,12 @@ static int append(struct kvb_coalesce *c, const struct kvb_rev *r)
     struct kvb_rev *p = &c->pend;
     uint32_t n = p->n + r->n;
     if (r->type == KVB_REVT_STORED) {
-        if (grow((void **)&c->blocks, &c->cap_blocks, n, sizeof(*c->blocks)) < 0)
+        if (kvb_grow((void **)&c->blocks, &c->cap_blocks, n, sizeof(*c->blocks)) < 0)
             return -ENOMEM;
         uint32_t mm = p->n_mm + r->n_mm;
         if ((p->n_mm || r->n_mm) &&
-            (grow((void **)&c->mm, &c->cap_mm, mm, sizeof(*c->mm)) < 0 ||
-             grow((void **)&c->mm_off, &c->cap_mm_off, n + 1, sizeof(*c->mm_off)) < 0))
+            (kvb_grow((void **)&c->mm, &c->cap_mm, mm, sizeof(*c->mm)) < 0 ||
+             kvb_grow((void **)&c->mm_off, &c->cap_mm_off, n + 1, sizeof(*c->mm_off)) < 0))
             return -ENOMEM;
         memcpy(c->blocks + p->n, r->blocks, r->n * sizeof(*c->blocks));
         if (p->n_mm || r->n_mm) {
@@ -76,7 +62,7 @@ static int append(struct kvb_coalesce *c, const struct kvb_rev *r)
         p->mm_hashes = mm ? c->mm : NULL;
         p->mm_off = mm ? c->mm_off : NULL;
     } else {
-        if (grow((void **)&c->hashes, &c->cap_hashes, n, sizeof(*c->hashes)) < 0)
+        if (kvb_grow((void **)&c->hashes, &c->cap_hashes, n, sizeof(*c->hashes)) < 0)
             return -ENOMEM;
         memcpy(c->hashes + p->n, r->hashes, r->n * sizeof(*c->hashes));
         p->hashes = c->hashes;
