@@ -47,7 +47,8 @@ static int append(struct kvb_coalesce *c, const struct kvb_rev *r)
             (kvb_grow((void **)&c->mm, &c->cap_mm, mm, sizeof(*c->mm)) < 0 ||
              kvb_grow((void **)&c->mm_off, &c->cap_mm_off, n + 1, sizeof(*c->mm_off)) < 0))
             return -ENOMEM;
-        memcpy(c->blocks + p->n, r->blocks, r->n * sizeof(*c->blocks));
+        if (r->n) /* an empty store: c->blocks may still be NULL */
+            memcpy(c->blocks + p->n, r->blocks, r->n * sizeof(*c->blocks));
         if (p->n_mm || r->n_mm) {
             /* block i's objects are mm[mm_off[i] .. mm_off[i+1]) */
             if (!p->n_mm) /* the pending blocks have none */
@@ -64,7 +65,8 @@ static int append(struct kvb_coalesce *c, const struct kvb_rev *r)
     } else {
         if (kvb_grow((void **)&c->hashes, &c->cap_hashes, n, sizeof(*c->hashes)) < 0)
             return -ENOMEM;
-        memcpy(c->hashes + p->n, r->hashes, r->n * sizeof(*c->hashes));
+        if (r->n)
+            memcpy(c->hashes + p->n, r->hashes, r->n * sizeof(*c->hashes));
         p->hashes = c->hashes;
     }
     p->n = n;
