@@ -8,6 +8,7 @@
  */
 #include "index.h"
 #include "grow.h"
+#include "mix.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -75,21 +76,16 @@ struct kvb_index {
 
 /* ---- hashing and tables ---------------------------------------------------- */
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 static uint64_t child_key(uint32_t has_parent, uint64_t parent, uint64_t tokens)
 {
-    return mix((has_parent ? parent : 0x9e3779b97f4a7c15ull) ^ mix(tokens + has_parent));
+    return kvb_mix64((has_parent ? parent : 0x9e3779b97f4a7c15ull) ^
+                     kvb_mix64(tokens + has_parent));
 }
 
-static uint64_t home_hash(const struct space *s, uint32_t idx) { return mix(s->e[idx].block); }
+static uint64_t home_hash(const struct space *s, uint32_t idx)
+{
+    return kvb_mix64(s->e[idx].block);
+}
 
 static uint64_t home_child(const struct space *s, uint32_t idx)
 {
@@ -138,7 +134,7 @@ static int64_t find_block(const struct space *s, uint64_t block)
 {
     if (!s || !s->mask)
         return -1;
-    uint32_t i = (uint32_t)mix(block) & s->mask;
+    uint32_t i = (uint32_t)kvb_mix64(block) & s->mask;
     for (; s->by_hash[i]; i = (i + 1) & s->mask)
         if (s->e[s->by_hash[i] - 1].block == block)
             return s->by_hash[i] - 1;

@@ -7,6 +7,7 @@
  * entry's is the namespace term, its state SET or AMBIGUOUS.
  */
 #include "track.h"
+#include "mix.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -107,20 +108,10 @@ int kvb_track_kind(const struct kvb_track *t, struct kvb_pair p, int64_t group)
 
 /* ---- the table ----------------------------------------------------------- */
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
 static size_t slot_of(const struct kvb_track *t, uint64_t worker, uint32_t rank, uint8_t tier,
                       uint64_t hash)
 {
-    uint64_t h = mix(hash ^ mix(worker ^ ((uint64_t)rank << 8 | tier)));
+    uint64_t h = kvb_mix64(hash ^ kvb_mix64(worker ^ ((uint64_t)rank << 8 | tier)));
     return (size_t)h & (t->cap - 1);
 }
 

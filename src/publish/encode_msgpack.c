@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "metrics.h"
+#include "mix.h"
 
 /* msgpack-c returns the write callback's result (-1 when the sbuffer cannot
  * grow); every packer below folds them into one. */
@@ -390,13 +391,7 @@ struct kvb_mp_batcher {
     uint64_t pend_first_id, pend_last_id;
 };
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += UINT64_C(0x9e3779b97f4a7c15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-    return z ^ (z >> 31);
-}
+static uint64_t splitmix64(uint64_t *s) { return kvb_mix64(*s += UINT64_C(0x9e3779b97f4a7c15)); }
 
 int kvb_mp_batcher_create(const struct kvb_mp_batcher_cfg *cfg, kvb_mp_emit_fn emit, void *ctx,
                           struct kvb_mp_batcher **out)
