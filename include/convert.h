@@ -102,6 +102,9 @@ struct kvb_rev {
      * or a stored event of the pair's resident blocks.  The mirror records
      * it without applying it: its own view is already the engine's. */
     bool repair;
+    /* CLEARED: only `tier` of the pair is emptied (the engine's
+     * TierBlocksCleared); false: every tier (AllBlocksCleared, barriers). */
+    bool scoped;
 };
 
 struct kvb_converter;

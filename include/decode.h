@@ -38,6 +38,7 @@ enum kvb_event_type {
     KVB_EV_STORED = 0,
     KVB_EV_REMOVED,
     KVB_EV_CLEARED,
+    KVB_EV_TIER_CLEARED, /* vLLM's TierBlocksCleared: one tier (its medium) emptied */
     KVB_EV_IGNORED,   /* vLLM's "Ignored" tag: decoded, then dropped (ignored_event) */
     KVB_EV_UNKNOWN,   /* valid tag we do not know: skipped, counted */
     KVB_EV_MALFORMED, /* wrong shape or field type: skipped, counted */
@@ -86,13 +87,17 @@ struct kvb_event {
     /* BlockStored and BlockRemoved */
     const struct kvb_hash *hashes;
     uint32_t n_hashes;
+    /* Also TierBlocksCleared's (required), and AllBlocksCleared's map key
+     * "medium" (an AllBlocksCleared that names one is dropped as
+     * ambiguous_scoped_clear). */
     struct kvb_str medium;
     struct kvb_opt_int group_idx;
     struct kvb_str spec_kind; /* kv_cache_spec_kind (removes: map key, or the string
                                  after group_idx in the array) */
     /* vLLM 0.26+: "LOCAL", "REMOTE", ... (absent: local), and who owns the
      * block (absent: the framework; "kvcr", ...).  Also AllBlocksCleared's
-     * ownership (array index 1, or the map key). */
+     * ownership (array index 1, or the map key) and TierBlocksCleared's
+     * (array index 2, or the map key). */
     struct kvb_str locality;
     struct kvb_str ownership;
 

@@ -24,7 +24,8 @@
 /* clang-format off */
 #define KVB_EVENT_TYPES(X)                                                     \
     X(STORED, "stored") X(REMOVED, "removed") X(CLEARED, "cleared")            \
-    X(IGNORED, "ignored") X(UNKNOWN, "unknown") X(MALFORMED, "malformed")
+    X(TIER_CLEARED, "tier_cleared") X(IGNORED, "ignored")                      \
+    X(UNKNOWN, "unknown") X(MALFORMED, "malformed")
 
 #define KVB_REV_TYPES(X) X(STORED, "stored") X(REMOVED, "removed") X(CLEARED, "cleared")
 
@@ -38,6 +39,7 @@
     X(UNKNOWN_OWNERSHIP, "unknown_ownership")                                  \
     X(NON_LOCAL_LOCALITY, "non_local_locality")                                \
     X(UNKNOWN_MEDIUM, "unknown_medium")                                        \
+    X(AMBIGUOUS_SCOPED_CLEAR, "ambiguous_scoped_clear")                        \
     X(NON_MAIN_ATTENTION_KIND, "non_main_attention_kind")                      \
     X(UNKNOWN_KIND, "unknown_kind")                                            \
     X(NON_MAIN_ATTENTION_GROUP, "non_main_attention_group")                    \
