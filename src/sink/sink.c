@@ -187,8 +187,10 @@ static void on_closed(natsConnection *nc, void *closure)
         }
         /* its reconnect buffer is gone, a loss when anything was published
          * into it (JetStream: the worker takes the unacknowledged back) */
-        if (!s->js_on && atomic_load(&s->outage_bytes) > 0)
+        if (!s->js_on && atomic_load(&s->outage_bytes) > 0) {
+            kvb_sink_lost(s, NULL);
             atomic_fetch_add(&s->losses, 1);
+        }
         pthread_mutex_lock(&s->rb_mu);
         s->rb_needed = true;
         pthread_cond_signal(&s->rb_cond);
@@ -574,6 +576,7 @@ static void sink_free(struct kvb_sink *s)
     pthread_cond_destroy(&s->ack_cond);
     pthread_mutex_destroy(&s->ack_mu);
     pthread_mutex_destroy(&s->order_mu);
+    pthread_mutex_destroy(&s->lost_mu);
     pthread_cond_destroy(&s->rb_cond);
     pthread_mutex_destroy(&s->rb_mu);
     pthread_mutex_destroy(&s->conn_mu);
@@ -617,6 +620,7 @@ static int sink_alloc(struct kvb_sink **out)
     }
     pthread_mutex_init(&s->ack_mu, NULL);
     pthread_mutex_init(&s->order_mu, NULL);
+    pthread_mutex_init(&s->lost_mu, NULL);
     pthread_mutex_init(&s->rb_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_mutex_init(&s->evl_mu, NULL);
@@ -1050,6 +1054,33 @@ int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms)
     st = natsConnection_FlushTimeout(s->conn, timeout_ms ? (int64_t)timeout_ms : 1);
     pthread_mutex_unlock(&s->conn_mu);
     return kvb_sink_errno(st);
+}
+
+void kvb_sink_lost(struct kvb_sink *s, const struct kvb_sink_pair *p)
+{
+    pthread_mutex_lock(&s->lost_mu);
+    size_t i = 0;
+    while (p && i < s->n_lost &&
+           (s->lost[i].worker_id != p->worker_id || s->lost[i].dp_rank != p->dp_rank))
+        i++;
+    if (!p || (i == s->n_lost && s->n_lost == KVB_SINK_LOST_PAIRS))
+        s->lost_all = true;
+    else if (i == s->n_lost)
+        s->lost[s->n_lost++] = *p;
+    pthread_mutex_unlock(&s->lost_mu);
+}
+
+size_t kvb_sink_take_lost_pairs(struct kvb_sink *s, struct kvb_sink_pair *out, size_t cap,
+                                bool *all)
+{
+    pthread_mutex_lock(&s->lost_mu);
+    size_t n = s->n_lost < cap ? s->n_lost : cap;
+    memcpy(out, s->lost, n * sizeof(*out));
+    *all = s->lost_all || n < s->n_lost;
+    s->n_lost = 0;
+    s->lost_all = false;
+    pthread_mutex_unlock(&s->lost_mu);
+    return n;
 }
 
 uint64_t kvb_sink_losses(const struct kvb_sink *s)
