@@ -1056,33 +1056,6 @@ int kvb_sink_flush(struct kvb_sink *s, uint32_t timeout_ms)
     return kvb_sink_errno(st);
 }
 
-void kvb_sink_lost(struct kvb_sink *s, const struct kvb_sink_pair *p)
-{
-    pthread_mutex_lock(&s->lost_mu);
-    size_t i = 0;
-    while (p && i < s->n_lost &&
-           (s->lost[i].worker_id != p->worker_id || s->lost[i].dp_rank != p->dp_rank))
-        i++;
-    if (!p || (i == s->n_lost && s->n_lost == KVB_SINK_LOST_PAIRS))
-        s->lost_all = true;
-    else if (i == s->n_lost)
-        s->lost[s->n_lost++] = *p;
-    pthread_mutex_unlock(&s->lost_mu);
-}
-
-size_t kvb_sink_take_lost_pairs(struct kvb_sink *s, struct kvb_sink_pair *out, size_t cap,
-                                bool *all)
-{
-    pthread_mutex_lock(&s->lost_mu);
-    size_t n = s->n_lost < cap ? s->n_lost : cap;
-    memcpy(out, s->lost, n * sizeof(*out));
-    *all = s->lost_all || n < s->n_lost;
-    s->n_lost = 0;
-    s->lost_all = false;
-    pthread_mutex_unlock(&s->lost_mu);
-    return n;
-}
-
 uint64_t kvb_sink_losses(const struct kvb_sink *s)
 {
     return s ? atomic_load(&((struct kvb_sink *)s)->losses) : 0;
