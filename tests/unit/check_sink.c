@@ -1090,8 +1090,9 @@ static int64_t js_msgs(int port, const char *stream)
     return n;
 }
 
-/* Create a stream by hand (for the refusal cases). */
-static void js_make_stream(int port, const char *name, const char *subject)
+/* Create a stream by hand (for the refusal cases); max_msgs > 0: it keeps
+ * that many and refuses the rest (discard new). */
+static void js_make_stream(int port, const char *name, const char *subject, int64_t max_msgs)
 {
     char url[64];
     natsConnection *nc = NULL;
@@ -1105,6 +1106,10 @@ static void js_make_stream(int port, const char *name, const char *subject)
     c.Name = name;
     c.Subjects = subjects;
     c.SubjectsLen = 1;
+    if (max_msgs > 0) {
+        c.MaxMsgs = max_msgs;
+        c.Discard = js_DiscardNew;
+    }
     ck_assert_int_eq(js_AddStream(NULL, js, &c, NULL, NULL), NATS_OK);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
@@ -1197,7 +1202,7 @@ START_TEST(test_js_refused)
     capture_start();
 
     /* exists, but not for our subject */
-    js_make_stream(port, JS_STREAM, "other.subject");
+    js_make_stream(port, JS_STREAM, "other.subject", 0);
     uint64_t t0 = now_ms();
     ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), -EACCES);
     ck_assert_uint_lt(now_ms() - t0, 2000);
@@ -1209,7 +1214,7 @@ START_TEST(test_js_refused)
     free(log);
 
     /* a wildcard stream that covers it is fine */
-    js_make_stream(port, "wild", "kvwild.*");
+    js_make_stream(port, "wild", "kvwild.*", 0);
     cfg_set(&fx.cfg->nats.jetstream.stream_name, "wild");
     cfg_set(&fx.cfg->nats.jetstream.subject_name, "kvwild.queue");
     ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
@@ -1341,24 +1346,7 @@ START_TEST(test_js_lost_pairs)
     fx.cfg = cfg_new(port, 3000, 100, 1000, 8 << 20);
     cfg_js(fx.cfg, 4096, 2000);
     js_server_start(port);
-    /* a stream that takes 3 messages and refuses the rest (discard new) */
-    char url[64];
-    natsConnection *nc = NULL;
-    jsCtx *js = NULL;
-    jsStreamConfig c;
-    const char *subjects[1] = {JS_SUBJ};
-    snprintf(url, sizeof(url), "nats://127.0.0.1:%d", port);
-    ck_assert_int_eq(natsConnection_ConnectTo(&nc, url), NATS_OK);
-    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
-    jsStreamConfig_Init(&c);
-    c.Name = JS_STREAM;
-    c.Subjects = subjects;
-    c.SubjectsLen = 1;
-    c.MaxMsgs = 3;
-    c.Discard = js_DiscardNew;
-    ck_assert_int_eq(js_AddStream(NULL, js, &c, NULL, NULL), NATS_OK);
-    jsCtx_Destroy(js);
-    natsConnection_Destroy(nc);
+    js_make_stream(port, JS_STREAM, JS_SUBJ, 3); /* takes 3, refuses the rest */
     capture_start();
     ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
     struct kvb_sink *s = fx.sink;
