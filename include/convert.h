@@ -181,7 +181,8 @@ int kvb_converter_restore(struct kvb_converter *c, const struct kvb_id_counter *
  * persistence: saved with the counters, so that a resumed restart decides
  * as if there had been none.  KIND: group's learned kind (val, enum
  * kvb_kind); COPY: (tier, hash) held by the groups of bitmask val; NS: the
- * cache namespace term val of hash, state 1 set or 2 ambiguous. */
+ * cache namespace term val of hash, state 1 set or 2 ambiguous, tier the
+ * set of tiers that stored it (bit 1 << enum kvb_tier; 0: none noted). */
 enum { KVB_TREC_KIND = 1, KVB_TREC_COPY, KVB_TREC_NS };
 struct kvb_track_rec {
     uint64_t worker_id, hash, val;

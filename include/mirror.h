@@ -87,11 +87,12 @@ struct kvb_sink;
 int kvb_mirror_attach(struct kvb_mirror *r, struct kvb_sink *sink);
 void kvb_mirror_detach(struct kvb_mirror *r, struct kvb_sink *sink);
 
-/* Persistence (state.dir; src/mirror/persist.h): with the mirror on, the
- * cursors are saved together with it, by a thread of the saver: the loop
+/* Persistence (state.dir; src/mirror/persist.h): the cursors are saved by
+ * a thread of the saver, together with the mirror when it is on: the loop
  * hands kvb_mirror_save() the cursors it has just taken (after the NATS
  * flush), which takes the mirror's snapshots (memcpy) and returns.
- * persists: the mirror saves the cursors (else the caller saves them).
+ * persists: state.dir is set, the saver saves the cursors (else nothing
+ * is saved).
  * save_busy: a save is in progress or too recent (skip this turn).
  * save: 0 (started, or done with wait: *st is taken), -EBUSY, -ENOTSUP
  * (not persisting), or the write's error with wait. */

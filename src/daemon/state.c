@@ -7,9 +7,10 @@
  *   stream SOURCE TOPIC_HEX|- LAST_SEQ RANK[,RANK...]|-
  *   kind WORKER_ID DP_RANK GROUP KIND
  *   copy WORKER_ID DP_RANK TIER HASH_HEX GROUPS_HEX
- *   ns WORKER_ID DP_RANK HASH_HEX STATE TERM_HEX
+ *   ns WORKER_ID DP_RANK HASH_HEX STATE TERM_HEX [TIERS_HEX]
  *   end
- * (kind, copy, ns: the block tracker, struct kvb_track_rec.)  Version 1,
+ * (kind, copy, ns: the block tracker, struct kvb_track_rec; an ns line
+ * without TIERS_HEX, as written before the tiers were noted, has none.)  Version 1,
  * the same without tracker lines, is still read (an empty tracker).  A file
  * without the final "end" line is corrupt (and ignored).
  */
@@ -142,8 +143,8 @@ static void put_track(FILE *f, const struct kvb_track_rec *r)
         fprintf(f, "copy %" PRIu64 " %" PRIu32 " %u %" PRIx64 " %" PRIx64 "\n", r->worker_id,
                 r->dp_rank, (unsigned)r->tier, r->hash, r->val);
     else
-        fprintf(f, "ns %" PRIu64 " %" PRIu32 " %" PRIx64 " %u %" PRIx64 "\n", r->worker_id,
-                r->dp_rank, r->hash, (unsigned)r->state, r->val);
+        fprintf(f, "ns %" PRIu64 " %" PRIu32 " %" PRIx64 " %u %" PRIx64 " %x\n", r->worker_id,
+                r->dp_rank, r->hash, (unsigned)r->state, r->val, (unsigned)r->tier);
 }
 
 int kvb_state_save(const char *dir, const struct kvb_state *s)
@@ -243,7 +244,7 @@ static int parse_stream(char *line, struct kvb_state_stream *e)
 /* A tracker line (after its first word, `what`): 0 or -EINVAL. */
 static int parse_track(const char *line, uint8_t what, struct kvb_track_rec *r)
 {
-    unsigned a;
+    unsigned a, tiers = 0;
     char extra;
     int n;
     memset(r, 0, sizeof(*r));
@@ -255,14 +256,19 @@ static int parse_track(const char *line, uint8_t what, struct kvb_track_rec *r)
         n = sscanf(line, "%" SCNu64 " %" SCNu32 " %u %" SCNx64 " %" SCNx64 " %c", &r->worker_id,
                    &r->dp_rank, &a, &r->hash, &r->val, &extra);
     else
-        n = sscanf(line, "%" SCNu64 " %" SCNu32 " %" SCNx64 " %u %" SCNx64 " %c", &r->worker_id,
-                   &r->dp_rank, &r->hash, &a, &r->val, &extra);
-    if (n != (what == KVB_TREC_KIND ? 4 : 5) || (what != KVB_TREC_KIND && a > 0xff))
+        n = sscanf(line, "%" SCNu64 " %" SCNu32 " %" SCNx64 " %u %" SCNx64 " %x %c",
+                   &r->worker_id, &r->dp_rank, &r->hash, &a, &r->val, &tiers, &extra);
+    if (what == KVB_TREC_NS && n == 6)
+        n = 5; /* the optional TIERS_HEX */
+    if (n != (what == KVB_TREC_KIND ? 4 : 5) || (what != KVB_TREC_KIND && a > 0xff) ||
+        tiers > 0xff)
         return -EINVAL;
     if (what == KVB_TREC_COPY)
         r->tier = (uint8_t)a;
-    else if (what == KVB_TREC_NS)
+    else if (what == KVB_TREC_NS) {
         r->state = (uint8_t)a;
+        r->tier = (uint8_t)tiers;
+    }
     return 0;
 }
 

@@ -70,9 +70,11 @@ int kvb_mirror_create(const struct kvb_config *c, struct kvb_metrics *m, int wak
         struct kvb_index_cfg mc = {.max_blocks = r->max_blocks,
                                    .recent_events = c->query.recent_events};
         rc = kvb_index_create(&mc, &r->mirror);
-        if (rc == 0 && c->state.dir[0])
-            rc = kvb_persist_create(&r->saver);
     }
+    /* state.dir is written off the loop, with or without the mirror: the
+     * block tracker's lines make the cursor file tens of MB */
+    if (rc == 0 && c->state.dir[0])
+        rc = kvb_persist_create(&r->saver);
     if (rc < 0) {
         kvb_mirror_destroy(&r);
         return rc;

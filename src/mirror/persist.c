@@ -38,6 +38,7 @@ struct job {
     struct kvb_state *st;
     struct pair_save *pairs;
     size_t n;
+    bool mirror; /* write the mirror file (else only the cursors) */
 };
 
 struct kvb_persist {
@@ -190,7 +191,7 @@ static void *saver_main(void *arg)
     struct job *j = a[1];
     free(a);
     uint64_t t0 = kvb_mono_ms();
-    int rc = write_file(j);
+    int rc = j->mirror ? write_file(j) : 0;
     if (rc == 0)
         rc = kvb_state_save(j->dir, j->st); /* the cursors that go with it, after it */
     uint64_t took = kvb_mono_ms() - t0;
@@ -265,7 +266,7 @@ int kvb_persist_save_start(struct kvb_persist *s, const struct kvb_index *m, con
             s->running = false;
         }
     }
-    size_t np = kvb_index_pairs(m, NULL, 0);
+    size_t np = m ? kvb_index_pairs(m, NULL, 0) : 0;
     struct kvb_index_pair *pairs = calloc(np ? np : 1, sizeof(*pairs));
     struct job *j = calloc(1, sizeof(*j));
     void **arg = malloc(2 * sizeof(void *));
@@ -273,7 +274,9 @@ int kvb_persist_save_start(struct kvb_persist *s, const struct kvb_index *m, con
     if (!pairs || !j || !arg || !(j->dir = strdup(dir)) ||
         !(j->pairs = calloc(np ? np : 1, sizeof(*j->pairs))))
         goto fail;
-    kvb_index_pairs(m, pairs, np);
+    j->mirror = m != NULL;
+    if (m)
+        kvb_index_pairs(m, pairs, np);
     for (size_t i = 0; i < np; i++) {
         const struct kvb_id_counter *c = counter_of(*st, pairs[i].worker_id, pairs[i].dp_rank);
         if (!c)

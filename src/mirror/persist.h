@@ -58,7 +58,8 @@ int kvb_persist_create(struct kvb_persist **out);
 void kvb_persist_destroy(struct kvb_persist **s);
 
 /* Start saving m (every pair whose event_id counter is in *st, with that
- * counter's epoch) and then *st, into dir.  0 (started: *st is the saver's
+ * counter's epoch) and then *st, into dir; m NULL (no mirror): *st alone,
+ * on the saver's thread all the same (the block tracker makes it large).  0 (started: *st is the saver's
  * now), -EBUSY (a save is in progress or too recent; nothing started), or
  * -ENOMEM.  With wait, first waits for a save in progress and ignores the
  * pacing, then waits for this one: 0 or the write's error. */

@@ -240,7 +240,7 @@ static int take_id(struct kvb_converter *c, uint32_t rank, struct kvb_rev *out)
     out->worker_id = c->cfg.worker_id;
     out->dp_rank = rank;
     out->event_id = k->next_id++;
-    c->clean[k - c->ctr] = out->type == KVB_REVT_CLEARED;
+    c->clean[k - c->ctr] = out->type == KVB_REVT_CLEARED && !out->scoped;
     out->epoch = k->epoch;
     out->repair = false;
     kvb_inc(&c->m->router_events_published_total[out->type]);
@@ -557,7 +557,7 @@ static bool own_namespace(const struct kvb_event *ev, uint64_t *term)
  * under it.  A drop reason or -1; *has and *term: the namespace the blocks are
  * hashed under (none: the configured one). */
 static int store_namespace(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
-                           bool *has, uint64_t *term)
+                           int tier, bool *has, uint64_t *term)
 {
     struct kvb_pair p = pair_of(c, rank);
     *has = own_namespace(ev, term);
@@ -569,7 +569,7 @@ static int store_namespace(struct kvb_converter *c, const struct kvb_event *ev, 
     }
     for (uint32_t i = 0; i < ev->n_hashes; i++)
         tracker_full(c, kvb_track_ns_store(c->track, p, kvb_hash_normalize(&ev->hashes[i]), *has,
-                                           *has ? *term : 0));
+                                           *has ? *term : 0, (uint8_t)tier));
     return -1;
 }
 
@@ -660,7 +660,7 @@ static int stored_rules(struct kvb_converter *c, const struct kvb_event *ev, uin
     int r = relay_filters(c, ev, tier, &lower);
     *has_ns = false;
     if (r < 0 && !lower && (r = group_filter(c, ev, rank)) < 0)
-        r = store_namespace(c, ev, rank, has_ns, ns_term);
+        r = store_namespace(c, ev, rank, *tier, has_ns, ns_term);
     if (r >= 0)
         return r;
     if (repeats_a_hash(c, ev))
@@ -820,6 +820,7 @@ static int convert_stored(struct kvb_converter *c, const struct kvb_event *ev, u
     }
     kvb_add(&c->m->blocks_repeated_total[0], lead);
     out->type = KVB_REVT_STORED;
+    out->scoped = false;
     out->tier = (uint8_t)tier;
     out->has_parent = lead > 0 || ev->parent.kind != KVB_HASH_NIL;
     out->parent = lead > 0          ? c->blocks[lead - 1].block_hash
@@ -847,7 +848,7 @@ static int convert_removed(struct kvb_converter *c, const struct kvb_event *ev, 
     struct kvb_pair p = pair_of(c, rank);
     if (!lower)
         for (uint32_t i = 0; i < ev->n_hashes; i++)
-            kvb_track_ns_remove(c->track, p, kvb_hash_normalize(&ev->hashes[i]));
+            kvb_track_ns_remove(c->track, p, kvb_hash_normalize(&ev->hashes[i]), (uint8_t)tier);
     if (!(c->cfg.forward_tiers & (1u << tier)))
         return drop(c, KVB_DROP_TIER_FILTERED, why);
     if (ev->n_hashes == 0)
@@ -867,6 +868,7 @@ static int convert_removed(struct kvb_converter *c, const struct kvb_event *ev, 
     if (n == 0)
         return drop(c, KVB_DROP_COPIES_REMAIN, why);
     out->type = KVB_REVT_REMOVED;
+    out->scoped = false;
     out->tier = (uint8_t)tier;
     out->has_parent = false;
     out->parent = 0;
@@ -885,6 +887,32 @@ int kvb_convert_cleared(struct kvb_converter *c, uint32_t dp_rank, struct kvb_re
     out->type = KVB_REVT_CLEARED;
     out->tier = KVB_TIER_DEVICE;
     return take_id(c, dp_rank, out);
+}
+
+/* TierBlocksCleared (zmq_wire/mod.rs preprocess_residency_with_reason and
+ * clear_namespace_tier): ownership and medium as for any event; the
+ * tier's copies forgotten, and on device and host_pinned its namespace
+ * records; then a "cleared" of that tier alone, if the tier is forwarded. */
+static int convert_tier_cleared(struct kvb_converter *c, const struct kvb_event *ev,
+                                uint32_t rank, struct kvb_rev *out, int *why)
+{
+    int tier;
+    bool lower = false;
+    int r = relay_filters(c, ev, &tier, &lower);
+    if (r >= 0)
+        return drop(c, r, why);
+    struct kvb_pair p = pair_of(c, rank);
+    if (!lower)
+        kvb_track_ns_clear_tier(c->track, p, (uint8_t)tier);
+    kvb_track_reset_tier(c->track, p, (uint8_t)tier);
+    kvb_set(&c->m->tracked_blocks[0], kvb_track_entries(c->track));
+    if (!(c->cfg.forward_tiers & (1u << tier)))
+        return drop(c, KVB_DROP_TIER_FILTERED, why);
+    memset(out, 0, sizeof(*out));
+    out->type = KVB_REVT_CLEARED;
+    out->tier = (uint8_t)tier;
+    out->scoped = true;
+    return take_id(c, rank, out);
 }
 
 int kvb_convert_stamp(struct kvb_converter *c, uint32_t dp_rank, struct kvb_rev *r)
@@ -909,8 +937,13 @@ int kvb_convert_event(struct kvb_converter *c, const struct kvb_event *ev, uint3
                         str_is(&ev->ownership, "kvcr") ? KVB_DROP_UNSUPPORTED_OWNERSHIP
                                                        : KVB_DROP_UNKNOWN_OWNERSHIP,
                         why);
+        if (ev->medium.len) /* an AllBlocksCleared scoped to one medium */
+            return drop(c, KVB_DROP_AMBIGUOUS_SCOPED_CLEAR, why);
         kvb_converter_forget(c, dp_rank);
         return kvb_convert_cleared(c, dp_rank, out);
+    case KVB_EV_TIER_CLEARED:
+        kvb_inc(&c->m->events_received_total[KVB_EVT_TIER_CLEARED]);
+        return convert_tier_cleared(c, ev, dp_rank, out, why);
     case KVB_EV_IGNORED:
         kvb_inc(&c->m->events_received_total[KVB_EVT_IGNORED]);
         return drop(c, KVB_DROP_IGNORED_EVENT, why);

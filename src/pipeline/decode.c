@@ -648,6 +648,8 @@ static void set_type(struct walk *w, const msgpack_object *tag, struct kvb_event
         ev->type = KVB_EV_REMOVED;
     else if (str_eq(tag, "AllBlocksCleared"))
         ev->type = KVB_EV_CLEARED;
+    else if (str_eq(tag, "TierBlocksCleared"))
+        ev->type = KVB_EV_TIER_CLEARED;
     else if (str_eq(tag, "Ignored"))
         ev->type = KVB_EV_IGNORED;
     else
@@ -661,6 +663,21 @@ static int field_pos(enum field_id f, uint8_t type)
                                     : 0;
 }
 
+/* Events that carry no blocks: nothing past their tag, ownership and medium. */
+static bool is_clear_or_tag_only(uint8_t type)
+{
+    return type == KVB_EV_UNKNOWN || type == KVB_EV_CLEARED || type == KVB_EV_TIER_CLEARED ||
+           type == KVB_EV_IGNORED;
+}
+
+/* TierBlocksCleared names the tier it empties: without a medium it cannot
+ * be applied (Dynamo's RawKvEvent::TierBlocksCleared requires one). */
+static void tier_clear_medium(struct walk *w, const struct kvb_event *ev)
+{
+    if (!w->err && !ev->medium.ptr)
+        fail_event(w, "TierBlocksCleared has no medium");
+}
+
 static void decode_positional(struct walk *w, const msgpack_object_array *a, struct kvb_event *ev)
 {
     if (a->size == 0) {
@@ -670,8 +687,14 @@ static void decode_positional(struct walk *w, const msgpack_object_array *a, str
     set_type(w, &a->ptr[0], ev);
     if (!w->err && ev->type == KVB_EV_CLEARED && a->size >= 2)
         get_tag_str(w, &a->ptr[1], &ev->ownership);
-    if (w->err || ev->type == KVB_EV_UNKNOWN || ev->type == KVB_EV_CLEARED ||
-        ev->type == KVB_EV_IGNORED)
+    if (!w->err && ev->type == KVB_EV_TIER_CLEARED) {
+        if (a->size >= 2)
+            get_opt_str(w, &a->ptr[1], &ev->medium, "medium is not a string");
+        if (!w->err && a->size >= 3)
+            get_tag_str(w, &a->ptr[2], &ev->ownership);
+        tier_clear_medium(w, ev);
+    }
+    if (w->err || is_clear_or_tag_only(ev->type))
         return;
     if (a->size < 2) {
         fail_event(w, "event has no block_hashes");
@@ -696,12 +719,16 @@ static void decode_map(struct walk *w, const msgpack_object_map *m, struct kvb_e
         return;
     }
     set_type(w, tag, ev);
-    if (!w->err && ev->type == KVB_EV_CLEARED)
-        for (uint32_t i = 0; i < m->size; i++)
+    if (!w->err && (ev->type == KVB_EV_CLEARED || ev->type == KVB_EV_TIER_CLEARED)) {
+        for (uint32_t i = 0; i < m->size && !w->err; i++)
             if (str_eq(&m->ptr[i].key, "ownership"))
                 get_tag_str(w, &m->ptr[i].val, &ev->ownership);
-    if (w->err || ev->type == KVB_EV_UNKNOWN || ev->type == KVB_EV_CLEARED ||
-        ev->type == KVB_EV_IGNORED)
+            else if (str_eq(&m->ptr[i].key, "medium"))
+                get_opt_str(w, &m->ptr[i].val, &ev->medium, "medium is not a string");
+        if (ev->type == KVB_EV_TIER_CLEARED)
+            tier_clear_medium(w, ev);
+    }
+    if (w->err || is_clear_or_tag_only(ev->type))
         return;
     bool have_hashes = false;
     for (uint32_t i = 0; i < m->size; i++) {

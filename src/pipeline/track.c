@@ -4,7 +4,8 @@
  * backward-shift deletion): a namespace entry has tier NS_TIER.  A copy
  * entry's value is the set of KV cache groups that hold the block (bit g for
  * group g, bit KVB_TRACK_NO_GROUP for events without one); a namespace
- * entry's is the namespace term, its state SET or AMBIGUOUS.
+ * entry's is the namespace term, its state SET or AMBIGUOUS, and `tiers` the
+ * set of tiers (bit 1 << enum kvb_tier) whose stores recorded it.
  */
 #include "track.h"
 #include "mix.h"
@@ -14,12 +15,13 @@
 #include <string.h>
 
 #define NS_TIER 0xff
+#define NS_GONE 0xff /* state of a namespace entry a tier clear is about to erase */
 #define MIN_CAP 64
 
 struct entry {
     uint64_t worker, hash, val;
     uint32_t rank;
-    uint8_t tier, used, state;
+    uint8_t tier, used, state, tiers;
 };
 
 struct kind_rec {
@@ -172,7 +174,7 @@ static struct entry *insert(struct kvb_track *t, struct kvb_pair p, uint8_t tier
         if (rebuild(t, cap, NULL, NULL) < 0)
             return NULL;
     }
-    struct entry e = {p.worker_id, hash, 0, p.dp_rank, tier, 1, 0};
+    struct entry e = {p.worker_id, hash, 0, p.dp_rank, tier, 1, 0, 0};
     place(t, &e);
     return find(t, p, tier, hash);
 }
@@ -210,28 +212,61 @@ int kvb_track_ns_get(const struct kvb_track *t, struct kvb_pair p, uint64_t hash
 }
 
 int kvb_track_ns_store(struct kvb_track *t, struct kvb_pair p, uint64_t hash, bool has_ns,
-                       uint64_t ns)
+                       uint64_t ns, uint8_t tier)
 {
     struct entry *e = find(t, p, NS_TIER, hash);
     if (e) {
         if (!has_ns || e->state != KVB_NS_SET || e->val != ns)
             e->state = KVB_NS_AMBIGUOUS;
-        return 0;
+    } else {
+        if (!has_ns || t->max == 0)
+            return 0; /* unsalted blocks are not kept (Dynamo keeps none either) */
+        if (!(e = insert(t, p, NS_TIER, hash)))
+            return -ENOSPC;
+        e->state = KVB_NS_SET;
+        e->val = ns;
     }
-    if (!has_ns || t->max == 0)
-        return 0; /* unsalted blocks are not kept (Dynamo keeps none either) */
-    if (!(e = insert(t, p, NS_TIER, hash)))
-        return -ENOSPC;
-    e->state = KVB_NS_SET;
-    e->val = ns;
+    e->tiers |= (uint8_t)(1u << tier);
     return 0;
 }
 
-void kvb_track_ns_remove(struct kvb_track *t, struct kvb_pair p, uint64_t hash)
+void kvb_track_ns_remove(struct kvb_track *t, struct kvb_pair p, uint64_t hash, uint8_t tier)
 {
     struct entry *e = find(t, p, NS_TIER, hash);
-    if (e && e->state != KVB_NS_AMBIGUOUS)
+    if (!e)
+        return;
+    if (e->tiers) {
+        e->tiers &= (uint8_t) ~(1u << tier);
+        if (e->tiers)
+            return; /* another tier still holds it under its namespace */
+    }
+    if (e->state != KVB_NS_AMBIGUOUS)
         erase(t, e);
+}
+
+static bool not_gone(const struct entry *e, void *arg)
+{
+    (void)arg;
+    return e->tier != NS_TIER || e->state != NS_GONE;
+}
+
+void kvb_track_ns_clear_tier(struct kvb_track *t, struct kvb_pair p, uint8_t tier)
+{
+    uint8_t b = (uint8_t)(1u << tier);
+    bool gone = false;
+    for (size_t i = 0; i < t->cap; i++) {
+        struct entry *e = &t->tab[i];
+        if (!e->used || e->tier != NS_TIER || !(e->tiers & b) || e->worker != p.worker_id ||
+            e->rank != p.dp_rank)
+            continue;
+        e->tiers &= (uint8_t)~b;
+        if (e->tiers == 0) {
+            e->state = NS_GONE;
+            gone = true;
+        }
+    }
+    if (gone && rebuild(t, t->cap, not_gone, NULL) < 0)
+        kvb_track_reset(t);
 }
 
 /* ---- copies -------------------------------------------------------------- */
@@ -293,6 +328,24 @@ static bool not_of_pair(const struct entry *e, void *arg)
     return e->worker != p->worker_id || e->rank != p->dp_rank;
 }
 
+struct pair_tier {
+    struct kvb_pair p;
+    uint8_t tier;
+};
+
+static bool not_of_tier(const struct entry *e, void *arg)
+{
+    const struct pair_tier *pt = arg;
+    return e->tier != pt->tier || e->worker != pt->p.worker_id || e->rank != pt->p.dp_rank;
+}
+
+void kvb_track_reset_tier(struct kvb_track *t, struct kvb_pair p, uint8_t tier)
+{
+    struct pair_tier pt = {p, tier};
+    if (t->n && rebuild(t, t->cap, not_of_tier, &pt) < 0)
+        kvb_track_reset(t);
+}
+
 void kvb_track_reset_pair(struct kvb_track *t, struct kvb_pair p)
 {
     if (t->n == 0)
@@ -332,7 +385,7 @@ void kvb_track_foreach(const struct kvb_track *t,
                                   .dp_rank = e->rank,
                                   .hash = e->hash,
                                   .val = e->val,
-                                  .tier = e->tier == NS_TIER ? 0 : e->tier,
+                                  .tier = e->tier == NS_TIER ? e->tiers : e->tier,
                                   .state = e->state,
                                   .what = e->tier == NS_TIER ? KVB_TREC_NS : KVB_TREC_COPY};
         cb(ctx, &r);
@@ -359,5 +412,6 @@ int kvb_track_put(struct kvb_track *t, const struct kvb_track_rec *r)
         return -ENOSPC;
     e->val = r->val;
     e->state = ns ? r->state : 0;
+    e->tiers = ns ? r->tier : 0;
     return 0;
 }

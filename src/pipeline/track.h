@@ -6,7 +6,8 @@
  *     judges the events of that group that carry none;
  *   - namespaces: per block hash, the cache namespace (salt) its store used,
  *     or "ambiguous" (seen under two), which later stores without a
- *     namespace of their own inherit from their parent;
+ *     namespace of their own inherit from their parent, and the tiers that
+ *     stored it (the record goes when the last of them removes it);
  *   - copies: per (tier, block hash), the set of KV cache groups that hold
  *     it: a remove is published only when the last of them goes, and a store
  *     of a (hash, group) already held is a repeat, not a new copy.
@@ -65,13 +66,20 @@ int kvb_track_kind(const struct kvb_track *t, struct kvb_pair p, int64_t group);
 /* Namespaces.  ns is the namespace's term of the seed (never 0 for a set
  * one).  _get: the state of hash, *ns set for KVB_NS_SET. */
 int kvb_track_ns_get(const struct kvb_track *t, struct kvb_pair p, uint64_t hash, uint64_t *ns);
-/* A stored block under namespace ns (has_ns) or none.  Under one: recorded,
- * or ambiguous when recorded under another.  Under none: an existing record
- * becomes ambiguous.  -ENOSPC when full (nothing recorded). */
+/* A block stored on tier (enum kvb_tier) under namespace ns (has_ns) or
+ * none.  Under one: recorded, or ambiguous when recorded under another.
+ * Under none: an existing record becomes ambiguous.  A record notes every
+ * tier that stored it.  -ENOSPC when full (nothing recorded). */
 int kvb_track_ns_store(struct kvb_track *t, struct kvb_pair p, uint64_t hash, bool has_ns,
-                       uint64_t ns);
-/* A removed block: its record forgotten unless ambiguous. */
-void kvb_track_ns_remove(struct kvb_track *t, struct kvb_pair p, uint64_t hash);
+                       uint64_t ns, uint8_t tier);
+/* A block removed from tier: the tier leaves its record; when no tier is
+ * left (or none was noted) the record is forgotten unless ambiguous
+ * (Dynamo's propagate_cache_namespace, cache_namespace_tiers). */
+void kvb_track_ns_remove(struct kvb_track *t, struct kvb_pair p, uint64_t hash, uint8_t tier);
+/* TierBlocksCleared of tier: the tier leaves every record of the pair; a
+ * record left with no tier is forgotten, ambiguous or not
+ * (clear_namespace_tier).  Records that noted no tier stay. */
+void kvb_track_ns_clear_tier(struct kvb_track *t, struct kvb_pair p, uint8_t tier);
 
 /* Copies.  _hold: (tier, hash) held by group: 1 a new copy, 0 a repeat
  * (already held by that group), -ENOSPC full (not recorded). */
@@ -88,6 +96,8 @@ bool kvb_track_holds(const struct kvb_track *t, struct kvb_pair p, uint8_t tier,
 int kvb_track_release(struct kvb_track *t, struct kvb_pair p, uint8_t tier, uint64_t hash,
                       int64_t group);
 
+/* TierBlocksCleared: the pair's copies of tier forgotten. */
+void kvb_track_reset_tier(struct kvb_track *t, struct kvb_pair p, uint8_t tier);
 /* "cleared" for the pair: its copies (every tier) and namespaces forgotten;
  * learned kinds stay (Dynamo keeps them too). */
 void kvb_track_reset_pair(struct kvb_track *t, struct kvb_pair p);

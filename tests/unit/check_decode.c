@@ -634,6 +634,63 @@ START_TEST(unknown_type_keeps_rest)
 }
 END_TEST
 
+/* vLLM's TierBlocksCleared (map, and the array in field order medium,
+ * ownership) and an AllBlocksCleared map naming a medium; a tier clear
+ * without a medium is malformed, the rest of the batch goes on. */
+START_TEST(tier_cleared_forms)
+{
+    struct mp m;
+    struct kvb_batch b;
+    mp_init(&m);
+    pack_batch_head(&m, 6);
+    msgpack_pack_map(&m.pk, 2);
+    mp_str(&m, "type");
+    mp_str(&m, "TierBlocksCleared");
+    mp_str(&m, "medium");
+    mp_str(&m, "GPU");
+    msgpack_pack_map(&m.pk, 3);
+    mp_str(&m, "medium");
+    mp_str(&m, "CPU");
+    mp_str(&m, "ownership");
+    mp_str(&m, "kvcr");
+    mp_str(&m, "type");
+    mp_str(&m, "TierBlocksCleared");
+    msgpack_pack_array(&m.pk, 2);
+    mp_str(&m, "TierBlocksCleared");
+    mp_str(&m, "CPU");
+    msgpack_pack_map(&m.pk, 1); /* no medium */
+    mp_str(&m, "type");
+    mp_str(&m, "TierBlocksCleared");
+    msgpack_pack_map(&m.pk, 2);
+    mp_str(&m, "type");
+    mp_str(&m, "AllBlocksCleared");
+    mp_str(&m, "medium");
+    mp_str(&m, "GPU");
+    msgpack_pack_array(&m.pk, 3);
+    mp_str(&m, "TierBlocksCleared");
+    msgpack_pack_int(&m.pk, 7); /* not a string */
+    msgpack_pack_nil(&m.pk);
+    msgpack_pack_int(&m.pk, 0); /* dp_rank */
+    ck_assert_int_eq(decode_mp(&m, &b), 0);
+    ck_assert_int_eq(b.n_events, 6);
+    ck_assert_int_eq(b.events[0].type, KVB_EV_TIER_CLEARED);
+    ck_assert_int_eq(b.events[0].medium.len, 3);
+    ck_assert(memcmp(b.events[0].medium.ptr, "GPU", 3) == 0);
+    ck_assert_ptr_null(b.events[0].ownership.ptr);
+    ck_assert_int_eq(b.events[1].type, KVB_EV_TIER_CLEARED);
+    ck_assert(memcmp(b.events[1].medium.ptr, "CPU", 3) == 0);
+    ck_assert_int_eq(b.events[1].ownership.len, 4);
+    ck_assert_int_eq(b.events[2].type, KVB_EV_TIER_CLEARED);
+    ck_assert(memcmp(b.events[2].medium.ptr, "CPU", 3) == 0);
+    ck_assert_int_eq(b.events[3].type, KVB_EV_MALFORMED);
+    ck_assert_str_eq(b.events[3].error, "TierBlocksCleared has no medium");
+    ck_assert_int_eq(b.events[4].type, KVB_EV_CLEARED);
+    ck_assert(memcmp(b.events[4].medium.ptr, "GPU", 3) == 0);
+    ck_assert_int_eq(b.events[5].type, KVB_EV_MALFORMED);
+    mp_free(&m);
+}
+END_TEST
+
 /* ---- malformed input ---------------------------------------------------- */
 
 START_TEST(truncated_at_every_offset)
@@ -989,6 +1046,7 @@ static Suite *decode_suite(void)
     tcase_add_test(tc, token_pairs_and_strings);
     tcase_add_test(tc, extra_keys_cache_salt_and_pair_shapes);
     tcase_add_test(tc, unknown_type_keeps_rest);
+    tcase_add_test(tc, tier_cleared_forms);
     tcase_add_test(tc, truncated_at_every_offset);
     tcase_add_test(tc, huge_declared_lengths);
     tcase_add_test(tc, deep_nesting);

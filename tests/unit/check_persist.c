@@ -402,6 +402,42 @@ START_TEST(ring_scoped_flag)
 }
 END_TEST
 
+/* No mirror (limits.max_resident_blocks: 0): the cursors alone, written by
+ * the saver's thread all the same; no mirror file. */
+START_TEST(cursors_alone_off_the_loop)
+{
+    char d[] = "/tmp/kvb-state-only.XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(d));
+    struct kvb_persist *s;
+    ck_assert_int_eq(kvb_persist_create(&s), 0);
+    struct kvb_state *st = cursors(7, 5, 3);
+    struct kvb_track_rec r = {.what = KVB_TREC_COPY, .worker_id = W, .hash = 9, .val = 1};
+    ck_assert_int_eq(kvb_state_add_track(st, &r), 0);
+    ck_assert_int_eq(kvb_persist_save_start(s, NULL, d, &st, false), 0);
+    ck_assert_ptr_null(st); /* the saver's now */
+    bool done = false;
+    int rc = 0;
+    for (int i = 0; i < 5000 && !done; i++) {
+        rc = kvb_persist_save_result(s, &done);
+        if (!done)
+            usleep(1000);
+    }
+    ck_assert_msg(done, "the saver did not finish in 5 s");
+    ck_assert_int_eq(rc, 0);
+    struct kvb_state *l = NULL;
+    ck_assert_int_eq(kvb_state_load(d, &l), 0);
+    ck_assert_uint_eq(l->n_counters, 2);
+    ck_assert_uint_eq(l->n_track, 1);
+    kvb_state_free(&l);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", d, KVB_MIRROR_FILE);
+    ck_assert_int_ne(access(path, F_OK), 0);
+    kvb_persist_destroy(&s);
+    snprintf(path, sizeof(path), "rm -rf '%s'", d);
+    ck_assert_int_eq(system(path), 0);
+}
+END_TEST
+
 static Suite *mirror_state_suite(void)
 {
     Suite *s = suite_create("mirror_state");
@@ -411,6 +447,7 @@ static Suite *mirror_state_suite(void)
     tcase_add_test(tc, ring_and_missing_marks_round_trip);
     tcase_add_test(tc, ring_scoped_flag);
     tcase_add_test(tc, version_1_still_loads);
+    tcase_add_test(tc, cursors_alone_off_the_loop);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -382,18 +382,155 @@ START_TEST(track_table)
         ck_assert(kvb_track_holds(t, p, 0, h * 0x9e3779b97f4a7c15ULL, 0));
     /* a tier is its own key; a pair reset leaves the other pair */
     ck_assert(!kvb_track_holds(t, p, 1, 0x9e3779b97f4a7c15ULL, -1));
-    ck_assert_int_eq(kvb_track_ns_store(t, q, 5, true, 77), 0);
+    ck_assert_int_eq(kvb_track_ns_store(t, q, 5, true, 77, KVB_TIER_DEVICE), 0);
     kvb_track_reset_pair(t, p);
     ck_assert_uint_eq(kvb_track_entries(t), 1);
     uint64_t ns = 0;
     ck_assert_int_eq(kvb_track_ns_get(t, q, 5, &ns), KVB_NS_SET);
     ck_assert_uint_eq(ns, 77);
-    ck_assert_int_eq(kvb_track_ns_store(t, q, 5, true, 78), 0);
+    ck_assert_int_eq(kvb_track_ns_store(t, q, 5, true, 78, KVB_TIER_DEVICE), 0);
     ck_assert_int_eq(kvb_track_ns_get(t, q, 5, &ns), KVB_NS_AMBIGUOUS);
-    kvb_track_ns_remove(t, q, 5); /* an ambiguous record stays */
+    kvb_track_ns_remove(t, q, 5, KVB_TIER_DEVICE); /* an ambiguous record stays */
     ck_assert_int_eq(kvb_track_ns_get(t, q, 5, &ns), KVB_NS_AMBIGUOUS);
     kvb_track_destroy(&t);
     ck_assert(t == NULL);
+}
+END_TEST
+
+/* Per-tier namespace records (zmq_wire/mod.rs, cache_namespace_tiers): a
+ * block salted on the device and offloaded to host_pinned keeps its
+ * namespace until both tiers removed it; a remove from one tier alone does
+ * not forget it. */
+START_TEST(namespace_per_tier)
+{
+    struct kvb_convert_cfg two = cfg;
+    two.forward_tiers = (1u << KVB_TIER_DEVICE) | (1u << KVB_TIER_HOST_PINNED);
+    kvb_converter_set_config(conv, &two);
+    struct ev x;
+    const uint64_t a[] = {20}, b[] = {21}, b2[] = {22};
+    uint64_t salted = kvb_salt_seed(NULL, 0, "t", 1);
+    struct kvb_event *e = store(&x, a, 1, 0, -1, NULL);
+    e->cache_salt = S("t");
+    ck_assert_int_eq(run(e), PUB);
+    e = store(&x, a, 1, 0, -1, NULL);
+    e->cache_salt = S("t");
+    e->medium = S("CPU");
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_int_eq(r.tier, KVB_TIER_HOST_PINNED);
+    /* the device copy goes: the CPU copy still records the namespace */
+    e = removal(&x, a, 1, -1);
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_int_eq(run(store(&x, b, 1, 20, -1, NULL)), PUB);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, salted));
+    /* the CPU copy goes too: forgotten, the next child is unsalted */
+    e = removal(&x, a, 1, -1);
+    e->medium = S("CPU");
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_int_eq(run(store(&x, b2, 1, 20, -1, NULL)), PUB);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, KVB_TOKENS_HASH_SEED));
+}
+END_TEST
+
+/* TierBlocksCleared (vLLM's tier_scoped_clear_events): one tier emptied.
+ * Its namespace records and copies of that tier go, the other tier's stay;
+ * the router event is a "cleared" scoped to the tier.  An AllBlocksCleared
+ * that names a medium is dropped (ambiguous_scoped_clear); a tier clear of
+ * an unknown medium or with an ownership is dropped as other events are. */
+START_TEST(tier_cleared)
+{
+    struct kvb_convert_cfg two = cfg;
+    two.forward_tiers = (1u << KVB_TIER_DEVICE) | (1u << KVB_TIER_HOST_PINNED);
+    kvb_converter_set_config(conv, &two);
+    struct ev x;
+    const uint64_t a[] = {30}, b[] = {31}, c2[] = {32}, c3[] = {33};
+    uint64_t salted = kvb_salt_seed(NULL, 0, "u", 1);
+    struct kvb_event *e = store(&x, a, 1, 0, -1, NULL); /* 30 on the device, salted */
+    e->cache_salt = S("u");
+    ck_assert_int_eq(run(e), PUB);
+    e = store(&x, b, 1, 0, -1, NULL); /* 31 on the device and on the CPU, salted */
+    e->cache_salt = S("u");
+    ck_assert_int_eq(run(e), PUB);
+    e->medium = S("CPU");
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_uint_eq(kvb_get(&m.tracked_blocks[0]), 2 + 3); /* 2 namespaces, 3 copies */
+
+    struct kvb_event tc = {.type = KVB_EV_TIER_CLEARED, .medium = S("GPU")};
+    ck_assert_int_eq(run(&tc), PUB);
+    ck_assert_int_eq(r.type, KVB_REVT_CLEARED);
+    ck_assert(r.scoped);
+    ck_assert_int_eq(r.tier, KVB_TIER_DEVICE);
+    ck_assert_uint_eq(kvb_get(&m.events_received_total[KVB_EVT_TIER_CLEARED]), 1);
+    /* 30 had only the device: forgotten; 31 still has the CPU: kept */
+    ck_assert_uint_eq(kvb_get(&m.tracked_blocks[0]), 1 + 1);
+    ck_assert_int_eq(run(store(&x, c2, 1, 30, -1, NULL)), PUB);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, KVB_TOKENS_HASH_SEED));
+    ck_assert_int_eq(run(store(&x, c3, 1, 31, -1, NULL)), PUB);
+    ck_assert_uint_eq(r.blocks[0].tokens_hash, kvb_tokens_hash(x.t, 4, salted));
+    /* the device copies are gone: a device store of 31 is a new copy, and
+     * the CPU copy still counts (its remove publishes) */
+    e = store(&x, b, 1, 0, -1, NULL);
+    e->cache_salt = S("u");
+    ck_assert_int_eq(run(e), PUB);
+    e = removal(&x, b, 1, -1);
+    e->medium = S("CPU");
+    ck_assert_int_eq(run(e), PUB);
+    ck_assert_int_eq(r.tier, KVB_TIER_HOST_PINNED);
+
+    /* drops */
+    tc.medium = S("FS");
+    ck_assert_int_eq(run(&tc), DROP(KVB_DROP_UNKNOWN_MEDIUM));
+    tc.medium = S("CPU");
+    tc.ownership = S("kvcr");
+    ck_assert_int_eq(run(&tc), DROP(KVB_DROP_UNSUPPORTED_OWNERSHIP));
+    tc.ownership = S(NULL);
+    tc.medium = S("DISK"); /* not forwarded here */
+    ck_assert_int_eq(run(&tc), DROP(KVB_DROP_TIER_FILTERED));
+    struct kvb_event ac = {.type = KVB_EV_CLEARED, .medium = S("GPU")};
+    ck_assert_int_eq(run(&ac), DROP(KVB_DROP_AMBIGUOUS_SCOPED_CLEAR));
+    ac.medium = S(""); /* an empty medium is none */
+    ck_assert_int_eq(run(&ac), PUB);
+    ck_assert(!r.scoped);
+}
+END_TEST
+
+/* The tracker alone: a tier clear erases a namespace record only when no
+ * tier is left, ambiguous or not; records that noted no tier (a version-1
+ * state file) stay. */
+START_TEST(track_clear_tier)
+{
+    struct kvb_track *t;
+    ck_assert_int_eq(kvb_track_create(1000, &t), 0);
+    struct kvb_pair p = {1, 0}, q = {2, 0};
+    uint64_t ns;
+    ck_assert_int_eq(kvb_track_ns_store(t, p, 1, true, 5, KVB_TIER_DEVICE), 0);
+    ck_assert_int_eq(kvb_track_ns_store(t, p, 2, true, 5, KVB_TIER_DEVICE), 0);
+    ck_assert_int_eq(kvb_track_ns_store(t, p, 2, true, 6, KVB_TIER_HOST_PINNED), 0);
+    ck_assert_int_eq(kvb_track_ns_store(t, q, 1, true, 5, KVB_TIER_DEVICE), 0);
+    struct kvb_track_rec old = {.worker_id = 1, .hash = 3, .val = 5, .what = KVB_TREC_NS,
+                                .state = KVB_NS_AMBIGUOUS};
+    ck_assert_int_eq(kvb_track_put(t, &old), 0);
+    ck_assert_int_eq(kvb_track_hold(t, p, KVB_TIER_DEVICE, 9, 0), 1);
+    ck_assert_int_eq(kvb_track_hold(t, p, KVB_TIER_HOST_PINNED, 9, 0), 1);
+    kvb_track_ns_clear_tier(t, p, KVB_TIER_DEVICE);
+    ck_assert_int_eq(kvb_track_ns_get(t, p, 1, &ns), KVB_NS_NONE);
+    ck_assert_int_eq(kvb_track_ns_get(t, p, 2, &ns), KVB_NS_AMBIGUOUS);
+    ck_assert_int_eq(kvb_track_ns_get(t, p, 3, &ns), KVB_NS_AMBIGUOUS);
+    ck_assert_int_eq(kvb_track_ns_get(t, q, 1, &ns), KVB_NS_SET);
+    kvb_track_ns_clear_tier(t, p, KVB_TIER_HOST_PINNED);
+    ck_assert_int_eq(kvb_track_ns_get(t, p, 2, &ns), KVB_NS_NONE);
+    ck_assert_int_eq(kvb_track_ns_get(t, p, 3, &ns), KVB_NS_AMBIGUOUS);
+    kvb_track_reset_tier(t, p, KVB_TIER_DEVICE);
+    ck_assert(!kvb_track_holds(t, p, KVB_TIER_DEVICE, 9, -1));
+    ck_assert(kvb_track_holds(t, p, KVB_TIER_HOST_PINNED, 9, 0));
+    ck_assert_uint_eq(kvb_track_entries(t), 3); /* q's 1, p's old 3, the CPU copy */
+    /* a remove from the one tier noted forgets; a record with none noted
+     * is forgotten by any remove unless ambiguous */
+    ck_assert_int_eq(kvb_track_ns_store(t, p, 4, true, 5, KVB_TIER_HOST_PINNED), 0);
+    kvb_track_ns_remove(t, p, 4, KVB_TIER_DEVICE);
+    ck_assert_int_eq(kvb_track_ns_get(t, p, 4, &ns), KVB_NS_SET);
+    kvb_track_ns_remove(t, p, 4, KVB_TIER_HOST_PINNED);
+    ck_assert_int_eq(kvb_track_ns_get(t, p, 4, &ns), KVB_NS_NONE);
+    kvb_track_destroy(&t);
 }
 END_TEST
 
@@ -539,6 +676,9 @@ static Suite *relay_suite(void)
     tcase_add_test(tc, cleared_resets);
     tcase_add_test(tc, tracker_bound);
     tcase_add_test(tc, track_table);
+    tcase_add_test(tc, namespace_per_tier);
+    tcase_add_test(tc, tier_cleared);
+    tcase_add_test(tc, track_clear_tier);
     tcase_add_test(tc, track_survives_restart);
     suite_add_tcase(s, tc);
     return s;

@@ -94,13 +94,14 @@ START_TEST(track_round_trip)
         {.what = KVB_TREC_KIND, .worker_id = 9, .dp_rank = 0, .group = INT64_MAX, .val = 1},
         {.what = KVB_TREC_COPY, .worker_id = 9, .tier = 2, .hash = UINT64_MAX, .val = 1ULL << 63},
         {.what = KVB_TREC_NS, .worker_id = 9, .dp_rank = 1, .hash = 7, .state = 2, .val = 0xabc},
+        {.what = KVB_TREC_NS, .worker_id = 9, .hash = 8, .state = 1, .val = 5, .tier = 3},
     };
-    for (size_t i = 0; i < 4; i++)
+    for (size_t i = 0; i < 5; i++)
         ck_assert_int_eq(kvb_state_add_track(s, &in[i]), 0);
     ck_assert_int_eq(kvb_state_save(dir, s), 0);
     ck_assert_int_eq(kvb_state_load(dir, &l), 0);
-    ck_assert_uint_eq(l->n_track, 4);
-    for (size_t i = 0; i < 4; i++)
+    ck_assert_uint_eq(l->n_track, 5);
+    for (size_t i = 0; i < 5; i++)
         ck_assert_msg(memcmp(&l->track[i], &in[i], sizeof(in[i])) == 0, "record %zu", i);
     kvb_state_free(&s);
     kvb_state_free(&l);
@@ -118,6 +119,8 @@ START_TEST(missing_and_corrupt)
         "kvbridge-state 2\ncopy 9 0 0 a\nend\n",            /* missing field */
         "kvbridge-state 2\nkind 9 0 1 1 7\nend\n",          /* extra field */
         "kvbridge-state 2\nns 9 0 a 256 5\nend\n",          /* state out of range */
+        "kvbridge-state 2\nns 9 0 a 1 5 100\nend\n",        /* tiers out of range */
+        "kvbridge-state 2\nns 9 0 a 1 5 1 1\nend\n",        /* extra field */
         "kvbridge-state 2\ncopy 9 0 0 zz 2\nend\n",         /* bad hex */
         "kvbridge-state 1\n",                               /* no end: cut short */
         "kvbridge-state 1\ncounter 1 2 3\nend\n",           /* missing field */
@@ -139,6 +142,13 @@ START_TEST(missing_and_corrupt)
     ck_assert_int_eq(kvb_state_load(dir, &l), 0);
     ck_assert_str_eq(l->streams[0].topic, "kv");
     ck_assert_uint_eq(l->n_track, 0);
+    kvb_state_free(&l);
+    /* an ns line without its tiers: none noted */
+    write_file("kvbridge-state 2\nns 9 0 a 1 5\nend\n");
+    ck_assert_int_eq(kvb_state_load(dir, &l), 0);
+    ck_assert_uint_eq(l->n_track, 1);
+    ck_assert_uint_eq(l->track[0].tier, 0);
+    ck_assert_uint_eq(l->track[0].val, 5);
     kvb_state_free(&l);
 }
 END_TEST
