@@ -39,9 +39,9 @@ enum kvb_event_type {
     KVB_EV_REMOVED,
     KVB_EV_CLEARED,
     KVB_EV_TIER_CLEARED, /* vLLM's TierBlocksCleared: one tier (its medium) emptied */
-    KVB_EV_IGNORED,   /* vLLM's "Ignored" tag: decoded, then dropped (ignored_event) */
-    KVB_EV_UNKNOWN,   /* valid tag we do not know: skipped, counted */
-    KVB_EV_MALFORMED, /* wrong shape or field type: skipped, counted */
+    KVB_EV_IGNORED,      /* vLLM's "Ignored" tag: decoded, then dropped (ignored_event) */
+    KVB_EV_UNKNOWN,      /* valid tag we do not know: skipped, counted */
+    KVB_EV_MALFORMED,    /* wrong shape or field type: skipped, counted */
 };
 
 enum kvb_hash_kind { KVB_HASH_NIL = 0, KVB_HASH_UINT, KVB_HASH_INT, KVB_HASH_BIN };

@@ -166,4 +166,18 @@ bool kvb_sink_serving(const struct kvb_sink *s);
  * caller publishes a "cleared" barrier after each change. */
 uint64_t kvb_sink_losses(const struct kvb_sink *s);
 
+/* The (worker_id, dp_rank) pairs whose router events were lost since the
+ * last call (a JetStream publish given up: its Nats-Msg-Id names the pair),
+ * so that only they are repaired.  Returns how many were written to out
+ * (cap >= KVB_SINK_LOST_PAIRS takes them all); *all is set when a loss names
+ * no pair (core mode's reconnect buffer, more than KVB_SINK_LOST_PAIRS
+ * pairs): then every pair needs its repair.  Owner thread. */
+#define KVB_SINK_LOST_PAIRS 64
+struct kvb_sink_pair {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+};
+size_t kvb_sink_take_lost_pairs(struct kvb_sink *s, struct kvb_sink_pair *out, size_t cap,
+                                bool *all);
+
 #endif

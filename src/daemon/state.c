@@ -256,12 +256,11 @@ static int parse_track(const char *line, uint8_t what, struct kvb_track_rec *r)
         n = sscanf(line, "%" SCNu64 " %" SCNu32 " %u %" SCNx64 " %" SCNx64 " %c", &r->worker_id,
                    &r->dp_rank, &a, &r->hash, &r->val, &extra);
     else
-        n = sscanf(line, "%" SCNu64 " %" SCNu32 " %" SCNx64 " %u %" SCNx64 " %x %c",
-                   &r->worker_id, &r->dp_rank, &r->hash, &a, &r->val, &tiers, &extra);
+        n = sscanf(line, "%" SCNu64 " %" SCNu32 " %" SCNx64 " %u %" SCNx64 " %x %c", &r->worker_id,
+                   &r->dp_rank, &r->hash, &a, &r->val, &tiers, &extra);
     if (what == KVB_TREC_NS && n == 6)
         n = 5; /* the optional TIERS_HEX */
-    if (n != (what == KVB_TREC_KIND ? 4 : 5) || (what != KVB_TREC_KIND && a > 0xff) ||
-        tiers > 0xff)
+    if (n != (what == KVB_TREC_KIND ? 4 : 5) || (what != KVB_TREC_KIND && a > 0xff) || tiers > 0xff)
         return -EINVAL;
     if (what == KVB_TREC_COPY)
         r->tier = (uint8_t)a;

@@ -51,19 +51,64 @@ void kvb_daemon_drain_wake(struct kvb_daemon *d)
 /* Router events lost on the NATS side (a refused publish, a buffer that
  * nats.c dropped with its connection, a JetStream publish given up; and with
  * nats.resync_on_reconnect every reconnection, which may have lost what the
- * server had in flight): once NATS takes publishes again, every pair is
- * repaired (repair.c): "cleared", so that the router forgets what it may
- * have half-seen, then its resident blocks from the mirror.  The engine
- * streams go on. */
+ * server had in flight): once NATS takes publishes again, the pairs that
+ * lost events are repaired (repair.c): "cleared", so that the router forgets
+ * what it may have half-seen, then their resident blocks from the mirror.
+ * A JetStream loss names its pair; any other repairs every pair.  The
+ * engine streams go on. */
+static void take_lost(struct kvb_daemon *d)
+{
+    struct kvb_sink_pair v[KVB_SINK_LOST_PAIRS];
+    bool all = false;
+    size_t n = kvb_sink_take_lost_pairs(d->sink, v, KVB_SINK_LOST_PAIRS, &all);
+    for (size_t i = 0; i < n && !all; i++) {
+        size_t k = 0;
+        while (k < d->n_lost &&
+               (d->lost[k].worker_id != v[i].worker_id || d->lost[k].dp_rank != v[i].dp_rank))
+            k++;
+        if (k < d->n_lost)
+            continue;
+        if (d->n_lost == KVB_SINK_LOST_PAIRS)
+            all = true;
+        else
+            d->lost[d->n_lost++] = v[i];
+    }
+    d->lost_all |= all;
+}
+
+/* Only the pairs that lost events (JetStream's give-ups, all named). */
+static void repair_lost(struct kvb_daemon *d)
+{
+    kvb_warn("main",
+             "router events of %zu (worker_id, dp_rank) pair(s) were lost on the NATS side: "
+             "publishing their barriers",
+             d->n_lost);
+    for (size_t i = 0; i < d->n_lost; i++) {
+        const struct kvb_sink_pair *p = &d->lost[i];
+        if (!kvb_daemon_configured_worker(d->cfg, p->worker_id))
+            continue; /* an old worker_id's: nothing is published for it any more */
+        int rc = kvb_daemon_repair_pair(d, p->worker_id, p->dp_rank, KVB_BAR_NATS_LOST);
+        if (rc < 0)
+            kvb_err("main", "worker_id %llu dp_rank %u: barrier: %s",
+                    (unsigned long long)p->worker_id, p->dp_rank, strerror(-rc));
+    }
+    if (kvb_mirror_missing(d->res))
+        kvb_info("main", "repairing from the residency mirror: %llu blocks to publish again",
+                 (unsigned long long)kvb_mirror_missing(d->res));
+}
+
 static void nats_losses(struct kvb_daemon *d)
 {
     uint64_t losses = kvb_sink_losses(d->sink);
     if (losses != d->losses_seen) {
         d->losses_seen = losses;
-        d->barrier_due = true;
+        take_lost(d);
+        /* every loss is in the sink's list before it is counted: an empty
+         * list means this one's pair was taken (and repaired) already */
+        d->barrier_due |= d->lost_all || d->n_lost;
     }
     if (kvb_publish_take_loss(d->out))
-        d->barrier_due = true;
+        d->barrier_due = d->lost_all = true;
     uint64_t reconnects = kvb_get(&d->m.nats_reconnects_total[0]);
     if (reconnects != d->reconnects_seen) {
         d->reconnects_seen = reconnects;
@@ -71,7 +116,9 @@ static void nats_losses(struct kvb_daemon *d)
     }
     if (!(d->barrier_due || d->resync_due) || !kvb_sink_connected(d->sink))
         return;
-    if (d->barrier_due) {
+    if (d->barrier_due && !d->lost_all && !d->resync_due) {
+        repair_lost(d);
+    } else if (d->barrier_due) {
         kvb_warn("main", "router events were lost on the NATS side: publishing barriers");
         kvb_daemon_repair_all(d, KVB_BAR_NATS_LOST);
     } else {
@@ -79,7 +126,8 @@ static void nats_losses(struct kvb_daemon *d)
                          "the resident blocks)");
         kvb_daemon_repair_all(d, KVB_BAR_NATS_RECONNECT);
     }
-    d->barrier_due = d->resync_due = false;
+    d->barrier_due = d->resync_due = d->lost_all = false;
+    d->n_lost = 0;
     kvb_publish_flush(d->out);
 }
 

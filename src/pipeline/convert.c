@@ -893,8 +893,8 @@ int kvb_convert_cleared(struct kvb_converter *c, uint32_t dp_rank, struct kvb_re
  * clear_namespace_tier): ownership and medium as for any event; the
  * tier's copies forgotten, and on device and host_pinned its namespace
  * records; then a "cleared" of that tier alone, if the tier is forwarded. */
-static int convert_tier_cleared(struct kvb_converter *c, const struct kvb_event *ev,
-                                uint32_t rank, struct kvb_rev *out, int *why)
+static int convert_tier_cleared(struct kvb_converter *c, const struct kvb_event *ev, uint32_t rank,
+                                struct kvb_rev *out, int *why)
 {
     int tier;
     bool lower = false;

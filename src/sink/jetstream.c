@@ -287,7 +287,15 @@ static void js_count(struct kvb_sink *s, _Atomic uint64_t *c)
 /* A message the sink gives up on: lost, so the loop publishes a barrier. */
 static void give_up(struct kvb_sink *s, natsMsg *m)
 {
-    uint64_t cost = msg_cost(m);
+    uint64_t cost = msg_cost(m), epoch, event_id;
+    const char *id = NULL;
+    struct kvb_sink_pair p;
+    char extra;
+    /* worker_id.dp_rank.epoch.event_id (kvb_subject_msg_id()) names the pair */
+    bool named = natsMsgHeader_Get(m, JS_MSG_ID_HDR, &id) == NATS_OK && id &&
+                 sscanf(id, "%" SCNu64 ".%" SCNu32 ".%" SCNu64 ".%" SCNu64 "%c", &p.worker_id,
+                        &p.dp_rank, &epoch, &event_id, &extra) == 4;
+    kvb_sink_lost(s, named ? &p : NULL);
     natsMsg_Destroy(m);
     if (s->m)
         js_count(s, &s->m->jetstream_publish_errors_total[0]);

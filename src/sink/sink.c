@@ -187,8 +187,10 @@ static void on_closed(natsConnection *nc, void *closure)
         }
         /* its reconnect buffer is gone, a loss when anything was published
          * into it (JetStream: the worker takes the unacknowledged back) */
-        if (!s->js_on && atomic_load(&s->outage_bytes) > 0)
+        if (!s->js_on && atomic_load(&s->outage_bytes) > 0) {
+            kvb_sink_lost(s, NULL);
             atomic_fetch_add(&s->losses, 1);
+        }
         pthread_mutex_lock(&s->rb_mu);
         s->rb_needed = true;
         pthread_cond_signal(&s->rb_cond);
@@ -574,6 +576,7 @@ static void sink_free(struct kvb_sink *s)
     pthread_cond_destroy(&s->ack_cond);
     pthread_mutex_destroy(&s->ack_mu);
     pthread_mutex_destroy(&s->order_mu);
+    pthread_mutex_destroy(&s->lost_mu);
     pthread_cond_destroy(&s->rb_cond);
     pthread_mutex_destroy(&s->rb_mu);
     pthread_mutex_destroy(&s->conn_mu);
@@ -617,6 +620,7 @@ static int sink_alloc(struct kvb_sink **out)
     }
     pthread_mutex_init(&s->ack_mu, NULL);
     pthread_mutex_init(&s->order_mu, NULL);
+    pthread_mutex_init(&s->lost_mu, NULL);
     pthread_mutex_init(&s->rb_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
     pthread_mutex_init(&s->evl_mu, NULL);

@@ -132,6 +132,14 @@ struct kvb_sink {
     _Atomic uint64_t outage_bytes; /* protocol bytes published while not connected */
     _Atomic uint64_t losses;       /* connections nats.c gave up with data buffered,
                                    * or router events the stream refused */
+    /* lost_mu: the pairs of the router events given up since the loop last
+     * took them (kvb_sink_take_lost_pairs()), or `lost_all` when a loss
+     * names no pair (a core connection's buffer, an id-less message, more
+     * pairs than lost holds).  Written before `losses` is counted. */
+    pthread_mutex_t lost_mu;
+    struct kvb_sink_pair lost[KVB_SINK_LOST_PAIRS];
+    size_t n_lost;
+    bool lost_all;
 
     /* ---- JetStream (jetstream.c; see the top of that file) ----
      * js belongs to conn: conn_mu guards both, the worker replaces both. */
@@ -257,6 +265,9 @@ void kvb_sink_last_error(natsStatus st, char *out, size_t cap);
 int kvb_sink_errno(natsStatus st);
 /* Write a byte to the loop's wake fd (only while live). */
 void kvb_sink_wake(struct kvb_sink *s);
+/* A loss of pair p's router events (NULL: of no one pair), for
+ * kvb_sink_take_lost_pairs(); before `losses` is counted.  Any thread. */
+void kvb_sink_lost(struct kvb_sink *s, const struct kvb_sink_pair *p);
 /* The sink may write metrics (see "Metrics rule" in conn.c). */
 bool kvb_sink_owns_metrics(const struct kvb_sink *s);
 /* Signal the worker (rb_cond). */

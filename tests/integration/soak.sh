@@ -241,7 +241,7 @@ pct() { awk -v x="$1" -v y="$2" 'BEGIN { if (x <= 0) print 999; else { d = (y - 
 flat() { awk -v d="$1" 'BEGIN { exit !(d <= 5) }'; }
 
 # ---- warnings: each explained by an injected fault -----------------------------
-explained='disconnected from NATS|reconnected to NATS|JetStream stores none of our publishes|JetStream still stores none|unacknowledged, 3/4 of nats.jetstream.max_pending|pausing the engine streams|JetStream: stream .*: (Timeout|No responders|.*temporarily unavailable)|seq gap: [0-9]+ missing before|engine connection dropped|engine reconnected and seq|the engine no longer holds our last seq|the engine.s batch at our last seq differs|seq went back|engine restart|similar messages suppressed|not sent again, so that the stream keeps the pair.s order|router events were lost on the NATS side: publishing barriers|cannot read back what the stream stored'
+explained='disconnected from NATS|reconnected to NATS|JetStream stores none of our publishes|JetStream still stores none|unacknowledged, 3/4 of nats.jetstream.max_pending|pausing the engine streams|JetStream: stream .*: (Timeout|No responders|.*temporarily unavailable)|seq gap: [0-9]+ missing before|engine connection dropped|engine reconnected and seq|the engine no longer holds our last seq|the engine.s batch at our last seq differs|seq went back|engine restart|similar messages suppressed|not sent again, so that the stream keeps the pair.s order|were lost on the NATS side: publishing (their )?barriers|cannot read back what the stream stored'
 grep -E '\] (warn|error):' "$T/kvb.log" | grep -vE "$explained" >"$T/unexplained" || true
 nwarn=$(grep -cE '\] (warn|error):' "$T/kvb.log" || true)
 nunexp=$(wc -l <"$T/unexplained")

@@ -506,8 +506,8 @@ START_TEST(track_clear_tier)
     ck_assert_int_eq(kvb_track_ns_store(t, p, 2, true, 5, KVB_TIER_DEVICE), 0);
     ck_assert_int_eq(kvb_track_ns_store(t, p, 2, true, 6, KVB_TIER_HOST_PINNED), 0);
     ck_assert_int_eq(kvb_track_ns_store(t, q, 1, true, 5, KVB_TIER_DEVICE), 0);
-    struct kvb_track_rec old = {.worker_id = 1, .hash = 3, .val = 5, .what = KVB_TREC_NS,
-                                .state = KVB_NS_AMBIGUOUS};
+    struct kvb_track_rec old = {
+        .worker_id = 1, .hash = 3, .val = 5, .what = KVB_TREC_NS, .state = KVB_NS_AMBIGUOUS};
     ck_assert_int_eq(kvb_track_put(t, &old), 0);
     ck_assert_int_eq(kvb_track_hold(t, p, KVB_TIER_DEVICE, 9, 0), 1);
     ck_assert_int_eq(kvb_track_hold(t, p, KVB_TIER_HOST_PINNED, 9, 0), 1);

@@ -1332,6 +1332,71 @@ START_TEST(test_js_window_resend)
 }
 END_TEST
 
+/* A publish the stream refuses for good is a loss of its own pair: the
+ * daemon repairs only the pairs kvb_sink_take_lost_pairs() names (the
+ * Nats-Msg-Id's worker_id.dp_rank), not every pair. */
+START_TEST(test_js_lost_pairs)
+{
+    int port = free_port();
+    fx.cfg = cfg_new(port, 3000, 100, 1000, 8 << 20);
+    cfg_js(fx.cfg, 4096, 2000);
+    js_server_start(port);
+    /* a stream that takes 3 messages and refuses the rest (discard new) */
+    char url[64];
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsStreamConfig c;
+    const char *subjects[1] = {JS_SUBJ};
+    snprintf(url, sizeof(url), "nats://127.0.0.1:%d", port);
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    jsStreamConfig_Init(&c);
+    c.Name = JS_STREAM;
+    c.Subjects = subjects;
+    c.SubjectsLen = 1;
+    c.MaxMsgs = 3;
+    c.Discard = js_DiscardNew;
+    ck_assert_int_eq(js_AddStream(NULL, js, &c, NULL, NULL), NATS_OK);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    capture_start();
+    ck_assert_int_eq(kvb_sink_create(fx.cfg, &fx.m, -1, &fx.sink), 0);
+    struct kvb_sink *s = fx.sink;
+    static const char *const ids[] = {"7.0.1.0", "7.0.1.1", "7.0.1.2", /* stored */
+                                      "7.3.1.0", "9.1.2.5", "7.3.1.1"};
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++)
+        ck_assert_int_eq(kvb_sink_publish_id(s, JS_SUBJ, "x", 1, ids[i]), 0);
+    uint64_t until = now_ms() + 5000;
+    while (kvb_sink_losses(s) < 3 && now_ms() < until)
+        sleep_ms(10);
+    ck_assert_msg(kvb_sink_losses(s) == 3, "losses %" PRIu64 ", acks %" PRIu64, kvb_sink_losses(s),
+                  kvb_get(&fx.m.jetstream_acks_total[0]));
+    struct kvb_sink_pair v[KVB_SINK_LOST_PAIRS];
+    bool all = true;
+    size_t n = kvb_sink_take_lost_pairs(s, v, KVB_SINK_LOST_PAIRS, &all);
+    ck_assert(!all);
+    ck_assert_uint_eq(n, 2); /* 7.3 once, 9.1 */
+    bool p73 = false, p91 = false;
+    for (size_t i = 0; i < n; i++) {
+        p73 |= v[i].worker_id == 7 && v[i].dp_rank == 3;
+        p91 |= v[i].worker_id == 9 && v[i].dp_rank == 1;
+    }
+    ck_assert(p73 && p91);
+    /* taken: the next call names none */
+    ck_assert_uint_eq(kvb_sink_take_lost_pairs(s, v, KVB_SINK_LOST_PAIRS, &all), 0);
+    ck_assert(!all);
+    /* an id-less refusal names no pair: every pair */
+    ck_assert_int_eq(kvb_sink_publish_id(s, JS_SUBJ, "x", 1, "bogus"), 0);
+    until = now_ms() + 5000;
+    while (kvb_sink_losses(s) < 4 && now_ms() < until)
+        sleep_ms(10);
+    ck_assert_uint_eq(kvb_sink_losses(s), 4);
+    kvb_sink_take_lost_pairs(s, v, KVB_SINK_LOST_PAIRS, &all);
+    ck_assert(all);
+    capture_stop();
+}
+END_TEST
+
 static bool sink_up(void) { return kvb_sink_connected(fx.sink); }
 
 /* The server killed and restarted on the same store: what was in flight and
@@ -1422,6 +1487,7 @@ static Suite *sink_suite(void)
     tcase_add_checked_fixture(tc, fx_setup, fx_teardown);
     tcase_add_test(tc, test_js_create_publish);
     tcase_add_test(tc, test_js_refused);
+    tcase_add_test(tc, test_js_lost_pairs);
     tcase_add_test(tc, test_js_window_resend);
     tcase_add_test(tc, test_js_server_restart);
     suite_add_tcase(su, tc);
