@@ -275,6 +275,9 @@ struct ev {
      * namespace the router hashes with */
     bool parity, fwd;
     const char *kind_s, *medium_s, *locality_s, *ownership_s, *tier_s, *drop;
+    /* tierclear: a "cleared" of medium_s only (TierBlocksCleared); an
+     * AllBlocksCleared that names a medium (ambiguous) is one with drop set */
+    bool tier_clear;
     int attr, salt_ns, truth_ns;
     size_t rel_off, nrel;
 };
@@ -343,7 +346,8 @@ enum workload {
     WL_HYBRID,
     WL_TWOGROUPS,
     WL_SALTED,
-    WL_REMOTE
+    WL_REMOTE,
+    WL_TIERCLEAR
 };
 
 enum engine_kind { EK_VLLM, EK_SGLANG };
@@ -884,6 +888,15 @@ static void gen_chain(struct sim *s, struct rank *r)
  *              salts (par_ambiguous())
  *   remote:    vLLM 0.26+ maps: locality, ownership and medium names, fixed
  *              per request
+ *   tierclear: vLLM with CPU offload and tier_scoped_clear_events (maps):
+ *              every store on the GPU (group 0) offloaded to CPU_PINNED
+ *              (group 1, same hashes), the GPU window shorter; now and then
+ *              a batch of its own with TierBlocksCleared(medium "GPU") (the
+ *              GPU tier emptied, the CPU copies kept, as vLLM's
+ *              isolate_tier_clear_batches), or with an AllBlocksCleared that
+ *              names a medium (dropped: ambiguous_scoped_clear; nothing of
+ *              the engine's caches changes, since a bridge that follows
+ *              Dynamo's rules keeps what it holds)
  * --report-full (kv_cache_report_mode: full): each batch first re-emits the
  * previous batch's stores, blocks the next request reuses. */
 
@@ -913,6 +926,8 @@ static const struct pattr par_attrs[] = {
     {"FS", "device", "LOCAL", NULL},
 };
 #define PAR_NATTRS (sizeof par_attrs / sizeof par_attrs[0])
+#define PAR_ATTR_GPU 1 /* par_attrs[]: GPU, LOCAL (tierclear's group 0) */
+#define PAR_ATTR_CPU 4 /* CPU_PINNED, LOCAL (tierclear's offload, group 1) */
 
 struct pring {
     uint64_t h[PAR_KEEP];
@@ -949,7 +964,8 @@ struct parity {
 
 static bool wl_parity(enum workload w)
 {
-    return w == WL_HYBRID || w == WL_TWOGROUPS || w == WL_SALTED || w == WL_REMOTE;
+    return w == WL_HYBRID || w == WL_TWOGROUPS || w == WL_SALTED || w == WL_REMOTE ||
+           w == WL_TIERCLEAR;
 }
 
 static void par_init(struct gen *g)
@@ -1201,6 +1217,39 @@ static void gen_parity_chain(struct sim *s, struct rank *r, size_t nb, bool fres
     par_hold(r, ei);
 }
 
+/* tierclear: a GPU store and its offload to the CPU, or a clear in a batch
+ * of its own (1 in 20 each: TierBlocksCleared of the GPU, or an
+ * AllBlocksCleared that names the GPU, which a bridge drops). */
+static void gen_parity_tierclear(struct sim *s, struct rank *r, size_t nb)
+{
+    struct parity *p = r->g.par;
+    uint32_t k = rnd_below(&r->g.rng, 40);
+    size_t ei, ci;
+
+    if (p->ring[0].n && k < 2) {
+        struct ev *e = &r->b.ev[batch_ev(&r->b, EV_CLEARED)];
+        e->parity = true;
+        e->medium_s = "GPU";
+        e->tier_s = "device";
+        e->tier_clear = k == 0;
+        if (e->tier_clear)
+            p->has_last = false; /* the next request's blocks: a new root */
+        return;
+    }
+    ei = par_store(s, r, nb, 0, "full_attention");
+    r->b.ev[ei].attr = PAR_ATTR_GPU;
+    par_attr_apply(&r->b.ev[ei], PAR_ATTR_GPU);
+    p->last = r->b.h[r->b.ev[ei].h_off + nb - 1];
+    p->has_last = true;
+    ci = par_store_again(r, ei, 1, "full_attention");
+    r->b.ev[ci].attr = PAR_ATTR_CPU;
+    par_attr_apply(&r->b.ev[ci], PAR_ATTR_CPU);
+    par_save(s, r, ei);
+    par_save(s, r, ci);
+    par_hold(r, ei);
+    par_hold(r, ci);
+}
+
 /* One batch of a parity workload. */
 static void gen_parity(struct sim *s, struct rank *r)
 {
@@ -1211,7 +1260,7 @@ static void gen_parity(struct sim *s, struct rank *r)
     bool fresh = !p->has_last || p->end_conv || rnd_below(&g->rng, 4) == 0;
 
     for (int i = 0; i < PAR_GROUPS; i++)
-        p->ring[i].keep = wl == WL_HYBRID && i == 0 ? PAR_KEEP0 : PAR_KEEP;
+        p->ring[i].keep = (wl == WL_HYBRID || wl == WL_TIERCLEAR) && i == 0 ? PAR_KEEP0 : PAR_KEEP;
     if (s->o.report_full)
         par_report_full(s, r);
     p->ncur = 0;
@@ -1222,6 +1271,8 @@ static void gen_parity(struct sim *s, struct rank *r)
     }
     if (wl == WL_HYBRID || wl == WL_TWOGROUPS)
         gen_parity_groups(s, r, nb);
+    else if (wl == WL_TIERCLEAR)
+        gen_parity_tierclear(s, r, nb);
     else
         gen_parity_chain(s, r, nb, fresh);
     memcpy(p->saved, p->cur, p->ncur * sizeof *p->cur);
@@ -1375,6 +1426,30 @@ static const char *par_decide_remove(struct parity *p, struct batch *b, size_t e
     return b->ev[ei].nrel ? NULL : "copies_remain";
 }
 
+/* TierBlocksCleared of one tier: the engine's blocks of that tier leave its
+ * rings, and the bridge's copies of that tier go (Dynamo's indexer clears
+ * that tier only; tierclear carries no salts, so no namespace records). */
+static void par_tier_clear(struct parity *p, int tier)
+{
+    for (int g = 0; g < PAR_GROUPS; g++) {
+        struct pring *q = &p->ring[g];
+        size_t kept = 0;
+        for (size_t i = 0; q->keep && i < q->n; i++) {
+            size_t at = (q->head + i) % q->keep;
+            uint64_t h = q->h[at];
+            if (par_tier(par_attrs[q->attr[at]].medium) != tier) {
+                size_t to = (q->head + kept++) % q->keep;
+                q->h[to] = h;
+                q->attr[to] = q->attr[at];
+                continue;
+            }
+            map_del(&p->copies, par_copy_key(tier, g, h));
+            map_del(&p->count, par_count_key(tier, h));
+        }
+        q->n = kept;
+    }
+}
+
 static void par_decide(struct rank *r)
 {
     struct parity *p = r->g.par;
@@ -1384,6 +1459,17 @@ static void par_decide(struct rank *r)
         struct ev *e = &b->ev[i];
         const char *why;
         int tier = 0;
+        if (e->type == EV_CLEARED && e->tier_clear) {
+            if ((tier = par_tier(e->medium_s)) < 0)
+                e->drop = "unknown_medium";
+            else
+                par_tier_clear(p, tier);
+            continue;
+        }
+        if (e->type == EV_CLEARED && e->medium_s) { /* AllBlocksCleared naming a tier */
+            e->drop = "ambiguous_scoped_clear";
+            continue;
+        }
         if (e->type == EV_CLEARED) {
             map_clear(&p->copies);
             map_clear(&p->count);
@@ -2074,9 +2160,24 @@ static void pack_parity_map(struct sim *s, const struct batch *b, const struct e
     }
 }
 
+/* tierclear's clears, maps: {"type":"TierBlocksCleared","medium":M} or an
+ * AllBlocksCleared that names a medium (ambiguous: dropped). */
+static void pack_parity_cleared(struct sim *s, const struct ev *e)
+{
+    msgpack_packer *pk = &s->pk;
+
+    msgpack_pack_map(pk, 2);
+    pack_cstr(pk, "type");
+    pack_cstr(pk, e->tier_clear ? "TierBlocksCleared" : "AllBlocksCleared");
+    pack_cstr(pk, "medium");
+    pack_opt_cstr(pk, e->medium_s);
+}
+
 static void pack_parity_event(struct sim *s, const struct batch *b, const struct ev *e)
 {
-    if (s->o.enc == ENC_MAP || s->o.wl == WL_REMOTE)
+    if (e->type == EV_CLEARED)
+        pack_parity_cleared(s, e);
+    else if (s->o.enc == ENC_MAP || s->o.wl == WL_REMOTE || s->o.wl == WL_TIERCLEAR)
         pack_parity_map(s, b, e);
     else
         pack_parity_positional(s, b, e);
@@ -2415,7 +2516,12 @@ static void rec_event_parity(struct sim *s, const struct batch *b, const struct 
     FILE *f = s->rec;
     struct mm_item salt = {.kind = MMI_SALT};
 
-    if (e->type == EV_STORED) {
+    if (e->type == EV_CLEARED) {
+        if (e->tier_clear)
+            fprintf(f, "{\"type\":\"cleared\",\"tier\":\"%s\",\"scoped\":true", e->tier_s);
+        else
+            fprintf(f, "{\"type\":\"cleared\",\"medium\":\"%s\"", e->medium_s);
+    } else if (e->type == EV_STORED) {
         if (e->truth_ns)
             snprintf(salt.str, sizeof salt.str, SALT_PREFIX "%s",
                      cache_namespaces[e->truth_ns - 1]);
@@ -2647,7 +2753,8 @@ static void publish_one(struct sim *s, struct rank *r)
     case WL_HYBRID:
     case WL_TWOGROUPS:
     case WL_SALTED:
-    case WL_REMOTE: gen_parity(s, r); break;
+    case WL_REMOTE:
+    case WL_TIERCLEAR: gen_parity(s, r); break;
     }
 
     track_usage(s, r);
@@ -2842,7 +2949,8 @@ static void track_usage(const struct sim *s, struct rank *r)
     for (size_t i = 0; i < r->b.nev; i++) {
         const struct ev *e = &r->b.ev[i];
         if (e->type == EV_CLEARED) {
-            used = 0;
+            if (!e->drop) /* an ambiguous clear changes nothing; a tier clear is the GPU's */
+                used = 0;
             continue;
         }
         if (e->medium == MED_CPU || e->group != 0)
@@ -3224,9 +3332,9 @@ enum {
 static const char *const layout_names[] = {"old", "new", NULL};
 static const char *const encoding_names[] = {"positional", "map", NULL};
 static const char *const hash_names[] = {"uint", "int", "bin", NULL};
-static const char *const workload_names[] = {"realistic", "decode", "prefill",   "multimodal",
-                                             "eagle",     "hybrid", "twogroups", "salted",
-                                             "remote",    NULL};
+static const char *const workload_names[] = {"realistic", "decode",    "prefill",   "multimodal",
+                                             "eagle",     "hybrid",    "twogroups", "salted",
+                                             "remote",    "tierclear", NULL};
 static const char *const engine_kind_names[] = {"vllm", "sglang", NULL};
 static const char *const rank_naming_names[] = {"port", "trtllm", NULL};
 static const char *const sources_shape_names[] = {"array", "envelope", "ranks", NULL};
@@ -3339,7 +3447,10 @@ static const struct tool_opt options[] = {
               "group 0 sliding window / mamba, shared hashes | twogroups:\n"
               "one hash in two full-attention groups | salted: multi-turn\n"
               "conversations, only the first store salted | remote: vLLM\n"
-              "0.26+ locality, ownership, medium names"},
+              "0.26+ locality, ownership, medium names | tierclear: GPU\n"
+              "stores offloaded to CPU_PINNED, batches of their own with\n"
+              "TierBlocksCleared(medium GPU) or an AllBlocksCleared that\n"
+              "names a medium (dropped: ambiguous_scoped_clear)"},
     {.name = "cache-blocks", .arg = "N", .kind = TOOL_U64, F(cache_blocks), .min = 2 * MAX_CHAIN,
      .max = 100000000,
      .help = "realistic: device cache capacity in blocks (default 4096)"},
@@ -3573,8 +3684,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
         return -EINVAL;
     }
     if (o->report_full && !wl_parity(o->wl)) {
-        fprintf(stderr, "kvsim: --report-full is for the hybrid, twogroups, salted and remote "
-                        "workloads\n");
+        fprintf(stderr, "kvsim: --report-full is for the hybrid, twogroups, salted, remote and "
+                        "tierclear workloads\n");
         return -1;
     }
     if (o->video_token && (!o->image_token || o->bs < 8 || o->video_token == o->image_token)) {

@@ -250,6 +250,7 @@ struct rev {
     int tier;
     enum kind kind;
     bool has_parent;
+    bool scoped; /* a "cleared" of `tier` only (its storage_tier named it) */
     struct vec h, th;
 };
 
@@ -358,6 +359,8 @@ static bool num(struct cur *c, uint64_t *out)
 /*
  * Parses exactly the compact dynamo-json shape, fields in order:
  *   {"worker_id":W[,"storage_tier":"T"],"event":{"event_id":E,"data":D,"dp_rank":R}}
+ * storage_tier "device" only on a "cleared": a cleared that names a tier
+ * (device included) empties that tier alone, one without empties every tier.
  * a stored block {"block_hash":H,"tokens_hash":T[,"mm_extra_info":{"mm_objects":
  * [{"mm_hash":M,"offsets":[]},...]}]} (docs/router-events.md section 3.2).
  * Returns NULL on success, else what was expected (and c->p is where).
@@ -367,18 +370,23 @@ static const char *parse_rev(struct cur *c, struct rev *ev)
     ev->h.n = ev->th.n = 0;
     ev->has_parent = false;
     ev->tier = T_DEVICE;
+    ev->scoped = false;
 
+    bool named = false;
     if (!lit(c, "{\"worker_id\":") || !num(c, &ev->worker))
         return "{\"worker_id\":<u64>";
     if (lit(c, ",\"storage_tier\":\"")) {
-        if (lit(c, "host_pinned\""))
+        named = true;
+        if (lit(c, "device\""))
+            ev->tier = T_DEVICE;
+        else if (lit(c, "host_pinned\""))
             ev->tier = T_HOST;
         else if (lit(c, "disk\""))
             ev->tier = T_DISK;
         else if (lit(c, "external\""))
             ev->tier = T_EXTERNAL;
         else
-            return "storage_tier host_pinned|disk|external (device is implicit)";
+            return "storage_tier device|host_pinned|disk|external";
     }
     if (!lit(c, ",\"event\":{\"event_id\":") || !num(c, &ev->id))
         return ",\"event\":{\"event_id\":<u64>";
@@ -386,6 +394,9 @@ static const char *parse_rev(struct cur *c, struct rev *ev)
         return ",\"data\":";
     if (lit(c, "\"cleared\"")) {
         ev->kind = K_CLEARED;
+        ev->scoped = named;
+    } else if (named && ev->tier == T_DEVICE) {
+        return "storage_tier device only on a \"cleared\" (elsewhere it is implicit)";
     } else if (lit(c, "{\"stored\":{\"parent_hash\":")) {
         ev->kind = K_STORED;
         if (!lit(c, "null")) {
@@ -576,7 +587,13 @@ static void apply_index(struct tail *t, const struct rev *ev)
                 t->st.unknown_removes++;
         break;
     case K_CLEARED:
-        spaces_clear(&t->index, ev->worker, ev->rank); /* every tier */
+        if (ev->scoped) { /* Dynamo's index.clear(worker, Some(tier)) */
+            sp = space_get(&t->index, ev->worker, ev->rank, ev->tier, false);
+            if (sp)
+                hset_clear(&sp->set);
+        } else {
+            spaces_clear(&t->index, ev->worker, ev->rank); /* every tier */
+        }
         break;
     }
 }
@@ -929,8 +946,13 @@ static const char *mp_rev(struct tail *t, const msgpack_object *m)
     data = map_get(e, "data");
     if (!data)
         return "event.data: missing";
+    ev->scoped = false;
     if (str_is(data, "cleared")) {
+        /* storage_tier is always written: "device" is Dynamo's
+         * AllBlocksCleared (every tier, so a device-scoped clear reads as
+         * all tiers here), any other tier that tier only */
         ev->kind = K_CLEARED;
+        ev->scoped = ev->tier != T_DEVICE;
     } else if ((v = map_get(data, "stored"))) {
         const msgpack_object *ph = map_get(v, "parent_hash"), *sp = map_get(v, "start_position"),
                              *bl = map_get(v, "blocks");
@@ -999,7 +1021,7 @@ static void print_json(struct tail *t)
         t->line = xrealloc(NULL, t->line_cap);
     }
     line_put(t, &n, "{\"worker_id\":%" PRIu64, ev->worker);
-    if (ev->tier != T_DEVICE)
+    if (ev->kind == K_CLEARED ? ev->scoped : ev->tier != T_DEVICE)
         line_put(t, &n, ",\"storage_tier\":\"%s\"", tier_names[ev->tier]);
     line_put(t, &n, ",\"event\":{\"event_id\":%" PRIu64 ",\"data\":", ev->id);
     if (ev->kind == K_CLEARED) {
@@ -1263,6 +1285,9 @@ static bool jnum_array(struct cur *c, struct vec *v)
 struct recev {
     enum kind kind;
     int tier;
+    /* "cleared": of `tier` only ("scoped":true), or one a bridge drops
+     * ("drop": an AllBlocksCleared that names a medium) */
+    bool scoped, dropped;
     uint64_t group;
     size_t h_off, nh, th_off, nth;
     /* a parity record's truth: fwd (-1 absent), the hashes a remove releases */
@@ -1330,6 +1355,14 @@ static bool rec_event(struct cur *c, struct recline *rl)
                 if (!jnum_array(c, &rl->rel))
                     return false;
                 e.has_rel = true;
+            } else if (!strcmp(key, "scoped")) {
+                e.scoped = jlit(c, "true");
+                if (!e.scoped && !jlit(c, "false"))
+                    return false;
+            } else if (!strcmp(key, "drop")) {
+                if (!jstr(c, val, sizeof val))
+                    return false;
+                e.dropped = true;
             } else if (!jskip(c, 0)) {
                 return false;
             }
@@ -1422,7 +1455,13 @@ static bool rec_line(struct tail *t, struct recline *rl, const char *line, size_
         const struct recev *e = &rl->ev[i];
         struct space *sp;
         if (e->kind == K_CLEARED) {
-            spaces_clear(&t->truth, 0, rank);
+            if (e->dropped)
+                continue; /* the bridge publishes nothing: the router keeps it all */
+            if (!e->scoped) {
+                spaces_clear(&t->truth, 0, rank);
+            } else if ((sp = space_get(&t->truth, 0, rank, e->tier, false))) {
+                hset_clear(&sp->set);
+            }
             continue;
         }
         if (e->fwd >= 0 || e->has_rel) {
@@ -1773,7 +1812,11 @@ static const struct tool_opt options[] = {
      .help = "apply events to an index per (worker_id, dp_rank, tier) like\n"
               "Dynamo's indexer: a store with an unknown parent is dropped\n"
               "whole (orphans=), unknown removes are ignored (counted),\n"
-              "\"cleared\" empties every tier of the pair"},
+              "\"cleared\" empties every tier of the pair, one with a\n"
+              "storage_tier (dynamo-json) only that tier; dynamo-msgpack\n"
+              "always names one: \"device\" is every tier (Dynamo's\n"
+              "AllBlocksCleared, so a device-scoped clear reads as all\n"
+              "tiers), any other that tier only"},
     {.name = "index-set", .kind = TOOL_FLAG, F(index_set),
      .help = "with --index: a store of an indexed block adds nothing (one\n"
               "copy per block, as Dynamo's radix tree; the bridge counts\n"

@@ -42,6 +42,7 @@ struct rec {
     uint32_t off, n_words, n;
     uint8_t type, tier;
     bool has_parent;
+    bool scoped; /* a "cleared" of `tier` only */
 };
 
 struct pair {
@@ -399,9 +400,16 @@ static void ring_push(struct pair *p, const struct kvb_rev *rev)
         }
     }
     struct rec *r = &p->recs[(p->head + p->count) % nrec];
-    *r = (struct rec){
-        rev->event_id, rev->epoch, rev->parent,    (p->w_head + p->w_used) % p->n_words, nw, rev->n,
-        rev->type,     rev->tier,  rev->has_parent};
+    *r = (struct rec){rev->event_id,
+                      rev->epoch,
+                      rev->parent,
+                      (p->w_head + p->w_used) % p->n_words,
+                      nw,
+                      rev->n,
+                      rev->type,
+                      rev->tier,
+                      rev->has_parent,
+                      rev->type == KVB_REVT_CLEARED && rev->scoped};
     p->w_used += nw;
     p->count++;
 }
@@ -493,6 +501,10 @@ int kvb_index_apply(struct kvb_index *m, const struct kvb_rev *rev)
             if (at >= 0)
                 del_entry(m, s, (uint32_t)at);
         }
+    } else if (rev->scoped) { /* one tier emptied (TierBlocksCleared) */
+        struct space *s = space_get(m, rev->worker_id, rev->dp_rank, rev->tier);
+        if (s)
+            space_empty(m, s);
     } else {
         clear_pair(m, rev->worker_id, rev->dp_rank);
     }
@@ -752,7 +764,8 @@ int kvb_index_events_from(struct kvb_index *m, uint64_t worker_id, uint32_t dp_r
                               .epoch = r->epoch,
                               .has_parent = r->has_parent,
                               .parent = r->parent,
-                              .n = r->n};
+                              .n = r->n,
+                              .scoped = r->scoped};
         if (r->type != KVB_REVT_CLEARED && scratch_reserve(m, r->n) < 0)
             return -ENOMEM;
         if (r->type == KVB_REVT_STORED) {
@@ -840,7 +853,8 @@ int kvb_index_ring_next(struct kvb_index_ring *r, struct kvb_rev *out)
                             .epoch = rc->epoch,
                             .has_parent = rc->has_parent,
                             .parent = rc->parent,
-                            .n = rc->n};
+                            .n = rc->n,
+                            .scoped = rc->scoped};
     if (rc->type == KVB_REVT_STORED) /* (block, tokens) pairs: a kvb_block each */
         out->blocks = (const struct kvb_block *)(r->words + rc->off);
     else if (rc->type == KVB_REVT_REMOVED)

@@ -9,7 +9,8 @@
  *     whole (counted as an orphan); otherwise every block is added (a block
  *     stored again is overwritten);
  *   - removed: each hash leaves the space (an unknown one is ignored);
- *   - cleared: every tier of that (worker_id, dp_rank) is emptied.
+ *   - cleared: every tier of that (worker_id, dp_rank) is emptied; a scoped
+ *     one (rev->scoped, the engine's TierBlocksCleared) only its tier.
  * So the mirror equals, by construction, what a correct consumer holds.
  *
  * It also keeps, per (worker_id, dp_rank), the last `recent_events` router

@@ -23,6 +23,7 @@
 #define CHAIN_BLOCKS 4096u
 #define END_MARK 0xffu   /* in place of a tier: the pair's chains end */
 #define CHAIN_MISSING 1u /* a chain's flags: consumers lack its blocks (a repair owes them) */
+#define EV_SCOPED 1u     /* a ring event's flags: a "cleared" of its tier only (0 in older files) */
 
 struct pair_save {
     uint64_t worker, last, epoch;
@@ -125,7 +126,8 @@ static int put_pair(struct out *o, struct pair_save *p)
     while (rc == 0 && kvb_index_ring_next(p->ring, &rev) == 1) {
         put_u64(o, rev.event_id);
         put_u64(o, rev.epoch);
-        uint8_t hdr[8] = {rev.type, rev.tier, rev.has_parent, 0, 0, 0, 0, 0};
+        uint8_t hdr[8] = {rev.type, rev.tier, rev.has_parent, rev.scoped ? EV_SCOPED : 0, 0, 0,
+                          0,        0};
         memcpy(hdr + 4, &rev.n, 4);
         put(o, hdr, 8);
         put_u64(o, rev.has_parent ? rev.parent : 0);
@@ -441,13 +443,15 @@ static int load_ring(struct kvb_index *m, struct in *in, uint64_t worker, uint32
         rev.epoch = get_u64(in);
         const uint8_t *h = take(in, 8);
         rev.parent = get_u64(in);
-        if (!h || h[0] >= KVB_REVT__COUNT || h[1] >= KVB_TIER__COUNT || h[2] > 1) {
+        if (!h || h[0] >= KVB_REVT__COUNT || h[1] >= KVB_TIER__COUNT || h[2] > 1 ||
+            (h[3] & ~EV_SCOPED) || (h[3] && h[0] != KVB_REVT_CLEARED)) {
             in->bad = true;
             break;
         }
         rev.type = h[0];
         rev.tier = h[1];
         rev.has_parent = h[2];
+        rev.scoped = h[3] & EV_SCOPED;
         memcpy(&rev.n, h + 4, 4);
         size_t nw = event_words(&rev);
         const void *w = take(in, nw * 8);

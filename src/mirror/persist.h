@@ -19,7 +19,8 @@
  *             then the end mark: u8 0xff and 7 zero bytes;
  *             then u32 events, u32 0, and per event of the ring, oldest
  *             first (the last one is `last`): u64 event_id, u64 epoch,
- *             u8 type, u8 tier, u8 has_parent, u8 0, u32 n, u64 parent,
+ *             u8 type, u8 tier, u8 has_parent, u8 flags (1: a "cleared" of
+ *             its tier only; 0 in files of older builds), u32 n, u64 parent,
  *             then its words: n x (u64 block_hash, u64 tokens_hash) for a
  *             store, n x u64 for a remove, none for a "cleared"
  *   u64 xxh64

@@ -122,7 +122,10 @@ int kvb_encode(struct kvb_encoder *e, const struct kvb_rev *r, const char **data
     char *p = e->buf;
     LIT(p, "{\"worker_id\":");
     U64(p, r->worker_id);
-    if (r->tier != KVB_TIER_DEVICE) {
+    /* A scoped "cleared" names its tier, device included; an unscoped one
+     * none (every tier); any other event its tier unless device. */
+    bool cleared = r->type == KVB_REVT_CLEARED;
+    if (cleared ? r->scoped : r->tier != KVB_TIER_DEVICE) {
         const char *t = kvb_tier_name(r->tier);
         size_t n = strlen(t);
         LIT(p, ",\"storage_tier\":\"");

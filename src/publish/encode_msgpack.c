@@ -85,13 +85,21 @@ static int pack_data(msgpack_packer *pk, const struct kvb_rev *r)
     }
 }
 
+/* The storage_tier a router event is written with: a scoped "cleared" its
+ * tier, an unscoped one "device" (Dynamo's AllBlocksCleared: every tier),
+ * any other event its tier. */
+static unsigned wire_tier(const struct kvb_rev *r)
+{
+    return r->type == KVB_REVT_CLEARED && !r->scoped ? KVB_TIER_DEVICE : r->tier;
+}
+
 int kvb_mp_pack_rev(msgpack_packer *pk, const struct kvb_rev *r, bool residency_domain)
 {
     P(msgpack_pack_map(pk, residency_domain ? 4 : 3));
     KEY(pk, "worker_id");
     P(msgpack_pack_uint64(pk, r->worker_id));
     KEY(pk, "storage_tier");
-    P(str(pk, kvb_tier_name(r->tier)));
+    P(str(pk, kvb_tier_name(wire_tier(r))));
     if (residency_domain) {
         KEY(pk, "residency_domain");
         KEY(pk, "worker");
@@ -560,7 +568,7 @@ static int pack_pair_pieces(struct kvb_mp_batcher *b, struct pair_state *p, unsi
 static int pack_event(struct kvb_mp_batcher *b, struct pair_state *p, const struct kvb_rev *r)
 {
     msgpack_packer *pk = &b->pk;
-    unsigned tier = r->tier < KVB_TIER__COUNT ? r->tier : KVB_TIER__COUNT;
+    unsigned tier = wire_tier(r) < KVB_TIER__COUNT ? wire_tier(r) : KVB_TIER__COUNT;
     if (p->pre_tier != tier || !p->tail_len)
         P(pack_pair_pieces(b, p, tier));
     if (b->ev.cap - b->ev.size < event_bound(r) && buf_grow(&b->ev, event_bound(r)) < 0)

@@ -358,9 +358,10 @@ int kvb_wire_router_event(struct kvb_wire_buf *b, const struct kvb_rev *r, uint6
 {
     json_object *o = json_object_new_object(), *ev = json_object_new_object();
     json_object_object_add(o, "worker_id", u64(r->worker_id));
-    json_object_object_add(o, "storage_tier",
-                           json_object_new_string(kvb_tier_name(
-                               r->type == KVB_REVT_CLEARED ? KVB_TIER_DEVICE : r->tier)));
+    json_object_object_add(
+        o, "storage_tier",
+        json_object_new_string(
+            kvb_tier_name(r->type == KVB_REVT_CLEARED && !r->scoped ? KVB_TIER_DEVICE : r->tier)));
     if (residency_domain)
         json_object_object_add(o, "residency_domain", json_object_new_string("worker"));
     json_object_object_add(ev, "event_id", u64(event_id));

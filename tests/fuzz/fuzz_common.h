@@ -89,7 +89,8 @@ static inline const char *fuzz_json_matches(const struct kvb_rev *r, const char 
     struct jcur c = {data, data + len};
     if (!j_lit(&c, "{\"worker_id\":") || !j_u64_eq(&c, r->worker_id))
         return "worker_id";
-    if (r->tier != KVB_TIER_DEVICE) {
+    /* a scoped "cleared" names its tier, device included; an unscoped one none */
+    if (r->type == KVB_REVT_CLEARED ? r->scoped : r->tier != KVB_TIER_DEVICE) {
         const char *t = kvb_tier_name(r->tier);
         if (!t || !j_lit(&c, ",\"storage_tier\":\"") || !j_lit(&c, t) || !j_lit(&c, "\""))
             return "storage_tier";
@@ -129,8 +130,8 @@ static inline const char *fuzz_json_matches(const struct kvb_rev *r, const char 
             return "end of removed";
         break;
     case KVB_REVT_CLEARED:
-        if (r->n != 0 || r->tier != KVB_TIER_DEVICE)
-            return "cleared with blocks or a tier";
+        if (r->n != 0 || (!r->scoped && r->tier != KVB_TIER_DEVICE))
+            return "cleared with blocks, or unscoped with a tier";
         if (!j_lit(&c, "\"cleared\""))
             return "cleared";
         break;

@@ -58,6 +58,7 @@
 
 struct emitted {
     uint8_t type;
+    bool scoped; /* a "cleared" of one tier: the pair's other tiers stay */
     uint32_t rank;
 };
 
@@ -79,7 +80,7 @@ static int on_emit(void *vctx, const struct kvb_publish_msg *msg)
     const struct kvb_rev *rev = msg->rev;
     check_emitted(&c->ids, rev, msg->data, msg->len, WORKER);
     FUZZ_CHECK(c->n_ev < MAX_CALL_EVENTS, "too many router events for one batch");
-    c->ev[c->n_ev++] = (struct emitted){rev->type, rev->dp_rank};
+    c->ev[c->n_ev++] = (struct emitted){rev->type, rev->scoped, rev->dp_rank};
     return 0;
 }
 
@@ -269,8 +270,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (; k < c.n_ev; k++) {
                 FUZZ_CHECK(c.ev[k].rank == rank, "event for rank %u in a batch of rank %u",
                            c.ev[k].rank, rank);
-                *pair_state(&c, rank) =
-                    c.ev[k].type == KVB_REVT_CLEARED ? KVB_PAIR_CLEAN : KVB_PAIR_DIRTY;
+                *pair_state(&c, rank) = c.ev[k].type == KVB_REVT_CLEARED && !c.ev[k].scoped
+                                            ? KVB_PAIR_CLEAN
+                                            : KVB_PAIR_DIRTY;
             }
         }
         free(payload);

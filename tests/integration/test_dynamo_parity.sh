@@ -10,6 +10,11 @@
 #              turns inherit the salt: their tokens_hash uses it), a
 #              block hash under two salts (the next turn dropped);
 #   remote:    vLLM 0.26+ maps with locality, ownership, medium names;
+#   tierclear: GPU stores offloaded to CPU_PINNED, batches of their own with
+#              TierBlocksCleared(medium GPU) (only the device tier emptied,
+#              the host_pinned copies kept) or an AllBlocksCleared naming a
+#              medium (dropped: ambiguous_scoped_clear), forward_tiers
+#              device and host_pinned;
 #   and each again with --report-full (kv_cache_report_mode: full: every
 #   batch first stores the previous batch's blocks again).
 # kvsim's record says, event by event, what a bridge that follows Dynamo's
@@ -38,7 +43,8 @@ rec_parity() {
 
 # run_parity TAG WORKLOAD REASONS [kvsim options]: REASONS, the drop reasons
 # the profile must trigger (each non-zero in the record and in kvbridge's
-# counters); COUNTERS (environment): more kvbridge series that must be > 0
+# counters); COUNTERS (environment): more kvbridge series that must be > 0;
+# TIERS (environment): forward_tiers (default every tier)
 run_parity() {
   local tag=$1 wl=$2 reasons=$3 p mp rc want r
   shift 3
@@ -47,7 +53,7 @@ run_parity() {
   cat >"$T/$tag.yaml" <<YAML
 worker_id: 7
 block_size: 16
-forward_tiers: [device, host_pinned, disk, external]
+forward_tiers: [${TIERS:-device, host_pinned, disk, external}]
 sources:
   - endpoint: tcp://127.0.0.1:$p
 nats:
@@ -109,6 +115,22 @@ expect_ge "full-twogroups: removes held for a copy still there" "$(field copies_
 # the salted one (kvtail compared every block's): the record has them
 expect_ge "salted: stores whose parent chain carries the salt" \
   "$(grep -c '"parent":[0-9]' "$T/salted.rec" || true)" 100
+
+# tierclear: the scoped clears go out as "cleared" naming the device tier,
+# one per TierBlocksCleared of the record, and kvtail's index (the device
+# tier emptied, host_pinned kept) equals the record's truth.  dynamo-json:
+# in dynamo-msgpack a "cleared" always names a tier and "device" is every
+# tier (Dynamo's AllBlocksCleared), so a device-scoped clear is not told
+# apart there (tools/README.md).
+TC="kvbridge_events_received_total{type=\"tier_cleared\"}"
+KVB_FORMAT=dynamo-json TIERS="device, host_pinned" COUNTERS="$TC" \
+  run_parity tierclear tierclear "ambiguous_scoped_clear"
+want=$(grep -c '"type":"cleared","tier":"device","scoped":true' "$T/tierclear.rec" || true)
+expect_ge "tierclear: the record has TierBlocksCleared batches" "$want" 3
+expect_eq "tierclear: published scoped clears = the record's" \
+  "$(grep -c '"storage_tier":"device","event":{"event_id":[0-9]*,"data":"cleared"' "$T/tail-tierclear.log" || true)" "$want"
+expect_ge "tierclear: host_pinned stores published" \
+  "$(grep -c '"storage_tier":"host_pinned","event":{"event_id":[0-9]*,"data":{"stored"' "$T/tail-tierclear.log" || true)" 100
 
 stop_pid "$NATS_PID" >/dev/null
 finish

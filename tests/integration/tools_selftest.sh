@@ -203,7 +203,7 @@ run_case reset 0 "$TMP/reset.jsonl" --check --count 4 --timeout 10000 --quiet &&
     echo "{\"worker_id\":1.5,\"event\":{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":0}}"           # float
     echo "{\"worker_id\":18446744073709551616,\"event\":{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":0}}"  # 2^64
     echo "{\"worker_id\":07,\"event\":{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":0}}"            # leading 0
-    echo "{\"worker_id\":$W,\"storage_tier\":\"device\",\"event\":{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":0}}"
+    echo "{\"worker_id\":$W,\"storage_tier\":\"device\",\"event\":{\"event_id\":0,\"data\":{\"removed\":{\"block_hashes\":[1]}},\"dp_rank\":0}}"  # device is implicit
     echo "{\"worker_id\":$W,\"event\":{\"event_id\":0,\"data\":{\"stored\":{\"parent_hash\":null,\"blocks\":[]}},\"dp_rank\":0}}"
     echo "{\"worker_id\":$W,\"event\":{\"event_id\":0,\"data\":{\"removed\":{\"block_hashes\":[]}},\"dp_rank\":0}}"
     echo "{\"event\":{\"event_id\":0,\"data\":\"cleared\",\"dp_rank\":0},\"worker_id\":$W}"            # order
@@ -232,6 +232,27 @@ run_case record-stale 1 "$TMP/stale.jsonl" --check --expect-record "$TMP/rec.jso
 { ev_cleared 0; ev_stored 1 null 102:999; ev_stored 2 null 201:2001; } >"$TMP/badtok.jsonl"
 run_case record-badtok 1 "$TMP/badtok.jsonl" --check --expect-record "$TMP/rec.jsonl" --count 3 --timeout 10000 --quiet &&
     expect record-badtok "wrong=1 badtok=1"
+
+# a scoped "cleared" (storage_tier named): that tier alone; the record's
+# tier clear and an AllBlocksCleared naming a medium (the bridge drops it)
+cat >"$TMP/rec-tier.jsonl" <<'EOF'
+{"seq":0,"rank":0,"live":true,"replay":false,"events":[{"type":"stored","parent":null,"hashes":[101,102],"tokens_hashes":[1001,1002],"tier":"device","group":0,"lora":null},{"type":"stored","parent":null,"hashes":[101,102],"tokens_hashes":[1001,1002],"tier":"host_pinned","group":0,"lora":null}]}
+{"seq":1,"rank":0,"live":true,"replay":false,"events":[{"type":"cleared","tier":"device","scoped":true}]}
+{"seq":2,"rank":0,"live":true,"replay":false,"events":[{"type":"cleared","medium":"GPU","drop":"ambiguous_scoped_clear"}]}
+EOF
+ev_host() { ev_stored "$@" | sed 's/^{"worker_id":[0-9]*/&,"storage_tier":"host_pinned"/'; }
+ev_tier_cleared() { echo "{\"worker_id\":$W,\"storage_tier\":\"$2\",\"event\":{\"event_id\":$1,\"data\":\"cleared\",\"dp_rank\":0}}"; }
+{ ev_cleared 0; ev_stored 1 null 101:1001,102:1002; ev_host 2 null 101:1001,102:1002; ev_tier_cleared 3 device; } >"$TMP/tier.jsonl"
+run_case record-tier 0 "$TMP/tier.jsonl" --check --expect-record "$TMP/rec-tier.jsonl" --count 4 --timeout 10000 --quiet &&
+    expect record-tier "cleared=2 bad=0 wrong=0 missing=0 indexed=2"
+# ... without the tier clear the device copies stay indexed: wrong
+{ ev_cleared 0; ev_stored 1 null 101:1001,102:1002; ev_host 2 null 101:1001,102:1002; } >"$TMP/tier-stale.jsonl"
+run_case record-tier-stale 1 "$TMP/tier-stale.jsonl" --check --expect-record "$TMP/rec-tier.jsonl" --count 3 --timeout 10000 --quiet &&
+    expect record-tier-stale "wrong=2 missing=0 indexed=4"
+# ... a clear of the host tier instead: device copies wrong, host ones missing
+{ ev_cleared 0; ev_stored 1 null 101:1001,102:1002; ev_host 2 null 101:1001,102:1002; ev_tier_cleared 3 host_pinned; } >"$TMP/tier-host.jsonl"
+run_case record-tier-host 1 "$TMP/tier-host.jsonl" --check --expect-record "$TMP/rec-tier.jsonl" --count 4 --timeout 10000 --quiet &&
+    expect record-tier-host "wrong=2 missing=2 indexed=2"
 
 { ev_cleared 0; } >"$TMP/short.jsonl"
 run_case short 1 "$TMP/short.jsonl" --count 3 --timeout 1000 --quiet &&

@@ -46,6 +46,26 @@ START_TEST(literal_examples)
 }
 END_TEST
 
+/* A scoped "cleared" (TierBlocksCleared) names its tier, device included;
+ * an unscoped one names none (every tier), whatever its tier field holds. */
+START_TEST(scoped_cleared_names_its_tier)
+{
+    struct kvb_rev c = {.type = KVB_REVT_CLEARED,
+                        .tier = KVB_TIER_DEVICE,
+                        .scoped = true,
+                        .worker_id = 3,
+                        .event_id = 9,
+                        .dp_rank = 1};
+    expect(&c, "{\"worker_id\":3,\"storage_tier\":\"device\",\"event\":{\"event_id\":9,"
+               "\"data\":\"cleared\",\"dp_rank\":1}}");
+    c.tier = KVB_TIER_HOST_PINNED;
+    expect(&c, "{\"worker_id\":3,\"storage_tier\":\"host_pinned\",\"event\":{\"event_id\":9,"
+               "\"data\":\"cleared\",\"dp_rank\":1}}");
+    c.scoped = false;
+    expect(&c, "{\"worker_id\":3,\"event\":{\"event_id\":9,\"data\":\"cleared\",\"dp_rank\":1}}");
+}
+END_TEST
+
 START_TEST(parent_tier_and_many_blocks)
 {
     struct kvb_block blk[3] = {{1, 2}, {3, 4}, {UINT64_MAX, 0}};
@@ -169,6 +189,7 @@ static Suite *encode_suite(void)
     TCase *tc = tcase_create("encode");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, literal_examples);
+    tcase_add_test(tc, scoped_cleared_names_its_tier);
     tcase_add_test(tc, parent_tier_and_many_blocks);
     tcase_add_test(tc, large_event_grows_buffer);
     tcase_add_test(tc, decimal_matches_printf);

@@ -29,6 +29,11 @@ static const char CLEARED[] =
     "84a9776f726b65725f6964cf694d9a6c829e82c2ac73746f726167655f74696572a6646576696365b0726573"
     "6964656e63795f646f6d61696ea6776f726b6572a56576656e7483a86576656e745f696407a464617461a763"
     "6c6561726564a764705f72616e6b00";
+/* CLEARED with storage_tier "host_pinned": a scoped "cleared" of that tier */
+static const char SCOPED_CLEARED[] =
+    "84a9776f726b65725f6964cf694d9a6c829e82c2ac73746f726167655f74696572ab686f73745f70696e6e6564"
+    "b07265736964656e63795f646f6d61696ea6776f726b6572a56576656e7483a86576656e745f696407a46461"
+    "7461a7636c6561726564a764705f72616e6b00";
 static const char ENVELOPE_HEAD[] =
     "85ac7075626c69736865725f6964cf0000123456789abca873657175656e636500ac7075626c69736865645f"
     "6174cf0000019b76daa800a5746f706963a96b762d6576656e7473a77061796c6f6164c4c7";
@@ -109,6 +114,14 @@ START_TEST(router_events_known_answers)
     expect_rev(&s, false, LEGACY_STORED, 174);
     expect_rev(&r, false, LEGACY_REMOVED, 104);
     expect_rev(&c, false, LEGACY_CLEARED, 79);
+    /* an unscoped "cleared" is every tier: "device" whatever its tier field;
+     * a scoped one writes its tier, device included */
+    c.tier = KVB_TIER_HOST_PINNED;
+    expect_rev(&c, true, CLEARED, 103);
+    c.scoped = true;
+    expect_rev(&c, true, SCOPED_CLEARED, 108);
+    c.tier = KVB_TIER_DEVICE;
+    expect_rev(&c, true, CLEARED, 103);
 
     struct kvb_block b2[2] = {{1, 127}, {128, 65536}};
     uint64_t mm[2] = {933467652192968450ULL, 5};
@@ -306,6 +319,29 @@ START_TEST(unbatched_one_event_per_message)
     ck_assert_uint_eq(e.sequence, 1);
     expect_bytes(e.payload, e.payload_len, REMOVED);
     msgpack_unpacked_destroy(&u);
+}
+END_TEST
+
+/* The batcher's "cleared": an unscoped one "device" whatever its tier field,
+ * a scoped one its tier, as kvb_mp_pack_rev's known answers. */
+START_TEST(batcher_cleared_tiers)
+{
+    open_batcher(false, 0, 0);
+    struct kvb_rev c = ev_cleared(7);
+    c.tier = KVB_TIER_HOST_PINNED;
+    ck_assert_int_eq(kvb_mp_batcher_add(bat, &c, 1), 0);
+    c.scoped = true;
+    ck_assert_int_eq(kvb_mp_batcher_add(bat, &c, 1), 0);
+    ck_assert_int_eq(got.n, 2);
+    static const char *const want[2] = {CLEARED, SCOPED_CLEARED};
+    for (int i = 0; i < 2; i++) {
+        msgpack_unpacked u;
+        msgpack_unpacked_init(&u);
+        struct env e;
+        unpack_envelope(&got.msg[i], &e, &u);
+        expect_bytes(e.payload, e.payload_len, want[i]);
+        msgpack_unpacked_destroy(&u);
+    }
 }
 END_TEST
 
@@ -583,7 +619,10 @@ START_TEST(batcher_bytes_as_the_reference_packers)
                     r.hashes = hashes;
                     r.n = round == 10 && k == 0 ? 8000 : 1 + (uint32_t)k * 9;
                     break;
-                default: r.type = KVB_REVT_CLEARED; break;
+                default:
+                    r.type = KVB_REVT_CLEARED;
+                    r.scoped = round % 2; /* scoped: its tier; else "device" */
+                    break;
                 }
                 ev[k] = r;
                 ck_assert_int_eq(kvb_mp_batcher_add(bat, &ev[k], now), 0);
@@ -610,6 +649,7 @@ static Suite *encode_msgpack_suite(void)
     tcase_add_test(tc, active_load_known_answer);
     tcase_add_test(tc, envelope_and_batch_known_answers);
     tcase_add_test(tc, unbatched_one_event_per_message);
+    tcase_add_test(tc, batcher_cleared_tiers);
     tcase_add_test(tc, cut_at_128_events);
     tcase_add_test(tc, cut_at_8192_blocks_never_split);
     tcase_add_test(tc, pairs_never_mix);

@@ -89,13 +89,23 @@ static void removed(struct kvb_index *m, uint32_t rank, int tier, const uint64_t
     removed_also(m, NULL, rank, tier, h, n);
 }
 
-static void cleared_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank)
+/* A "cleared" of every tier (tier < 0) or of one tier only (scoped). */
+static void cleared_tier_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank, int tier)
 {
-    struct kvb_rev r = {
-        .type = KVB_REVT_CLEARED, .dp_rank = rank, .worker_id = W, .event_id = next_id++};
+    struct kvb_rev r = {.type = KVB_REVT_CLEARED,
+                        .tier = (uint8_t)(tier < 0 ? 0 : tier),
+                        .scoped = tier >= 0,
+                        .dp_rank = rank,
+                        .worker_id = W,
+                        .event_id = next_id++};
     if (also)
         ck_assert_int_eq(kvb_index_apply(also, &r), 0);
     ck_assert_int_eq(kvb_index_apply(m, &r), 0);
+}
+
+static void cleared_also(struct kvb_index *m, struct kvb_index *also, uint32_t rank)
+{
+    cleared_tier_also(m, also, rank, -1);
 }
 
 static void cleared(struct kvb_index *m, uint32_t rank) { cleared_also(m, NULL, rank); }
@@ -198,6 +208,75 @@ START_TEST(refused_store_in_ring)
     ck_assert_uint_eq(ids[2], 41);
     ck_assert_uint_eq(kvb_index_blocks(m, -1), 0);
     kvb_index_destroy(&m);
+}
+END_TEST
+
+struct scoped_seen {
+    int n;
+    bool scoped[8];
+    uint8_t tier[8];
+};
+
+static int scoped_fn(void *ctx, const struct kvb_rev *r)
+{
+    struct scoped_seen *c = ctx;
+    ck_assert_int_lt(c->n, 8);
+    ck_assert_int_eq(r->type, KVB_REVT_CLEARED);
+    c->scoped[c->n] = r->scoped;
+    c->tier[c->n++] = r->tier;
+    return 0;
+}
+
+/* A scoped "cleared" empties one (worker, rank, tier) space: the pair's
+ * other tiers and the other ranks keep their blocks; the ring gives the
+ * event back with its tier and scoped bit, and so does a ring copy. */
+START_TEST(scoped_cleared_one_tier)
+{
+    next_id = 0;
+    struct kvb_index *m = mk(1000, 16);
+    uint64_t h[2] = {10, 11}, t[2] = {20, 21};
+    ck_assert_int_eq(store(m, 0, KVB_TIER_DEVICE, false, 0, h, t, 2), 0);      /* 0 */
+    ck_assert_int_eq(store(m, 0, KVB_TIER_HOST_PINNED, false, 0, h, t, 2), 0); /* 1 */
+    ck_assert_int_eq(store(m, 1, KVB_TIER_DEVICE, false, 0, h, t, 2), 0);      /* 2 */
+    cleared_tier_also(m, NULL, 0, KVB_TIER_DEVICE);                            /* 3 */
+    ck_assert_uint_eq(kvb_index_blocks(m, KVB_TIER_DEVICE), 2);                /* rank 1's */
+    ck_assert_uint_eq(kvb_index_blocks(m, KVB_TIER_HOST_PINNED), 2);
+    uint32_t k[KVB_TIER__COUNT];
+    kvb_index_match(m, W, 0, t, 2, k);
+    ck_assert_uint_eq(k[KVB_TIER_DEVICE], 0);
+    ck_assert_uint_eq(k[KVB_TIER_HOST_PINNED], 2);
+    kvb_index_match(m, W, 1, t, 2, k);
+    ck_assert_uint_eq(k[KVB_TIER_DEVICE], 2);
+    /* a scoped clear of a tier the pair never had: nothing changes */
+    cleared_tier_also(m, NULL, 0, KVB_TIER_DISK); /* 4 */
+    ck_assert_uint_eq(kvb_index_blocks(m, KVB_TIER_HOST_PINNED), 2);
+
+    struct kvb_rev got[8];
+    int n = 0;
+    struct kvb_index_ring *ring = NULL;
+    ck_assert_int_eq(kvb_index_ring_copy(m, W, 0, &ring), 0);
+    while (n < 8 && kvb_index_ring_next(ring, &got[n]) == 1)
+        n++;
+    ck_assert_int_eq(n, 4); /* 0, 1, 3, 4 */
+    ck_assert_int_eq(got[2].type, KVB_REVT_CLEARED);
+    ck_assert(got[2].scoped);
+    ck_assert_int_eq(got[2].tier, KVB_TIER_DEVICE);
+    ck_assert(got[3].scoped);
+    ck_assert_int_eq(got[3].tier, KVB_TIER_DISK);
+    ck_assert(!got[0].scoped && !got[1].scoped);
+    kvb_index_ring_free(&ring);
+
+    /* then an unscoped one: every tier of the pair */
+    cleared(m, 0); /* 5 */
+    ck_assert_uint_eq(kvb_index_blocks(m, KVB_TIER_HOST_PINNED), 0);
+    ck_assert_uint_eq(kvb_index_blocks(m, KVB_TIER_DEVICE), 2);
+    struct scoped_seen seen = {0};
+    ck_assert_int_eq(kvb_index_events_from(m, W, 0, 3, scoped_fn, &seen), 0);
+    ck_assert_int_eq(seen.n, 3);
+    ck_assert(seen.scoped[0] && seen.scoped[1] && !seen.scoped[2]);
+    ck_assert_int_eq(seen.tier[1], KVB_TIER_DISK);
+    kvb_index_destroy(&m);
+    next_id = 0;
 }
 END_TEST
 
@@ -343,10 +422,11 @@ START_TEST(random_walk_against_reference)
                     if (b)
                         b->live = false;
                 }
-            } else {
-                cleared(m, rank);
+            } else { /* every tier, or (scoped) only this one */
+                bool scoped = rnd(2);
+                cleared_tier_also(m, NULL, rank, scoped ? tier : -1);
                 for (int i = 0; i < ref->n; i++)
-                    if (ref->b[i].rank == rank)
+                    if (ref->b[i].rank == rank && (!scoped || ref->b[i].tier == tier))
                         ref->b[i].live = false;
             }
         }
@@ -572,7 +652,7 @@ START_TEST(repair_with_live_events)
                     uint64_t h[2] = {1 + rnd(200), 1 + rnd(200)};
                     removed_also(m, c, rank, tier, h, 2);
                 } else if (k < 99 || !phase) {
-                    cleared_also(m, c, rank);
+                    cleared_tier_also(m, c, rank, rnd(2) ? tier : -1);
                 } else { /* the consumers lost the pair: a repair (again) */
                     lose(m, c, rank);
                 }
@@ -647,6 +727,7 @@ static Suite *mirror_suite(void)
     tcase_add_test(tc, limit_refuses_whole_store);
     tcase_add_test(tc, refused_store_in_ring);
     tcase_add_test(tc, recent_events);
+    tcase_add_test(tc, scoped_cleared_one_tier);
     tcase_add_test(tc, random_walk_against_reference);
     tcase_add_test(tc, dump_order_and_cycles);
     tcase_add_test(tc, repair_publishes_the_tree);

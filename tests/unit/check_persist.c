@@ -139,7 +139,7 @@ START_TEST(round_trip)
 }
 END_TEST
 
-/* The events of a pair's ring, as text: "id:type:n:first," each. */
+/* The events of a pair's ring, as text: "id:type:n:first:tier:scoped," each. */
 struct ring_text {
     char s[8192];
     size_t len;
@@ -151,9 +151,9 @@ static int ring_fn(void *ctx, const struct kvb_rev *r)
     uint64_t first = r->type == KVB_REVT_STORED    ? r->blocks[r->n - 1].tokens_hash
                      : r->type == KVB_REVT_REMOVED ? r->hashes[0]
                                                    : 0;
-    t->len += (size_t)snprintf(t->s + t->len, sizeof(t->s) - t->len, "%llu:%d:%u:%llu:%d,",
+    t->len += (size_t)snprintf(t->s + t->len, sizeof(t->s) - t->len, "%llu:%d:%u:%llu:%d:%d,",
                                (unsigned long long)r->event_id, r->type, r->n,
-                               (unsigned long long)first, r->tier);
+                               (unsigned long long)first, r->tier, r->scoped);
     return 0;
 }
 
@@ -187,6 +187,11 @@ START_TEST(ring_and_missing_marks_round_trip)
     h.n = 3;
     h.event_id = id++;
     ck_assert_int_eq(kvb_index_apply(m, &h), 0);
+    /* a scoped "cleared" of a tier the pair does not use: in the ring only */
+    struct kvb_rev sc = {
+        .type = KVB_REVT_CLEARED, .tier = KVB_TIER_DISK, .scoped = true, .worker_id = W};
+    sc.event_id = id++;
+    ck_assert_int_eq(kvb_index_apply(m, &sc), 0);
     /* a repair under way: its barrier, one of its events out */
     struct kvb_rev c = {.type = KVB_REVT_CLEARED, .worker_id = W, .repair = true};
     c.event_id = id++;
@@ -219,6 +224,10 @@ START_TEST(ring_and_missing_marks_round_trip)
     ring_of(m2, 0, &z);
     ck_assert_str_eq(z.s, a.s); /* every event after 0, as they were */
     ck_assert_uint_gt(a.len, 0);
+    char want[64];
+    snprintf(want, sizeof(want), ",%llu:%d:0:0:%d:1,", (unsigned long long)sc.event_id,
+             KVB_REVT_CLEARED, KVB_TIER_DISK);
+    ck_assert_msg(strstr(z.s, want) != NULL, "no scoped cleared %s in %s", want, z.s);
     ring_of(m2, id - 2, &z); /* the last one alone: the tail of the same text */
     ck_assert(z.len > 0 && z.len < a.len && strcmp(a.s + a.len - z.len, z.s) == 0);
     ck_assert_ptr_eq(strchr(z.s, ','), z.s + z.len - 1);
@@ -304,6 +313,95 @@ START_TEST(version_1_still_loads)
 }
 END_TEST
 
+/* A version 2 file whose pair's ring holds two "cleared" of host_pinned,
+ * the flags byte of the second `flags` (the first's 0, as files of builds
+ * before scoped clears wrote); loaded against cursors at 42. */
+static size_t ring_file(uint8_t *buf, uint8_t flags)
+{
+    size_t n = 0;
+#define PUT(p, len) (memcpy(buf + n, (p), (len)), n += (len))
+    uint32_t u32;
+    uint64_t u64;
+    PUT("KVBMIRR1", 8);
+    u32 = 2;
+    PUT(&u32, 4); /* version */
+    u32 = 1;
+    PUT(&u32, 4); /* pairs */
+    u64 = W;
+    PUT(&u64, 8);
+    u32 = 0;
+    PUT(&u32, 4); /* dp_rank */
+    u32 = 1;
+    PUT(&u32, 4); /* has_last */
+    u64 = 41;
+    PUT(&u64, 8); /* last */
+    u64 = 5;
+    PUT(&u64, 8); /* epoch */
+    uint8_t end[8] = {0xff, 0, 0, 0, 0, 0, 0, 0};
+    PUT(end, 8);
+    u32 = 2;
+    PUT(&u32, 4); /* events */
+    u32 = 0;
+    PUT(&u32, 4);
+    for (uint64_t id = 40; id <= 41; id++) {
+        PUT(&id, 8);
+        u64 = 5;
+        PUT(&u64, 8); /* epoch */
+        uint8_t hdr[8] = {
+            KVB_REVT_CLEARED, KVB_TIER_HOST_PINNED, 0, id == 41 ? flags : 0, 0, 0, 0, 0};
+        PUT(hdr, 8);
+        u64 = 0;
+        PUT(&u64, 8); /* parent */
+    }
+    u64 = XXH64(buf, n, 0);
+    PUT(&u64, 8);
+#undef PUT
+    return n;
+}
+
+/* A ring event's flags byte: 1 is a scoped "cleared" (0, older files:
+ * unscoped); any other value makes the file corrupt (a barrier). */
+START_TEST(ring_scoped_flag)
+{
+    char d[] = "/tmp/kvb-mirror-flags.XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(d));
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", d, KVB_MIRROR_FILE);
+    for (uint8_t flags = 0; flags <= 2; flags++) {
+        uint8_t buf[256];
+        size_t n = ring_file(buf, flags);
+        FILE *f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_uint_eq(fwrite(buf, 1, n, f), n);
+        fclose(f);
+        struct kvb_state *st = kvb_state_new();
+        struct kvb_id_counter k = {W, 0, 42, 5};
+        ck_assert_int_eq(kvb_state_add_counter(st, &k), 0);
+        struct kvb_index *m = mk();
+        struct kvb_index_pair v[2];
+        size_t loaded = 0;
+        int barriers = kvb_persist_load(m, d, st, v, 2, &loaded);
+        if (flags == 2) {
+            ck_assert_int_eq(barriers, 1);
+            ck_assert_uint_eq(loaded, 0);
+        } else {
+            ck_assert_int_eq(barriers, 0);
+            ck_assert_uint_eq(loaded, 1);
+            struct ring_text t;
+            ring_of(m, 39, &t);
+            char want[128];
+            snprintf(want, sizeof(want), "40:%d:0:0:%d:0,41:%d:0:0:%d:%d,", KVB_REVT_CLEARED,
+                     KVB_TIER_HOST_PINNED, KVB_REVT_CLEARED, KVB_TIER_HOST_PINNED, flags);
+            ck_assert_str_eq(t.s, want);
+        }
+        kvb_index_destroy(&m);
+        kvb_state_free(&st);
+    }
+    unlink(path);
+    rmdir(d);
+}
+END_TEST
+
 /* No mirror (limits.max_resident_blocks: 0): the cursors alone, written by
  * the saver's thread all the same; no mirror file. */
 START_TEST(cursors_alone_off_the_loop)
@@ -347,6 +445,7 @@ static Suite *mirror_state_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, round_trip);
     tcase_add_test(tc, ring_and_missing_marks_round_trip);
+    tcase_add_test(tc, ring_scoped_flag);
     tcase_add_test(tc, version_1_still_loads);
     tcase_add_test(tc, cursors_alone_off_the_loop);
     suite_add_tcase(s, tc);

@@ -185,6 +185,17 @@ START_TEST(responses)
     ck_assert_uint_eq(strlen(want) - strlen("{\"data\":,\"complete_final\":false}"), 643);
     is(want);
 
+    /* a scoped "cleared" carries its tier; an unscoped one is "device"
+     * (every tier) whatever its tier field */
+    cl.tier = KVB_TIER_HOST_PINNED;
+    ck_assert_int_eq(kvb_wire_router_event(&b, &cl, 7, false), 0);
+    is("{\"worker_id\":7587890738027725506,\"storage_tier\":\"device\",\"event\":{\"event_id\":7,"
+       "\"data\":\"cleared\",\"dp_rank\":0}}");
+    cl.scoped = true;
+    ck_assert_int_eq(kvb_wire_router_event(&b, &cl, 7, false), 0);
+    is("{\"worker_id\":7587890738027725506,\"storage_tier\":\"host_pinned\",\"event\":{"
+       "\"event_id\":7,\"data\":\"cleared\",\"dp_rank\":0}}");
+
     kvb_wire_item_begin(&b, false); /* empty, 74 bytes as a stream item */
     kvb_wire_item_end(&b, false, 7);
     is("{\"data\":{\"Events\":{\"events\":[],\"last_event_id\":7}},\"complete_final\":false}");
