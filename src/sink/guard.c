@@ -16,8 +16,11 @@
  * TCP socket of this process whose peer port is one of nats.servers' ports,
  * that is not an accepted connection (its local port is not one we listen
  * on), not attached to the sink's I/O thread (nats.c attaches a socket once
- * its handshake is done) and that was not there when the sink was created
- * (another sink's, during a reload).  Once such a socket has been seen for
+ * its handshake is done), that was not there when the sink was created
+ * (another sink's, during a reload) and that appeared during a connection
+ * attempt of the sink (ours(): the attempt's start is noted by connect_once,
+ * by nats.c's reconnect delay callback and at a disconnect; connected, there
+ * is none).  Once such a socket has been seen for
  * longer than the attempt's timeout (CONNECT_ATTEMPT_MS or
  * connect_timeout_ms, the deadline nats.c itself would have given up at)
  * plus a grace, and its traffic (TCP_INFO) shows that the client spoke last,
@@ -169,7 +172,12 @@ static size_t nats_sockets(struct kvb_sink *s, struct sockinfo *out)
  * (CONNECT and PING), at least ATTEMPT_MS ago, and the server has been silent
  * since.  A working connection (a subscriber, a client waiting for replies)
  * has the server speak last; a publisher that sends all the time spoke last
- * a moment ago. */
+ * a moment ago.  TCP_INFO counts in jiffies: a reply that came within the
+ * tick of the request reads as "at the same time", as does a CONNECT sent
+ * within the tick of the INFO it answers, hence ">=" (a handshake must not
+ * escape), and hence ours(): an idle client whose last PING got its PONG
+ * at once looks unanswered too, so only sockets of the sink's own attempt
+ * are judged. */
 static bool unanswered(int fd, uint32_t attempt_ms)
 {
     struct tcp_info ti;
@@ -209,6 +217,18 @@ static bool signal_waits(const struct kvb_sink *s)
     return p.fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
 }
 
+/* A socket first seen at SINCE can be a handshake of this sink: an attempt of
+ * its own is in progress and began before it (a tick earlier at most: nats.c
+ * may end its reconnect delay a little before the sink's clock says).  Not a
+ * socket someone else in the process opened to the server before the attempt
+ * (a client that is simply idle: its traffic can look unanswered, see
+ * unanswered()), nor one opened while the sink is connected. */
+static bool ours(struct kvb_sink *s, uint64_t since)
+{
+    uint64_t from = atomic_load(&s->guard_from);
+    return from != GUARD_NONE && since + GUARD_TICK_MS >= from;
+}
+
 static void guard_scan(struct kvb_sink *s, struct sockinfo *socks)
 {
     ino_t attached[16];
@@ -239,7 +259,8 @@ static void guard_scan(struct kvb_sink *s, struct sockinfo *socks)
             continue;
         }
         s->guard_cand[c].seen = true;
-        if (now - s->guard_cand[c].since >= limit && unanswered(socks[i].fd, quiet)) {
+        if (ours(s, s->guard_cand[c].since) && now - s->guard_cand[c].since >= limit &&
+            unanswered(socks[i].fd, quiet)) {
             abandon(s, &socks[i], now - s->guard_cand[c].since);
             s->guard_cand[c].seen = false; /* forgotten: it is gone */
         }
@@ -329,6 +350,21 @@ void kvb_sink_guard_hurry(struct kvb_sink *s)
     atomic_store(&s->guard_hurry, true);
     kvb_sink_guard_kick(s);
 }
+
+void kvb_sink_guard_attempt(struct kvb_sink *s, uint64_t at_ms)
+{
+    atomic_store(&s->guard_from, at_ms);
+}
+
+void kvb_sink_guard_lost(struct kvb_sink *s)
+{
+    /* nats.c's reconnect thread may have asked for its delay already (it
+     * runs before this callback): that attempt is the later one */
+    uint64_t none = GUARD_NONE;
+    atomic_compare_exchange_strong(&s->guard_from, &none, kvb_mono_ms());
+}
+
+void kvb_sink_guard_connected(struct kvb_sink *s) { atomic_store(&s->guard_from, GUARD_NONE); }
 
 void kvb_sink_guard_count(struct kvb_sink *s)
 {

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clock.h"
 #include "config.h"
 
 /* Called by nats.c after each full pass over the server list that failed. */
@@ -26,7 +27,9 @@ static int64_t reconnect_delay(natsConnection *nc, int attempts, void *closure)
 {
     struct kvb_sink *s = closure;
     (void)nc;
-    return (int64_t)kvb_sink_backoff_ms(s, attempts, &s->rng);
+    uint64_t d = kvb_sink_backoff_ms(s, attempts, &s->rng);
+    kvb_sink_guard_attempt(s, kvb_mono_ms() + d); /* nats.c sleeps D, then attempts */
+    return (int64_t)d;
 }
 
 /* NKey authentication: sign the server's nonce with the seed (nats.c frees

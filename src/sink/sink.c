@@ -115,6 +115,7 @@ static void on_connected(natsConnection *nc, void *closure)
     atomic_store(&s->outage_bytes, 0);
     if (again)
         count_reconnect(s);
+    kvb_sink_guard_connected(s);
     set_state(s, ST_CONNECTED);
     if (atomic_load(&s->live))
         kvb_info(STAGE, "connected to NATS");
@@ -128,6 +129,7 @@ static void on_reconnected(natsConnection *nc, void *closure)
     struct kvb_sink *s = closure;
     count_reconnect(s);
     atomic_store(&s->outage_bytes, 0);
+    kvb_sink_guard_connected(s);
     set_state(s, ST_CONNECTED);
     if (atomic_load(&s->live)) {
         char url[256];
@@ -150,6 +152,7 @@ static void on_disconnected(natsConnection *nc, void *closure)
         kvb_inc(&s->m->nats_disconnects_total[0]);
     if (s->js_on) /* from now on publishes queue up (and keep their order) */
         kvb_sink_js_disconnected(s);
+    kvb_sink_guard_lost(s); /* nats.c attempts to reconnect from now on */
     set_state(s, ST_DISCONNECTED);
     if (atomic_load(&s->live))
         kvb_warn(STAGE, "disconnected from NATS, reconnecting (publishes are buffered)");
@@ -233,6 +236,7 @@ static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char 
     set_state(s, connecting);
     uint64_t stalls = atomic_load(&s->stalls);
     st = natsOptions_SetRetryOnFailedConnect(s->opts, false, NULL, NULL);
+    kvb_sink_guard_attempt(s, kvb_mono_ms()); /* its sockets appear from now on */
     if (st == NATS_OK)
         st = natsConnection_Connect(&nc, s->opts);
     /* the guard cut a handshake that did not end (guard.c): the server
@@ -247,6 +251,7 @@ static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char 
     }
     if (st == NATS_OK) {
         atomic_fetch_add(&s->conns, 1);
+        kvb_sink_guard_connected(s);
         atomic_compare_exchange_strong(&s->state, &connecting, ST_CONNECTED);
         publish_gauge(s);
         *out = nc;
@@ -263,11 +268,13 @@ static enum attempt connect_once(struct kvb_sink *s, natsConnection **out, char 
     }
     /* Nobody answered: let nats.c keep trying, buffering publishes. */
     st = natsOptions_SetRetryOnFailedConnect(s->opts, true, on_connected, s);
+    kvb_sink_guard_attempt(s, kvb_mono_ms());
     if (st == NATS_OK)
         st = natsConnection_Connect(&nc, s->opts);
     if (st == NATS_OK || st == NATS_NOT_YET_CONNECTED) {
         atomic_fetch_add(&s->conns, 1);
         if (st == NATS_OK) {
+            kvb_sink_guard_connected(s);
             atomic_compare_exchange_strong(&s->state, &connecting, ST_CONNECTED);
             publish_gauge(s);
         }

@@ -14,7 +14,7 @@
  *   jetstream.c  JetStream: the stream check, async publishes and their
  *                acks, the resend queues (like nats.c's js.c) -> conn
  *   options.c    natsOptions: servers, timeouts, reconnect, TLS and
- *                authentication                           -> conn
+ *                authentication                           -> guard conn
  *   io.c         nats.c's external event loop: the attach/read/write/detach
  *                adapter and the I/O thread (like nats.c's adapters:
  *                libevent.h, libuv.h)                     -> conn
@@ -248,7 +248,12 @@ struct kvb_sink {
         bool seen;
     } guard_cand[GUARD_MAX_CAND]; /* handshakes in progress (seen, not attached) */
     size_t n_guard_cand;
-    atomic_bool guard_hurry;         /* stopping: cut unanswered handshakes now */
+    atomic_bool guard_hurry; /* stopping: cut unanswered handshakes now */
+    /* Monotonic ms from which this sink's connection attempt runs (or is due):
+     * only a socket first seen since then can be its handshake.  GUARD_NONE
+     * while connected.  Written by nats.c's threads and the worker through
+     * kvb_sink_guard_attempt/_lost/_connected, read by the guard. */
+    _Atomic uint64_t guard_from;
     _Atomic int guard_sigfd;         /* the loop's signalfd (-1: none), polled, never read */
     _Atomic uint64_t stalls;         /* attempts abandoned */
     _Atomic uint64_t stalls_counted; /* of them, added to nats_connect_stalls_total */
@@ -316,6 +321,16 @@ void kvb_sink_guard_hurry(struct kvb_sink *s);
 void kvb_sink_guard_count(struct kvb_sink *s);
 /* Stop the thread (after the last connection is destroyed); any state. */
 void kvb_sink_guard_stop(struct kvb_sink *s);
+/* A connection attempt of the sink starts at AT_MS (monotonic; now, or when
+ * nats.c's reconnect delay ends): the sockets that appear from then on may be
+ * its handshakes (any thread). */
+#define GUARD_NONE UINT64_MAX
+void kvb_sink_guard_attempt(struct kvb_sink *s, uint64_t at_ms);
+/* The connection is lost: nats.c attempts from now on, unless an attempt
+ * is scheduled already (nats.c's callback thread). */
+void kvb_sink_guard_lost(struct kvb_sink *s);
+/* Connected: no attempt in progress, no socket that appears is a handshake. */
+void kvb_sink_guard_connected(struct kvb_sink *s);
 
 /* ---- jetstream.c ---- */
 

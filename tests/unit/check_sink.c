@@ -572,12 +572,19 @@ static void reply_tag(void *closure, void *nats_conn, void *nats_msg)
     natsMsg_Destroy(msg);
 }
 
+/* The reply to a request on SUBJECT, or "(no responders)" (the server knows
+ * no subscriber), "(timeout)" (one took it, none answered), "(error)". */
 static const char *ask(natsConnection *nc, const char *subject)
 {
     static char got[32];
     natsMsg *reply = NULL;
-    if (natsConnection_RequestString(&reply, nc, subject, "?", 2000) != NATS_OK)
-        return "(none)";
+    natsStatus st = natsConnection_RequestString(&reply, nc, subject, "?", 2000);
+    if (st == NATS_NO_RESPONDERS)
+        return "(no responders)";
+    if (st == NATS_TIMEOUT)
+        return "(timeout)";
+    if (st != NATS_OK)
+        return "(error)";
     snprintf(got, sizeof(got), "%.*s", natsMsg_GetDataLength(reply), natsMsg_GetData(reply));
     natsMsg_Destroy(reply);
     return got;
@@ -594,20 +601,22 @@ START_TEST(test_serve_subjects)
     static char a[] = "A", b[] = "B", c[] = "C";
     ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.one", reply_tag, a), 0);
     ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.two.*", reply_tag, b), 0);
+    /* serve() sends the SUB and returns: the server has it once the flush's
+     * PONG is back (a request before that finds no responder) */
+    ck_assert_int_eq(kvb_sink_flush(fx.sink, 3000), 0);
     tsub_open(&fx.t, port);
     ck_assert_str_eq(ask(fx.t.nc, "q.one"), "A");
     ck_assert_str_eq(ask(fx.t.nc, "q.two.x"), "B");
     ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.one", reply_tag, c), 0); /* replaced */
-    const char *got = "";
-    for (uint64_t until = now_ms() + 3000; now_ms() < until;) /* once the server has the SUB */
-        if (strcmp(got = ask(fx.t.nc, "q.one"), "(none)") != 0)
-            break;
-    ck_assert_str_eq(got, "C");
+    ck_assert_int_eq(kvb_sink_flush(fx.sink, 3000), 0);
+    ck_assert_str_eq(ask(fx.t.nc, "q.one"), "C");
     ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.three", reply_tag, a), 0);
     ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.four", reply_tag, a), 0);
     ck_assert_int_eq(kvb_sink_serve(fx.sink, "q.five", reply_tag, a), -ENOSPC);
     kvb_sink_unserve(fx.sink);
-    ck_assert_str_eq(ask(fx.t.nc, "q.two.x"), "(none)");
+    /* the UNSUBs too: then the server knows nobody serving the subject */
+    ck_assert_int_eq(kvb_sink_flush(fx.sink, 3000), 0);
+    ck_assert_str_eq(ask(fx.t.nc, "q.two.x"), "(no responders)");
     uint64_t until = now_ms() + 3000;
     while (kvb_sink_serving(fx.sink) && now_ms() < until)
         sleep_ms(1);
