@@ -45,6 +45,9 @@ int bench_set_save(const char *path, const struct bench_set *s);
 int benchgen_make(const char *mix, size_t n, uint64_t seed, struct bench_set *out);
 /* An empty batch [ts, [], 0] (heartbeat), for probes; returns its length. */
 size_t benchgen_empty(uint8_t *buf, size_t cap);
+/* Append the batch [ts, [["AllBlocksCleared"]], 0] to s (an engine's cache
+ * reset).  0 or -ENOMEM. */
+int benchgen_add_cleared(struct bench_set *s);
 
 /* ---- shared memory between count-sub and bench-pub ---------------------- */
 

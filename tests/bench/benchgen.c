@@ -441,6 +441,23 @@ int benchgen_make(const char *mix, size_t n, uint64_t seed, struct bench_set *ou
     return 0;
 }
 
+int benchgen_add_cleared(struct bench_set *s)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_double(&pk, 1767225600.0);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "AllBlocksCleared", 16);
+    msgpack_pack_uint32(&pk, 0);
+    int rc = sb.data ? bench_set_add(s, sb.data, sb.size) : -ENOMEM;
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
 size_t benchgen_empty(uint8_t *buf, size_t cap)
 {
     /* [ts, [], 0]: fixarray(3), float64, fixarray(0), 0 */

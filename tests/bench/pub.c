@@ -375,6 +375,11 @@ int main(int argc, char **argv)
     struct bench_set set = {0};
     int r = o.capture ? bench_set_load(o.capture, o.max_batches, &set)
                       : benchgen_make(o.mix, o.max_batches, 1, &set);
+    /* Each pass of the looped set ends with a cache reset: a second pass of
+     * the same stores would otherwise be stores of resident blocks, which
+     * kvbridge's relay rules publish nothing for (resident_repeat). */
+    if (r == 0)
+        r = benchgen_add_cleared(&set);
     if (r < 0) {
         fprintf(stderr, "bench-pub: %s: %s\n", o.capture ? o.capture : o.mix, strerror(-r));
         return 2;
