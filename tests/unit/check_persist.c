@@ -253,30 +253,31 @@ START_TEST(ring_and_missing_marks_round_trip)
 }
 END_TEST
 
+/* A hand-written mirror file of VERSION, up to its one pair's epoch:
+ * (W, dp_rank 0), last event_id 41, epoch 5.  Returns its length. */
+static size_t file_head(uint8_t *buf, uint32_t version)
+{
+    size_t n = 0;
+    uint32_t u32[4] = {version, 1, 0, 1}; /* version, pairs; dp_rank, has_last */
+    uint64_t w = W, last = 41, epoch = 5;
+    memcpy(buf + n, "KVBMIRR1", 8), n += 8;
+    memcpy(buf + n, u32, 8), n += 8;
+    memcpy(buf + n, &w, 8), n += 8;
+    memcpy(buf + n, u32 + 2, 8), n += 8;
+    memcpy(buf + n, &last, 8), n += 8;
+    memcpy(buf + n, &epoch, 8), n += 8;
+    return n;
+}
+
 /* A file of version 1 (no ring, no marks) still loads: an empty ring. */
 START_TEST(version_1_still_loads)
 {
     char d[] = "/tmp/kvb-mirror-v1.XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(d));
     uint8_t buf[256];
-    size_t n = 0;
+    size_t n = file_head(buf, 1);
 #define PUT(p, len) (memcpy(buf + n, (p), (len)), n += (len))
-    uint32_t u32;
     uint64_t u64;
-    PUT("KVBMIRR1", 8);
-    u32 = 1;
-    PUT(&u32, 4); /* version */
-    PUT(&u32, 4); /* pairs */
-    u64 = W;
-    PUT(&u64, 8);
-    u32 = 0;
-    PUT(&u32, 4); /* dp_rank */
-    u32 = 1;
-    PUT(&u32, 4); /* has_last */
-    u64 = 41;
-    PUT(&u64, 8); /* last */
-    u64 = 5;
-    PUT(&u64, 8); /* epoch */
     uint8_t hdr[8] = {KVB_TIER_DEVICE, 0, 0, 0, 2, 0, 0, 0};
     PUT(hdr, 8);
     u64 = 0;
@@ -318,25 +319,10 @@ END_TEST
  * before scoped clears wrote); loaded against cursors at 42. */
 static size_t ring_file(uint8_t *buf, uint8_t flags)
 {
-    size_t n = 0;
+    size_t n = file_head(buf, 2);
 #define PUT(p, len) (memcpy(buf + n, (p), (len)), n += (len))
     uint32_t u32;
     uint64_t u64;
-    PUT("KVBMIRR1", 8);
-    u32 = 2;
-    PUT(&u32, 4); /* version */
-    u32 = 1;
-    PUT(&u32, 4); /* pairs */
-    u64 = W;
-    PUT(&u64, 8);
-    u32 = 0;
-    PUT(&u32, 4); /* dp_rank */
-    u32 = 1;
-    PUT(&u32, 4); /* has_last */
-    u64 = 41;
-    PUT(&u64, 8); /* last */
-    u64 = 5;
-    PUT(&u64, 8); /* epoch */
     uint8_t end[8] = {0xff, 0, 0, 0, 0, 0, 0, 0};
     PUT(end, 8);
     u32 = 2;
