@@ -28,7 +28,6 @@
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
-#include "sink.h"
 
 #define READ_BUDGET 256     /* live messages per source per turn: fairness */
 #define HEARTBEAT_MS 1000   /* the loop turns at least this often (healthz, watchdog) */
@@ -119,18 +118,15 @@ struct kvb_daemon {
     uint64_t heartbeat_ms;   /* loop wake-up period */
     uint64_t watchdog_ms;    /* WATCHDOG=1 period (0: no systemd watchdog) */
     uint64_t last_watchdog;
-    bool paused;           /* backpressure: NATS buffer too full to read more */
-    uint64_t paused_since; /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
-    uint64_t held_since;   /* live batches held back behind replays since, 0: none */
-    uint64_t hold_since;   /* monotonic ms: holding back (paused or discovery) since */
-    bool trim_due;         /* a backlog was queued: trim once it is gone */
-    uint64_t calm_since;   /* ... and nothing has been queued up since (0: not yet) */
-    bool barrier_due;      /* router events were lost on the NATS side */
-    uint64_t losses_seen;  /* kvb_sink_losses() already answered with a barrier */
-    /* the pairs barrier_due repairs (kvb_sink_take_lost_pairs()), or all */
-    struct kvb_sink_pair lost[KVB_SINK_LOST_PAIRS];
-    size_t n_lost;
-    bool lost_all;
+    bool paused;              /* backpressure: NATS buffer too full to read more */
+    uint64_t paused_since;    /* ... since then (CLOCK_MONOTONIC ms), 0: not paused */
+    uint64_t held_since;      /* live batches held back behind replays since, 0: none */
+    uint64_t hold_since;      /* monotonic ms: holding back (paused or discovery) since */
+    bool trim_due;            /* a backlog was queued: trim once it is gone */
+    uint64_t calm_since;      /* ... and nothing has been queued up since (0: not yet) */
+    bool barrier_due;         /* router events were lost on the NATS side */
+    uint64_t losses_seen;     /* kvb_sink_losses() already answered with a barrier */
+    bool lost_all;            /* barrier_due: a loss that names no pair (publish stage) */
     bool resync_due;          /* nats.resync_on_reconnect: a reconnection to answer */
     uint64_t reconnects_seen; /* nats_reconnects_total already answered */
     int64_t repair_tokens;    /* repair.c: bytes repairs may publish now */

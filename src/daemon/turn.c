@@ -56,35 +56,15 @@ void kvb_daemon_drain_wake(struct kvb_daemon *d)
  * what it may have half-seen, then their resident blocks from the mirror.
  * A JetStream loss names its pair; any other repairs every pair.  The
  * engine streams go on. */
-static void take_lost(struct kvb_daemon *d)
-{
-    struct kvb_sink_pair v[KVB_SINK_LOST_PAIRS];
-    bool all = false;
-    size_t n = kvb_sink_take_lost_pairs(d->sink, v, KVB_SINK_LOST_PAIRS, &all);
-    for (size_t i = 0; i < n && !all; i++) {
-        size_t k = 0;
-        while (k < d->n_lost &&
-               (d->lost[k].worker_id != v[i].worker_id || d->lost[k].dp_rank != v[i].dp_rank))
-            k++;
-        if (k < d->n_lost)
-            continue;
-        if (d->n_lost == KVB_SINK_LOST_PAIRS)
-            all = true;
-        else
-            d->lost[d->n_lost++] = v[i];
-    }
-    d->lost_all |= all;
-}
-
 /* Only the pairs that lost events (JetStream's give-ups, all named). */
-static void repair_lost(struct kvb_daemon *d)
+static void repair_lost(struct kvb_daemon *d, const struct kvb_sink_pair *v, size_t n)
 {
     kvb_warn("main",
              "router events of %zu (worker_id, dp_rank) pair(s) were lost on the NATS side: "
              "publishing their barriers",
-             d->n_lost);
-    for (size_t i = 0; i < d->n_lost; i++) {
-        const struct kvb_sink_pair *p = &d->lost[i];
+             n);
+    for (size_t i = 0; i < n; i++) {
+        const struct kvb_sink_pair *p = &v[i];
         if (!kvb_daemon_configured_worker(d->cfg, p->worker_id))
             continue; /* an old worker_id's: nothing is published for it any more */
         int rc = kvb_daemon_repair_pair(d, p->worker_id, p->dp_rank, KVB_BAR_NATS_LOST);
@@ -102,10 +82,7 @@ static void nats_losses(struct kvb_daemon *d)
     uint64_t losses = kvb_sink_losses(d->sink);
     if (losses != d->losses_seen) {
         d->losses_seen = losses;
-        take_lost(d);
-        /* every loss is in the sink's list before it is counted: an empty
-         * list means this one's pair was taken (and repaired) already */
-        d->barrier_due |= d->lost_all || d->n_lost;
+        d->barrier_due = true;
     }
     if (kvb_publish_take_loss(d->out))
         d->barrier_due = d->lost_all = true;
@@ -116,8 +93,15 @@ static void nats_losses(struct kvb_daemon *d)
     }
     if (!(d->barrier_due || d->resync_due) || !kvb_sink_connected(d->sink))
         return;
-    if (d->barrier_due && !d->lost_all && !d->resync_due) {
-        repair_lost(d);
+    /* The sink keeps the lost pairs until now (every loss is listed before
+     * it is counted): an empty list without `all` means this count's pairs
+     * were taken, and repaired, with an earlier one. */
+    struct kvb_sink_pair v[KVB_SINK_LOST_PAIRS];
+    bool all = false;
+    size_t n = d->barrier_due ? kvb_sink_take_lost_pairs(d->sink, v, KVB_SINK_LOST_PAIRS, &all) : 0;
+    if (d->barrier_due && !all && !d->lost_all && !d->resync_due) {
+        if (n)
+            repair_lost(d, v, n);
     } else if (d->barrier_due) {
         kvb_warn("main", "router events were lost on the NATS side: publishing barriers");
         kvb_daemon_repair_all(d, KVB_BAR_NATS_LOST);
@@ -127,7 +111,6 @@ static void nats_losses(struct kvb_daemon *d)
         kvb_daemon_repair_all(d, KVB_BAR_NATS_RECONNECT);
     }
     d->barrier_due = d->resync_due = d->lost_all = false;
-    d->n_lost = 0;
     kvb_publish_flush(d->out);
 }
 
